@@ -1,0 +1,118 @@
+// Checkpoint: a directory of the user's files at some (storage, path).
+//
+// A checkpoint's contents are the user's: any files, any format. Cairn keeps
+// its own files under ".cairn/" inside the directory:
+//
+//   .cairn/manifest.json   written last by a commit; lists every file with its
+//                          size and xxh3-64 checksum. Its presence is what makes
+//                          a checkpoint committed (visible). See commit.h.
+//   .cairn/metadata.json   the user's JSON metadata (get/set/update_metadata).
+//
+// A Checkpoint object is a cheap, copyable handle; it holds no open files.
+//
+// Thread-safety: const methods may run concurrently. Metadata updates through
+// one process are serialized; across processes the last writer wins, but a
+// reader never sees a torn metadata file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/storage.h"
+
+namespace cairn {
+
+inline constexpr std::string_view kManifestKey = ".cairn/manifest.json";
+inline constexpr std::string_view kMetadataKey = ".cairn/metadata.json";
+inline constexpr std::string_view kCairnDir = ".cairn";
+
+struct ManifestEntry {
+  std::string path;  // relative key inside the checkpoint
+  uint64_t size = 0;
+  uint64_t xxh3 = 0;  // XXH3-64 of the contents
+};
+
+struct Manifest {
+  int version = 1;
+  double created_at = 0.0;   // seconds since the Unix epoch
+  nlohmann::json metrics;    // what was reported with the checkpoint (object or null)
+  nlohmann::json layout;     // optional writer-defined layout, e.g. a sharded
+                             // save's global tensor layout (null when unused)
+  std::vector<ManifestEntry> files;  // sorted by path
+
+  uint64_t total_bytes() const;
+  std::string to_json() const;
+  // Parses and validates: well-formed JSON, known version, every path a safe
+  // relative key (no "..", no absolute path), no duplicates. Throws
+  // kCorruption naming `source` and the entry at fault.
+  static Manifest parse(std::string_view text, std::string_view source);
+};
+
+struct VerifyProblem {
+  std::string path;    // the file at fault, relative to the checkpoint
+  std::string reason;  // "missing", "size 10, manifest says 12", ...
+};
+
+// A scoped local view of a checkpoint (as_directory). For a checkpoint on the
+// local file system path() is the checkpoint's own directory; otherwise it is a
+// temporary copy, removed when the last LocalDirectory referring to it is gone.
+class LocalDirectory {
+ public:
+  LocalDirectory() = default;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  friend class Checkpoint;
+  std::filesystem::path path_;
+  std::shared_ptr<void> owner_;  // removes a temporary copy on release
+};
+
+class Checkpoint {
+ public:
+  // A checkpoint at a local path or URI ("file:///x", "memory://m/x"). The
+  // directory need not exist yet (a new checkpoint to fill) unless read.
+  static Checkpoint from_directory(std::string_view path_or_uri);
+  // The checkpoint rooted at `storage` (see Storage::child).
+  explicit Checkpoint(std::shared_ptr<Storage> storage);
+
+  std::string uri() const { return storage_->uri(); }
+  Storage& storage() const { return *storage_; }
+  const std::shared_ptr<Storage>& storage_ptr() const { return storage_; }
+
+  // Local view; see LocalDirectory. Throws if the checkpoint cannot be read.
+  LocalDirectory as_directory() const;
+  // A full copy into `dest` (created if missing; must be empty), or into a new
+  // temporary directory the caller owns when `dest` is empty. Cairn's manifest
+  // is not copied (the copy is a plain, uncommitted directory); metadata is.
+  // Committed checkpoints are verified while copied.
+  std::filesystem::path to_directory(const std::filesystem::path& dest = {}) const;
+
+  // Metadata. get_metadata() of a checkpoint without metadata is an empty
+  // object; metadata that is not a JSON object is kCorruption naming the file.
+  nlohmann::json get_metadata() const;
+  void set_metadata(const nlohmann::json& metadata) const;  // atomic replace
+  // Merges the top-level keys of `patch` into the metadata; atomic.
+  void update_metadata(const nlohmann::json& patch) const;
+
+  // The user's files (everything except Cairn's manifest and metadata).
+  std::vector<ObjectInfo> files() const;
+
+  bool is_committed() const;
+  // The manifest of a committed checkpoint; kNotFound if it is not committed,
+  // kCorruption if the manifest is malformed.
+  Manifest manifest() const;
+  // Checks every file in the manifest. Empty result: the checkpoint is whole.
+  std::vector<VerifyProblem> verify() const;
+
+ private:
+  std::shared_ptr<Storage> storage_;
+};
+
+}  // namespace cairn

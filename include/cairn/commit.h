@@ -1,0 +1,70 @@
+// Writing and committing checkpoints. The protocol is written out at the top
+// of src/checkpoint/commit.cc; in short: every file is written and made
+// durable first, the manifest is written last and is what makes the
+// checkpoint visible, and deletion removes the manifest first.
+//
+// Thread-safety: a CheckpointWriter may be fed from several threads at once
+// (each file by one thread); commit() must be called once, after every file.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+
+namespace cairn {
+
+// Streams files into an uncommitted checkpoint, checksumming them on the way.
+class CheckpointWriter {
+ public:
+  // `dest` must not be committed (kAlreadyExists otherwise).
+  explicit CheckpointWriter(Checkpoint dest);
+
+  // Writes `bytes` as file `path` (a safe relative key) and returns its entry.
+  ManifestEntry write_file(std::string_view path, std::string_view bytes);
+  // Copies a local file in, in large blocks.
+  ManifestEntry copy_local_file(std::string_view path, const std::filesystem::path& local);
+  // Copies every user file of `source` (a local or remote checkpoint). Files
+  // of a committed source are checked against its manifest while copied.
+  // Symbolic links whose target leaves `source` are refused (kInvalidArgument).
+  void copy_from(const Checkpoint& source);
+  // Records a file already written by someone else (a worker process) into
+  // the destination, after checking that it exists with the given size.
+  void add_written(const ManifestEntry& entry);
+
+  // Sets Manifest::layout for the commit (a sharded save's global layout).
+  void set_layout(nlohmann::json layout);
+
+  // Writes metadata (optional), then the manifest: the checkpoint is visible
+  // and durable when this returns. `created_at` is seconds since the epoch.
+  Manifest commit(const nlohmann::json& metrics, double created_at,
+                  const nlohmann::json* metadata = nullptr);
+
+  const Checkpoint& destination() const { return dest_; }
+
+ private:
+  ManifestEntry record(ManifestEntry entry);
+  Checkpoint dest_;
+  std::mutex mu_;
+  std::vector<ManifestEntry> entries_;
+  nlohmann::json layout_;
+  bool committed_ = false;
+};
+
+// Deletes a checkpoint so that it is never visible half-deleted: the manifest
+// goes first (durably), then the rest. Deleting a missing one is a no-op.
+void delete_checkpoint(const Checkpoint& checkpoint);
+
+// Removes everything under an uncommitted location (leftovers of an
+// interrupted save) and every incomplete write under it. Returns the keys
+// removed. kFailedPrecondition if the location is committed.
+std::vector<std::string> remove_uncommitted(const Checkpoint& leftover);
+
+}  // namespace cairn

@@ -1,0 +1,159 @@
+// CheckpointManager: the checkpoints of one experiment, with retention.
+//
+// Layout of an experiment directory (any storage URI):
+//
+//   <experiment>/.cairn.lock               held by the one manager writing it
+//   <experiment>/checkpoint_manager.json   history and retention bookkeeping
+//   <experiment>/checkpoint_000000/ ...    committed checkpoints (see commit.h)
+//
+// Checkpoint names sort in index order forever: six zero-padded digits up to
+// 999,999, then a letter giving the extra width ('a' = 7 digits, 'b' = 8, ...)
+// followed by the digits: checkpoint_999999 < checkpoint_a1000000 <
+// checkpoint_b10000000. Letters sort after digits in every locale's byte order.
+//
+// Retention (CheckpointConfig):
+//   - keep everything by default;
+//   - with num_to_keep = K and a score attribute (nested keys as "a/b"), keep
+//     the K best by score in `order` ("max" or "min"); without an attribute,
+//     the K most recent;
+//   - ties keep the newer; NaN ranks worst; a checkpoint reported without the
+//     attribute gets a warning and ranks worst whatever the order;
+//   - checkpoints pinned by keep_checkpoint_every_n_hours are kept in addition
+//     to the K and never deleted;
+//   - the most recent checkpoint is never deleted.
+//
+// Crash safety: opening a manager takes the experiment lock, removes the
+// leftovers of interrupted saves and deletions, and reconciles the persisted
+// history with what is committed on storage (a checkpoint committed just
+// before a crash is adopted with the metrics in its manifest).
+//
+// Thread-safety: a manager may be used from several threads; calls are
+// serialized. Only one manager per experiment may exist at a time, across all
+// processes (kLocked otherwise).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+
+namespace cairn {
+
+struct CheckpointConfig {
+  std::optional<int> num_to_keep;          // unset: keep all; must be >= 1
+  std::string checkpoint_score_attribute;  // empty: rank by recency
+  std::string checkpoint_score_order = "max";  // "max" or "min"
+  std::optional<double> keep_checkpoint_every_n_hours;  // must be > 0
+
+  // Throws kInvalidArgument naming the bad field.
+  void validate() const;
+};
+
+struct CheckpointRecord {
+  uint64_t index = 0;
+  std::string name;          // "checkpoint_000012"
+  nlohmann::json metrics;    // as reported
+  double created_at = 0.0;   // seconds since the Unix epoch
+  bool pinned = false;       // kept by keep_checkpoint_every_n_hours
+  Checkpoint checkpoint;     // where it lives
+};
+
+struct ManagerOptions {
+  // Seconds since the Unix epoch; injected so retention by hours is testable.
+  std::function<double()> clock;
+  // Receives warnings (a checkpoint without the score attribute, an adopted
+  // or dropped record). Defaults to the log.
+  std::function<void(const std::string&)> warn;
+};
+
+// A name for index `index`, and the index of a name (nullopt if not one).
+std::string checkpoint_name(uint64_t index);
+std::optional<uint64_t> parse_checkpoint_name(std::string_view name);
+
+class CheckpointManager {
+ public:
+  // Opens (creating if needed) the experiment at `experiment_uri`.
+  CheckpointManager(std::string_view experiment_uri, CheckpointConfig config,
+                    ManagerOptions options = {});
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // Persists `checkpoint`'s files as the next checkpoint_NNNNNN, commits it,
+  // records `metrics` and applies retention. Returns the new record. On any
+  // error nothing committed before is lost and the new checkpoint is not
+  // visible. A score attribute that is present but not a number is
+  // kInvalidArgument before anything is written.
+  CheckpointRecord register_checkpoint(const nlohmann::json& metrics, const Checkpoint& checkpoint);
+
+  // Commits a checkpoint whose files other processes already wrote into
+  // reserve_next()'s location (the distributed Trainer's path).
+  Checkpoint reserve_next();
+  // Each entry is checked to exist with its size before the manifest is
+  // written; `layout` goes into Manifest::layout.
+  CheckpointRecord commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
+                                   const std::vector<ManifestEntry>& files,
+                                   const nlohmann::json& layout = nullptr);
+
+  std::optional<CheckpointRecord> latest() const;
+  // Every kept checkpoint, best first (by score, or newest first without one).
+  std::vector<CheckpointRecord> best() const;
+  // Every kept checkpoint in index order.
+  std::vector<CheckpointRecord> history() const;
+
+  const CheckpointConfig& config() const { return config_; }
+  std::string uri() const;
+
+ private:
+  struct State;
+  void open();
+  void persist_state();
+  void apply_retention();
+  CheckpointRecord add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest);
+  double now() const;
+  void warn(const std::string& message) const;
+
+  CheckpointConfig config_;
+  ManagerOptions options_;
+  std::shared_ptr<Storage> storage_;
+  std::unique_ptr<Lock> lock_;
+  mutable std::mutex mu_;
+  std::vector<CheckpointRecord> records_;  // index order
+  uint64_t next_index_ = 0;
+  std::optional<double> last_pinned_at_;
+};
+
+// The experiment as stored, read without taking the lock or changing
+// anything: for `cairn ls`, Result::from_path and monitoring.
+struct ExperimentListing {
+  std::string uri;
+  CheckpointConfig config;                // as last persisted
+  std::vector<CheckpointRecord> checkpoints;  // committed, index order
+  std::vector<std::string> uncommitted;   // names of leftover directories
+};
+ExperimentListing read_experiment(std::string_view experiment_uri);
+
+// Experiments at or directly below `uri` (relative names; "" when `uri` is an
+// experiment itself). An experiment is a folder holding checkpoint_manager.json
+// or checkpoint_* folders.
+std::vector<std::string> find_experiments(std::string_view uri);
+
+struct GcReport {
+  std::vector<std::string> removed;  // URIs of what was removed
+  std::vector<std::string> skipped;  // experiments skipped, with the reason
+};
+// Removes the leftovers of interrupted saves and deletions in every
+// experiment at or below `uri`. An experiment whose lock is held by a live
+// writer is skipped (its in-flight save looks like a leftover). With
+// `dry_run`, reports what would be removed.
+GcReport collect_garbage(std::string_view uri, bool dry_run = false);
+
+}  // namespace cairn

@@ -1,0 +1,145 @@
+// The storage layer: one interface to file systems and object stores.
+//
+// A Storage is a flat namespace of objects named by keys ("a/b/c.bin"), rooted
+// at a URI. It has object-store semantics on purpose, so that an S3 backend fits
+// behind the same interface: there is no rename, no append to an existing
+// object and no directory; listing is by key prefix. Backends are reached by
+// URI only (open_storage), never by naming a class:
+//
+//   /plain/path, file:///abs/path   local or shared file system
+//   memory://NAME/prefix            process-wide in-memory store, for tests
+//
+// Keys are relative, '/'-separated and never contain "", ".", ".." or a
+// backslash as a component; validate_key() enforces this on every call, so a
+// hostile name in a manifest cannot reach outside the root.
+//
+// Durability: when Writer::commit(), Storage::put() or Storage::remove()
+// return, the change survives a process crash and (on the file backend, where
+// the file and its directory are fsync'd) power loss. A reader sees an object
+// whole or not at all; it never sees a partially written one.
+//
+// Thread-safety: a Storage may be used from many threads at once. A Reader may
+// be shared by threads (read_at is positional); a Writer belongs to one thread.
+//
+// Failure: every method throws cairn::Error naming the URI of the object at
+// fault. Missing objects are kNotFound for open_reader/get; remove() of a
+// missing object succeeds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cairn {
+
+struct ObjectInfo {
+  std::string key;        // relative to the Storage's root
+  uint64_t size = 0;      // bytes
+  double modified = 0.0;  // seconds since the Unix epoch
+};
+
+class Reader {
+ public:
+  virtual ~Reader() = default;
+  virtual uint64_t size() const = 0;
+  // Fills `out` with the bytes at [offset, offset + out.size()). Throws
+  // kCorruption naming the object and offset if the object is shorter.
+  virtual void read_at(uint64_t offset, std::span<std::byte> out) = 0;
+};
+
+// Writes one new object. Nothing is visible under the key until
+// commit() returns, and then the whole object is durable. A Writer destroyed
+// without commit() discards what it wrote (best effort; a crash can leave an
+// incomplete write behind, which list_incomplete() reports).
+class Writer {
+ public:
+  virtual ~Writer() = default;
+  // Sequential write after everything written so far.
+  virtual void append(std::span<const std::byte> data) = 0;
+  // Positional write for parallel writers: several threads may write disjoint
+  // ranges at once. Do not mix with append() on one Writer. The object's size
+  // is the end of the furthest range written; ranges never written read as
+  // zeros.
+  virtual void write_at(uint64_t offset, std::span<const std::byte> data) = 0;
+  // Makes the object durable and visible, replacing any object with that key.
+  virtual void commit() = 0;
+  virtual uint64_t bytes_written() const = 0;
+};
+
+// An exclusive lock on a key, held until destroyed. It is released by the
+// system when the holding process dies (including by SIGKILL), so a crashed
+// writer never locks its successor out.
+class Lock {
+ public:
+  virtual ~Lock() = default;
+};
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  // The URI of the root, normalized ("file:///abs/path", "memory://name/p").
+  virtual std::string uri() const = 0;
+  // The URI of one key under the root, for messages and for opening it again.
+  std::string uri_of(std::string_view key) const;
+
+  // A Storage rooted at `prefix` below this one; keys of the child are
+  // relative to it. On the file backend reads in the child never leave it, even
+  // through symbolic links.
+  virtual std::shared_ptr<Storage> child(std::string_view prefix) const = 0;
+
+  virtual std::unique_ptr<Writer> open_writer(std::string_view key) = 0;
+  virtual std::unique_ptr<Reader> open_reader(std::string_view key) = 0;
+  virtual std::optional<ObjectInfo> stat(std::string_view key) = 0;
+
+  // Every committed object whose key lies under `prefix` (a directory-like
+  // prefix: "a" matches "a/x" but not "ab"), sorted by key. An empty prefix
+  // lists everything.
+  virtual std::vector<ObjectInfo> list(std::string_view prefix) = 0;
+
+  // Removes the object durably. Removing a missing object is not an error.
+  virtual void remove(std::string_view key) = 0;
+
+  // Takes an exclusive lock on `key` or throws kLocked naming it.
+  virtual std::unique_ptr<Lock> try_lock(std::string_view key) = 0;
+
+  // Writes that were started under `prefix` and never committed or discarded
+  // (left by a crash): temp files on a file system, unfinished multipart
+  // uploads on an object store. Each entry is an opaque id.
+  virtual std::vector<std::string> list_incomplete(std::string_view prefix) = 0;
+  virtual void discard_incomplete(std::string_view id) = 0;
+
+  // The local file holding `key`, when the backend keeps objects as plain
+  // local files (the file backend); std::nullopt otherwise.
+  virtual std::optional<std::filesystem::path> local_path(std::string_view key) const = 0;
+
+  // Conveniences built on the primitives above.
+  void put(std::string_view key, std::string_view bytes);  // atomic replace
+  std::string get(std::string_view key);                   // whole object
+  bool exists(std::string_view key) { return stat(key).has_value(); }
+  void remove_prefix(std::string_view prefix);  // every object under prefix
+};
+
+// Opens the storage rooted at `uri`. Throws kInvalidArgument for an unknown
+// scheme or a malformed URI.
+std::shared_ptr<Storage> open_storage(std::string_view uri);
+
+// Throws kInvalidArgument (or kCorruption when `is_stored` says the key came
+// from stored data) naming the key if it is not a safe relative key.
+void validate_key(std::string_view key, bool is_stored = false);
+
+// Joins two key fragments with '/', ignoring empty ones.
+std::string join_key(std::string_view a, std::string_view b);
+
+// Bytes of a string, for Writer::append.
+inline std::span<const std::byte> as_bytes(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+}  // namespace cairn

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything Cairn needs to build, test, demo and benchmark on Debian 12.
+# Idempotent: packages already present are skipped, so build scripts call it every time.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential g++ cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
+  # libraries (see README, "Dependencies")
+  libgtest-dev libgmock-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libxxhash-dev
+  # LibTorch adapter, torch baselines and interop tests
+  libtorch-dev python3 python3-numpy python3-torch
+  # benchmarks and multi-node runtime
+  fio openmpi-bin libopenmpi-dev
+  # tests: small tmpfs for disk-full tests, process tools
+  util-linux procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,49 @@
+// Small POSIX helpers shared by the file backend, the CLI and tests. Every
+// function throws cairn::Error naming the path at fault.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace cairn {
+
+// An owned file descriptor; closes on destruction (errors ignored there: call
+// close() to see them).
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd();
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  int get() const { return fd_; }
+  int release() { int f = fd_; fd_ = -1; return f; }
+  explicit operator bool() const { return fd_ >= 0; }
+  // Closes now and throws if close(2) reports an error.
+  void close(std::string_view path);
+
+ private:
+  int fd_ = -1;
+};
+
+// open(2) that throws errno_error naming `path`.
+UniqueFd open_file(const std::filesystem::path& path, int flags, unsigned mode = 0644);
+void write_all(int fd, std::span<const std::byte> data, std::string_view path);
+// Reads exactly out.size() bytes at `offset`; kCorruption on a short read.
+void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path);
+void fsync_fd(int fd, std::string_view path);
+// fsyncs a directory so that entries created, renamed or removed in it last.
+void fsync_dir(const std::filesystem::path& dir);
+// mkdir -p, fsyncing each parent of a directory it creates.
+void make_dirs_durable(const std::filesystem::path& dir);
+// The whole file as a string.
+std::string read_file(const std::filesystem::path& path);
+
+// A new empty directory under $TMPDIR (or /tmp) named "<prefix>XXXXXX".
+std::filesystem::path make_temp_dir(std::string_view prefix);
+
+}  // namespace cairn

@@ -1,0 +1,39 @@
+#include "util/hash.h"
+
+#include <charconv>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace cairn {
+
+struct Hasher::State {
+  XXH3_state_t* s = XXH3_createState();
+  ~State() { XXH3_freeState(s); }
+};
+
+Hasher::Hasher() : state_(std::make_unique<State>()) { XXH3_64bits_reset(state_->s); }
+Hasher::~Hasher() = default;
+Hasher::Hasher(Hasher&&) noexcept = default;
+Hasher& Hasher::operator=(Hasher&&) noexcept = default;
+
+void Hasher::update(std::span<const std::byte> data) {
+  XXH3_64bits_update(state_->s, data.data(), data.size());
+}
+
+uint64_t Hasher::digest() const { return XXH3_64bits_digest(state_->s); }
+
+uint64_t xxh3_64(std::string_view data) { return XXH3_64bits(data.data(), data.size()); }
+
+std::string hash_to_hex(uint64_t h) { return fmt::format("{:016x}", h); }
+
+bool hash_from_hex(std::string_view hex, uint64_t& out) {
+  if (hex.size() != 16) return false;
+  for (char c : hex) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  auto [ptr, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), out, 16);
+  return ec == std::errc() && ptr == hex.data() + hex.size();
+}
+
+}  // namespace cairn

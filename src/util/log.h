@@ -1,0 +1,15 @@
+// Logging for the library: a thin door to spdlog so that the rest of the code
+// does not depend on its API. Messages go to stderr; CAIRN_LOG_LEVEL
+// (trace|debug|info|warn|error|off) sets the level, "info" by default.
+#pragma once
+
+#include <string_view>
+
+namespace cairn::log {
+
+void info(std::string_view message);
+void warn(std::string_view message);
+void error(std::string_view message);
+void debug(std::string_view message);
+
+}  // namespace cairn::log
