@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +59,7 @@ struct CheckpointConfig {
 };
 
 struct CheckpointRecord {
+  CheckpointRecord(uint64_t index, Checkpoint checkpoint);
   uint64_t index = 0;
   std::string name;          // "checkpoint_000012"
   nlohmann::json metrics;    // as reported
@@ -113,10 +115,11 @@ class CheckpointManager {
   std::string uri() const;
 
  private:
-  struct State;
   void open();
   void persist_state();
   void apply_retention();
+  void check_score(const nlohmann::json& metrics, std::string_view subject) const;
+  void discard_failed(const Checkpoint& dest);
   CheckpointRecord add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest);
   double now() const;
   void warn(const std::string& message) const;
@@ -128,7 +131,9 @@ class CheckpointManager {
   mutable std::mutex mu_;
   std::vector<CheckpointRecord> records_;  // index order
   uint64_t next_index_ = 0;
+  double created_at_ = 0.0;  // the experiment's start, the first pin's reference
   std::optional<double> last_pinned_at_;
+  std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
 };
 
 // The experiment as stored, read without taking the lock or changing
@@ -140,6 +145,10 @@ struct ExperimentListing {
   std::vector<std::string> uncommitted;   // names of leftover directories
 };
 ExperimentListing read_experiment(std::string_view experiment_uri);
+
+// `records` best first under `config`'s ranking (as CheckpointManager::best).
+std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecord>& records,
+                                               const CheckpointConfig& config);
 
 // Experiments at or directly below `uri` (relative names; "" when `uri` is an
 // experiment itself). An experiment is a folder holding checkpoint_manager.json

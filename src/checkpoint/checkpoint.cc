@@ -1,0 +1,174 @@
+#include "cairn/checkpoint.h"
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "checkpoint/copy.h"
+#include "storage/backends.h"
+#include "util/fs.h"
+#include "util/hash.h"
+
+namespace cairn {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_cairn_key(std::string_view key) {
+  return key == kCairnDir || key.rfind(std::string(kCairnDir) + "/", 0) == 0;
+}
+
+// Serializes read-modify-write of metadata within this process.
+std::mutex metadata_mu;
+
+}  // namespace
+
+Checkpoint::Checkpoint(std::shared_ptr<Storage> storage) : storage_(std::move(storage)) {
+  if (!storage_) throw std::logic_error("Checkpoint: null storage");
+}
+
+Checkpoint Checkpoint::from_directory(std::string_view path_or_uri) {
+  return Checkpoint(open_storage(path_or_uri));
+}
+
+LocalDirectory Checkpoint::as_directory() const {
+  LocalDirectory view;
+  if (auto local = storage_->local_path("")) {
+    std::error_code ec;
+    if (!fs::is_directory(*local, ec)) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: checkpoint directory does not exist", uri()));
+    }
+    view.path_ = *local;
+    return view;
+  }
+  fs::path copy = to_directory();
+  view.path_ = copy;
+  view.owner_ = std::shared_ptr<void>(nullptr, [copy](void*) {
+    std::error_code ec;
+    fs::remove_all(copy, ec);  // ignore-error: a temp copy; nothing to report to
+  });
+  return view;
+}
+
+fs::path Checkpoint::to_directory(const fs::path& dest) const {
+  const bool own_dest = dest.empty();
+  fs::path target = own_dest ? make_temp_dir("cairn-checkpoint-") : fs::absolute(dest);
+  try {
+    std::error_code ec;
+    if (!own_dest && fs::exists(target, ec) && !fs::is_empty(target, ec)) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  fmt::format("{}: destination directory is not empty", target.string()));
+    }
+    auto out = open_file_storage(target);
+    std::vector<std::string> keys;
+    std::optional<Manifest> m;
+    if (is_committed()) m = manifest();
+    if (m) {
+      for (const auto& f : m->files) keys.push_back(f.path);
+    } else {
+      for (const auto& f : files()) keys.push_back(f.key);
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto w = out->open_writer(keys[i]);
+      ManifestEntry got = stream_object(*storage_, keys[i], w.get());
+      if (m && (got.size != m->files[i].size || got.xxh3 != m->files[i].xxh3)) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: contents do not match the manifest (size {}, manifest says {})",
+                                storage_->uri_of(keys[i]), got.size, m->files[i].size));
+      }
+      w->commit();
+    }
+    if (storage_->exists(kMetadataKey)) out->put(kMetadataKey, storage_->get(kMetadataKey));
+  } catch (...) {
+    if (own_dest) {
+      std::error_code ec;
+      fs::remove_all(target, ec);  // ignore-error: cleaning up after the error being thrown
+    }
+    throw;
+  }
+  return target;
+}
+
+nlohmann::json Checkpoint::get_metadata() const {
+  if (!storage_->exists(kMetadataKey)) return nlohmann::json::object();
+  std::string text = storage_->get(kMetadataKey);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: metadata is not a JSON object", storage_->uri_of(kMetadataKey)));
+  }
+  return j;
+}
+
+void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
+  if (!metadata.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: metadata must be a JSON object, got {}", uri(), metadata.type_name()));
+  }
+  std::lock_guard<std::mutex> g(metadata_mu);
+  storage_->put(kMetadataKey, metadata.dump(2));
+}
+
+void Checkpoint::update_metadata(const nlohmann::json& patch) const {
+  if (!patch.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: metadata update must be a JSON object, got {}", uri(), patch.type_name()));
+  }
+  std::lock_guard<std::mutex> g(metadata_mu);
+  nlohmann::json current = get_metadata();
+  for (auto it = patch.begin(); it != patch.end(); ++it) current[it.key()] = it.value();
+  storage_->put(kMetadataKey, current.dump(2));
+}
+
+std::vector<ObjectInfo> Checkpoint::files() const {
+  std::vector<ObjectInfo> out;
+  for (auto& o : storage_->list("")) {
+    if (!is_cairn_key(o.key)) out.push_back(std::move(o));
+  }
+  return out;
+}
+
+bool Checkpoint::is_committed() const { return storage_->exists(kManifestKey); }
+
+Manifest Checkpoint::manifest() const {
+  std::string text;
+  try {
+    text = storage_->get(kManifestKey);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
+    }
+    throw;
+  }
+  return Manifest::parse(text, storage_->uri_of(kManifestKey));
+}
+
+std::vector<VerifyProblem> Checkpoint::verify() const {
+  Manifest m = manifest();
+  std::vector<VerifyProblem> problems;
+  for (const auto& f : m.files) {
+    try {
+      auto info = storage_->stat(f.path);
+      if (!info) {
+        problems.push_back({f.path, "missing"});
+        continue;
+      }
+      if (info->size != f.size) {
+        problems.push_back({f.path, fmt::format("size {}, manifest says {}", info->size, f.size)});
+        continue;
+      }
+      ManifestEntry got = stream_object(*storage_, f.path, nullptr);
+      if (got.xxh3 != f.xxh3) {
+        problems.push_back({f.path, fmt::format("checksum {}, manifest says {}", hash_to_hex(got.xxh3),
+                                                hash_to_hex(f.xxh3))});
+      }
+    } catch (const Error& e) {
+      problems.push_back({f.path, e.what()});
+    }
+  }
+  return problems;
+}
+
+}  // namespace cairn

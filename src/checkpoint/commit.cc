@@ -1,0 +1,193 @@
+// The commit protocol. A checkpoint is a location (a directory, or a key
+// prefix on an object store) holding the user's files and Cairn's manifest.
+//
+// Save:
+//   1. The destination is a fresh location that is not committed: it has no
+//      ".cairn/manifest.json". (The manager never reuses a checkpoint index,
+//      so a leftover of an earlier crash is never written into.)
+//   2. Every file is written with Storage::open_writer and committed one by
+//      one: each is durable (fsync'd with its directory, or an object store's
+//      completed upload) before the next step. Its size and XXH3-64 are
+//      computed from the bytes as they are written. Files written by other
+//      processes (the ranks of a distributed save) are added by size and
+//      checksum after a stat shows them present with that size.
+//   3. The user's metadata, if any, is written to ".cairn/metadata.json".
+//   4. The manifest, listing every file with its size and checksum, is written
+//      last with an atomic replace (Storage::put). When put() returns the
+//      checkpoint is committed: visible to readers and durable.
+// A crash before step 4 leaves an uncommitted location. Readers ignore it (no
+// manifest, no checkpoint); the manager removes it the next time the
+// experiment is opened, and `cairn gc` removes it on request.
+//
+// Delete:
+//   1. Remove the manifest, durably. From here on the checkpoint is invisible.
+//   2. Remove the other objects, then any incomplete writes under it.
+// A crash in step 2 leaves an uncommitted location, cleaned as above. Because
+// the manifest goes first, a half-deleted checkpoint is never visible.
+//
+// Read: a reader trusts only files named in the manifest and checks sizes and
+// checksums (Checkpoint::verify, to_directory); an extra file, a missing one
+// or a changed one never passes unnoticed.
+#include "cairn/commit.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "checkpoint/copy.h"
+#include "util/hash.h"
+
+namespace cairn {
+
+namespace {
+
+bool is_cairn_key(std::string_view key) {
+  return key == kCairnDir || key.rfind(std::string(kCairnDir) + "/", 0) == 0;
+}
+
+void check_user_path(std::string_view path) {
+  validate_key(path);
+  if (is_cairn_key(path)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("\"{}\": names under .cairn/ are reserved for Cairn", path));
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(Checkpoint dest) : dest_(std::move(dest)) {
+  if (dest_.is_committed()) {
+    throw Error(ErrorCode::kAlreadyExists,
+                fmt::format("{}: already a committed checkpoint; refusing to write into it", dest_.uri()));
+  }
+}
+
+ManifestEntry CheckpointWriter::record(ManifestEntry entry) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (committed_) {
+    throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: already committed", dest_.uri()));
+  }
+  auto same = std::find_if(entries_.begin(), entries_.end(),
+                           [&](const ManifestEntry& e) { return e.path == entry.path; });
+  if (same != entries_.end()) *same = entry;
+  else entries_.push_back(entry);
+  return entry;
+}
+
+ManifestEntry CheckpointWriter::write_file(std::string_view path, std::string_view bytes) {
+  check_user_path(path);
+  auto w = dest_.storage().open_writer(path);
+  w->append(as_bytes(bytes));
+  w->commit();
+  return record(ManifestEntry{std::string(path), bytes.size(), xxh3_64(bytes)});
+}
+
+ManifestEntry CheckpointWriter::copy_local_file(std::string_view path, const std::filesystem::path& local) {
+  check_user_path(path);
+  auto src = open_storage(local.parent_path().string());
+  auto w = dest_.storage().open_writer(path);
+  ManifestEntry e = stream_object(*src, local.filename().string(), w.get());
+  w->commit();
+  e.path = std::string(path);
+  return record(std::move(e));
+}
+
+void CheckpointWriter::copy_from(const Checkpoint& source) {
+  std::optional<Manifest> source_manifest;
+  if (source.is_committed()) source_manifest = source.manifest();
+  std::vector<ManifestEntry> expected;
+  if (source_manifest) {
+    expected = source_manifest->files;
+  } else {
+    for (const auto& f : source.files()) expected.push_back({f.key, f.size, 0});
+  }
+  for (const auto& want : expected) {
+    check_user_path(want.path);
+    auto w = dest_.storage().open_writer(want.path);
+    ManifestEntry got;
+    try {
+      got = stream_object(source.storage(), want.path, w.get());
+    } catch (const Error& e) {
+      throw with_context(e, fmt::format("copying {}", source.storage().uri_of(want.path)));
+    }
+    if (source_manifest && (got.size != want.size || got.xxh3 != want.xxh3)) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: does not match its manifest (size {}, checksum {}; manifest says "
+                              "size {}, checksum {})",
+                              source.storage().uri_of(want.path), got.size, hash_to_hex(got.xxh3),
+                              want.size, hash_to_hex(want.xxh3)));
+    }
+    w->commit();
+    record(std::move(got));
+  }
+}
+
+void CheckpointWriter::add_written(const ManifestEntry& entry) {
+  check_user_path(entry.path);
+  auto info = dest_.storage().stat(entry.path);
+  if (!info) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: reported as written but not found", dest_.storage().uri_of(entry.path)));
+  }
+  if (info->size != entry.size) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: size {} but the writer reported {}", dest_.storage().uri_of(entry.path),
+                            info->size, entry.size));
+  }
+  record(entry);
+}
+
+void CheckpointWriter::set_layout(nlohmann::json layout) {
+  std::lock_guard<std::mutex> g(mu_);
+  layout_ = std::move(layout);
+}
+
+Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_at,
+                                  const nlohmann::json* metadata) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (committed_) {
+    throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: already committed", dest_.uri()));
+  }
+  if (!metrics.is_null() && !metrics.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: metrics must be a JSON object, got {}", dest_.uri(), metrics.type_name()));
+  }
+  if (metadata) dest_.set_metadata(*metadata);
+  Manifest m;
+  m.created_at = created_at;
+  m.metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
+  m.layout = layout_;
+  m.files = entries_;
+  std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  dest_.storage().put(kManifestKey, m.to_json());
+  committed_ = true;
+  return m;
+}
+
+void delete_checkpoint(const Checkpoint& checkpoint) {
+  Storage& s = checkpoint.storage();
+  s.remove(kManifestKey);
+  for (const auto& o : s.list("")) s.remove(o.key);
+  for (const auto& id : s.list_incomplete("")) s.discard_incomplete(id);
+}
+
+std::vector<std::string> remove_uncommitted(const Checkpoint& leftover) {
+  Storage& s = leftover.storage();
+  if (leftover.is_committed()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: is a committed checkpoint, not a leftover", leftover.uri()));
+  }
+  std::vector<std::string> removed;
+  for (const auto& o : s.list("")) {
+    s.remove(o.key);
+    removed.push_back(s.uri_of(o.key));
+  }
+  for (const auto& id : s.list_incomplete("")) {
+    s.discard_incomplete(id);
+    removed.push_back(s.uri_of(id));
+  }
+  return removed;
+}
+
+}  // namespace cairn

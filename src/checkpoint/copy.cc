@@ -1,0 +1,26 @@
+#include "checkpoint/copy.h"
+
+#include <vector>
+
+#include "util/hash.h"
+
+namespace cairn {
+
+ManifestEntry stream_object(Storage& src, std::string_view key, Writer* dst) {
+  constexpr uint64_t kBlock = 8 << 20;
+  auto reader = src.open_reader(key);
+  const uint64_t size = reader->size();
+  std::vector<std::byte> buf(static_cast<size_t>(std::min(size, kBlock)));
+  Hasher hasher;
+  for (uint64_t off = 0; off < size;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, size - off));
+    std::span<std::byte> block(buf.data(), n);
+    reader->read_at(off, block);
+    hasher.update(block);
+    if (dst) dst->append(block);
+    off += n;
+  }
+  return ManifestEntry{std::string(key), size, hasher.digest()};
+}
+
+}  // namespace cairn

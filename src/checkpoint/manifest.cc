@@ -1,0 +1,86 @@
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "cairn/checkpoint.h"
+#include "cairn/error.h"
+#include "util/hash.h"
+
+namespace cairn {
+
+namespace {
+constexpr std::string_view kFormat = "cairn-checkpoint";
+
+[[noreturn]] void corrupt(std::string_view source, std::string_view why) {
+  throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", source, why));
+}
+}  // namespace
+
+uint64_t Manifest::total_bytes() const {
+  uint64_t total = 0;
+  for (const auto& f : files) total += f.size;
+  return total;
+}
+
+std::string Manifest::to_json() const {
+  nlohmann::json j;
+  j["format"] = kFormat;
+  j["version"] = version;
+  j["created_at"] = created_at;
+  j["metrics"] = metrics.is_null() ? nlohmann::json::object() : metrics;
+  if (!layout.is_null()) j["layout"] = layout;
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& f : files) {
+    list.push_back({{"path", f.path}, {"size", f.size}, {"xxh3", hash_to_hex(f.xxh3)}});
+  }
+  j["files"] = std::move(list);
+  return j.dump(1);
+}
+
+Manifest Manifest::parse(std::string_view text, std::string_view source) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) corrupt(source, "manifest is not valid JSON");
+  if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
+  if (j.value("format", "") != kFormat) corrupt(source, "manifest has no \"format\": \"cairn-checkpoint\"");
+  Manifest m;
+  const auto& version = j["version"];
+  if (!version.is_number_integer() || version.get<int>() != 1) {
+    corrupt(source, fmt::format("unsupported manifest version {}", version.dump()));
+  }
+  if (!j["created_at"].is_number()) corrupt(source, "manifest \"created_at\" is not a number");
+  m.created_at = j["created_at"].get<double>();
+  m.metrics = j.contains("metrics") ? j["metrics"] : nlohmann::json::object();
+  if (!m.metrics.is_object()) corrupt(source, "manifest \"metrics\" is not an object");
+  if (j.contains("layout")) m.layout = j["layout"];
+  const auto& files = j["files"];
+  if (!files.is_array()) corrupt(source, "manifest \"files\" is not an array");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const auto& f = files[i];
+    std::string where = fmt::format("manifest entry {}", i);
+    if (!f.is_object() || !f["path"].is_string()) corrupt(source, where + " has no \"path\" string");
+    ManifestEntry e;
+    e.path = f["path"].get<std::string>();
+    where = fmt::format("manifest entry {} (\"{}\")", i, e.path);
+    try {
+      validate_key(e.path, /*is_stored=*/true);
+    } catch (const Error& err) {
+      corrupt(source, fmt::format("{}: {}", where, err.what()));
+    }
+    if (e.path == kCairnDir || e.path.rfind(std::string(kCairnDir) + "/", 0) == 0) {
+      corrupt(source, where + " names a file inside .cairn/");
+    }
+    if (!f["size"].is_number_unsigned()) corrupt(source, where + " has no unsigned \"size\"");
+    e.size = f["size"].get<uint64_t>();
+    if (!f["xxh3"].is_string() || !hash_from_hex(f["xxh3"].get<std::string>(), e.xxh3)) {
+      corrupt(source, where + " has no 16-hex-digit \"xxh3\" checksum");
+    }
+    if (!seen.insert(e.path).second) corrupt(source, where + " is listed twice");
+    m.files.push_back(std::move(e));
+  }
+  std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  return m;
+}
+
+}  // namespace cairn

@@ -1,0 +1,497 @@
+// The experiment's checkpoint manager. Ordering that keeps history and
+// storage in agreement across crashes:
+//   register: commit the checkpoint (commit.cc), then persist the history
+//             with its record, then apply retention (delete each checkpoint
+//             manifest-first, then persist the history without them).
+//   open:     take the lock, then reconcile: committed checkpoints missing
+//             from the history are adopted from their manifests, records whose
+//             checkpoint is gone are dropped, uncommitted leftovers and
+//             incomplete writes are removed.
+// So after any crash the history on storage differs from the committed set
+// by at most the operation that was in flight, and the next open repairs it.
+#include "cairn/manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "manager/retention.h"
+#include "util/log.h"
+
+namespace cairn {
+
+namespace {
+
+constexpr std::string_view kLockKey = ".cairn.lock";
+constexpr std::string_view kStateKey = "checkpoint_manager.json";
+constexpr std::string_view kStateFormat = "cairn-manager";
+
+double system_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What an experiment's storage holds, grouped by checkpoint.
+struct Scan {
+  std::map<uint64_t, std::string> committed;    // index -> name
+  std::map<uint64_t, std::string> uncommitted;  // index -> name
+  std::vector<std::string> incomplete;          // incomplete-write ids
+  std::optional<uint64_t> max_index;
+};
+
+Scan scan_experiment(Storage& storage) {
+  Scan scan;
+  std::map<uint64_t, std::string> all;
+  std::set<uint64_t> with_manifest;
+  for (const auto& o : storage.list("")) {
+    size_t slash = o.key.find('/');
+    if (slash == std::string::npos) continue;
+    std::string top = o.key.substr(0, slash);
+    auto index = parse_checkpoint_name(top);
+    if (!index) continue;
+    all[*index] = top;
+    if (o.key.substr(slash + 1) == kManifestKey) with_manifest.insert(*index);
+  }
+  scan.incomplete = storage.list_incomplete("");
+  for (const auto& id : scan.incomplete) {
+    size_t slash = id.find('/');
+    if (slash == std::string::npos) continue;
+    std::string top = id.substr(0, slash);
+    if (auto index = parse_checkpoint_name(top)) all.emplace(*index, top);
+  }
+  for (const auto& [index, name] : all) {
+    (with_manifest.count(index) ? scan.committed : scan.uncommitted)[index] = name;
+    scan.max_index = std::max(scan.max_index.value_or(0), index);
+  }
+  return scan;
+}
+
+nlohmann::json config_to_json(const CheckpointConfig& c) {
+  nlohmann::json j;
+  j["num_to_keep"] = c.num_to_keep ? nlohmann::json(*c.num_to_keep) : nlohmann::json(nullptr);
+  j["checkpoint_score_attribute"] = c.checkpoint_score_attribute;
+  j["checkpoint_score_order"] = c.checkpoint_score_order;
+  j["keep_checkpoint_every_n_hours"] =
+      c.keep_checkpoint_every_n_hours ? nlohmann::json(*c.keep_checkpoint_every_n_hours) : nlohmann::json(nullptr);
+  return j;
+}
+
+CheckpointConfig config_from_json(const nlohmann::json& j) {
+  CheckpointConfig c;
+  if (!j.is_object()) return c;
+  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer()) c.num_to_keep = j["num_to_keep"].get<int>();
+  c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
+  c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
+  if (j.contains("keep_checkpoint_every_n_hours") && j["keep_checkpoint_every_n_hours"].is_number()) {
+    c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
+  }
+  return c;
+}
+
+// The persisted history, as read from checkpoint_manager.json.
+struct StoredState {
+  bool present = false;
+  double created_at = 0.0;
+  uint64_t next_index = 0;
+  std::optional<double> last_pinned_at;
+  CheckpointConfig config;
+  struct Entry {
+    nlohmann::json metrics;
+    double created_at = 0.0;
+    bool pinned = false;
+  };
+  std::map<uint64_t, Entry> records;
+};
+
+StoredState read_state(Storage& storage) {
+  StoredState s;
+  if (!storage.exists(kStateKey)) return s;
+  const std::string where = storage.uri_of(kStateKey);
+  nlohmann::json j = nlohmann::json::parse(storage.get(kStateKey), nullptr, false);
+  auto corrupt = [&](std::string_view why) {
+    return Error(ErrorCode::kCorruption,
+                 fmt::format("{}: {} (delete this file to rebuild the history from the "
+                             "checkpoints' manifests)",
+                             where, why));
+  };
+  if (j.is_discarded() || !j.is_object()) throw corrupt("not a JSON object");
+  if (j.value("format", "") != kStateFormat) throw corrupt("not a Cairn manager state file");
+  if (!j["checkpoints"].is_array()) throw corrupt("\"checkpoints\" is not an array");
+  s.present = true;
+  s.created_at = j.value("created_at", 0.0);
+  s.next_index = j.value("next_index", uint64_t{0});
+  if (j["last_pinned_at"].is_number()) s.last_pinned_at = j["last_pinned_at"].get<double>();
+  s.config = config_from_json(j["config"]);
+  for (const auto& r : j["checkpoints"]) {
+    if (!r.is_object() || !r["index"].is_number_unsigned()) throw corrupt("a checkpoint record has no index");
+    StoredState::Entry e;
+    e.metrics = r.value("metrics", nlohmann::json::object());
+    e.created_at = r.value("created_at", 0.0);
+    e.pinned = r.value("pinned", false);
+    s.records[r["index"].get<uint64_t>()] = std::move(e);
+  }
+  return s;
+}
+
+retention::Policy policy_of(const CheckpointConfig& c) {
+  retention::Policy p;
+  p.num_to_keep = c.num_to_keep;
+  p.by_score = !c.checkpoint_score_attribute.empty();
+  p.maximize = c.checkpoint_score_order != "min";
+  return p;
+}
+
+std::vector<retention::Candidate> candidates_of(const std::vector<CheckpointRecord>& records,
+                                                const CheckpointConfig& c) {
+  std::vector<retention::Candidate> out;
+  for (const auto& r : records) {
+    retention::Candidate cand{r.index, std::nullopt, r.pinned};
+    if (!c.checkpoint_score_attribute.empty()) {
+      auto score = retention::extract_score(r.metrics, c.checkpoint_score_attribute);
+      if (score.kind == retention::ScoreKind::kNumber) cand.score = score.value;
+    }
+    out.push_back(cand);
+  }
+  return out;
+}
+
+std::vector<CheckpointRecord> ranked(const std::vector<CheckpointRecord>& records, const CheckpointConfig& c) {
+  std::map<uint64_t, const CheckpointRecord*> by_index;
+  for (const auto& r : records) by_index[r.index] = &r;
+  std::vector<CheckpointRecord> out;
+  for (uint64_t i : retention::rank(candidates_of(records, c), policy_of(c))) out.push_back(*by_index[i]);
+  return out;
+}
+
+}  // namespace
+
+CheckpointRecord::CheckpointRecord(uint64_t i, Checkpoint where)
+    : index(i), name(checkpoint_name(i)), checkpoint(std::move(where)) {}
+
+void CheckpointConfig::validate() const {
+  if (num_to_keep && *num_to_keep < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CheckpointConfig.num_to_keep must be at least 1 (or unset to keep all), got {}",
+                            *num_to_keep));
+  }
+  if (checkpoint_score_order != "max" && checkpoint_score_order != "min") {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CheckpointConfig.checkpoint_score_order must be \"max\" or \"min\", got \"{}\"",
+                            checkpoint_score_order));
+  }
+  if (keep_checkpoint_every_n_hours && !(*keep_checkpoint_every_n_hours > 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CheckpointConfig.keep_checkpoint_every_n_hours must be positive, got {}",
+                            *keep_checkpoint_every_n_hours));
+  }
+}
+
+CheckpointManager::CheckpointManager(std::string_view experiment_uri, CheckpointConfig config,
+                                     ManagerOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  config_.validate();
+  storage_ = open_storage(experiment_uri);
+  lock_ = storage_->try_lock(kLockKey);
+  open();
+}
+
+CheckpointManager::~CheckpointManager() = default;
+
+std::string CheckpointManager::uri() const { return storage_->uri(); }
+
+double CheckpointManager::now() const { return options_.clock ? options_.clock() : system_now(); }
+
+void CheckpointManager::warn(const std::string& message) const {
+  if (options_.warn) options_.warn(message);
+  else log::warn(message);
+}
+
+void CheckpointManager::open() {
+  StoredState stored = read_state(*storage_);
+  Scan scan = scan_experiment(*storage_);
+  created_at_ = stored.present ? stored.created_at : now();
+  last_pinned_at_ = stored.last_pinned_at;
+
+  for (const auto& id : scan.incomplete) {
+    log::info(fmt::format("removing incomplete write {}", storage_->uri_of(id)));
+    storage_->discard_incomplete(id);
+  }
+  for (const auto& [index, name] : scan.uncommitted) {
+    log::info(fmt::format("removing leftover of an interrupted save or deletion: {}", storage_->uri_of(name)));
+    remove_uncommitted(Checkpoint(storage_->child(name)));
+  }
+  for (const auto& [index, entry] : stored.records) {
+    if (!scan.committed.count(index)) {
+      log::info(fmt::format("{}: {} is no longer on storage (deleted before a crash); dropping its record",
+                            uri(), checkpoint_name(index)));
+    }
+  }
+  for (const auto& [index, name] : scan.committed) {
+    Checkpoint where(storage_->child(name));
+    auto it = stored.records.find(index);
+    if (it != stored.records.end()) {
+      CheckpointRecord r(index, where);
+      r.metrics = it->second.metrics;
+      r.created_at = it->second.created_at;
+      r.pinned = it->second.pinned;
+      records_.push_back(std::move(r));
+      continue;
+    }
+    Manifest m;
+    try {
+      m = where.manifest();
+    } catch (const Error& e) {
+      // ignore-error: a damaged checkpoint stays on storage for the user to inspect
+      // (`cairn verify` names it) but is kept out of the history.
+      warn(fmt::format("not adopting {}: {}", where.uri(), e.what()));
+      continue;
+    }
+    log::info(fmt::format("{}: adopting {} committed before a crash", uri(), name));
+    add_record(index, where, m);
+  }
+  next_index_ = std::max(stored.next_index, scan.max_index ? *scan.max_index + 1 : 0);
+  persist_state();
+}
+
+CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest) {
+  CheckpointRecord r(index, where);
+  r.metrics = manifest.metrics;
+  r.created_at = manifest.created_at;
+  if (retention::should_pin(r.created_at, last_pinned_at_.value_or(created_at_),
+                            config_.keep_checkpoint_every_n_hours)) {
+    r.pinned = true;
+    last_pinned_at_ = r.created_at;
+  }
+  auto pos = std::lower_bound(records_.begin(), records_.end(), index,
+                              [](const CheckpointRecord& a, uint64_t i) { return a.index < i; });
+  records_.insert(pos, r);
+  return r;
+}
+
+void CheckpointManager::persist_state() {
+  nlohmann::json j;
+  j["format"] = kStateFormat;
+  j["version"] = 1;
+  j["created_at"] = created_at_;
+  j["next_index"] = next_index_;
+  j["last_pinned_at"] = last_pinned_at_ ? nlohmann::json(*last_pinned_at_) : nlohmann::json(nullptr);
+  j["config"] = config_to_json(config_);
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& r : records_) {
+    list.push_back({{"index", r.index},
+                    {"name", r.name},
+                    {"metrics", r.metrics},
+                    {"created_at", r.created_at},
+                    {"pinned", r.pinned}});
+  }
+  j["checkpoints"] = std::move(list);
+  storage_->put(kStateKey, j.dump(1));
+}
+
+void CheckpointManager::apply_retention() {
+  std::vector<uint64_t> doomed = retention::to_delete(candidates_of(records_, config_), policy_of(config_));
+  if (doomed.empty()) return;
+  for (uint64_t index : doomed) {
+    auto it = std::find_if(records_.begin(), records_.end(), [&](const auto& r) { return r.index == index; });
+    delete_checkpoint(it->checkpoint);
+    records_.erase(it);
+  }
+  persist_state();
+}
+
+void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_view subject) const {
+  if (!metrics.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: metrics must be a JSON object, got {}", subject, metrics.type_name()));
+  }
+  if (config_.checkpoint_score_attribute.empty()) return;
+  auto score = retention::extract_score(metrics, config_.checkpoint_score_attribute);
+  if (score.kind == retention::ScoreKind::kNotNumber) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: score attribute \"{}\" is not a number: {}", subject,
+                            config_.checkpoint_score_attribute, score.found));
+  }
+  if (score.kind == retention::ScoreKind::kMissing) {
+    warn(fmt::format("{}: reported without the score attribute \"{}\"; it ranks worst", subject,
+                     config_.checkpoint_score_attribute));
+  }
+}
+
+CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics, const Checkpoint& checkpoint) {
+  std::lock_guard<std::mutex> g(mu_);
+  const uint64_t index = next_index_;
+  const std::string name = checkpoint_name(index);
+  check_score(metrics, storage_->uri_of(name));
+  ++next_index_;
+  Checkpoint dest(storage_->child(name));
+  Manifest manifest;
+  try {
+    CheckpointWriter writer(dest);
+    writer.copy_from(checkpoint);
+    std::optional<nlohmann::json> metadata;
+    if (checkpoint.storage().exists(kMetadataKey)) metadata = checkpoint.get_metadata();
+    manifest = writer.commit(metrics, now(), metadata ? &*metadata : nullptr);
+  } catch (const Error& e) {
+    discard_failed(dest);
+    throw with_context(e, fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()));
+  }
+  CheckpointRecord record = add_record(index, dest, manifest);
+  persist_state();
+  apply_retention();
+  return record;
+}
+
+void CheckpointManager::discard_failed(const Checkpoint& dest) {
+  try {
+    if (!dest.is_committed()) remove_uncommitted(dest);
+  } catch (const Error& cleanup) {
+    // ignore-error: the leftover is removed on the next open or by `cairn gc`;
+    // the original error is what the caller needs.
+    log::warn(fmt::format("could not clean up {}: {}", dest.uri(), cleanup.what()));
+  }
+}
+
+Checkpoint CheckpointManager::reserve_next() {
+  std::lock_guard<std::mutex> g(mu_);
+  const uint64_t index = next_index_++;
+  Checkpoint dest(storage_->child(checkpoint_name(index)));
+  reserved_[dest.uri()] = index;
+  return dest;
+}
+
+CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
+                                                    const std::vector<ManifestEntry>& files,
+                                                    const nlohmann::json& layout) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = reserved_.find(reserved.uri());
+  if (it == reserved_.end()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: was not reserved by this manager (use reserve_next())", reserved.uri()));
+  }
+  const uint64_t index = it->second;
+  check_score(metrics, reserved.uri());
+  Manifest manifest;
+  try {
+    CheckpointWriter writer(reserved);
+    for (const auto& f : files) writer.add_written(f);
+    if (!layout.is_null()) writer.set_layout(layout);
+    manifest = writer.commit(metrics, now());
+  } catch (const Error& e) {
+    throw with_context(e, fmt::format("committing {}", reserved.uri()));
+  }
+  reserved_.erase(it);
+  CheckpointRecord record = add_record(index, reserved, manifest);
+  persist_state();
+  apply_retention();
+  return record;
+}
+
+std::optional<CheckpointRecord> CheckpointManager::latest() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (records_.empty()) return std::nullopt;
+  return records_.back();
+}
+
+std::vector<CheckpointRecord> CheckpointManager::best() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return ranked(records_, config_);
+}
+
+std::vector<CheckpointRecord> CheckpointManager::history() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return records_;
+}
+
+ExperimentListing read_experiment(std::string_view experiment_uri) {
+  ExperimentListing out;
+  auto storage = open_storage(experiment_uri);
+  out.uri = storage->uri();
+  StoredState stored = read_state(*storage);
+  out.config = stored.config;
+  Scan scan = scan_experiment(*storage);
+  for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
+  for (const auto& [index, name] : scan.committed) {
+    CheckpointRecord r(index, Checkpoint(storage->child(name)));
+    auto it = stored.records.find(index);
+    if (it != stored.records.end()) {
+      r.metrics = it->second.metrics;
+      r.created_at = it->second.created_at;
+      r.pinned = it->second.pinned;
+    } else {
+      try {
+        Manifest m = r.checkpoint.manifest();
+        r.metrics = m.metrics;
+        r.created_at = m.created_at;
+      } catch (const Error&) {
+        // ignore-error: listed without metrics; `cairn verify` reports the damage.
+      }
+    }
+    out.checkpoints.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecord>& records,
+                                               const CheckpointConfig& config) {
+  return ranked(records, config);
+}
+
+std::vector<std::string> find_experiments(std::string_view uri) {
+  auto storage = open_storage(uri);
+  std::set<std::string> found;
+  auto is_marker = [](std::string_view part, bool has_more) {
+    return (part == kStateKey && !has_more) || (has_more && parse_checkpoint_name(part));
+  };
+  auto consider = [&](const std::string& key) {
+    size_t s1 = key.find('/');
+    std::string_view first = std::string_view(key).substr(0, s1);
+    if (is_marker(first, s1 != std::string::npos)) {
+      found.insert("");
+      return;
+    }
+    if (s1 == std::string::npos) return;
+    size_t s2 = key.find('/', s1 + 1);
+    std::string_view second = std::string_view(key).substr(s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1);
+    if (is_marker(second, s2 != std::string::npos)) found.insert(std::string(first));
+  };
+  for (const auto& o : storage->list("")) consider(o.key);
+  for (const auto& id : storage->list_incomplete("")) consider(id);
+  return {found.begin(), found.end()};
+}
+
+GcReport collect_garbage(std::string_view uri, bool dry_run) {
+  GcReport report;
+  auto root = open_storage(uri);
+  for (const auto& name : find_experiments(uri)) {
+    auto storage = name.empty() ? root : root->child(name);
+    std::unique_ptr<Lock> lock;
+    try {
+      lock = storage->try_lock(kLockKey);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kLocked) throw;
+      report.skipped.push_back(fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
+      continue;
+    }
+    Scan scan = scan_experiment(*storage);
+    for (const auto& id : scan.incomplete) {
+      if (!dry_run) storage->discard_incomplete(id);
+      report.removed.push_back(storage->uri_of(id));
+    }
+    for (const auto& [index, cp] : scan.uncommitted) {
+      Checkpoint leftover(storage->child(cp));
+      if (dry_run) {
+        for (const auto& o : leftover.storage().list("")) report.removed.push_back(leftover.storage().uri_of(o.key));
+      } else {
+        auto removed = remove_uncommitted(leftover);
+        report.removed.insert(report.removed.end(), removed.begin(), removed.end());
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace cairn

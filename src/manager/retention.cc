@@ -1,0 +1,64 @@
+#include "manager/retention.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cairn::retention {
+
+Score extract_score(const nlohmann::json& metrics, std::string_view attribute) {
+  const nlohmann::json* node = &metrics;
+  size_t start = 0;
+  while (start <= attribute.size()) {
+    size_t end = attribute.find('/', start);
+    if (end == std::string_view::npos) end = attribute.size();
+    std::string part(attribute.substr(start, end - start));
+    if (!node->is_object() || !node->contains(part)) return {};
+    node = &(*node)[part];
+    start = end + 1;
+  }
+  if (node->is_number()) return {ScoreKind::kNumber, node->get<double>(), {}};
+  if (node->is_null()) return {};
+  return {ScoreKind::kNotNumber, 0.0, node->dump()};
+}
+
+bool better(const Candidate& a, const Candidate& b, const Policy& policy) {
+  if (policy.by_score) {
+    const bool va = a.score && !std::isnan(*a.score);
+    const bool vb = b.score && !std::isnan(*b.score);
+    if (va != vb) return va;
+    if (va && *a.score != *b.score) return policy.maximize ? *a.score > *b.score : *a.score < *b.score;
+  }
+  return a.index > b.index;
+}
+
+std::vector<uint64_t> rank(std::vector<Candidate> candidates, const Policy& policy) {
+  std::sort(candidates.begin(), candidates.end(),
+            [&](const Candidate& a, const Candidate& b) { return better(a, b, policy); });
+  std::vector<uint64_t> out;
+  out.reserve(candidates.size());
+  for (const auto& c : candidates) out.push_back(c.index);
+  return out;
+}
+
+std::vector<uint64_t> to_delete(const std::vector<Candidate>& candidates, const Policy& policy) {
+  if (!policy.num_to_keep || candidates.empty()) return {};
+  uint64_t latest = 0;
+  for (const auto& c : candidates) latest = std::max(latest, c.index);
+  std::vector<Candidate> unpinned;
+  for (const auto& c : candidates) {
+    if (!c.pinned) unpinned.push_back(c);
+  }
+  std::vector<uint64_t> ranked = rank(std::move(unpinned), policy);
+  std::vector<uint64_t> out;
+  for (size_t i = static_cast<size_t>(std::max(0, *policy.num_to_keep)); i < ranked.size(); ++i) {
+    if (ranked[i] != latest) out.push_back(ranked[i]);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool should_pin(double created_at, double last_pinned_at, std::optional<double> hours) {
+  return hours && created_at - last_pinned_at >= *hours * 3600.0;
+}
+
+}  // namespace cairn::retention

@@ -1,0 +1,55 @@
+// Retention policy: which checkpoints to keep. Pure functions, no I/O, so the
+// rules are unit-tested and fuzzed alone; the manager applies their answers.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace cairn::retention {
+
+enum class ScoreKind { kNumber, kMissing, kNotNumber };
+
+struct Score {
+  ScoreKind kind = ScoreKind::kMissing;
+  double value = 0.0;     // when kNumber (may be NaN)
+  std::string found;      // when kNotNumber: the JSON found there
+};
+
+// Looks up `attribute` in `metrics`; "a/b" reaches metrics["a"]["b"]. Booleans
+// are not numbers.
+Score extract_score(const nlohmann::json& metrics, std::string_view attribute);
+
+struct Candidate {
+  uint64_t index = 0;
+  std::optional<double> score;  // nullopt: reported without the attribute
+  bool pinned = false;          // kept by keep_checkpoint_every_n_hours
+};
+
+struct Policy {
+  std::optional<int> num_to_keep;  // nullopt: keep all
+  bool by_score = false;           // false: rank by recency
+  bool maximize = true;
+};
+
+// True if `a` ranks before (better than) `b`: a valid score beats a missing or
+// NaN one, then the better score, then the newer index.
+bool better(const Candidate& a, const Candidate& b, const Policy& policy);
+
+// All candidates, best first.
+std::vector<uint64_t> rank(std::vector<Candidate> candidates, const Policy& policy);
+
+// The indices to delete: outside the best num_to_keep of the unpinned ones,
+// never pinned and never the most recent.
+std::vector<uint64_t> to_delete(const std::vector<Candidate>& candidates, const Policy& policy);
+
+// keep_checkpoint_every_n_hours: pin a checkpoint made at `created_at` if at
+// least `hours` passed since `last_pinned_at` (the experiment's start before
+// any pin).
+bool should_pin(double created_at, double last_pinned_at, std::optional<double> hours);
+
+}  // namespace cairn::retention

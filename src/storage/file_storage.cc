@@ -1,0 +1,358 @@
+// The file backend: objects are plain files below a root directory.
+//
+// Write protocol (Writer::commit, Storage::put):
+//   1. Create the parent directories, fsyncing each one's parent as it is made.
+//   2. Write into "<dir>/.<name>.cairn-tmp-<unique>", created with O_EXCL, so
+//      concurrent writers never share a temp file and a crash leaves only a
+//      recognizable temp file, never a partial object under its real name.
+//   3. fsync the temp file: its data is durable.
+//   4. rename() it over "<dir>/<name>": readers see the old object or the new
+//      one, whole.
+//   5. fsync "<dir>": the rename itself is durable.
+// Committed files are never modified in place; a new version is a new file.
+//
+// Remove protocol: unlink, then fsync the directory, so that a removal that
+// returned is durable (the checkpoint deletion protocol depends on the
+// manifest's removal being durable before data files go). Directories left
+// empty are then removed up to the root, like an object store that has no
+// directories.
+//
+// Confinement: every key is validated (no "..", no absolute path), and the
+// real path of what is read must lie below the real path of the root, so a
+// symbolic link inside a checkpoint cannot lead a reader outside of it.
+//
+// Locks are flock(2) on the lock file: the kernel releases them when the
+// holder dies, even by SIGKILL.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "storage/backends.h"
+#include "util/fs.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kTempMarker = ".cairn-tmp-";
+
+bool is_temp_name(std::string_view name) {
+  return name.size() > 1 && name.front() == '.' && name.find(kTempMarker) != std::string_view::npos;
+}
+
+std::string unique_suffix() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t seed = std::random_device{}();
+  return fmt::format("{}-{:x}-{}", ::getpid(), seed & 0xffffff, counter.fetch_add(1));
+}
+
+double mtime_of(const struct stat& st) {
+  return static_cast<double>(st.st_mtim.tv_sec) + static_cast<double>(st.st_mtim.tv_nsec) * 1e-9;
+}
+
+// The real path of `p`, or of its nearest existing ancestor joined with the
+// rest, so that confinement can be checked before the file exists.
+fs::path real_path_prefix(const fs::path& p) {
+  std::error_code ec;
+  fs::path existing = p;
+  fs::path rest;
+  while (!existing.empty() && !fs::exists(fs::symlink_status(existing, ec))) {
+    rest = rest.empty() ? existing.filename() : existing.filename() / rest;
+    if (existing == existing.parent_path()) break;
+    existing = existing.parent_path();
+  }
+  fs::path canonical = fs::weakly_canonical(existing, ec);
+  if (ec) canonical = existing;
+  return rest.empty() ? canonical : canonical / rest;
+}
+
+bool is_below(const fs::path& p, const fs::path& root) {
+  auto [r, q] = std::mismatch(root.begin(), root.end(), p.begin(), p.end());
+  return r == root.end();
+}
+
+class FileReader final : public Reader {
+ public:
+  FileReader(UniqueFd fd, uint64_t size, std::string name)
+      : fd_(std::move(fd)), size_(size), name_(std::move(name)) {}
+  uint64_t size() const override { return size_; }
+  void read_at(uint64_t offset, std::span<std::byte> out) override {
+    if (offset + out.size() > size_) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: read of {} bytes at byte offset {} is past the end ({} bytes)",
+                              name_, out.size(), offset, size_));
+    }
+    pread_all(fd_.get(), out, offset, name_);
+  }
+
+ private:
+  UniqueFd fd_;
+  uint64_t size_;
+  std::string name_;
+};
+
+class FileWriter final : public Writer {
+ public:
+  FileWriter(fs::path final_path, std::string name) : final_(std::move(final_path)), name_(std::move(name)) {
+    const fs::path dir = final_.parent_path();
+    // A concurrent remove() may prune the directory between mkdir and open;
+    // recreate it a bounded number of times.
+    for (int attempt = 0;; ++attempt) {
+      make_dirs_durable(dir);
+      temp_ = dir / fmt::format(".{}{}{}", final_.filename().string(), kTempMarker, unique_suffix());
+      int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        fd_ = UniqueFd(fd);
+        break;
+      }
+      if (errno != ENOENT || attempt >= 3) throw errno_error(errno, "create", name_);
+    }
+  }
+
+  ~FileWriter() override {
+    if (!committed_) {
+      fd_ = UniqueFd();
+      ::unlink(temp_.c_str());  // ignore-error: abandoned write; gc removes what remains
+    }
+  }
+
+  void append(std::span<const std::byte> data) override {
+    write_all(fd_.get(), data, name_);
+    written_ += data.size();
+  }
+
+  void write_at(uint64_t offset, std::span<const std::byte> data) override {
+    size_t done = 0;
+    while (done < data.size()) {
+      ssize_t n = ::pwrite(fd_.get(), data.data() + done, data.size() - done,
+                           static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw errno_error(errno, "write", name_);
+      }
+      done += static_cast<size_t>(n);
+    }
+    uint64_t end = offset + data.size();
+    uint64_t seen = written_.load();
+    while (end > seen && !written_.compare_exchange_weak(seen, end)) {
+    }
+  }
+
+  void commit() override {
+    if (committed_) throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: committed twice", name_));
+    // write_at ranges that were never written must still count toward the size.
+    struct stat st;
+    if (::fstat(fd_.get(), &st) != 0) throw errno_error(errno, "stat", name_);
+    if (static_cast<uint64_t>(st.st_size) < written_ &&
+        ::ftruncate(fd_.get(), static_cast<off_t>(written_.load())) != 0) {
+      throw errno_error(errno, "truncate", name_);
+    }
+    fsync_fd(fd_.get(), name_);
+    fd_.close(name_);
+    if (::rename(temp_.c_str(), final_.c_str()) != 0) throw errno_error(errno, "rename", name_);
+    committed_ = true;
+    fsync_dir(final_.parent_path());
+  }
+
+  uint64_t bytes_written() const override { return written_; }
+
+ private:
+  fs::path final_;
+  fs::path temp_;
+  std::string name_;
+  UniqueFd fd_;
+  std::atomic<uint64_t> written_{0};
+  bool committed_ = false;
+};
+
+class FileLock final : public Lock {
+ public:
+  explicit FileLock(UniqueFd fd) : fd_(std::move(fd)) {}
+  ~FileLock() override { ::flock(fd_.get(), LOCK_UN); }  // ignore-error: close releases it too
+
+ private:
+  UniqueFd fd_;
+};
+
+class FileStorage final : public Storage {
+ public:
+  explicit FileStorage(fs::path root) : root_(std::move(root)) {}
+
+  std::string uri() const override { return "file://" + root_.string(); }
+
+  std::shared_ptr<Storage> child(std::string_view prefix) const override {
+    if (prefix.empty()) return std::make_shared<FileStorage>(root_);
+    validate_key(prefix);
+    return std::make_shared<FileStorage>(root_ / std::string(prefix));
+  }
+
+  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+    fs::path p = path_of(key);
+    check_confined(p.parent_path(), key);
+    return std::make_unique<FileWriter>(p, uri_of(key));
+  }
+
+  std::unique_ptr<Reader> open_reader(std::string_view key) override {
+    fs::path p = path_of(key);
+    check_confined(p, key);
+    UniqueFd fd = open_file(p, O_RDONLY);
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", uri_of(key));
+    if (!S_ISREG(st.st_mode)) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: not a regular file", uri_of(key)));
+    }
+    return std::make_unique<FileReader>(std::move(fd), static_cast<uint64_t>(st.st_size), uri_of(key));
+  }
+
+  std::optional<ObjectInfo> stat(std::string_view key) override {
+    fs::path p = path_of(key);
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
+      throw errno_error(errno, "stat", uri_of(key));
+    }
+    if (!S_ISREG(st.st_mode)) return std::nullopt;
+    check_confined(p, key);
+    return ObjectInfo{std::string(key), static_cast<uint64_t>(st.st_size), mtime_of(st)};
+  }
+
+  std::vector<ObjectInfo> list(std::string_view prefix) override {
+    std::vector<ObjectInfo> out;
+    walk(prefix, [&](const std::string& key, const struct stat& st, bool temp) {
+      if (!temp) out.push_back({key, static_cast<uint64_t>(st.st_size), mtime_of(st)});
+    });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    return out;
+  }
+
+  void remove(std::string_view key) override {
+    fs::path p = path_of(key);
+    if (::unlink(p.c_str()) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return;
+      throw errno_error(errno, "remove", uri_of(key));
+    }
+    fsync_dir(p.parent_path());
+    prune_empty_dirs(p.parent_path());
+  }
+
+  std::unique_ptr<Lock> try_lock(std::string_view key) override {
+    fs::path p = path_of(key);
+    make_dirs_durable(p.parent_path());
+    UniqueFd fd = open_file(p, O_RDWR | O_CREAT);
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) {
+        std::string holder = read_file(p);
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+        throw Error(ErrorCode::kLocked,
+                    fmt::format("{}: locked by another writer{}", uri_of(key),
+                                holder.empty() ? "" : fmt::format(" ({})", holder)),
+                    /*retryable=*/true);
+      }
+      throw errno_error(errno, "lock", uri_of(key));
+    }
+    // Who holds it, for the error message of the next one who tries.
+    std::string who = fmt::format("pid {} on {}\n", ::getpid(), hostname());
+    if (::ftruncate(fd.get(), 0) == 0) {
+      ::pwrite(fd.get(), who.data(), who.size(), 0);  // ignore-error: informational only
+    }
+    return std::make_unique<FileLock>(std::move(fd));
+  }
+
+  std::vector<std::string> list_incomplete(std::string_view prefix) override {
+    std::vector<std::string> out;
+    walk(prefix, [&](const std::string& key, const struct stat&, bool temp) {
+      if (temp) out.push_back(key);
+    });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  void discard_incomplete(std::string_view id) override {
+    validate_key(id);
+    std::string_view name = id.substr(id.rfind('/') == std::string_view::npos ? 0 : id.rfind('/') + 1);
+    if (!is_temp_name(name)) {
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not an incomplete write", uri_of(id)));
+    }
+    remove(id);
+  }
+
+  std::optional<fs::path> local_path(std::string_view key) const override {
+    if (key.empty()) return root_;
+    return path_of(key);
+  }
+
+ private:
+  fs::path path_of(std::string_view key) const {
+    validate_key(key);
+    return root_ / std::string(key);
+  }
+
+  void check_confined(const fs::path& p, std::string_view key) const {
+    fs::path real_root = real_path_prefix(root_);
+    fs::path real = real_path_prefix(p);
+    if (!is_below(real, real_root)) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: a symbolic link leads outside {} (to {})", uri_of(key), uri(),
+                              real.string()));
+    }
+  }
+
+  template <typename Fn>
+  void walk(std::string_view prefix, Fn&& fn) {
+    fs::path start = prefix.empty() ? root_ : path_of(prefix);
+    struct stat st;
+    if (::lstat(start.c_str(), &st) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return;
+      throw errno_error(errno, "list", uri_of(prefix));
+    }
+    if (!S_ISDIR(st.st_mode)) return;
+    std::error_code ec;
+    fs::recursive_directory_iterator it(start, fs::directory_options::none, ec), end;
+    if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
+    for (; it != end; it.increment(ec)) {
+      if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
+      const fs::path& p = it->path();
+      struct stat est;
+      if (::stat(p.c_str(), &est) != 0) continue;  // ignore-error: dangling link or racing removal
+      if (!S_ISREG(est.st_mode)) continue;
+      std::string key = p.lexically_relative(root_).generic_string();
+      fn(key, est, is_temp_name(p.filename().string()));
+    }
+  }
+
+  void prune_empty_dirs(fs::path dir) const {
+    while (dir != root_ && is_below(dir, root_)) {
+      if (::rmdir(dir.c_str()) != 0) return;  // ignore-error: not empty, or already gone
+      fsync_dir(dir.parent_path());
+      dir = dir.parent_path();
+    }
+  }
+
+  static std::string hostname() {
+    char buf[HOST_NAME_MAX + 1] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown host";
+    return buf;
+  }
+
+  fs::path root_;
+};
+
+}  // namespace
+
+std::shared_ptr<Storage> open_file_storage(const std::filesystem::path& root) {
+  return std::make_shared<FileStorage>(root);
+}
+
+}  // namespace cairn

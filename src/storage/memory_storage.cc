@@ -1,0 +1,262 @@
+// The in-memory backend: a process-wide map from key to immutable bytes, with
+// object-store semantics (whole-object replace, prefix listing) and injectable
+// faults. Objects live until the process ends or the bucket is cleared.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "storage/backends.h"
+
+namespace cairn {
+namespace {
+
+struct Object {
+  std::shared_ptr<const std::string> data;
+  double modified = 0.0;
+};
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Bucket {
+  std::string name;
+  std::mutex mu;
+  std::map<std::string, Object> objects;
+  std::set<std::string> locks;
+  uint64_t used = 0;  // committed bytes plus bytes in open writers
+  MemoryFaults faults;
+
+  void before(std::string_view op, std::string_view key) {
+    std::function<void(std::string_view, std::string_view)> hook;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      hook = faults.before;
+    }
+    if (hook) hook(op, key);
+  }
+
+  // Reserves `n` more bytes or throws kNoSpace naming `key`.
+  void reserve(uint64_t n, std::string_view key) {
+    std::lock_guard<std::mutex> g(mu);
+    if (faults.capacity && used + n > *faults.capacity) {
+      throw Error(ErrorCode::kNoSpace,
+                  fmt::format("memory://{}/{}: no space left ({} of {} bytes used)", name, key, used,
+                              *faults.capacity));
+    }
+    used += n;
+  }
+  void release(uint64_t n) {
+    std::lock_guard<std::mutex> g(mu);
+    used -= std::min(used, n);
+  }
+};
+
+std::mutex registry_mu;
+std::unordered_map<std::string, std::shared_ptr<Bucket>>& registry() {
+  static std::unordered_map<std::string, std::shared_ptr<Bucket>> r;
+  return r;
+}
+
+std::shared_ptr<Bucket> bucket_named(std::string_view name) {
+  std::lock_guard<std::mutex> g(registry_mu);
+  auto& slot = registry()[std::string(name)];
+  if (!slot) {
+    slot = std::make_shared<Bucket>();
+    slot->name = std::string(name);
+  }
+  return slot;
+}
+
+class MemoryReader final : public Reader {
+ public:
+  MemoryReader(std::shared_ptr<const std::string> data, std::string name)
+      : data_(std::move(data)), name_(std::move(name)) {}
+  uint64_t size() const override { return data_->size(); }
+  void read_at(uint64_t offset, std::span<std::byte> out) override {
+    if (offset + out.size() > data_->size()) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: read of {} bytes at byte offset {} is past the end ({} bytes)",
+                              name_, out.size(), offset, data_->size()));
+    }
+    std::copy_n(reinterpret_cast<const std::byte*>(data_->data()) + offset, out.size(), out.data());
+  }
+
+ private:
+  std::shared_ptr<const std::string> data_;
+  std::string name_;
+};
+
+class MemoryWriter final : public Writer {
+ public:
+  MemoryWriter(std::shared_ptr<Bucket> bucket, std::string key)
+      : bucket_(std::move(bucket)), key_(std::move(key)) {}
+  ~MemoryWriter() override { bucket_->release(reserved_); }
+
+  void append(std::span<const std::byte> data) override { write_at(data_.size(), data); }
+
+  void write_at(uint64_t offset, std::span<const std::byte> data) override {
+    bucket_->before("write", key_);
+    std::lock_guard<std::mutex> g(mu_);
+    uint64_t end = offset + data.size();
+    if (end > data_.size()) {
+      bucket_->reserve(end - data_.size(), key_);
+      reserved_ += end - data_.size();
+      data_.resize(end);
+    }
+    std::copy(data.begin(), data.end(), reinterpret_cast<std::byte*>(data_.data()) + offset);
+  }
+
+  void commit() override {
+    bucket_->before("commit", key_);
+    auto bytes = std::make_shared<const std::string>(std::move(data_));
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    auto it = bucket_->objects.find(key_);
+    if (it != bucket_->objects.end()) bucket_->used -= it->second.data->size();
+    bucket_->objects[key_] = Object{bytes, now_seconds()};
+    reserved_ = 0;  // now accounted as committed
+  }
+
+  uint64_t bytes_written() const override { return data_.size(); }
+
+ private:
+  std::shared_ptr<Bucket> bucket_;
+  std::string key_;
+  std::mutex mu_;
+  std::string data_;
+  uint64_t reserved_ = 0;
+};
+
+class MemoryLock final : public Lock {
+ public:
+  MemoryLock(std::shared_ptr<Bucket> bucket, std::string key) : bucket_(std::move(bucket)), key_(std::move(key)) {}
+  ~MemoryLock() override {
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    bucket_->locks.erase(key_);
+  }
+
+ private:
+  std::shared_ptr<Bucket> bucket_;
+  std::string key_;
+};
+
+class MemoryStorage final : public Storage {
+ public:
+  MemoryStorage(std::shared_ptr<Bucket> bucket, std::string prefix)
+      : bucket_(std::move(bucket)), prefix_(std::move(prefix)) {}
+
+  std::string uri() const override { return join_key("memory://" + bucket_->name, prefix_); }
+
+  std::shared_ptr<Storage> child(std::string_view prefix) const override {
+    if (!prefix.empty()) validate_key(prefix);
+    return std::make_shared<MemoryStorage>(bucket_, join_key(prefix_, prefix));
+  }
+
+  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+    return std::make_unique<MemoryWriter>(bucket_, full(key));
+  }
+
+  std::unique_ptr<Reader> open_reader(std::string_view key) override {
+    std::string k = full(key);
+    bucket_->before("read", k);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    auto it = bucket_->objects.find(k);
+    if (it == bucket_->objects.end()) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object", uri_of(key)));
+    }
+    return std::make_unique<MemoryReader>(it->second.data, uri_of(key));
+  }
+
+  std::optional<ObjectInfo> stat(std::string_view key) override {
+    std::string k = full(key);
+    bucket_->before("read", k);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    auto it = bucket_->objects.find(k);
+    if (it == bucket_->objects.end()) return std::nullopt;
+    return ObjectInfo{std::string(key), it->second.data->size(), it->second.modified};
+  }
+
+  std::vector<ObjectInfo> list(std::string_view prefix) override {
+    std::string p = prefix.empty() ? prefix_ : full(prefix);
+    bucket_->before("list", p);
+    std::string dir = p.empty() ? "" : p + "/";
+    std::vector<ObjectInfo> out;
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    for (auto it = bucket_->objects.lower_bound(dir);
+         it != bucket_->objects.end() && it->first.compare(0, dir.size(), dir) == 0; ++it) {
+      std::string rel = prefix_.empty() ? it->first : it->first.substr(prefix_.size() + 1);
+      out.push_back({rel, it->second.data->size(), it->second.modified});
+    }
+    return out;
+  }
+
+  void remove(std::string_view key) override {
+    std::string k = full(key);
+    bucket_->before("remove", k);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    auto it = bucket_->objects.find(k);
+    if (it == bucket_->objects.end()) return;
+    bucket_->used -= std::min<uint64_t>(bucket_->used, it->second.data->size());
+    bucket_->objects.erase(it);
+  }
+
+  std::unique_ptr<Lock> try_lock(std::string_view key) override {
+    std::string k = full(key);
+    bucket_->before("lock", k);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    if (!bucket_->locks.insert(k).second) {
+      throw Error(ErrorCode::kLocked, fmt::format("{}: locked by another writer", uri_of(key)), true);
+    }
+    return std::make_unique<MemoryLock>(bucket_, k);
+  }
+
+  // An in-memory write cannot outlive the process that was making it.
+  std::vector<std::string> list_incomplete(std::string_view) override { return {}; }
+  void discard_incomplete(std::string_view id) override {
+    throw Error(ErrorCode::kNotFound, fmt::format("{}: no such incomplete write", uri_of(id)));
+  }
+
+  std::optional<std::filesystem::path> local_path(std::string_view) const override {
+    return std::nullopt;
+  }
+
+ private:
+  std::string full(std::string_view key) const {
+    validate_key(key);
+    return join_key(prefix_, key);
+  }
+
+  std::shared_ptr<Bucket> bucket_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+std::shared_ptr<Storage> open_memory_storage(std::string_view bucket, std::string_view prefix) {
+  if (bucket.empty()) throw Error(ErrorCode::kInvalidArgument, "memory:// URI needs a bucket name");
+  if (!prefix.empty()) validate_key(prefix);
+  return std::make_shared<MemoryStorage>(bucket_named(bucket), std::string(prefix));
+}
+
+void set_memory_faults(std::string_view bucket, MemoryFaults faults) {
+  auto b = bucket_named(bucket);
+  std::lock_guard<std::mutex> g(b->mu);
+  b->faults = std::move(faults);
+}
+
+void clear_memory_bucket(std::string_view bucket) {
+  auto b = bucket_named(bucket);
+  std::lock_guard<std::mutex> g(b->mu);
+  b->objects.clear();
+  b->locks.clear();
+  b->used = 0;
+  b->faults = {};
+}
+
+}  // namespace cairn

@@ -1,0 +1,91 @@
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "cairn/storage.h"
+#include "storage/backends.h"
+
+namespace cairn {
+
+void validate_key(std::string_view key, bool is_stored) {
+  const ErrorCode code = is_stored ? ErrorCode::kCorruption : ErrorCode::kInvalidArgument;
+  auto fail = [&](std::string_view why) {
+    throw Error(code, fmt::format("unsafe key \"{}\": {}", key, why));
+  };
+  if (key.empty()) fail("empty");
+  if (key.front() == '/') fail("absolute path");
+  if (key.find('\\') != std::string_view::npos) fail("contains a backslash");
+  if (key.find('\0') != std::string_view::npos) fail("contains a NUL byte");
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find('/', start);
+    if (end == std::string_view::npos) end = key.size();
+    std::string_view part = key.substr(start, end - start);
+    if (part.empty()) fail("empty path component");
+    if (part == ".") fail("\".\" component");
+    if (part == "..") fail("\"..\" component leaves the root");
+    start = end + 1;
+  }
+}
+
+std::string join_key(std::string_view a, std::string_view b) {
+  while (!a.empty() && a.back() == '/') a.remove_suffix(1);
+  while (!b.empty() && b.front() == '/') b.remove_prefix(1);
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  return fmt::format("{}/{}", a, b);
+}
+
+std::string Storage::uri_of(std::string_view key) const { return join_key(uri(), key); }
+
+void Storage::put(std::string_view key, std::string_view bytes) {
+  auto w = open_writer(key);
+  w->append(as_bytes(bytes));
+  w->commit();
+}
+
+std::string Storage::get(std::string_view key) {
+  auto r = open_reader(key);
+  std::string out(r->size(), '\0');
+  r->read_at(0, std::as_writable_bytes(std::span(out.data(), out.size())));
+  return out;
+}
+
+void Storage::remove_prefix(std::string_view prefix) {
+  for (const ObjectInfo& o : list(prefix)) remove(o.key);
+}
+
+}  // namespace cairn
+
+namespace cairn {
+
+std::shared_ptr<Storage> open_storage(std::string_view uri) {
+  if (uri.empty()) throw Error(ErrorCode::kInvalidArgument, "empty storage URI");
+  size_t scheme_end = uri.find("://");
+  if (scheme_end == std::string_view::npos) {
+    std::filesystem::path p = std::filesystem::absolute(std::string(uri)).lexically_normal();
+    std::string s = p.string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    return open_file_storage(s);
+  }
+  std::string_view scheme = uri.substr(0, scheme_end);
+  std::string_view rest = uri.substr(scheme_end + 3);
+  if (scheme == "file") {
+    if (rest.empty() || rest.front() != '/') {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: a file:// URI needs an absolute path (file:///dir)", uri));
+    }
+    return open_storage(rest);
+  }
+  if (scheme == "memory") {
+    while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    size_t slash = rest.find('/');
+    std::string_view bucket = rest.substr(0, slash);
+    std::string_view prefix = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
+    return open_memory_storage(bucket, prefix);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, memory://)",
+                          uri, scheme));
+}
+
+}  // namespace cairn
