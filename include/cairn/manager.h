@@ -18,8 +18,9 @@
 //     the K most recent;
 //   - ties keep the newer; NaN ranks worst; a checkpoint reported without the
 //     attribute gets a warning and ranks worst whatever the order;
-//   - checkpoints pinned by keep_checkpoint_every_n_hours are kept in addition
-//     to the K and never deleted;
+//   - checkpoints pinned by keep_checkpoint_every_n_hours (one every N hours of
+//     the clock) are never deleted; they still count toward the K while they
+//     rank among the K best;
 //   - the most recent checkpoint is never deleted.
 //
 // Crash safety: opening a manager takes the experiment lock, removes the

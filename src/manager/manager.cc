@@ -304,7 +304,7 @@ void CheckpointManager::apply_retention() {
 }
 
 void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_view subject) const {
-  if (!metrics.is_object()) {
+  if (!metrics.is_object() && !metrics.is_null()) {  // null: no metrics
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("{}: metrics must be a JSON object, got {}", subject, metrics.type_name()));
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace cairn::retention {
 
@@ -43,15 +44,15 @@ std::vector<uint64_t> rank(std::vector<Candidate> candidates, const Policy& poli
 std::vector<uint64_t> to_delete(const std::vector<Candidate>& candidates, const Policy& policy) {
   if (!policy.num_to_keep || candidates.empty()) return {};
   uint64_t latest = 0;
-  for (const auto& c : candidates) latest = std::max(latest, c.index);
-  std::vector<Candidate> unpinned;
+  std::set<uint64_t> pinned;
   for (const auto& c : candidates) {
-    if (!c.pinned) unpinned.push_back(c);
+    latest = std::max(latest, c.index);
+    if (c.pinned) pinned.insert(c.index);
   }
-  std::vector<uint64_t> ranked = rank(std::move(unpinned), policy);
+  std::vector<uint64_t> ranked = rank(candidates, policy);
   std::vector<uint64_t> out;
   for (size_t i = static_cast<size_t>(std::max(0, *policy.num_to_keep)); i < ranked.size(); ++i) {
-    if (ranked[i] != latest) out.push_back(ranked[i]);
+    if (ranked[i] != latest && !pinned.count(ranked[i])) out.push_back(ranked[i]);
   }
   std::sort(out.begin(), out.end());
   return out;

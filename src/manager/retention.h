@@ -43,8 +43,9 @@ bool better(const Candidate& a, const Candidate& b, const Policy& policy);
 // All candidates, best first.
 std::vector<uint64_t> rank(std::vector<Candidate> candidates, const Policy& policy);
 
-// The indices to delete: outside the best num_to_keep of the unpinned ones,
-// never pinned and never the most recent.
+// The indices to delete: those outside the best num_to_keep, except pinned
+// ones and the most recent (pinned ones count toward the K, as in
+// tf.train.CheckpointManager, where pinning only saves what leaves the window).
 std::vector<uint64_t> to_delete(const std::vector<Candidate>& candidates, const Policy& policy);
 
 // keep_checkpoint_every_n_hours: pin a checkpoint made at `created_at` if at

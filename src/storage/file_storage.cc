@@ -188,14 +188,17 @@ class FileLock final : public Lock {
 
 class FileStorage final : public Storage {
  public:
-  explicit FileStorage(fs::path root) : root_(std::move(root)) {}
+  // `prune_limit` is the root of the storage first opened: removals prune
+  // empty directories up to it, so deleting a checkpoint through a child
+  // storage removes the checkpoint's own directory too.
+  FileStorage(fs::path root, fs::path prune_limit) : root_(std::move(root)), prune_limit_(std::move(prune_limit)) {}
 
   std::string uri() const override { return "file://" + root_.string(); }
 
   std::shared_ptr<Storage> child(std::string_view prefix) const override {
-    if (prefix.empty()) return std::make_shared<FileStorage>(root_);
+    if (prefix.empty()) return std::make_shared<FileStorage>(root_, prune_limit_);
     validate_key(prefix);
-    return std::make_shared<FileStorage>(root_ / std::string(prefix));
+    return std::make_shared<FileStorage>(root_ / std::string(prefix), prune_limit_);
   }
 
   std::unique_ptr<Writer> open_writer(std::string_view key) override {
@@ -333,7 +336,7 @@ class FileStorage final : public Storage {
   }
 
   void prune_empty_dirs(fs::path dir) const {
-    while (dir != root_ && is_below(dir, root_)) {
+    while (dir != prune_limit_ && is_below(dir, prune_limit_)) {
       if (::rmdir(dir.c_str()) != 0) return;  // ignore-error: not empty, or already gone
       fsync_dir(dir.parent_path());
       dir = dir.parent_path();
@@ -347,12 +350,13 @@ class FileStorage final : public Storage {
   }
 
   fs::path root_;
+  fs::path prune_limit_;
 };
 
 }  // namespace
 
 std::shared_ptr<Storage> open_file_storage(const std::filesystem::path& root) {
-  return std::make_shared<FileStorage>(root);
+  return std::make_shared<FileStorage>(root, root);
 }
 
 }  // namespace cairn

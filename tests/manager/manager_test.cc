@@ -1,0 +1,361 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "storage/backends.h"
+#include "support/temp_dir.h"
+#include "util/hash.h"
+
+namespace cairn::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A source checkpoint in memory holding one file with `contents`.
+Checkpoint source(const std::string& name, const std::string& contents) {
+  auto cp = Checkpoint::from_directory("memory://sources/" + name);
+  cp.storage().put("model.bin", contents);
+  return cp;
+}
+
+std::vector<uint64_t> indices(const std::vector<CheckpointRecord>& records) {
+  std::vector<uint64_t> out;
+  for (const auto& r : records) out.push_back(r.index);
+  return out;
+}
+
+class ManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    clear_memory_bucket("sources");
+    clear_memory_bucket("exp");
+  }
+  void TearDown() override {
+    clear_memory_bucket("sources");
+    clear_memory_bucket("exp");
+  }
+  const std::string uri = "memory://exp/run";
+  ManagerOptions quiet() {
+    ManagerOptions o;
+    o.warn = [this](const std::string& w) { warnings.push_back(w); };
+    return o;
+  }
+  std::vector<std::string> warnings;
+};
+
+TEST_F(ManagerTest, RegisterPersistsACommittedCopyUnderANumberedName) {
+  CheckpointManager m(uri, {}, quiet());
+  auto src = source("a", "weights");
+  src.set_metadata({{"epoch", 3}});
+  auto r = m.register_checkpoint({{"loss", 0.5}}, src);
+  EXPECT_EQ(r.name, "checkpoint_000000");
+  EXPECT_EQ(r.checkpoint.uri(), uri + "/checkpoint_000000");
+  EXPECT_TRUE(r.checkpoint.is_committed());
+  EXPECT_EQ(r.checkpoint.storage().get("model.bin"), "weights");
+  EXPECT_EQ(r.checkpoint.get_metadata()["epoch"], 3);
+  EXPECT_EQ(r.checkpoint.manifest().metrics["loss"], 0.5);
+  EXPECT_TRUE(r.checkpoint.verify().empty());
+  EXPECT_EQ(m.register_checkpoint({}, src).name, "checkpoint_000001");
+}
+
+TEST_F(ManagerTest, KeepsEveryCheckpointByDefault) {
+  CheckpointManager m(uri, {}, quiet());
+  for (int i = 0; i < 5; ++i) m.register_checkpoint({{"i", i}}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST_F(ManagerTest, KeepsTheKBestAndDeletesTheRestFromStorage) {
+  CheckpointConfig c;
+  c.num_to_keep = 2;
+  c.checkpoint_score_attribute = "val/acc";
+  c.checkpoint_score_order = "max";
+  CheckpointManager m(uri, c, quiet());
+  for (double acc : {0.5, 0.9, 0.7, 0.1}) m.register_checkpoint({{"val", {{"acc", acc}}}}, source("s", "x"));
+  // 0.9 and 0.7 are best; 0.1 is the latest and survives.
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(indices(m.best()), (std::vector<uint64_t>{1, 2, 3}));
+  auto s = open_storage(uri);
+  EXPECT_FALSE(s->exists("checkpoint_000000/model.bin"));
+  EXPECT_TRUE(s->list("checkpoint_000000").empty());
+  m.register_checkpoint({{"val", {{"acc", 0.8}}}}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 4}));
+  EXPECT_EQ(m.latest()->index, 4u);
+}
+
+TEST_F(ManagerTest, WithoutAttributeKeepsTheMostRecent) {
+  CheckpointConfig c;
+  c.num_to_keep = 2;
+  CheckpointManager m(uri, c, quiet());
+  for (int i = 0; i < 4; ++i) m.register_checkpoint({}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(indices(m.best()), (std::vector<uint64_t>{3, 2}));
+}
+
+TEST_F(ManagerTest, MinOrderKeepsTheLowest) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  c.checkpoint_score_attribute = "loss";
+  c.checkpoint_score_order = "min";
+  CheckpointManager m(uri, c, quiet());
+  for (double loss : {0.3, 0.1, 0.2, 0.4}) m.register_checkpoint({{"loss", loss}}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 3}));
+  EXPECT_EQ(m.best().front().index, 1u);
+}
+
+TEST_F(ManagerTest, AMissingScoreWarnsAndRanksWorst) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  c.checkpoint_score_attribute = "loss";
+  c.checkpoint_score_order = "min";
+  CheckpointManager m(uri, c, quiet());
+  m.register_checkpoint({{"other", 1}}, source("s", "x"));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("\"loss\""), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("checkpoint_000000"), std::string::npos) << warnings[0];
+  m.register_checkpoint({{"loss", 100.0}}, source("s", "x"));
+  m.register_checkpoint({{"loss", 200.0}}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 2}));
+}
+
+TEST_F(ManagerTest, AScoreThatIsNotANumberIsRefusedBeforeAnythingIsWritten) {
+  CheckpointConfig c;
+  c.checkpoint_score_attribute = "loss";
+  CheckpointManager m(uri, c, quiet());
+  m.register_checkpoint({{"loss", 1.0}}, source("s", "x"));
+  try {
+    m.register_checkpoint({{"loss", "low"}}, source("s", "x"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("\"loss\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"low\""), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty());
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0}));
+}
+
+TEST_F(ManagerTest, BadConfigurationsAreRefusedNamingTheField) {
+  auto expect_bad = [&](CheckpointConfig c, const std::string& field) {
+    try {
+      CheckpointManager m(uri, c, quiet());
+      FAIL() << field;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  CheckpointConfig zero;
+  zero.num_to_keep = 0;
+  expect_bad(zero, "num_to_keep");
+  CheckpointConfig order;
+  order.checkpoint_score_order = "up";
+  expect_bad(order, "checkpoint_score_order");
+  CheckpointConfig hours;
+  hours.keep_checkpoint_every_n_hours = -1;
+  expect_bad(hours, "keep_checkpoint_every_n_hours");
+}
+
+TEST_F(ManagerTest, ASecondWriterOfOneExperimentGetsALockError) {
+  TempDir dir;
+  CheckpointManager first(dir.str(), {}, quiet());
+  try {
+    CheckpointManager second(dir.str(), {}, quiet());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kLocked);
+    EXPECT_NE(std::string(e.what()).find(".cairn.lock"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ManagerTest, ANewManagerSeesTheSameLatestAndBest) {
+  CheckpointConfig c;
+  c.num_to_keep = 2;
+  c.checkpoint_score_attribute = "acc";
+  std::vector<uint64_t> best_before;
+  {
+    CheckpointManager m(uri, c, quiet());
+    for (double acc : {0.2, 0.8, 0.5, 0.1}) m.register_checkpoint({{"acc", acc}}, source("s", "x"));
+    best_before = indices(m.best());
+  }
+  CheckpointManager again(uri, c, quiet());
+  EXPECT_EQ(indices(again.best()), best_before);
+  EXPECT_EQ(again.latest()->index, 3u);
+  EXPECT_EQ(again.best().front().metrics["acc"], 0.8);
+  EXPECT_EQ(again.register_checkpoint({{"acc", 0.3}}, source("s", "x")).index, 4u);
+}
+
+TEST_F(ManagerTest, KeepEveryNHoursPinsCheckpointsOnTheInjectedClock) {
+  double now = 1'000'000.0;
+  ManagerOptions o = quiet();
+  o.clock = [&] { return now; };
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  c.keep_checkpoint_every_n_hours = 2;
+  CheckpointManager m(uri, c, o);
+  for (int i = 0; i < 12; ++i) {  // one every 30 minutes for 6 hours
+    now += 1800;
+    m.register_checkpoint({}, source("s", "x"));
+  }
+  // Pinned at 2h, 4h, 6h after the start (indices 3, 7, 11); 11 is also the
+  // latest and the one most recent checkpoint num_to_keep asks for.
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3, 7, 11}));
+  for (const auto& r : m.history()) EXPECT_TRUE(r.pinned) << r.name;
+  now += 1800;
+  m.register_checkpoint({}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3, 7, 11, 12})) << "pinned ones outlive the window";
+}
+
+TEST_F(ManagerTest, ALeftoverOfAnInterruptedSaveIsRemovedOnOpenAndItsIndexNotReused) {
+  {
+    CheckpointManager m(uri, {}, quiet());
+    m.register_checkpoint({}, source("s", "x"));
+  }
+  auto s = open_storage(uri);
+  s->put("checkpoint_000001/model.bin", "half written");  // no manifest: never committed
+  CheckpointManager m(uri, {}, quiet());
+  EXPECT_FALSE(s->exists("checkpoint_000001/model.bin"));
+  EXPECT_EQ(m.register_checkpoint({}, source("s", "x")).index, 2u);
+}
+
+TEST_F(ManagerTest, ACheckpointCommittedBeforeACrashIsAdoptedWithItsMetrics) {
+  {
+    CheckpointManager m(uri, {}, quiet());
+    m.register_checkpoint({{"step", 0}}, source("s", "x"));
+  }
+  // The process died after the commit and before recording it.
+  CheckpointWriter w(Checkpoint(open_storage(uri)->child("checkpoint_000001")));
+  w.write_file("model.bin", "y");
+  w.commit({{"step", 1}}, 123.0);
+  CheckpointManager m(uri, {}, quiet());
+  ASSERT_EQ(indices(m.history()), (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(m.latest()->metrics["step"], 1);
+  EXPECT_EQ(m.latest()->created_at, 123.0);
+}
+
+TEST_F(ManagerTest, ARecordWhoseCheckpointIsGoneIsDropped) {
+  {
+    CheckpointManager m(uri, {}, quiet());
+    m.register_checkpoint({}, source("s", "x"));
+    m.register_checkpoint({}, source("s", "x"));
+  }
+  delete_checkpoint(Checkpoint(open_storage(uri)->child("checkpoint_000000")));
+  CheckpointManager m(uri, {}, quiet());
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1}));
+}
+
+TEST_F(ManagerTest, AFullDiskDuringASaveLosesNothingCommitted) {
+  CheckpointManager m(uri, {}, quiet());
+  m.register_checkpoint({{"i", 0}}, source("s", std::string(1000, 'a')));
+  set_memory_faults("exp", MemoryFaults{1500, nullptr});
+  try {
+    m.register_checkpoint({{"i", 1}}, source("s", std::string(1000, 'b')));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace);
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000001"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0}));
+  EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
+  EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty()) << "the failed save is cleaned up";
+  set_memory_faults("exp", {});
+  EXPECT_EQ(m.register_checkpoint({{"i", 2}}, source("s", "c")).index, 2u);
+}
+
+TEST_F(ManagerTest, PermissionDeniedOnTheManifestLeavesTheCheckpointInvisible) {
+  CheckpointManager m(uri, {}, quiet());
+  m.register_checkpoint({}, source("s", "x"));
+  set_memory_faults("exp", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                          if (op == "commit" && key.find("manifest") != std::string_view::npos)
+                                            throw Error(ErrorCode::kPermissionDenied, std::string(key) + ": access denied");
+                                        }});
+  try {
+    m.register_checkpoint({}, source("s", "x"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000001/.cairn/manifest.json"), std::string::npos) << e.what();
+  }
+  set_memory_faults("exp", {});
+  EXPECT_FALSE(Checkpoint(open_storage(uri)->child("checkpoint_000001")).is_committed());
+  EXPECT_EQ(read_experiment(uri).checkpoints.size(), 1u);
+}
+
+TEST_F(ManagerTest, FilesWrittenByOthersCommitThroughAReservation) {
+  CheckpointManager m(uri, {}, quiet());
+  Checkpoint reserved = m.reserve_next();
+  reserved.storage().put("rank0.bin", "zero");
+  reserved.storage().put("rank1.bin", "one!");
+  std::vector<ManifestEntry> files = {{"rank0.bin", 4, xxh3_64("zero")}, {"rank1.bin", 4, xxh3_64("one!")}};
+  auto r = m.commit_reserved(reserved, {{"loss", 1}}, files, {{"world_size", 2}});
+  EXPECT_TRUE(r.checkpoint.verify().empty());
+  EXPECT_EQ(r.checkpoint.manifest().layout["world_size"], 2);
+
+  Checkpoint bad = m.reserve_next();
+  bad.storage().put("rank0.bin", "zero");
+  EXPECT_THROW(m.commit_reserved(bad, {}, {{"rank0.bin", 5, 0}}), Error) << "size mismatch";
+  EXPECT_THROW(m.commit_reserved(bad, {}, {{"missing.bin", 1, 0}}), Error);
+  EXPECT_THROW(m.commit_reserved(Checkpoint::from_directory("memory://exp/run/elsewhere"), {}, {}), Error);
+}
+
+TEST_F(ManagerTest, ReadingAnExperimentNeedsNoLockAndChangesNothing) {
+  CheckpointManager m(uri, {}, quiet());
+  m.register_checkpoint({{"acc", 1}}, source("s", "x"));
+  open_storage(uri)->put("checkpoint_000007/partial", "p");
+  auto listing = read_experiment(uri);
+  ASSERT_EQ(listing.checkpoints.size(), 1u);
+  EXPECT_EQ(listing.checkpoints[0].metrics["acc"], 1);
+  EXPECT_EQ(listing.uncommitted, (std::vector<std::string>{"checkpoint_000007"}));
+  EXPECT_TRUE(open_storage(uri)->exists("checkpoint_000007/partial"));
+}
+
+TEST_F(ManagerTest, GcRemovesLeftoversAndSkipsExperimentsWithALiveWriter) {
+  TempDir root;
+  {
+    CheckpointManager a((root / "a").string(), {}, quiet());
+    a.register_checkpoint({}, source("s", "x"));
+  }
+  write_text(root / "a" / "checkpoint_000005" / "model.bin", "leftover");
+  write_text(root / "a" / "checkpoint_000000" / ".x.cairn-tmp-1-2-3", "incomplete metadata update");
+  CheckpointManager live((root / "b").string(), {}, quiet());
+  write_text(root / "b" / "checkpoint_000000" / "model.bin", "in flight");
+
+  EXPECT_EQ(find_experiments(root.str()), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(find_experiments((root / "a").string()), (std::vector<std::string>{""}));
+  GcReport dry = collect_garbage(root.str(), /*dry_run=*/true);
+  EXPECT_EQ(dry.removed.size(), 2u);
+  EXPECT_TRUE(fs::exists(root / "a" / "checkpoint_000005"));
+  GcReport report = collect_garbage(root.str());
+  EXPECT_EQ(report.removed.size(), 2u);
+  ASSERT_EQ(report.skipped.size(), 1u);
+  EXPECT_NE(report.skipped[0].find("/b"), std::string::npos) << report.skipped[0];
+  EXPECT_FALSE(fs::exists(root / "a" / "checkpoint_000005"));
+  EXPECT_TRUE(fs::exists(root / "a" / "checkpoint_000000" / ".cairn" / "manifest.json"));
+  EXPECT_TRUE(fs::exists(root / "b" / "checkpoint_000000" / "model.bin")) << "a live writer's save is untouched";
+}
+
+TEST_F(ManagerTest, ACorruptHistoryFileIsNamedAndNothingIsDeleted) {
+  TempDir dir;
+  {
+    CheckpointManager m(dir.str(), {}, quiet());
+    m.register_checkpoint({}, source("s", "x"));
+  }
+  write_text(dir / "checkpoint_manager.json", "{not json");
+  try {
+    CheckpointManager m(dir.str(), {}, quiet());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find("checkpoint_manager.json"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir / "checkpoint_000000" / "model.bin"));
+  fs::remove(dir / "checkpoint_manager.json");
+  CheckpointManager rebuilt(dir.str(), {}, quiet());
+  EXPECT_EQ(rebuilt.history().size(), 1u);
+}
+
+}  // namespace
+}  // namespace cairn::testing
