@@ -26,7 +26,8 @@
 // Crash safety: opening a manager takes the experiment lock, removes the
 // leftovers of interrupted saves and deletions, and reconciles the persisted
 // history with what is committed on storage (a checkpoint committed just
-// before a crash is adopted with the metrics in its manifest).
+// before a crash is adopted with the metrics in its manifest), then applies
+// the retention policy (so opening with a smaller num_to_keep deletes).
 //
 // Thread-safety: a manager may be used from several threads; calls are
 // serialized. Only one manager per experiment may exist at a time, across all

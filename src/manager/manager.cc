@@ -6,7 +6,7 @@
 //   open:     take the lock, then reconcile: committed checkpoints missing
 //             from the history are adopted from their manifests, records whose
 //             checkpoint is gone are dropped, uncommitted leftovers and
-//             incomplete writes are removed.
+//             incomplete writes are removed; then apply retention.
 // So after any crash the history on storage differs from the committed set
 // by at most the operation that was in flight, and the next open repairs it.
 #include "cairn/manager.h"
@@ -255,6 +255,9 @@ void CheckpointManager::open() {
   }
   next_index_ = std::max(stored.next_index, scan.max_index ? *scan.max_index + 1 : 0);
   persist_state();
+  // A crash between a commit and its retention step leaves one extra; apply
+  // the policy now, so that repeated crashes never accumulate them.
+  apply_retention();
 }
 
 CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest) {

@@ -1,0 +1,254 @@
+// Checkpoint handles, metadata, verification, and the bad inputs a stored
+// checkpoint can present: hostile manifests, altered, truncated or missing
+// files, escaping links, malformed metadata.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "storage/backends.h"
+#include "support/temp_dir.h"
+#include "util/hash.h"
+
+namespace cairn::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string message_of(const std::function<void()>& fn, ErrorCode want) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+// A committed checkpoint in `dir` with two files.
+Checkpoint committed(const fs::path& dir) {
+  auto cp = Checkpoint::from_directory(dir.string());
+  CheckpointWriter w(cp);
+  w.write_file("model.bin", std::string(4096, 'm'));
+  w.write_file("opt/state.bin", "optimizer");
+  w.commit({{"loss", 0.1}}, 1.0);
+  return cp;
+}
+
+TEST(Checkpoint, AsDirectoryOfALocalCheckpointIsItsOwnPath) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  auto view = cp.as_directory();
+  EXPECT_EQ(view.path(), dir.path());
+  EXPECT_EQ(read_text(view.path() / "opt/state.bin"), "optimizer");
+}
+
+TEST(Checkpoint, AsDirectoryOfARemoteCheckpointIsACopyRemovedWithTheLastView) {
+  clear_memory_bucket("remote");
+  auto cp = Checkpoint::from_directory("memory://remote/ck");
+  CheckpointWriter w(cp);
+  w.write_file("a.txt", "A");
+  w.commit({}, 1.0);
+  fs::path p;
+  {
+    auto view = cp.as_directory();
+    p = view.path();
+    auto second = view;
+    EXPECT_EQ(read_text(p / "a.txt"), "A");
+    view = LocalDirectory();
+    EXPECT_TRUE(fs::exists(p)) << "still held by the second view";
+  }
+  EXPECT_FALSE(fs::exists(p));
+  clear_memory_bucket("remote");
+}
+
+TEST(Checkpoint, ToDirectoryIsAFullPlainCopyWithMetadata) {
+  TempDir src, dst;
+  auto cp = committed(src.path());
+  cp.set_metadata({{"epoch", 7}});
+  fs::path out = cp.to_directory(dst.path() / "copy");
+  EXPECT_EQ(read_text(out / "model.bin"), std::string(4096, 'm'));
+  EXPECT_EQ(read_text(out / "opt/state.bin"), "optimizer");
+  EXPECT_FALSE(fs::exists(out / ".cairn/manifest.json")) << "a copy is not a committed checkpoint";
+  EXPECT_EQ(Checkpoint::from_directory(out.string()).get_metadata()["epoch"], 7);
+  message_of([&] { cp.to_directory(dst.path() / "copy"); }, ErrorCode::kAlreadyExists);
+  fs::path temp = cp.to_directory();
+  EXPECT_TRUE(fs::exists(temp / "model.bin"));
+  fs::remove_all(temp);
+}
+
+TEST(Checkpoint, MetadataUpdatesMergeTopLevelKeys) {
+  TempDir dir;
+  auto cp = Checkpoint::from_directory(dir.str());
+  EXPECT_EQ(cp.get_metadata(), json::object());
+  cp.set_metadata({{"a", 1}, {"b", {{"x", 1}}}});
+  cp.update_metadata({{"b", {{"y", 2}}}, {"c", 3}});
+  EXPECT_EQ(cp.get_metadata(), (json{{"a", 1}, {"b", {{"y", 2}}}, {"c", 3}}));
+  message_of([&] { cp.set_metadata(json::array()); }, ErrorCode::kInvalidArgument);
+}
+
+TEST(Checkpoint, MetadataThatIsNotJsonIsCorruptionNamingTheFile) {
+  TempDir dir;
+  write_text(dir / ".cairn/metadata.json", "{\"epoch\": 3,");
+  auto cp = Checkpoint::from_directory(dir.str());
+  std::string msg = message_of([&] { cp.get_metadata(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find(".cairn/metadata.json"), std::string::npos) << msg;
+  message_of([&] { cp.update_metadata({{"x", 1}}); }, ErrorCode::kCorruption);
+  EXPECT_EQ(read_text(dir / ".cairn/metadata.json"), "{\"epoch\": 3,") << "a failed update changes nothing";
+}
+
+TEST(Checkpoint, VerifyPassesAWholeCheckpoint) {
+  TempDir dir;
+  EXPECT_TRUE(committed(dir.path()).verify().empty());
+}
+
+TEST(Checkpoint, VerifyNamesAnAlteredATruncatedAndAMissingFile) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  std::string altered(4096, 'm');
+  altered[100] = 'X';
+  write_text(dir / "model.bin", altered);
+  write_text(dir / "opt/state.bin", "optim");
+  auto problems = cp.verify();
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].path, "model.bin");
+  EXPECT_NE(problems[0].reason.find("checksum"), std::string::npos);
+  EXPECT_EQ(problems[1].path, "opt/state.bin");
+  EXPECT_NE(problems[1].reason.find("size 5, manifest says 9"), std::string::npos) << problems[1].reason;
+  fs::remove(dir / "model.bin");
+  problems = cp.verify();
+  EXPECT_EQ(problems[0].path, "model.bin");
+  EXPECT_EQ(problems[0].reason, "missing");
+}
+
+TEST(Checkpoint, ACopyOfADamagedCheckpointFailsNamingTheFileAndLeavesNoTempDir) {
+  TempDir dir, dst;
+  auto cp = committed(dir.path());
+  std::string altered(4096, 'm');
+  altered[0] = 'X';
+  write_text(dir / "model.bin", altered);
+  std::string msg = message_of([&] { cp.to_directory(dst / "copy"); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("model.bin"), std::string::npos) << msg;
+  clear_memory_bucket("dest");
+  CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
+  msg = message_of([&] { w.copy_from(cp); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("model.bin"), std::string::npos) << msg;
+  clear_memory_bucket("dest");
+}
+
+TEST(Checkpoint, ATruncatedManifestIsCorruptionNamingIt) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  std::string text = read_text(dir / ".cairn/manifest.json");
+  write_text(dir / ".cairn/manifest.json", text.substr(0, text.size() / 2));
+  std::string msg = message_of([&] { cp.verify(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find(".cairn/manifest.json"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, AnAlteredManifestDoesNotPassVerification) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  json m = json::parse(read_text(dir / ".cairn/manifest.json"));
+  m["files"][0]["xxh3"] = "0123456789abcdef";
+  write_text(dir / ".cairn/manifest.json", m.dump());
+  auto problems = cp.verify();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].path, "model.bin");
+}
+
+TEST(Manifest, HostilePathsAreCorruptionNamingTheEntry) {
+  auto manifest_with = [](const std::string& path) {
+    return json{{"format", "cairn-checkpoint"},
+                {"version", 1},
+                {"created_at", 1.0},
+                {"files", {{{"path", path}, {"size", 1}, {"xxh3", "0000000000000000"}}}}}
+        .dump();
+  };
+  for (std::string bad : {"../escape", "a/../../b", "/etc/passwd", ".cairn/manifest.json", ""}) {
+    std::string msg = message_of([&] { Manifest::parse(manifest_with(bad), "M"); }, ErrorCode::kCorruption);
+    EXPECT_NE(msg.find("manifest entry 0"), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("M: ", 0), 0u) << msg;
+  }
+}
+
+TEST(Manifest, MalformedFieldsAreCorruption) {
+  for (const char* bad : {"[]", "{}", R"({"format":"cairn-checkpoint","version":2,"created_at":1,"files":[]})",
+                          R"({"format":"cairn-checkpoint","version":1,"created_at":"x","files":[]})",
+                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":-1,"xxh3":"0000000000000000"}]})",
+                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"zz"}]})",
+                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"0000000000000000"},{"path":"a","size":1,"xxh3":"0000000000000000"}]})"}) {
+    message_of([&] { Manifest::parse(bad, "M"); }, ErrorCode::kCorruption);
+  }
+}
+
+TEST(Manifest, RoundTripsThroughJson) {
+  Manifest m;
+  m.created_at = 12.5;
+  m.metrics = {{"loss", 0.5}};
+  m.layout = {{"world_size", 4}};
+  m.files = {{"a", 3, 0xdeadbeefcafef00dull}, {"b/c", 0, 1}};
+  Manifest back = Manifest::parse(m.to_json(), "M");
+  EXPECT_EQ(back.created_at, 12.5);
+  EXPECT_EQ(back.metrics, m.metrics);
+  EXPECT_EQ(back.layout, m.layout);
+  ASSERT_EQ(back.files.size(), 2u);
+  EXPECT_EQ(back.files[0].xxh3, 0xdeadbeefcafef00dull);
+  EXPECT_EQ(back.total_bytes(), 3u);
+}
+
+TEST(Checkpoint, ALinkLeavingACommittedCheckpointIsReportedByVerify) {
+  TempDir dir, outside;
+  auto cp = committed(dir.path());
+  write_text(outside / "model.bin", std::string(4096, 'm'));
+  fs::remove(dir / "model.bin");
+  fs::create_symlink(outside / "model.bin", dir / "model.bin");
+  auto problems = cp.verify();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_EQ(problems[0].path, "model.bin");
+  EXPECT_NE(problems[0].reason.find("symbolic link"), std::string::npos) << problems[0].reason;
+}
+
+TEST(Checkpoint, RegisteringASourceWithALinkLeavingItIsRefused) {
+  TempDir src, outside;
+  write_text(src / "ok.bin", "fine");
+  write_text(outside / "secret", "secret");
+  fs::create_symlink(outside / "secret", src / "leak");
+  clear_memory_bucket("dest");
+  CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
+  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("leak"), std::string::npos) << msg;
+  clear_memory_bucket("dest");
+}
+
+TEST(CheckpointWriter, RefusesToWriteIntoACommittedCheckpointOrUnderCairnsFolder) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  message_of([&] { CheckpointWriter w(cp); }, ErrorCode::kAlreadyExists);
+  TempDir fresh;
+  CheckpointWriter w(Checkpoint::from_directory(fresh.str()));
+  message_of([&] { w.write_file(".cairn/manifest.json", "{}"); }, ErrorCode::kInvalidArgument);
+  message_of([&] { w.write_file("../x", "{}"); }, ErrorCode::kInvalidArgument);
+}
+
+TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) {
+  clear_memory_bucket("del");
+  auto cp = Checkpoint::from_directory("memory://del/ck");
+  CheckpointWriter w(cp);
+  w.write_file("a", "1");
+  w.write_file("b", "2");
+  w.commit({}, 1.0);
+  set_memory_faults("del", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                          if (op == "remove" && key == "ck/b") throw Error(ErrorCode::kIO, "ck/b: I/O error");
+                                        }});
+  EXPECT_THROW(delete_checkpoint(cp), Error);
+  EXPECT_FALSE(cp.is_committed());
+  set_memory_faults("del", {});
+  EXPECT_EQ(remove_uncommitted(cp).size(), 1u);
+  clear_memory_bucket("del");
+}
+
+}  // namespace
+}  // namespace cairn::testing

@@ -1,0 +1,43 @@
+// Saves and retains checkpoints forever, until killed. Used by crash_test.
+// Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP
+#include <cstdlib>
+#include <iostream>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "crash_pattern.h"
+#include "cairn/manager.h"
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP\n";
+    return 2;
+  }
+  std::mt19937_64 rng(std::strtoull(argv[2], nullptr, 10));
+  cairn::CheckpointConfig config;
+  config.num_to_keep = std::atoi(argv[3]);
+  config.checkpoint_score_attribute = "score";
+  cairn::ManagerOptions options;
+  options.warn = [](const std::string&) {};  // missing scores are part of the workload
+  try {
+    cairn::CheckpointManager manager(argv[1], config, options);
+    auto source = cairn::Checkpoint::from_directory(fmt::format("memory://crash-source/{}", rng()));
+    for (;;) {
+      uint64_t seed = rng();
+      int files = 1 + static_cast<int>(rng() % 3);
+      source.storage().remove_prefix("");
+      for (int f = 0; f < files; ++f) {
+        uint64_t size = rng() % 3 == 0 ? rng() % (256 << 10) : rng() % 4096;
+        source.storage().put(fmt::format("f{}.bin", f), cairn::testing::crash_pattern(seed, f, size));
+      }
+      nlohmann::json metrics = {{"seed", seed}};
+      if (rng() % 8 != 0) metrics["score"] = static_cast<double>(rng() % 1000) / 10.0;
+      auto record = manager.register_checkpoint(metrics, source);
+      if (rng() % 4 == 0) record.checkpoint.update_metadata({{"touched", seed}});
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "crash_worker: " << e.what() << "\n";
+    return 1;
+  }
+}
