@@ -41,10 +41,10 @@ struct ManifestEntry {
 
 struct Manifest {
   int version = 1;
-  double created_at = 0.0;   // seconds since the Unix epoch
-  nlohmann::json metrics;    // what was reported with the checkpoint (object or null)
-  nlohmann::json layout;     // optional writer-defined layout, e.g. a sharded
-                             // save's global tensor layout (null when unused)
+  double created_at = 0.0;           // seconds since the Unix epoch
+  nlohmann::json metrics;            // what was reported with the checkpoint (object or null)
+  nlohmann::json layout;             // optional writer-defined layout, e.g. a sharded
+                                     // save's global tensor layout (null when unused)
   std::vector<ManifestEntry> files;  // sorted by path
 
   uint64_t total_bytes() const;

@@ -51,9 +51,9 @@
 namespace cairn {
 
 struct CheckpointConfig {
-  std::optional<int> num_to_keep;          // unset: keep all; must be >= 1
-  std::string checkpoint_score_attribute;  // empty: rank by recency
-  std::string checkpoint_score_order = "max";  // "max" or "min"
+  std::optional<int> num_to_keep;                       // unset: keep all; must be >= 1
+  std::string checkpoint_score_attribute;               // empty: rank by recency
+  std::string checkpoint_score_order = "max";           // "max" or "min"
   std::optional<double> keep_checkpoint_every_n_hours;  // must be > 0
 
   // Throws kInvalidArgument naming the bad field.
@@ -63,11 +63,11 @@ struct CheckpointConfig {
 struct CheckpointRecord {
   CheckpointRecord(uint64_t index, Checkpoint checkpoint);
   uint64_t index = 0;
-  std::string name;          // "checkpoint_000012"
-  nlohmann::json metrics;    // as reported
-  double created_at = 0.0;   // seconds since the Unix epoch
-  bool pinned = false;       // kept by keep_checkpoint_every_n_hours
-  Checkpoint checkpoint;     // where it lives
+  std::string name;         // "checkpoint_000012"
+  nlohmann::json metrics;   // as reported
+  double created_at = 0.0;  // seconds since the Unix epoch
+  bool pinned = false;      // kept by keep_checkpoint_every_n_hours
+  Checkpoint checkpoint;    // where it lives
 };
 
 struct ManagerOptions {
@@ -142,9 +142,9 @@ class CheckpointManager {
 // anything: for `cairn ls`, Result::from_path and monitoring.
 struct ExperimentListing {
   std::string uri;
-  CheckpointConfig config;                // as last persisted
+  CheckpointConfig config;                    // as last persisted
   std::vector<CheckpointRecord> checkpoints;  // committed, index order
-  std::vector<std::string> uncommitted;   // names of leftover directories
+  std::vector<std::string> uncommitted;       // names of leftover directories
 };
 ExperimentListing read_experiment(std::string_view experiment_uri);
 

@@ -38,7 +38,8 @@ LocalDirectory Checkpoint::as_directory() const {
   if (auto local = storage_->local_path("")) {
     std::error_code ec;
     if (!fs::is_directory(*local, ec)) {
-      throw Error(ErrorCode::kNotFound, fmt::format("{}: checkpoint directory does not exist", uri()));
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("{}: checkpoint directory does not exist", uri()));
     }
     view.path_ = *local;
     return view;
@@ -74,9 +75,10 @@ fs::path Checkpoint::to_directory(const fs::path& dest) const {
       auto w = out->open_writer(keys[i]);
       ManifestEntry got = stream_object(*storage_, keys[i], w.get());
       if (m && (got.size != m->files[i].size || got.xxh3 != m->files[i].xxh3)) {
-        throw Error(ErrorCode::kCorruption,
-                    fmt::format("{}: contents do not match the manifest (size {}, manifest says {})",
-                                storage_->uri_of(keys[i]), got.size, m->files[i].size));
+        throw Error(
+            ErrorCode::kCorruption,
+            fmt::format("{}: contents do not match the manifest (size {}, manifest says {})",
+                        storage_->uri_of(keys[i]), got.size, m->files[i].size));
       }
       w->commit();
     }
@@ -104,8 +106,9 @@ nlohmann::json Checkpoint::get_metadata() const {
 
 void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
   if (!metadata.is_object()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: metadata must be a JSON object, got {}", uri(), metadata.type_name()));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: metadata must be a JSON object, got {}", uri(), metadata.type_name()));
   }
   std::lock_guard<std::mutex> g(metadata_mu);
   storage_->put(kMetadataKey, metadata.dump(2));
@@ -113,8 +116,9 @@ void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
 
 void Checkpoint::update_metadata(const nlohmann::json& patch) const {
   if (!patch.is_object()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: metadata update must be a JSON object, got {}", uri(), patch.type_name()));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: metadata update must be a JSON object, got {}", uri(), patch.type_name()));
   }
   std::lock_guard<std::mutex> g(metadata_mu);
   nlohmann::json current = get_metadata();
@@ -138,7 +142,8 @@ Manifest Checkpoint::manifest() const {
     text = storage_->get(kManifestKey);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kNotFound) {
-      throw Error(ErrorCode::kNotFound, fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
     }
     throw;
   }
@@ -161,8 +166,8 @@ std::vector<VerifyProblem> Checkpoint::verify() const {
       }
       ManifestEntry got = stream_object(*storage_, f.path, nullptr);
       if (got.xxh3 != f.xxh3) {
-        problems.push_back({f.path, fmt::format("checksum {}, manifest says {}", hash_to_hex(got.xxh3),
-                                                hash_to_hex(f.xxh3))});
+        problems.push_back({f.path, fmt::format("checksum {}, manifest says {}",
+                                                hash_to_hex(got.xxh3), hash_to_hex(f.xxh3))});
       }
     } catch (const Error& e) {
       problems.push_back({f.path, e.what()});

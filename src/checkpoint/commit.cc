@@ -58,8 +58,9 @@ void check_user_path(std::string_view path) {
 
 CheckpointWriter::CheckpointWriter(Checkpoint dest) : dest_(std::move(dest)) {
   if (dest_.is_committed()) {
-    throw Error(ErrorCode::kAlreadyExists,
-                fmt::format("{}: already a committed checkpoint; refusing to write into it", dest_.uri()));
+    throw Error(
+        ErrorCode::kAlreadyExists,
+        fmt::format("{}: already a committed checkpoint; refusing to write into it", dest_.uri()));
   }
 }
 
@@ -70,8 +71,10 @@ ManifestEntry CheckpointWriter::record(ManifestEntry entry) {
   }
   auto same = std::find_if(entries_.begin(), entries_.end(),
                            [&](const ManifestEntry& e) { return e.path == entry.path; });
-  if (same != entries_.end()) *same = entry;
-  else entries_.push_back(entry);
+  if (same != entries_.end())
+    *same = entry;
+  else
+    entries_.push_back(entry);
   return entry;
 }
 
@@ -83,7 +86,8 @@ ManifestEntry CheckpointWriter::write_file(std::string_view path, std::string_vi
   return record(ManifestEntry{std::string(path), bytes.size(), xxh3_64(bytes)});
 }
 
-ManifestEntry CheckpointWriter::copy_local_file(std::string_view path, const std::filesystem::path& local) {
+ManifestEntry CheckpointWriter::copy_local_file(std::string_view path,
+                                                const std::filesystem::path& local) {
   check_user_path(path);
   auto src = open_storage(local.parent_path().string());
   auto w = dest_.storage().open_writer(path);
@@ -112,11 +116,12 @@ void CheckpointWriter::copy_from(const Checkpoint& source) {
       throw with_context(e, fmt::format("copying {}", source.storage().uri_of(want.path)));
     }
     if (source_manifest && (got.size != want.size || got.xxh3 != want.xxh3)) {
-      throw Error(ErrorCode::kCorruption,
-                  fmt::format("{}: does not match its manifest (size {}, checksum {}; manifest says "
-                              "size {}, checksum {})",
-                              source.storage().uri_of(want.path), got.size, hash_to_hex(got.xxh3),
-                              want.size, hash_to_hex(want.xxh3)));
+      throw Error(
+          ErrorCode::kCorruption,
+          fmt::format("{}: does not match its manifest (size {}, checksum {}; manifest says "
+                      "size {}, checksum {})",
+                      source.storage().uri_of(want.path), got.size, hash_to_hex(got.xxh3),
+                      want.size, hash_to_hex(want.xxh3)));
     }
     w->commit();
     record(std::move(got));
@@ -127,13 +132,13 @@ void CheckpointWriter::add_written(const ManifestEntry& entry) {
   check_user_path(entry.path);
   auto info = dest_.storage().stat(entry.path);
   if (!info) {
-    throw Error(ErrorCode::kNotFound,
-                fmt::format("{}: reported as written but not found", dest_.storage().uri_of(entry.path)));
+    throw Error(ErrorCode::kNotFound, fmt::format("{}: reported as written but not found",
+                                                  dest_.storage().uri_of(entry.path)));
   }
   if (info->size != entry.size) {
     throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: size {} but the writer reported {}", dest_.storage().uri_of(entry.path),
-                            info->size, entry.size));
+                fmt::format("{}: size {} but the writer reported {}",
+                            dest_.storage().uri_of(entry.path), info->size, entry.size));
   }
   record(entry);
 }
@@ -150,8 +155,9 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
     throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: already committed", dest_.uri()));
   }
   if (!metrics.is_null() && !metrics.is_object()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: metrics must be a JSON object, got {}", dest_.uri(), metrics.type_name()));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: metrics must be a JSON object, got {}", dest_.uri(), metrics.type_name()));
   }
   if (metadata) dest_.set_metadata(*metadata);
   Manifest m;
@@ -159,7 +165,8 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
   m.metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
   m.layout = layout_;
   m.files = entries_;
-  std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  std::sort(m.files.begin(), m.files.end(),
+            [](const auto& a, const auto& b) { return a.path < b.path; });
   dest_.storage().put(kManifestKey, m.to_json());
   committed_ = true;
   return m;

@@ -42,7 +42,8 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) corrupt(source, "manifest is not valid JSON");
   if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
-  if (j.value("format", "") != kFormat) corrupt(source, "manifest has no \"format\": \"cairn-checkpoint\"");
+  if (j.value("format", "") != kFormat)
+    corrupt(source, "manifest has no \"format\": \"cairn-checkpoint\"");
   Manifest m;
   const auto& version = j["version"];
   if (!version.is_number_integer() || version.get<int>() != 1) {
@@ -59,7 +60,8 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   for (size_t i = 0; i < files.size(); ++i) {
     const auto& f = files[i];
     std::string where = fmt::format("manifest entry {}", i);
-    if (!f.is_object() || !f["path"].is_string()) corrupt(source, where + " has no \"path\" string");
+    if (!f.is_object() || !f["path"].is_string())
+      corrupt(source, where + " has no \"path\" string");
     ManifestEntry e;
     e.path = f["path"].get<std::string>();
     where = fmt::format("manifest entry {} (\"{}\")", i, e.path);
@@ -79,7 +81,8 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
     if (!seen.insert(e.path).second) corrupt(source, where + " is listed twice");
     m.files.push_back(std::move(e));
   }
-  std::sort(m.files.begin(), m.files.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  std::sort(m.files.begin(), m.files.end(),
+            [](const auto& a, const auto& b) { return a.path < b.path; });
   return m;
 }
 

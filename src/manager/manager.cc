@@ -75,18 +75,21 @@ nlohmann::json config_to_json(const CheckpointConfig& c) {
   j["num_to_keep"] = c.num_to_keep ? nlohmann::json(*c.num_to_keep) : nlohmann::json(nullptr);
   j["checkpoint_score_attribute"] = c.checkpoint_score_attribute;
   j["checkpoint_score_order"] = c.checkpoint_score_order;
-  j["keep_checkpoint_every_n_hours"] =
-      c.keep_checkpoint_every_n_hours ? nlohmann::json(*c.keep_checkpoint_every_n_hours) : nlohmann::json(nullptr);
+  j["keep_checkpoint_every_n_hours"] = c.keep_checkpoint_every_n_hours
+                                           ? nlohmann::json(*c.keep_checkpoint_every_n_hours)
+                                           : nlohmann::json(nullptr);
   return j;
 }
 
 CheckpointConfig config_from_json(const nlohmann::json& j) {
   CheckpointConfig c;
   if (!j.is_object()) return c;
-  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer()) c.num_to_keep = j["num_to_keep"].get<int>();
+  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer())
+    c.num_to_keep = j["num_to_keep"].get<int>();
   c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
   c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
-  if (j.contains("keep_checkpoint_every_n_hours") && j["keep_checkpoint_every_n_hours"].is_number()) {
+  if (j.contains("keep_checkpoint_every_n_hours") &&
+      j["keep_checkpoint_every_n_hours"].is_number()) {
     c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
   }
   return c;
@@ -127,7 +130,8 @@ StoredState read_state(Storage& storage) {
   if (j["last_pinned_at"].is_number()) s.last_pinned_at = j["last_pinned_at"].get<double>();
   s.config = config_from_json(j["config"]);
   for (const auto& r : j["checkpoints"]) {
-    if (!r.is_object() || !r["index"].is_number_unsigned()) throw corrupt("a checkpoint record has no index");
+    if (!r.is_object() || !r["index"].is_number_unsigned())
+      throw corrupt("a checkpoint record has no index");
     StoredState::Entry e;
     e.metrics = r.value("metrics", nlohmann::json::object());
     e.created_at = r.value("created_at", 0.0);
@@ -159,11 +163,13 @@ std::vector<retention::Candidate> candidates_of(const std::vector<CheckpointReco
   return out;
 }
 
-std::vector<CheckpointRecord> ranked(const std::vector<CheckpointRecord>& records, const CheckpointConfig& c) {
+std::vector<CheckpointRecord> ranked(const std::vector<CheckpointRecord>& records,
+                                     const CheckpointConfig& c) {
   std::map<uint64_t, const CheckpointRecord*> by_index;
   for (const auto& r : records) by_index[r.index] = &r;
   std::vector<CheckpointRecord> out;
-  for (uint64_t i : retention::rank(candidates_of(records, c), policy_of(c))) out.push_back(*by_index[i]);
+  for (uint64_t i : retention::rank(candidates_of(records, c), policy_of(c)))
+    out.push_back(*by_index[i]);
   return out;
 }
 
@@ -174,19 +180,24 @@ CheckpointRecord::CheckpointRecord(uint64_t i, Checkpoint where)
 
 void CheckpointConfig::validate() const {
   if (num_to_keep && *num_to_keep < 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("CheckpointConfig.num_to_keep must be at least 1 (or unset to keep all), got {}",
-                            *num_to_keep));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format(
+            "CheckpointConfig.num_to_keep must be at least 1 (or unset to keep all), got {}",
+            *num_to_keep));
   }
   if (checkpoint_score_order != "max" && checkpoint_score_order != "min") {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("CheckpointConfig.checkpoint_score_order must be \"max\" or \"min\", got \"{}\"",
-                            checkpoint_score_order));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format(
+            "CheckpointConfig.checkpoint_score_order must be \"max\" or \"min\", got \"{}\"",
+            checkpoint_score_order));
   }
   if (keep_checkpoint_every_n_hours && !(*keep_checkpoint_every_n_hours > 0)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("CheckpointConfig.keep_checkpoint_every_n_hours must be positive, got {}",
-                            *keep_checkpoint_every_n_hours));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("CheckpointConfig.keep_checkpoint_every_n_hours must be positive, got {}",
+                    *keep_checkpoint_every_n_hours));
   }
 }
 
@@ -206,8 +217,10 @@ std::string CheckpointManager::uri() const { return storage_->uri(); }
 double CheckpointManager::now() const { return options_.clock ? options_.clock() : system_now(); }
 
 void CheckpointManager::warn(const std::string& message) const {
-  if (options_.warn) options_.warn(message);
-  else log::warn(message);
+  if (options_.warn)
+    options_.warn(message);
+  else
+    log::warn(message);
 }
 
 void CheckpointManager::open() {
@@ -221,13 +234,15 @@ void CheckpointManager::open() {
     storage_->discard_incomplete(id);
   }
   for (const auto& [index, name] : scan.uncommitted) {
-    log::info(fmt::format("removing leftover of an interrupted save or deletion: {}", storage_->uri_of(name)));
+    log::info(fmt::format("removing leftover of an interrupted save or deletion: {}",
+                          storage_->uri_of(name)));
     remove_uncommitted(Checkpoint(storage_->child(name)));
   }
   for (const auto& [index, entry] : stored.records) {
     if (!scan.committed.count(index)) {
-      log::info(fmt::format("{}: {} is no longer on storage (deleted before a crash); dropping its record",
-                            uri(), checkpoint_name(index)));
+      log::info(fmt::format(
+          "{}: {} is no longer on storage (deleted before a crash); dropping its record", uri(),
+          checkpoint_name(index)));
     }
   }
   for (const auto& [index, name] : scan.committed) {
@@ -260,7 +275,8 @@ void CheckpointManager::open() {
   apply_retention();
 }
 
-CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest) {
+CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint& where,
+                                               const Manifest& manifest) {
   CheckpointRecord r(index, where);
   r.metrics = manifest.metrics;
   r.created_at = manifest.created_at;
@@ -281,7 +297,8 @@ void CheckpointManager::persist_state() {
   j["version"] = 1;
   j["created_at"] = created_at_;
   j["next_index"] = next_index_;
-  j["last_pinned_at"] = last_pinned_at_ ? nlohmann::json(*last_pinned_at_) : nlohmann::json(nullptr);
+  j["last_pinned_at"] =
+      last_pinned_at_ ? nlohmann::json(*last_pinned_at_) : nlohmann::json(nullptr);
   j["config"] = config_to_json(config_);
   nlohmann::json list = nlohmann::json::array();
   for (const auto& r : records_) {
@@ -296,10 +313,12 @@ void CheckpointManager::persist_state() {
 }
 
 void CheckpointManager::apply_retention() {
-  std::vector<uint64_t> doomed = retention::to_delete(candidates_of(records_, config_), policy_of(config_));
+  std::vector<uint64_t> doomed =
+      retention::to_delete(candidates_of(records_, config_), policy_of(config_));
   if (doomed.empty()) return;
   for (uint64_t index : doomed) {
-    auto it = std::find_if(records_.begin(), records_.end(), [&](const auto& r) { return r.index == index; });
+    auto it = std::find_if(records_.begin(), records_.end(),
+                           [&](const auto& r) { return r.index == index; });
     delete_checkpoint(it->checkpoint);
     records_.erase(it);
   }
@@ -308,8 +327,9 @@ void CheckpointManager::apply_retention() {
 
 void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_view subject) const {
   if (!metrics.is_object() && !metrics.is_null()) {  // null: no metrics
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: metrics must be a JSON object, got {}", subject, metrics.type_name()));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: metrics must be a JSON object, got {}", subject, metrics.type_name()));
   }
   if (config_.checkpoint_score_attribute.empty()) return;
   auto score = retention::extract_score(metrics, config_.checkpoint_score_attribute);
@@ -324,7 +344,8 @@ void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_v
   }
 }
 
-CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics, const Checkpoint& checkpoint) {
+CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics,
+                                                        const Checkpoint& checkpoint) {
   std::lock_guard<std::mutex> g(mu_);
   const uint64_t index = next_index_;
   const std::string name = checkpoint_name(index);
@@ -366,14 +387,16 @@ Checkpoint CheckpointManager::reserve_next() {
   return dest;
 }
 
-CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
+CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
+                                                    const nlohmann::json& metrics,
                                                     const std::vector<ManifestEntry>& files,
                                                     const nlohmann::json& layout) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = reserved_.find(reserved.uri());
   if (it == reserved_.end()) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                fmt::format("{}: was not reserved by this manager (use reserve_next())", reserved.uri()));
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        fmt::format("{}: was not reserved by this manager (use reserve_next())", reserved.uri()));
   }
   const uint64_t index = it->second;
   check_score(metrics, reserved.uri());
@@ -458,7 +481,8 @@ std::vector<std::string> find_experiments(std::string_view uri) {
     }
     if (s1 == std::string::npos) return;
     size_t s2 = key.find('/', s1 + 1);
-    std::string_view second = std::string_view(key).substr(s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1);
+    std::string_view second = std::string_view(key).substr(
+        s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1);
     if (is_marker(second, s2 != std::string::npos)) found.insert(std::string(first));
   };
   for (const auto& o : storage->list("")) consider(o.key);
@@ -476,7 +500,8 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
       lock = storage->try_lock(kLockKey);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kLocked) throw;
-      report.skipped.push_back(fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
+      report.skipped.push_back(
+          fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
       continue;
     }
     Scan scan = scan_experiment(*storage);
@@ -487,7 +512,8 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
     for (const auto& [index, cp] : scan.uncommitted) {
       Checkpoint leftover(storage->child(cp));
       if (dry_run) {
-        for (const auto& o : leftover.storage().list("")) report.removed.push_back(leftover.storage().uri_of(o.key));
+        for (const auto& o : leftover.storage().list(""))
+          report.removed.push_back(leftover.storage().uri_of(o.key));
       } else {
         auto removed = remove_uncommitted(leftover);
         report.removed.insert(report.removed.end(), removed.begin(), removed.end());

@@ -27,7 +27,8 @@ bool better(const Candidate& a, const Candidate& b, const Policy& policy) {
     const bool va = a.score && !std::isnan(*a.score);
     const bool vb = b.score && !std::isnan(*b.score);
     if (va != vb) return va;
-    if (va && *a.score != *b.score) return policy.maximize ? *a.score > *b.score : *a.score < *b.score;
+    if (va && *a.score != *b.score)
+      return policy.maximize ? *a.score > *b.score : *a.score < *b.score;
   }
   return a.index > b.index;
 }

@@ -16,8 +16,8 @@ enum class ScoreKind { kNumber, kMissing, kNotNumber };
 
 struct Score {
   ScoreKind kind = ScoreKind::kMissing;
-  double value = 0.0;     // when kNumber (may be NaN)
-  std::string found;      // when kNotNumber: the JSON found there
+  double value = 0.0;  // when kNumber (may be NaN)
+  std::string found;   // when kNotNumber: the JSON found there
 };
 
 // Looks up `attribute` in `metrics`; "a/b" reaches metrics["a"]["b"]. Booleans

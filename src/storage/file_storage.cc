@@ -105,13 +105,15 @@ class FileReader final : public Reader {
 
 class FileWriter final : public Writer {
  public:
-  FileWriter(fs::path final_path, std::string name) : final_(std::move(final_path)), name_(std::move(name)) {
+  FileWriter(fs::path final_path, std::string name)
+      : final_(std::move(final_path)), name_(std::move(name)) {
     const fs::path dir = final_.parent_path();
     // A concurrent remove() may prune the directory between mkdir and open;
     // recreate it a bounded number of times.
     for (int attempt = 0;; ++attempt) {
       make_dirs_durable(dir);
-      temp_ = dir / fmt::format(".{}{}{}", final_.filename().string(), kTempMarker, unique_suffix());
+      temp_ =
+          dir / fmt::format(".{}{}{}", final_.filename().string(), kTempMarker, unique_suffix());
       int fd = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
       if (fd >= 0) {
         fd_ = UniqueFd(fd);
@@ -151,7 +153,8 @@ class FileWriter final : public Writer {
   }
 
   void commit() override {
-    if (committed_) throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: committed twice", name_));
+    if (committed_)
+      throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: committed twice", name_));
     // write_at ranges that were never written must still count toward the size.
     struct stat st;
     if (::fstat(fd_.get(), &st) != 0) throw errno_error(errno, "stat", name_);
@@ -191,7 +194,8 @@ class FileStorage final : public Storage {
   // `prune_limit` is the root of the storage first opened: removals prune
   // empty directories up to it, so deleting a checkpoint through a child
   // storage removes the checkpoint's own directory too.
-  FileStorage(fs::path root, fs::path prune_limit) : root_(std::move(root)), prune_limit_(std::move(prune_limit)) {}
+  FileStorage(fs::path root, fs::path prune_limit)
+      : root_(std::move(root)), prune_limit_(std::move(prune_limit)) {}
 
   std::string uri() const override { return "file://" + root_.string(); }
 
@@ -216,7 +220,8 @@ class FileStorage final : public Storage {
     if (!S_ISREG(st.st_mode)) {
       throw Error(ErrorCode::kNotFound, fmt::format("{}: not a regular file", uri_of(key)));
     }
-    return std::make_unique<FileReader>(std::move(fd), static_cast<uint64_t>(st.st_size), uri_of(key));
+    return std::make_unique<FileReader>(std::move(fd), static_cast<uint64_t>(st.st_size),
+                                        uri_of(key));
   }
 
   std::optional<ObjectInfo> stat(std::string_view key) override {
@@ -257,7 +262,8 @@ class FileStorage final : public Storage {
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       if (errno == EWOULDBLOCK) {
         std::string holder = read_file(p);
-        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' '))
+          holder.pop_back();
         throw Error(ErrorCode::kLocked,
                     fmt::format("{}: locked by another writer{}", uri_of(key),
                                 holder.empty() ? "" : fmt::format(" ({})", holder)),
@@ -284,9 +290,11 @@ class FileStorage final : public Storage {
 
   void discard_incomplete(std::string_view id) override {
     validate_key(id);
-    std::string_view name = id.substr(id.rfind('/') == std::string_view::npos ? 0 : id.rfind('/') + 1);
+    std::string_view name =
+        id.substr(id.rfind('/') == std::string_view::npos ? 0 : id.rfind('/') + 1);
     if (!is_temp_name(name)) {
-      throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: not an incomplete write", uri_of(id)));
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: not an incomplete write", uri_of(id)));
     }
     remove(id);
   }

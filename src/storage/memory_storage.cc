@@ -47,8 +47,8 @@ struct Bucket {
     std::lock_guard<std::mutex> g(mu);
     if (faults.capacity && used + n > *faults.capacity) {
       throw Error(ErrorCode::kNoSpace,
-                  fmt::format("memory://{}/{}: no space left ({} of {} bytes used)", name, key, used,
-                              *faults.capacity));
+                  fmt::format("memory://{}/{}: no space left ({} of {} bytes used)", name, key,
+                              used, *faults.capacity));
     }
     used += n;
   }
@@ -135,7 +135,8 @@ class MemoryWriter final : public Writer {
 
 class MemoryLock final : public Lock {
  public:
-  MemoryLock(std::shared_ptr<Bucket> bucket, std::string key) : bucket_(std::move(bucket)), key_(std::move(key)) {}
+  MemoryLock(std::shared_ptr<Bucket> bucket, std::string key)
+      : bucket_(std::move(bucket)), key_(std::move(key)) {}
   ~MemoryLock() override {
     std::lock_guard<std::mutex> g(bucket_->mu);
     bucket_->locks.erase(key_);
@@ -211,7 +212,8 @@ class MemoryStorage final : public Storage {
     bucket_->before("lock", k);
     std::lock_guard<std::mutex> g(bucket_->mu);
     if (!bucket_->locks.insert(k).second) {
-      throw Error(ErrorCode::kLocked, fmt::format("{}: locked by another writer", uri_of(key)), true);
+      throw Error(ErrorCode::kLocked, fmt::format("{}: locked by another writer", uri_of(key)),
+                  true);
     }
     return std::make_unique<MemoryLock>(bucket_, k);
   }

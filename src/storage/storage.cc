@@ -83,9 +83,10 @@ std::shared_ptr<Storage> open_storage(std::string_view uri) {
     std::string_view prefix = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
     return open_memory_storage(bucket, prefix);
   }
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, memory://)",
-                          uri, scheme));
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, memory://)",
+                  uri, scheme));
 }
 
 }  // namespace cairn

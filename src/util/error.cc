@@ -9,18 +9,30 @@ namespace cairn {
 
 std::string_view error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kNotFound: return "not_found";
-    case ErrorCode::kAlreadyExists: return "already_exists";
-    case ErrorCode::kCorruption: return "corruption";
-    case ErrorCode::kPermissionDenied: return "permission_denied";
-    case ErrorCode::kNoSpace: return "no_space";
-    case ErrorCode::kIO: return "io";
-    case ErrorCode::kLocked: return "locked";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kUnavailable: return "unavailable";
-    case ErrorCode::kFailedPrecondition: return "failed_precondition";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kNotFound:
+      return "not_found";
+    case ErrorCode::kAlreadyExists:
+      return "already_exists";
+    case ErrorCode::kCorruption:
+      return "corruption";
+    case ErrorCode::kPermissionDenied:
+      return "permission_denied";
+    case ErrorCode::kNoSpace:
+      return "no_space";
+    case ErrorCode::kIO:
+      return "io";
+    case ErrorCode::kLocked:
+      return "locked";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kUnavailable:
+      return "unavailable";
+    case ErrorCode::kFailedPrecondition:
+      return "failed_precondition";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -37,16 +49,27 @@ Error errno_error(int err, std::string_view op, std::string_view subject) {
   bool retryable = false;
   switch (err) {
     case ENOSPC:
-    case EDQUOT: code = ErrorCode::kNoSpace; break;
+    case EDQUOT:
+      code = ErrorCode::kNoSpace;
+      break;
     case EACCES:
     case EPERM:
-    case EROFS: code = ErrorCode::kPermissionDenied; break;
+    case EROFS:
+      code = ErrorCode::kPermissionDenied;
+      break;
     case ENOENT:
-    case ENOTDIR: code = ErrorCode::kNotFound; break;
-    case EEXIST: code = ErrorCode::kAlreadyExists; break;
+    case ENOTDIR:
+      code = ErrorCode::kNotFound;
+      break;
+    case EEXIST:
+      code = ErrorCode::kAlreadyExists;
+      break;
     case EINTR:
-    case EAGAIN: retryable = true; break;
-    default: break;
+    case EAGAIN:
+      retryable = true;
+      break;
+    default:
+      break;
   }
   return Error(code, fmt::format("{} {}: {}", op, subject, std::strerror(err)), retryable);
 }

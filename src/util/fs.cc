@@ -58,7 +58,8 @@ void write_all(int fd, std::span<const std::byte> data, std::string_view path) {
 void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path) {
   size_t done = 0;
   while (done < out.size()) {
-    ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw errno_error(errno, "read", path);
@@ -99,7 +100,8 @@ void make_dirs_durable(const std::filesystem::path& dir) {
     p = p.parent_path();
   }
   for (auto it = created.rbegin(); it != created.rend(); ++it) {
-    if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST) throw errno_error(errno, "mkdir", it->string());
+    if (::mkdir(it->c_str(), 0755) != 0 && errno != EEXIST)
+      throw errno_error(errno, "mkdir", it->string());
     fsync_dir(it->parent_path().empty() ? std::filesystem::path(".") : it->parent_path());
   }
 }

@@ -97,7 +97,8 @@ TEST(Checkpoint, MetadataThatIsNotJsonIsCorruptionNamingTheFile) {
   std::string msg = message_of([&] { cp.get_metadata(); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find(".cairn/metadata.json"), std::string::npos) << msg;
   message_of([&] { cp.update_metadata({{"x", 1}}); }, ErrorCode::kCorruption);
-  EXPECT_EQ(read_text(dir / ".cairn/metadata.json"), "{\"epoch\": 3,") << "a failed update changes nothing";
+  EXPECT_EQ(read_text(dir / ".cairn/metadata.json"), "{\"epoch\": 3,")
+      << "a failed update changes nothing";
 }
 
 TEST(Checkpoint, VerifyPassesAWholeCheckpoint) {
@@ -117,7 +118,8 @@ TEST(Checkpoint, VerifyNamesAnAlteredATruncatedAndAMissingFile) {
   EXPECT_EQ(problems[0].path, "model.bin");
   EXPECT_NE(problems[0].reason.find("checksum"), std::string::npos);
   EXPECT_EQ(problems[1].path, "opt/state.bin");
-  EXPECT_NE(problems[1].reason.find("size 5, manifest says 9"), std::string::npos) << problems[1].reason;
+  EXPECT_NE(problems[1].reason.find("size 5, manifest says 9"), std::string::npos)
+      << problems[1].reason;
   fs::remove(dir / "model.bin");
   problems = cp.verify();
   EXPECT_EQ(problems[0].path, "model.bin");
@@ -168,18 +170,21 @@ TEST(Manifest, HostilePathsAreCorruptionNamingTheEntry) {
         .dump();
   };
   for (std::string bad : {"../escape", "a/../../b", "/etc/passwd", ".cairn/manifest.json", ""}) {
-    std::string msg = message_of([&] { Manifest::parse(manifest_with(bad), "M"); }, ErrorCode::kCorruption);
+    std::string msg =
+        message_of([&] { Manifest::parse(manifest_with(bad), "M"); }, ErrorCode::kCorruption);
     EXPECT_NE(msg.find("manifest entry 0"), std::string::npos) << msg;
     EXPECT_EQ(msg.rfind("M: ", 0), 0u) << msg;
   }
 }
 
 TEST(Manifest, MalformedFieldsAreCorruption) {
-  for (const char* bad : {"[]", "{}", R"({"format":"cairn-checkpoint","version":2,"created_at":1,"files":[]})",
-                          R"({"format":"cairn-checkpoint","version":1,"created_at":"x","files":[]})",
-                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":-1,"xxh3":"0000000000000000"}]})",
-                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"zz"}]})",
-                          R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"0000000000000000"},{"path":"a","size":1,"xxh3":"0000000000000000"}]})"}) {
+  for (
+      const char* bad :
+      {"[]", "{}", R"({"format":"cairn-checkpoint","version":2,"created_at":1,"files":[]})",
+       R"({"format":"cairn-checkpoint","version":1,"created_at":"x","files":[]})",
+       R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":-1,"xxh3":"0000000000000000"}]})",
+       R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"zz"}]})",
+       R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"0000000000000000"},{"path":"a","size":1,"xxh3":"0000000000000000"}]})"}) {
     message_of([&] { Manifest::parse(bad, "M"); }, ErrorCode::kCorruption);
   }
 }
@@ -218,7 +223,8 @@ TEST(Checkpoint, RegisteringASourceWithALinkLeavingItIsRefused) {
   fs::create_symlink(outside / "secret", src / "leak");
   clear_memory_bucket("dest");
   CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
-  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); }, ErrorCode::kCorruption);
+  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
+                               ErrorCode::kCorruption);
   EXPECT_NE(msg.find("leak"), std::string::npos) << msg;
   clear_memory_bucket("dest");
 }
@@ -240,9 +246,11 @@ TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) 
   w.write_file("a", "1");
   w.write_file("b", "2");
   w.commit({}, 1.0);
-  set_memory_faults("del", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
-                                          if (op == "remove" && key == "ck/b") throw Error(ErrorCode::kIO, "ck/b: I/O error");
-                                        }});
+  set_memory_faults("del",
+                    MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                   if (op == "remove" && key == "ck/b")
+                                     throw Error(ErrorCode::kIO, "ck/b: I/O error");
+                                 }});
   EXPECT_THROW(delete_checkpoint(cp), Error);
   EXPECT_FALSE(cp.is_committed());
   set_memory_faults("del", {});

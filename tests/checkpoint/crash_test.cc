@@ -62,7 +62,8 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "worker exited by itself (status " << status << ") at iteration " << i;
+    ASSERT_TRUE(WIFSIGNALED(status))
+        << "worker exited by itself (status " << status << ") at iteration " << i;
     ++kills;
     SCOPED_TRACE("after kill " + std::to_string(i));
 
@@ -85,7 +86,9 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     // Every committed checkpoint verifies, and the latest loads exactly.
     for (const auto& r : before.checkpoints) {
       auto problems = r.checkpoint.verify();
-      EXPECT_TRUE(problems.empty()) << r.name << ": " << (problems.empty() ? "" : problems[0].path + " " + problems[0].reason);
+      EXPECT_TRUE(problems.empty())
+          << r.name << ": "
+          << (problems.empty() ? "" : problems[0].path + " " + problems[0].reason);
     }
     if (!before.checkpoints.empty()) {
       const auto& latest = before.checkpoints.back();
@@ -94,7 +97,8 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       auto view = latest.checkpoint.as_directory();
       for (const auto& f : m.files) {
         int file = std::stoi(f.path.substr(1));
-        EXPECT_EQ(read_text(view.path() / f.path), crash_pattern(seed, file, f.size)) << latest.name << "/" << f.path;
+        EXPECT_EQ(read_text(view.path() / f.path), crash_pattern(seed, file, f.size))
+            << latest.name << "/" << f.path;
       }
       if (latest.index > max_seen) {
         max_seen = latest.index;
@@ -116,7 +120,8 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       for (const auto& r : manager.history()) history.insert(r.index);
       EXPECT_EQ(history, committed_indices(after));
       // Reconciling invents nothing, and retention on open never takes the latest.
-      EXPECT_TRUE(std::includes(committed.begin(), committed.end(), history.begin(), history.end()));
+      EXPECT_TRUE(
+          std::includes(committed.begin(), committed.end(), history.begin(), history.end()));
       EXPECT_EQ(history.empty(), committed.empty());
       if (!history.empty()) {
         EXPECT_EQ(*history.rbegin(), *committed.rbegin());

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "crash_pattern.h"
 #include "cairn/manager.h"
+#include "crash_pattern.h"
 
 int main(int argc, char** argv) {
   if (argc != 4) {
@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
       source.storage().remove_prefix("");
       for (int f = 0; f < files; ++f) {
         uint64_t size = rng() % 3 == 0 ? rng() % (256 << 10) : rng() % 4096;
-        source.storage().put(fmt::format("f{}.bin", f), cairn::testing::crash_pattern(seed, f, size));
+        source.storage().put(fmt::format("f{}.bin", f),
+                             cairn::testing::crash_pattern(seed, f, size));
       }
       nlohmann::json metrics = {{"seed", seed}};
       if (rng() % 8 != 0) metrics["score"] = static_cast<double>(rng() % 1000) / 10.0;

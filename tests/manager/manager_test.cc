@@ -74,7 +74,8 @@ TEST_F(ManagerTest, KeepsTheKBestAndDeletesTheRestFromStorage) {
   c.checkpoint_score_attribute = "val/acc";
   c.checkpoint_score_order = "max";
   CheckpointManager m(uri, c, quiet());
-  for (double acc : {0.5, 0.9, 0.7, 0.1}) m.register_checkpoint({{"val", {{"acc", acc}}}}, source("s", "x"));
+  for (double acc : {0.5, 0.9, 0.7, 0.1})
+    m.register_checkpoint({{"val", {{"acc", acc}}}}, source("s", "x"));
   // 0.9 and 0.7 are best; 0.1 is the latest and survives.
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 2, 3}));
   EXPECT_EQ(indices(m.best()), (std::vector<uint64_t>{1, 2, 3}));
@@ -101,7 +102,8 @@ TEST_F(ManagerTest, MinOrderKeepsTheLowest) {
   c.checkpoint_score_attribute = "loss";
   c.checkpoint_score_order = "min";
   CheckpointManager m(uri, c, quiet());
-  for (double loss : {0.3, 0.1, 0.2, 0.4}) m.register_checkpoint({{"loss", loss}}, source("s", "x"));
+  for (double loss : {0.3, 0.1, 0.2, 0.4})
+    m.register_checkpoint({{"loss", loss}}, source("s", "x"));
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 3}));
   EXPECT_EQ(m.best().front().index, 1u);
 }
@@ -206,7 +208,8 @@ TEST_F(ManagerTest, KeepEveryNHoursPinsCheckpointsOnTheInjectedClock) {
   for (const auto& r : m.history()) EXPECT_TRUE(r.pinned) << r.name;
   now += 1800;
   m.register_checkpoint({}, source("s", "x"));
-  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3, 7, 11, 12})) << "pinned ones outlive the window";
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3, 7, 11, 12}))
+      << "pinned ones outlive the window";
 }
 
 TEST_F(ManagerTest, ALeftoverOfAnInterruptedSaveIsRemovedOnOpenAndItsIndexNotReused) {
@@ -260,7 +263,8 @@ TEST_F(ManagerTest, AFullDiskDuringASaveLosesNothingCommitted) {
   }
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0}));
   EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
-  EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty()) << "the failed save is cleaned up";
+  EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty())
+      << "the failed save is cleaned up";
   set_memory_faults("exp", {});
   EXPECT_EQ(m.register_checkpoint({{"i", 2}}, source("s", "c")).index, 2u);
 }
@@ -268,16 +272,20 @@ TEST_F(ManagerTest, AFullDiskDuringASaveLosesNothingCommitted) {
 TEST_F(ManagerTest, PermissionDeniedOnTheManifestLeavesTheCheckpointInvisible) {
   CheckpointManager m(uri, {}, quiet());
   m.register_checkpoint({}, source("s", "x"));
-  set_memory_faults("exp", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
-                                          if (op == "commit" && key.find("manifest") != std::string_view::npos)
-                                            throw Error(ErrorCode::kPermissionDenied, std::string(key) + ": access denied");
-                                        }});
+  set_memory_faults(
+      "exp", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                            if (op == "commit" && key.find("manifest") != std::string_view::npos)
+                              throw Error(ErrorCode::kPermissionDenied,
+                                          std::string(key) + ": access denied");
+                          }});
   try {
     m.register_checkpoint({}, source("s", "x"));
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
-    EXPECT_NE(std::string(e.what()).find("checkpoint_000001/.cairn/manifest.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000001/.cairn/manifest.json"),
+              std::string::npos)
+        << e.what();
   }
   set_memory_faults("exp", {});
   EXPECT_FALSE(Checkpoint(open_storage(uri)->child("checkpoint_000001")).is_committed());
@@ -289,7 +297,8 @@ TEST_F(ManagerTest, FilesWrittenByOthersCommitThroughAReservation) {
   Checkpoint reserved = m.reserve_next();
   reserved.storage().put("rank0.bin", "zero");
   reserved.storage().put("rank1.bin", "one!");
-  std::vector<ManifestEntry> files = {{"rank0.bin", 4, xxh3_64("zero")}, {"rank1.bin", 4, xxh3_64("one!")}};
+  std::vector<ManifestEntry> files = {{"rank0.bin", 4, xxh3_64("zero")},
+                                      {"rank1.bin", 4, xxh3_64("one!")}};
   auto r = m.commit_reserved(reserved, {{"loss", 1}}, files, {{"world_size", 2}});
   EXPECT_TRUE(r.checkpoint.verify().empty());
   EXPECT_EQ(r.checkpoint.manifest().layout["world_size"], 2);
@@ -298,7 +307,8 @@ TEST_F(ManagerTest, FilesWrittenByOthersCommitThroughAReservation) {
   bad.storage().put("rank0.bin", "zero");
   EXPECT_THROW(m.commit_reserved(bad, {}, {{"rank0.bin", 5, 0}}), Error) << "size mismatch";
   EXPECT_THROW(m.commit_reserved(bad, {}, {{"missing.bin", 1, 0}}), Error);
-  EXPECT_THROW(m.commit_reserved(Checkpoint::from_directory("memory://exp/run/elsewhere"), {}, {}), Error);
+  EXPECT_THROW(m.commit_reserved(Checkpoint::from_directory("memory://exp/run/elsewhere"), {}, {}),
+               Error);
 }
 
 TEST_F(ManagerTest, ReadingAnExperimentNeedsNoLockAndChangesNothing) {
@@ -334,7 +344,8 @@ TEST_F(ManagerTest, GcRemovesLeftoversAndSkipsExperimentsWithALiveWriter) {
   EXPECT_NE(report.skipped[0].find("/b"), std::string::npos) << report.skipped[0];
   EXPECT_FALSE(fs::exists(root / "a" / "checkpoint_000005"));
   EXPECT_TRUE(fs::exists(root / "a" / "checkpoint_000000" / ".cairn" / "manifest.json"));
-  EXPECT_TRUE(fs::exists(root / "b" / "checkpoint_000000" / "model.bin")) << "a live writer's save is untouched";
+  EXPECT_TRUE(fs::exists(root / "b" / "checkpoint_000000" / "model.bin"))
+      << "a live writer's save is untouched";
 }
 
 TEST_F(ManagerTest, ACorruptHistoryFileIsNamedAndNothingIsDeleted) {

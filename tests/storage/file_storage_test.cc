@@ -140,7 +140,8 @@ TEST(FileStorage, ALockHeldByAKilledProcessIsReleased) {
     FAIL() << "lock held by a live child was taken";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kLocked);
-    EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(pid)), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(pid)), std::string::npos)
+        << e.what();
   }
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);

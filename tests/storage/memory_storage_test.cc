@@ -29,10 +29,12 @@ TEST(MemoryStorage, CapacityMakesWritesFailWithNoSpaceAndKeepsCommittedObjects) 
 
 TEST(MemoryStorage, InjectedFailuresHitTheNamedOperation) {
   clear_memory_bucket("inject");
-  set_memory_faults("inject", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
-                                             if (op == "commit" && key == "deny")
-                                               throw Error(ErrorCode::kPermissionDenied, "memory://inject/deny: denied");
-                                           }});
+  set_memory_faults("inject",
+                    MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                   if (op == "commit" && key == "deny")
+                                     throw Error(ErrorCode::kPermissionDenied,
+                                                 "memory://inject/deny: denied");
+                                 }});
   auto s = open_storage("memory://inject");
   EXPECT_NO_THROW(s->put("ok", "1"));
   EXPECT_THROW(s->put("deny", "1"), Error);

@@ -129,7 +129,8 @@ TEST_P(StorageConformance, ParallelPositionalWritesLandWhereAimedAndHolesAreZero
   std::string got = s->get("par");
   ASSERT_EQ(got.size(), kChunk * (kThreads + 1));
   EXPECT_EQ(got.substr(0, kChunk), std::string(kChunk, '\0'));
-  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(got.substr(kChunk * (t + 1), kChunk), std::string(kChunk, '0' + t));
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(got.substr(kChunk * (t + 1), kChunk), std::string(kChunk, '0' + t));
 }
 
 TEST_P(StorageConformance, ReadPastTheEndIsCorruptionNamingTheOffset) {

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the normal build (warnings as errors, LibTorch
+# adapter included), then the ASan+UBSan build of the tests, then the fuzzers
+# on their seed corpus, then the formatting check. Exits non-zero on the first
+# failure. Usage: scripts/test.sh            (from anywhere in the checkout)
+# Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${JOBS:-2}
+
+bash scripts/install-deps.sh
+
+passed=0
+failed=0
+run_ctest() {  # run_ctest BUILD_DIR LABEL
+  local log
+  log=$(mktemp)
+  set +e
+  ctest --test-dir "$1" -j "$jobs" --output-on-failure --timeout 900 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local total fails
+  total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+  fails=$(grep -oE '[0-9]+ tests failed' "$log" | grep -oE '^[0-9]+' || echo 0)
+  rm -f "$log"
+  passed=$((passed + total - fails))
+  failed=$((failed + fails))
+  if [ "$rc" -ne 0 ]; then
+    echo "test: $2 failed"
+    echo "$passed passed, $failed failed"
+    exit 1
+  fi
+}
+
+echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON >/dev/null
+ninja -C build -j "$jobs"
+run_ctest build "normal build"
+
+echo "== build (ASan + UBSan)"
+# LibTorch is left out of the sanitizer build: Debian's libtorch is not built
+# with ASan and its tests would be dominated by its own allocations.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF >/dev/null
+ninja -C build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  run_ctest build-asan "sanitizer build"
+
+if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
+  echo "== fuzzing (seed corpus, bounded time)"
+  bash scripts/fuzz.sh
+fi
+
+echo "== formatting"
+bash scripts/check-format.sh
+
+echo "$passed passed, $failed failed"
