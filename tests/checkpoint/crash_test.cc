@@ -6,6 +6,7 @@
 //     the operation in flight, and a new manager's history equals storage.
 // CAIRN_CRASH_ITERATIONS sets the number of kills (default 200).
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +40,32 @@ std::set<uint64_t> recorded_indices(const std::filesystem::path& state) {
   return out;
 }
 
+// Starts the worker with its stdout on a pipe; returns its pid.
+pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDOUT_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::string s = std::to_string(seed);
+    std::string keep = std::to_string(kNumToKeep);
+    execl(CRASH_WORKER, CRASH_WORKER, exp.c_str(), s.c_str(), keep.c_str(), nullptr);
+    _exit(127);
+  }
+  close(fds[1]);
+  ready_fd = fds[0];
+  return pid;
+}
+
+// Waits (at most 20 s) for the worker's ready byte.
+bool wait_ready(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  char c;
+  return poll(&p, 1, 20000) == 1 && read(fd, &c, 1) == 1;
+}
+
 TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
   const char* env = std::getenv("CAIRN_CRASH_ITERATIONS");
   const int iterations = env ? std::atoi(env) : 200;
@@ -48,17 +75,26 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
   uint64_t max_seen = 0;
   int kills_with_progress = 0;
   int kills = 0;
+  uint64_t startup_us = 20000;  // refined by measurement
 
   for (int i = 0; i < iterations; ++i) {
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      std::string seed = std::to_string(rng() + static_cast<uint64_t>(i));
-      std::string keep = std::to_string(kNumToKeep);
-      execl(CRASH_WORKER, CRASH_WORKER, exp.c_str(), seed.c_str(), keep.c_str(), nullptr);
-      _exit(127);
+    // Even iterations kill at any moment from the start (start-up, repair of
+    // the previous kill's leftovers, saves); odd ones wait until the worker is
+    // saving, so kills land mid-save however slow start-up is (sanitizers).
+    const bool aim_at_saves = i % 2 == 1;
+    int ready_fd = -1;
+    auto started = std::chrono::steady_clock::now();
+    pid_t pid = spawn_worker(exp, rng() + static_cast<uint64_t>(i), ready_fd);
+    ASSERT_GT(pid, 0);
+    if (aim_at_saves) {
+      ASSERT_TRUE(wait_ready(ready_fd)) << "worker never became ready";
+      startup_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now() - started)
+                       .count();
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % (startup_us + 40000)));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
     kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
@@ -102,7 +138,7 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       }
       if (latest.index > max_seen) {
         max_seen = latest.index;
-        ++kills_with_progress;
+        if (aim_at_saves) ++kills_with_progress;
       }
     }
 
@@ -133,7 +169,7 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     if (::testing::Test::HasFailure()) break;
   }
   // The kills must land while work is being done, not only at start-up.
-  EXPECT_GT(kills_with_progress, kills / 4) << "highest checkpoint index reached: " << max_seen;
+  EXPECT_GT(kills_with_progress, kills / 8) << "highest checkpoint index reached: " << max_seen;
 }
 
 }  // namespace

@@ -1,5 +1,9 @@
 // Saves and retains checkpoints forever, until killed. Used by crash_test.
 // Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP
+// Writes 'r' to stdout once the experiment is open, so the test can aim its
+// kills at saves rather than at start-up.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <random>
@@ -22,6 +26,7 @@ int main(int argc, char** argv) {
   options.warn = [](const std::string&) {};  // missing scores are part of the workload
   try {
     cairn::CheckpointManager manager(argv[1], config, options);
+    (void)!::write(STDOUT_FILENO, "r", 1);
     auto source = cairn::Checkpoint::from_directory(fmt::format("memory://crash-source/{}", rng()));
     for (;;) {
       uint64_t seed = rng();
