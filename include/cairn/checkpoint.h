@@ -61,8 +61,12 @@ struct VerifyProblem {
 };
 
 // A scoped local view of a checkpoint (as_directory). For a checkpoint on the
-// local file system path() is the checkpoint's own directory; otherwise it is a
-// temporary copy, removed when the last LocalDirectory referring to it is gone.
+// local file system path() is the checkpoint's own directory. Otherwise it is
+// a node-local copy under $CAIRN_CACHE_DIR (default $TMPDIR/cairn-views-<uid>)
+// shared by every process on the node that asks for the same checkpoint:
+// exactly one downloads, the others wait and receive the same directory, and
+// it is removed when the last user, in any process, releases it. Treat it as
+// read-only. Copies of a LocalDirectory share one hold.
 class LocalDirectory {
  public:
   LocalDirectory() = default;

@@ -6,6 +6,7 @@
 
 #include "cairn/error.h"
 #include "checkpoint/copy.h"
+#include "checkpoint/local_view.h"
 #include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -44,12 +45,7 @@ LocalDirectory Checkpoint::as_directory() const {
     view.path_ = *local;
     return view;
   }
-  fs::path copy = to_directory();
-  view.path_ = copy;
-  view.owner_ = std::shared_ptr<void>(nullptr, [copy](void*) {
-    std::error_code ec;
-    fs::remove_all(copy, ec);  // ignore-error: a temp copy; nothing to report to
-  });
+  view.owner_ = acquire_shared_view(*this, view.path_);
   return view;
 }
 

@@ -3,7 +3,15 @@
 // files, escaping links, malformed metadata.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <filesystem>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
@@ -47,6 +55,8 @@ TEST(Checkpoint, AsDirectoryOfALocalCheckpointIsItsOwnPath) {
 }
 
 TEST(Checkpoint, AsDirectoryOfARemoteCheckpointIsACopyRemovedWithTheLastView) {
+  TempDir cache;
+  setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("remote");
   auto cp = Checkpoint::from_directory("memory://remote/ck");
   CheckpointWriter w(cp);
@@ -62,7 +72,76 @@ TEST(Checkpoint, AsDirectoryOfARemoteCheckpointIsACopyRemovedWithTheLastView) {
     EXPECT_TRUE(fs::exists(p)) << "still held by the second view";
   }
   EXPECT_FALSE(fs::exists(p));
+  unsetenv("CAIRN_CACHE_DIR");
   clear_memory_bucket("remote");
+}
+
+int data_reads = 0;  // per process: reads of the shared view's data file
+
+TEST(Checkpoint, ProcessesAskingForTheSameRemoteViewShareOneDownload) {
+  TempDir cache;
+  setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
+  clear_memory_bucket("viewshare");
+  auto cp = Checkpoint::from_directory("memory://viewshare/ck");
+  CheckpointWriter w(cp);
+  w.write_file("data.bin", std::string(1 << 20, 'd'));
+  w.commit({}, 1.0);
+  set_memory_faults("viewshare",
+                    MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                   if (op == "read" && key == "ck/data.bin") ++data_reads;
+                                 }});
+  constexpr int kProcs = 4;
+  int report[2], barrier[2];
+  ASSERT_EQ(pipe(report), 0);
+  ASSERT_EQ(pipe(barrier), 0);
+  std::vector<pid_t> pids;
+  for (int i = 0; i < kProcs; ++i) {
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the memory bucket was copied by fork: a "remote" store every child sees
+      close(report[0]);
+      close(barrier[1]);
+      int rc = 0;
+      {
+        auto view = cp.as_directory();
+        std::string line = fmt::format("{} {}\n", data_reads, view.path().string());
+        (void)!write(report[1], line.data(), line.size());
+        char c;
+        while (read(barrier[0], &c, 1) > 0) {
+        }
+        if (read_text(view.path() / "data.bin") != std::string(1 << 20, 'd')) rc = 1;
+      }
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  close(report[1]);
+  close(barrier[0]);
+  std::string all;
+  char buf[4096];
+  for (ssize_t n; std::count(all.begin(), all.end(), '\n') < kProcs &&
+                  (n = read(report[0], buf, sizeof buf)) > 0;) {
+    all.append(buf, static_cast<size_t>(n));
+  }
+  close(barrier[1]);  // everyone holds the view now: let them release it
+  int downloads = 0;
+  std::set<std::string> paths;
+  std::istringstream lines(all);
+  for (std::string line; std::getline(lines, line);) {
+    downloads += std::stoi(line.substr(0, line.find(' ')));
+    paths.insert(line.substr(line.find(' ') + 1));
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  close(report[0]);
+  EXPECT_EQ(downloads, 1) << all;
+  ASSERT_EQ(paths.size(), 1u) << all;
+  EXPECT_FALSE(fs::exists(*paths.begin())) << "removed after the last user released it";
+  unsetenv("CAIRN_CACHE_DIR");
+  clear_memory_bucket("viewshare");
 }
 
 TEST(Checkpoint, ToDirectoryIsAFullPlainCopyWithMetadata) {
