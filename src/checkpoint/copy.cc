@@ -10,7 +10,10 @@ ManifestEntry stream_object(Storage& src, std::string_view key, Writer* dst) {
   constexpr uint64_t kBlock = 8 << 20;
   auto reader = src.open_reader(key);
   const uint64_t size = reader->size();
-  std::vector<std::byte> buf(static_cast<size_t>(std::min(size, kBlock)));
+  // Reused per thread: first touch of fresh pages is slow on virtual
+  // machines (docs/ARCHITECTURE.md), and copies run back to back.
+  thread_local std::vector<std::byte> buf;
+  if (buf.size() < std::min(size, kBlock)) buf.resize(static_cast<size_t>(std::min(size, kBlock)));
   Hasher hasher;
   for (uint64_t off = 0; off < size;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, size - off));

@@ -83,6 +83,15 @@ bool is_below(const fs::path& p, const fs::path& root) {
   return r == root.end();
 }
 
+// Removes `dir` and its parents while they are empty, stopping at `limit`.
+void prune_empty_dirs(fs::path dir, const fs::path& limit) {
+  while (dir != limit && is_below(dir, limit)) {
+    if (::rmdir(dir.c_str()) != 0) return;  // ignore-error: not empty, or already gone
+    fsync_dir(dir.parent_path());
+    dir = dir.parent_path();
+  }
+}
+
 class FileReader final : public Reader {
  public:
   FileReader(UniqueFd fd, uint64_t size, std::string name)
@@ -105,8 +114,10 @@ class FileReader final : public Reader {
 
 class FileWriter final : public Writer {
  public:
-  FileWriter(fs::path final_path, std::string name)
-      : final_(std::move(final_path)), name_(std::move(name)) {
+  FileWriter(fs::path final_path, std::string name, fs::path prune_limit)
+      : final_(std::move(final_path)),
+        name_(std::move(name)),
+        prune_limit_(std::move(prune_limit)) {
     const fs::path dir = final_.parent_path();
     // A concurrent remove() may prune the directory between mkdir and open;
     // recreate it a bounded number of times.
@@ -127,6 +138,11 @@ class FileWriter final : public Writer {
     if (!committed_) {
       fd_ = UniqueFd();
       ::unlink(temp_.c_str());  // ignore-error: abandoned write; gc removes what remains
+      try {
+        prune_empty_dirs(final_.parent_path(), prune_limit_);
+      } catch (const Error&) {
+        // ignore-error: an empty directory is harmless and gc removes it
+      }
     }
   }
 
@@ -175,6 +191,7 @@ class FileWriter final : public Writer {
   fs::path final_;
   fs::path temp_;
   std::string name_;
+  fs::path prune_limit_;
   UniqueFd fd_;
   std::atomic<uint64_t> written_{0};
   bool committed_ = false;
@@ -208,7 +225,7 @@ class FileStorage final : public Storage {
   std::unique_ptr<Writer> open_writer(std::string_view key) override {
     fs::path p = path_of(key);
     check_confined(p.parent_path(), key);
-    return std::make_unique<FileWriter>(p, uri_of(key));
+    return std::make_unique<FileWriter>(p, uri_of(key), prune_limit_);
   }
 
   std::unique_ptr<Reader> open_reader(std::string_view key) override {
@@ -252,7 +269,7 @@ class FileStorage final : public Storage {
       throw errno_error(errno, "remove", uri_of(key));
     }
     fsync_dir(p.parent_path());
-    prune_empty_dirs(p.parent_path());
+    prune_empty_dirs(p.parent_path(), prune_limit_);
   }
 
   std::unique_ptr<Lock> try_lock(std::string_view key) override {
@@ -340,14 +357,6 @@ class FileStorage final : public Storage {
       if (!S_ISREG(est.st_mode)) continue;
       std::string key = p.lexically_relative(root_).generic_string();
       fn(key, est, is_temp_name(p.filename().string()));
-    }
-  }
-
-  void prune_empty_dirs(fs::path dir) const {
-    while (dir != prune_limit_ && is_below(dir, prune_limit_)) {
-      if (::rmdir(dir.c_str()) != 0) return;  // ignore-error: not empty, or already gone
-      fsync_dir(dir.parent_path());
-      dir = dir.parent_path();
     }
   }
 

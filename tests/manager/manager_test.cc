@@ -7,6 +7,7 @@
 #include "cairn/manager.h"
 #include "storage/backends.h"
 #include "support/temp_dir.h"
+#include "support/tmpfs.h"
 #include "util/hash.h"
 
 namespace cairn::testing {
@@ -267,6 +268,50 @@ TEST_F(ManagerTest, AFullDiskDuringASaveLosesNothingCommitted) {
       << "the failed save is cleaned up";
   set_memory_faults("exp", {});
   EXPECT_EQ(m.register_checkpoint({{"i", 2}}, source("s", "c")).index, 2u);
+}
+
+TEST_F(ManagerTest, AFullDeviceDuringASaveNamesTheFileAndLosesNothingCommitted) {
+  SmallTmpfs tmpfs(512);
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  const std::string exp = (tmpfs.path() / "exp").string();
+  CheckpointManager m(exp, {}, quiet());
+  m.register_checkpoint({{"i", 0}}, source("s", std::string(100 << 10, 'a')));
+  try {
+    m.register_checkpoint({{"i", 1}}, source("s", std::string(1 << 20, 'b')));
+    FAIL() << "1 MiB fit in what is left of a 512 KiB tmpfs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace);
+    EXPECT_NE(std::string(e.what()).find("checkpoint_000001/model.bin"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0}));
+  EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
+  EXPECT_FALSE(fs::exists(tmpfs.path() / "exp" / "checkpoint_000001"))
+      << "the failed save left nothing";
+  EXPECT_EQ(m.register_checkpoint({{"i", 2}}, source("s", "small")).index, 2u)
+      << "saving goes on once space is back";
+}
+
+TEST_F(ManagerTest, PermissionDeniedOnTheDeviceIsNamedAndReadingStillWorks) {
+  SmallTmpfs tmpfs(512);
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  const std::string exp = (tmpfs.path() / "exp").string();
+  {
+    CheckpointManager m(exp, {}, quiet());
+    m.register_checkpoint({{"i", 0}}, source("s", "weights"));
+  }
+  tmpfs.remount_read_only();
+  try {
+    CheckpointManager m(exp, {}, quiet());
+    FAIL() << "opened a writer on a read-only device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+    EXPECT_NE(std::string(e.what()).find("exp"), std::string::npos) << e.what();
+  }
+  auto listing = read_experiment(exp);
+  ASSERT_EQ(listing.checkpoints.size(), 1u);
+  EXPECT_TRUE(listing.checkpoints[0].checkpoint.verify().empty());
+  EXPECT_EQ(listing.checkpoints[0].checkpoint.storage().get("model.bin"), "weights");
 }
 
 TEST_F(ManagerTest, PermissionDeniedOnTheManifestLeavesTheCheckpointInvisible) {
