@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every benchmark of docs/benchmarks.md in one go: fio's disk bandwidth,
+# memcpy, Cairn's save / async-save stall / loads, LibTorch torch::save/load
+# and python3-torch torch.save/load on the same ~2 GiB transformer + Adam state,
+# then prints one table with the targets (PASS/MISS and the ratio) and writes
+# the full report to build-bench/bench-results.json.
+#
+# Usage: scripts/bench.sh [--size-mib N] [--runs N] [--no-hugetlb] [--dir DIR]
+#   --size-mib 64 --runs 1   a quick run (the default is 2048 MiB, 3 runs)
+# Benchmark files go to a new directory under build-bench (or DIR) and are
+# removed after.
+# Run as root to drop the page cache between runs (otherwise the benchmarks
+# fall back to posix_fadvise(DONTNEED) on their own files and say so).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAIRN_TORCH=ON >/dev/null
+ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench
+
+base=build-bench
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dir) base="$2"; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+mkdir -p "$base"
+# A fresh directory of our own inside BASE, so cleaning up never touches
+# anything else there.
+dir=$(mktemp -d "$base/bench-data.XXXXXX")
+trap 'rm -rf "$dir"' EXIT
+
+/usr/bin/python3 bench/run.py --cairn build-bench/bench/cairn_bench \
+  --libtorch build-bench/bench/torch_bench --dir "$dir" \
+  --json build-bench/bench-results.json "${args[@]}"
