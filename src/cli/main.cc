@@ -1,0 +1,112 @@
+// The `cairn` command: list, inspect, verify and clean checkpoints.
+// Usage and the --json schema: docs/cli.md. Exit codes: cli/exit_codes.h.
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include "cairn/error.h"
+#include "cli/commands.h"
+#include "cli/exit_codes.h"
+#include "cli/views.h"
+
+namespace {
+
+using namespace cairn::cli;
+
+constexpr const char* kRootHelp =
+    "a storage root holding experiments, or one experiment folder: a plain path, "
+    "file:///abs/path or memory://name/prefix";
+constexpr const char* kAnyHelp =
+    "a storage root holding experiments, one experiment folder, or one checkpoint: a plain "
+    "path, file:///abs/path or memory://name/prefix";
+
+constexpr const char* kFooter =
+    "Exit codes: 0 ok; 1 verify found bad files; 2 usage error; 3 not found; 4 stored data "
+    "unreadable (corrupt); 5 any other error. --json prints one JSON document on stdout "
+    "(schema_version 1, see docs/cli.md).";
+
+template <typename View>
+void print(const View& view, bool json) {
+  if (json) {
+    std::cout << to_json(view).dump(2) << '\n';
+  } else {
+    std::cout << to_text(view);
+  }
+  std::cout.flush();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cairn: list, inspect, verify and clean Cairn checkpoints", "cairn"};
+  app.require_subcommand(1);
+  app.footer(kFooter);
+
+  bool json = false;
+  bool dry_run = false;
+  std::string path;
+
+  CLI::App* ls = app.add_subcommand(
+      "ls", "List experiments and their checkpoints: state, time (UTC), size and metrics");
+  ls->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
+  ls->add_option("PATH", path, kRootHelp)->required();
+
+  CLI::App* show = app.add_subcommand(
+      "show", "Show one checkpoint: its files with sizes and checksums, manifest and metadata");
+  show->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
+  show->add_option("CHECKPOINT", path, "the checkpoint folder (a path or URI)")->required();
+
+  CLI::App* verify = app.add_subcommand(
+      "verify",
+      "Check every file of every committed checkpoint against its manifest; exit 1 and name "
+      "each bad file if any is missing, truncated or altered");
+  verify->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
+  verify->add_option("PATH", path, kAnyHelp)->required();
+
+  CLI::App* gc = app.add_subcommand(
+      "gc",
+      "Remove leftovers of interrupted saves (uncommitted checkpoint folders and temporary "
+      "files); experiments locked by a live writer are skipped");
+  gc->add_flag("--dry-run", dry_run, "Report what would be removed without removing it");
+  gc->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
+  gc->add_option("PATH", path, kRootHelp)->required();
+
+  for (CLI::App* sub : {ls, show, verify, gc}) sub->footer(kFooter);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::string message = e.what();
+    if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') {
+      message = fmt::format("unknown command \"{}\" (commands: ls, show, verify, gc)", argv[1]);
+    }
+    std::cerr << error_line(message + " (run `cairn --help` for usage)") << '\n';
+    return kExitUsage;
+  }
+
+  try {
+    if (ls->parsed()) {
+      print(collect_ls(path), json);
+    } else if (show->parsed()) {
+      print(collect_show(path), json);
+    } else if (verify->parsed()) {
+      VerifyView view = collect_verify(path);
+      print(view, json);
+      return view.ok() ? kExitOk : kExitProblems;
+    } else if (gc->parsed()) {
+      print(collect_gc(path, dry_run), json);
+    }
+    return kExitOk;
+  } catch (const cairn::Error& e) {
+    std::cerr << error_line(e.what()) << '\n';
+    return exit_code_for(e.code());
+  } catch (const std::exception& e) {
+    std::cerr << error_line(std::string("internal error: ") + e.what()) << '\n';
+    return kExitOtherError;
+  }
+}

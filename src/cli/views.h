@@ -1,0 +1,114 @@
+// What each `cairn` command found, as plain data, and its two renderings:
+// a JSON document (the schema in docs/cli.md, schema_version 1) and a
+// human-readable text. Collecting the data (commands.cc) is the only part
+// that touches storage; everything here is pure and unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/manager.h"
+
+namespace cairn::cli {
+
+inline constexpr int kSchemaVersion = 1;
+
+// ---- ls ---------------------------------------------------------------
+
+struct CheckpointRow {
+  std::string name;                    // "checkpoint_000003"
+  uint64_t index = 0;                  // 3
+  std::string uri;                     // where it lives
+  bool committed = false;              // false: the leftover of an interrupted save
+  std::optional<double> time;          // committed: created_at; leftover: newest file's mtime
+  std::optional<uint64_t> size_bytes;  // committed: manifest total; leftover: files present
+  std::optional<uint64_t> file_count;
+  nlohmann::json metrics;  // as reported; null for leftovers
+  bool pinned = false;     // kept by keep_checkpoint_every_n_hours
+  std::string error;       // why the manifest could not be read ("" when it could)
+};
+
+struct ExperimentView {
+  std::string name;  // relative to the listed URI; "" when the URI is the experiment
+  std::string uri;
+  CheckpointConfig config;                 // as last persisted by its manager
+  std::vector<std::string> best;           // committed names, best first
+  std::vector<CheckpointRow> checkpoints;  // committed and leftovers, in index order
+};
+
+struct LsView {
+  std::string uri;
+  std::vector<ExperimentView> experiments;
+};
+
+nlohmann::ordered_json to_json(const LsView& view);
+std::string to_text(const LsView& view);
+
+// ---- show -------------------------------------------------------------
+
+struct FileRow {
+  std::string path;
+  uint64_t size = 0;
+  std::optional<uint64_t> xxh3;  // from the manifest; absent for uncommitted files
+};
+
+struct ShowView {
+  std::string uri;
+  bool committed = false;
+  std::optional<Manifest> manifest;  // present when committed
+  std::vector<FileRow> files;        // the manifest's files, or those present when uncommitted
+  nlohmann::json metadata = nlohmann::json::object();
+};
+
+nlohmann::ordered_json to_json(const ShowView& view);
+std::string to_text(const ShowView& view);
+
+// ---- verify -----------------------------------------------------------
+
+struct VerifiedCheckpoint {
+  std::string uri;
+  uint64_t files = 0;  // files listed in its manifest (0 when unreadable)
+  uint64_t bytes = 0;
+  bool ok = false;
+};
+
+struct VerifyIssue {
+  std::string checkpoint;  // URI of the checkpoint (or experiment) holding the bad file
+  std::string path;        // relative to it: "model.bin", ".cairn/manifest.json", ...
+  std::string reason;
+};
+
+struct VerifyView {
+  std::string uri;
+  std::vector<VerifiedCheckpoint> checkpoints;
+  std::vector<VerifyIssue> problems;
+  std::vector<std::string> skipped;  // URIs of uncommitted leftovers, not verified
+  bool ok() const { return problems.empty(); }
+};
+
+nlohmann::ordered_json to_json(const VerifyView& view);
+std::string to_text(const VerifyView& view);
+
+// ---- gc ---------------------------------------------------------------
+
+struct GcView {
+  std::string uri;
+  bool dry_run = false;
+  std::vector<std::string> removed;  // URIs removed (or that would be, with dry_run)
+  std::vector<std::string> skipped;  // "<experiment uri>: <why>"
+};
+
+nlohmann::ordered_json to_json(const GcView& view);
+std::string to_text(const GcView& view);
+
+// ---- errors -----------------------------------------------------------
+
+// The one line printed on stderr when a command fails: "cairn: error: <message>".
+std::string error_line(std::string_view message);
+
+}  // namespace cairn::cli
