@@ -1,0 +1,241 @@
+// State dictionaries: named tensors plus JSON metadata, saved as safetensors.
+//
+// A StateDict does not own the tensors you add with add()/add_mutable(): it
+// records their dtype, shape and where their bytes are, so saving a model
+// needs no copy. A save reads those bytes while it runs (an async save only
+// while AsyncSaver::save() runs; see async_save.h). Loading either maps the
+// file (MappedState: zero copy) or copies into the buffers of a StateDict's
+// writable entries (load_into).
+//
+// Files are plain safetensors (safetensors.h). The JSON metadata (epoch,
+// step, loss, learning rate, RNG state, ...) is stored as one JSON string
+// under the "__metadata__" key "cairn.metadata", so any safetensors reader
+// opens the file; other string entries of "__metadata__" are kept as
+// StateDict::string_metadata.
+//
+// Durability: save_file() with SaveOptions::durable (the default) fsyncs the
+// file and its directory before returning, and replaces the destination
+// atomically (a reader sees the old file or the new one, never a mix).
+// save() to a Storage is durable when it returns (see storage.h).
+//
+// Failure: every function throws cairn::Error naming the file (or URI), and,
+// where one is at fault, the tensor and byte offset. A malformed file is
+// kCorruption; a StateDict that does not match a file is kInvalidArgument
+// listing every missing, unexpected and mismatched tensor.
+//
+// Thread-safety: a StateDict is a plain value (not synchronized). A
+// MappedState may be read from many threads; copies share one mapping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/safetensors.h"
+#include "cairn/storage.h"
+
+namespace cairn {
+
+// "__metadata__" key holding StateDict::metadata as a JSON string.
+inline constexpr std::string_view kCairnMetadataKey = "cairn.metadata";
+// The file name Cairn's managers use for a state inside a checkpoint.
+inline constexpr std::string_view kStateFileName = "state.safetensors";
+
+// A tensor: dtype, shape and a non-owning view of its bytes (row-major).
+struct TensorView {
+  DType dtype = DType::kU8;
+  Shape shape;
+  std::span<const std::byte> bytes;
+
+  // The bytes as elements of T. Throws kInvalidArgument if T is not this
+  // dtype's C++ type or the bytes are not aligned for T (possible only for a
+  // foreign file whose writer did not align its tensors).
+  template <class T>
+  std::span<const T> as() const;
+};
+
+class StateDict {
+ public:
+  struct Entry {
+    DType dtype = DType::kU8;
+    Shape shape;
+    std::byte* data = nullptr;
+    uint64_t nbytes = 0;
+    bool writable = false;        // may be a load/restore target
+    std::shared_ptr<void> owner;  // keeps owned bytes or a mapping alive (may be null)
+    TensorView view() const { return {dtype, shape, {data, nbytes}}; }
+  };
+
+  // Adds (or replaces) a read-only entry viewing the caller's bytes: it can be
+  // saved but not loaded into. Throws kInvalidArgument if `bytes` is not
+  // byte_size(dtype, shape) long, or the name is empty or "__metadata__".
+  void add(std::string name, DType dtype, Shape shape, std::span<const std::byte> bytes);
+  // Adds (or replaces) a writable entry: saved from, and loaded into.
+  void add_mutable(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes);
+  // Adds (or replaces) an entry owning `bytes` (writable).
+  void add_owned(std::string name, DType dtype, Shape shape, std::vector<std::byte> bytes);
+  // Typed conveniences: dtype from T (dtype_of<T>()).
+  template <class T>
+  void add(std::string name, Shape shape, std::span<const T> data) {
+    add(std::move(name), dtype_of<T>(), std::move(shape), std::as_bytes(data));
+  }
+  template <class T>
+  void add_mutable(std::string name, Shape shape, std::span<T> data) {
+    add_mutable(std::move(name), dtype_of<T>(), std::move(shape), std::as_writable_bytes(data));
+  }
+  // An entry that shares ownership of bytes kept alive by `owner`.
+  void add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
+                  std::shared_ptr<void> owner, bool writable);
+
+  bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
+  size_t size() const { return entries_.size(); }
+  void remove(std::string_view name);
+  // Sorted names.
+  std::vector<std::string> names() const;
+  // kNotFound naming the tensor if absent.
+  const Entry& entry(std::string_view name) const;
+  TensorView view(std::string_view name) const { return entry(name).view(); }
+  // kFailedPrecondition naming the tensor if the entry is read-only.
+  std::span<std::byte> mutable_bytes(std::string_view name) const;
+  const std::map<std::string, Entry, std::less<>>& entries() const { return entries_; }
+  // Sum of every entry's bytes.
+  uint64_t total_bytes() const;
+
+  // JSON metadata, an object (epoch, step, loss, lr, RNG state, ...).
+  nlohmann::json metadata = nlohmann::json::object();
+  // Other "__metadata__" strings (e.g. {"format": "pt"} as Hugging Face
+  // writes); must not use the key "cairn.metadata".
+  std::map<std::string, std::string> string_metadata;
+
+ private:
+  std::map<std::string, Entry, std::less<>> entries_;
+};
+
+// The descriptors and "__metadata__" a save of `state` writes (pure).
+FileLayout layout_state(const StateDict& state);
+
+struct SaveOptions {
+  // fsync the file and its directory (save_file). Saves to a Storage are
+  // always durable on return, whatever this says.
+  bool durable = true;
+  // Threads writing blocks in parallel; 0 picks min(4, hardware threads).
+  unsigned threads = 0;
+  // Bytes per write call (large blocks; also the unit of parallelism).
+  size_t block_size = size_t{16} << 20;
+};
+
+// Writes `state` as a safetensors file at the local `path`, atomically: a temp
+// file next to it is written in parallel blocks, fsync'd (durable), renamed
+// over `path`, and the directory fsync'd (durable).
+void save_file(const StateDict& state, const std::filesystem::path& path,
+               const SaveOptions& options = {});
+
+// Writes `state` as object `key` of `storage`; durable and visible when it
+// returns. Returns the entry (size, XXH3-64) a manifest needs.
+ManifestEntry save(const StateDict& state, Storage& storage, std::string_view key,
+                   const SaveOptions& options = {});
+
+// Saves `state` as `file` into the uncommitted checkpoint `dest` and commits
+// it (CheckpointWriter) with `metrics`; the state's metadata also becomes the
+// checkpoint's metadata.json. Returns the manifest.
+Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
+                         const nlohmann::json& metrics = nlohmann::json::object(),
+                         std::string_view file = kStateFileName, const SaveOptions& options = {});
+
+// A validated safetensors file mapped read-only into memory (zero copy). The
+// header is validated when opened; tensor views stay valid while any copy of
+// the MappedState, or any StateDict made by state_dict(), lives.
+class MappedState {
+ public:
+  // Maps a local file. kNotFound if it does not exist, kCorruption if invalid.
+  static MappedState open(const std::filesystem::path& path);
+  // Maps `key` when the backend keeps it as a local file (local_path);
+  // otherwise reads the object into memory once.
+  static MappedState open(Storage& storage, std::string_view key);
+  // Validates an in-memory file image and keeps `owner` alive with it.
+  static MappedState from_bytes(std::span<const std::byte> file, std::string source,
+                                std::shared_ptr<void> owner);
+
+  const SafetensorsHeader& header() const;
+  const std::string& source() const;  // path or URI, for messages
+  std::vector<std::string> names() const;
+  bool contains(std::string_view name) const;
+  // kNotFound naming the file and the tensor if absent.
+  TensorView tensor(std::string_view name) const;
+  // The file's JSON metadata ("cairn.metadata"; {} if absent). kCorruption
+  // naming the file if it is not a JSON object.
+  nlohmann::json metadata() const;
+  // Read-only entries viewing the mapping (they keep it alive), with
+  // metadata and string_metadata filled in.
+  StateDict state_dict() const;
+  // The whole file.
+  std::span<const std::byte> file_bytes() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
+struct LoadOptions {
+  // TensorFlow's assert_consumed: every tensor in the file must be matched by
+  // an entry and every entry found in the file. Without it, only tensors
+  // present in both are loaded and the report lists the rest.
+  bool strict = true;
+  // Threads and block size of the parallel reads (as SaveOptions).
+  unsigned threads = 0;
+  size_t block_size = size_t{16} << 20;
+  // The whole file's XXH3-64 (from a manifest): checked after reading;
+  // kCorruption naming the file if it differs.
+  std::optional<uint64_t> expected_xxh3;
+};
+
+struct LoadReport {
+  std::vector<std::string> loaded;      // names copied into the state
+  std::vector<std::string> missing;     // in the state, not in the file
+  std::vector<std::string> unexpected;  // in the file, not in the state
+  // "name: file F32[2, 3], state F32[3, 2]" (dtype or shape differs, or the
+  // entry is read-only)
+  std::vector<std::string> mismatched;
+  bool consumed() const { return missing.empty() && unexpected.empty() && mismatched.empty(); }
+  // One line listing the problems, for error messages.
+  std::string describe() const;
+};
+
+// Pure: compares a file's tensors with a state's entries (loaded = the names
+// that match and are writable).
+LoadReport match_state(const SafetensorsHeader& header, const StateDict& state);
+
+// Copying load: reads each matched tensor of the file into its entry's bytes,
+// in parallel large blocks, and replaces state.metadata/string_metadata with
+// the file's. Mismatched dtypes or shapes are always an error; with
+// options.strict, so are missing and unexpected tensors. Errors are
+// kInvalidArgument listing every problem, raised before any buffer is written.
+// A malformed or truncated file is kCorruption (buffers may then be partly
+// written).
+LoadReport load_into(const std::filesystem::path& path, StateDict& state,
+                     const LoadOptions& options = {});
+LoadReport load_into(Storage& storage, std::string_view key, StateDict& state,
+                     const LoadOptions& options = {});
+
+// ---- implementation of TensorView::as ----
+namespace detail {
+void check_view_cast(const TensorView& view, DType want, size_t align);
+}
+template <class T>
+std::span<const T> TensorView::as() const {
+  detail::check_view_cast(*this, dtype_of<T>(), alignof(T));
+  return {reinterpret_cast<const T*>(bytes.data()), bytes.size() / sizeof(T)};
+}
+
+}  // namespace cairn
