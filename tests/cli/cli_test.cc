@@ -1,0 +1,462 @@
+// The `cairn` binary, run as a subprocess against experiments written with
+// the library in temporary directories.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/manager.h"
+#include "cli/subprocess.h"
+#include "support/temp_dir.h"
+#include "util/hash.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::ProcessResult;
+using testing::TempDir;
+
+const std::string kModel = std::string(100, 'w');  // model.bin of every checkpoint
+const std::string kOptimizer = "adam-state";       // nested/optimizer.bin
+
+class CliTest : public ::testing::Test {
+ protected:
+  ProcessResult cairn(const std::vector<std::string>& args) {
+    return testing::run_process(CAIRN_CLI_PATH, args);
+  }
+
+  // Writes `count` checkpoints into experiment `name` under the root, with
+  // metrics {"epoch": i, "loss": 1 / (i + 1)}.
+  void make_experiment(const std::string& name, int count, CheckpointConfig config = {}) {
+    CheckpointManager manager((root_ / name).string(), config);
+    for (int i = 0; i < count; ++i) {
+      TempDir scratch;
+      testing::write_text(scratch / "model.bin", kModel);
+      testing::write_text(scratch / "nested/optimizer.bin", kOptimizer);
+      manager.register_checkpoint({{"epoch", i}, {"loss", 1.0 / (i + 1)}},
+                                  Checkpoint::from_directory(scratch.str()));
+    }
+  }
+
+  fs::path checkpoint_dir(const std::string& experiment, int index) const {
+    return root_.path() / experiment / checkpoint_name(index);
+  }
+  std::string uri_of(const fs::path& p) const { return "file://" + p.string(); }
+  std::string root() const { return root_.str(); }
+
+  // A leftover of an interrupted save: a checkpoint folder without manifest.
+  fs::path make_leftover(const std::string& experiment, int index) {
+    fs::path dir = checkpoint_dir(experiment, index);
+    testing::write_text(dir / "model.bin", "half-written");
+    return dir;
+  }
+
+  static void expect_one_line_error(const ProcessResult& r, const std::string& must_name) {
+    EXPECT_TRUE(r.out.empty()) << r.out;
+    ASSERT_FALSE(r.err.empty());
+    EXPECT_EQ(r.err.rfind("cairn: error: ", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.err.back(), '\n');
+    EXPECT_NE(r.err.find(must_name), std::string::npos) << r.err;
+  }
+
+  TempDir root_;
+};
+
+bool is_iso_utc(const std::string& s) {
+  return std::regex_match(s, std::regex(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z)"));
+}
+
+// ---- ls -----------------------------------------------------------------
+
+TEST_F(CliTest, LsListsEveryExperimentOfAStorageRootWithStateAndMetrics) {
+  make_experiment("alpha", 2);
+  make_experiment("beta", 1);
+  ProcessResult r = cairn({"ls", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("experiment alpha"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("experiment beta"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checkpoint_000001"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("committed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("epoch=1 loss=0.5"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("110 B"), std::string::npos) << r.out;  // 100 + 10 bytes
+}
+
+TEST_F(CliTest, LsJsonGivesEveryDocumentedFieldOfEachCheckpoint) {
+  make_experiment("alpha", 2);
+  ProcessResult r = cairn({"ls", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["command"], "ls");
+  EXPECT_EQ(doc["uri"], uri_of(root_.path()));
+  ASSERT_EQ(doc["experiments"].size(), 1u);
+  const json& e = doc["experiments"][0];
+  EXPECT_EQ(e["name"], "alpha");
+  EXPECT_EQ(e["uri"], uri_of(root_.path() / "alpha"));
+  EXPECT_EQ(e["latest"], "checkpoint_000001");
+  EXPECT_EQ(e["best"], json({"checkpoint_000001", "checkpoint_000000"}));
+  EXPECT_TRUE(e["config"]["num_to_keep"].is_null());
+  EXPECT_EQ(e["config"]["checkpoint_score_order"], "max");
+  ASSERT_EQ(e["checkpoints"].size(), 2u);
+  const json& c = e["checkpoints"][1];
+  EXPECT_EQ(c["name"], "checkpoint_000001");
+  EXPECT_EQ(c["index"], 1);
+  EXPECT_EQ(c["uri"], uri_of(checkpoint_dir("alpha", 1)));
+  EXPECT_EQ(c["state"], "committed");
+  EXPECT_TRUE(is_iso_utc(c["time"].get<std::string>())) << c["time"];
+  EXPECT_TRUE(c["time_unix"].is_number());
+  EXPECT_EQ(c["size_bytes"], kModel.size() + kOptimizer.size());
+  EXPECT_EQ(c["file_count"], 2);
+  EXPECT_EQ(c["metrics"], json({{"epoch", 1}, {"loss", 0.5}}));
+  EXPECT_EQ(c["pinned"], false);
+  EXPECT_TRUE(c["error"].is_null());
+}
+
+TEST_F(CliTest, LsOfAnExperimentFolderListsItUnderAnEmptyName) {
+  make_experiment("alpha", 1);
+  ProcessResult r = cairn({"ls", "--json", (root_ / "alpha").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["experiments"].size(), 1u);
+  EXPECT_EQ(doc["experiments"][0]["name"], "");
+  EXPECT_EQ(doc["experiments"][0]["checkpoints"].size(), 1u);
+}
+
+TEST_F(CliTest, LsAcceptsAFileUri) {
+  make_experiment("alpha", 1);
+  ProcessResult r = cairn({"ls", "--json", uri_of(root_.path())});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["experiments"][0]["name"], "alpha");
+}
+
+TEST_F(CliTest, LsShowsTheLeftoverOfAnInterruptedSaveAsUncommitted) {
+  make_experiment("alpha", 1);
+  make_leftover("alpha", 7);
+  ProcessResult r = cairn({"ls", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const json& cps = doc["experiments"][0]["checkpoints"];
+  ASSERT_EQ(cps.size(), 2u);
+  EXPECT_EQ(cps[1]["name"], "checkpoint_000007");
+  EXPECT_EQ(cps[1]["state"], "uncommitted");
+  EXPECT_TRUE(cps[1]["metrics"].is_null());
+  EXPECT_EQ(cps[1]["size_bytes"], 12);
+  EXPECT_EQ(doc["experiments"][0]["latest"], "checkpoint_000000");
+
+  ProcessResult text = cairn({"ls", root()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("uncommitted"), std::string::npos) << text.out;
+}
+
+TEST_F(CliTest, LsMarksTheBestCheckpointWhenAScoreAttributeIsSet) {
+  CheckpointConfig config;
+  config.checkpoint_score_attribute = "loss";
+  config.checkpoint_score_order = "min";
+  make_experiment("alpha", 3, config);  // losses 1, 0.5, 0.333: the last is best
+  ProcessResult r = cairn({"ls", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint_000002 *"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("best by loss (min)"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, LsOfAnEmptyDirectorySaysThereAreNoExperiments) {
+  ProcessResult r = cairn({"ls", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("no experiments"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, LsOfADamagedHistoryIsACorruptionErrorNamingTheFile) {
+  make_experiment("alpha", 1);
+  testing::write_text(root_ / "alpha/checkpoint_manager.json", "{not json");
+  ProcessResult r = cairn({"ls", root()});
+  EXPECT_EQ(r.exit_code, 4);
+  expect_one_line_error(r, "checkpoint_manager.json");
+}
+
+// ---- show ---------------------------------------------------------------
+
+TEST_F(CliTest, ShowGivesFilesWithSizesAndChecksumsTheManifestAndMetadata) {
+  make_experiment("alpha", 1);
+  Checkpoint cp = Checkpoint::from_directory(checkpoint_dir("alpha", 0).string());
+  cp.set_metadata({{"note", "first"}});
+  Manifest manifest = cp.manifest();
+
+  ProcessResult r = cairn({"show", "--json", checkpoint_dir("alpha", 0).string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["command"], "show");
+  EXPECT_EQ(doc["state"], "committed");
+  EXPECT_EQ(doc["uri"], uri_of(checkpoint_dir("alpha", 0)));
+  ASSERT_EQ(doc["files"].size(), 2u);
+  EXPECT_EQ(doc["files"][0]["path"], "model.bin");
+  EXPECT_EQ(doc["files"][0]["size_bytes"], kModel.size());
+  EXPECT_EQ(doc["files"][0]["xxh3"], hash_to_hex(xxh3_64(kModel)));
+  EXPECT_EQ(doc["files"][1]["path"], "nested/optimizer.bin");
+  EXPECT_EQ(doc["manifest"]["metrics"], json({{"epoch", 0}, {"loss", 1.0}}));
+  EXPECT_EQ(doc["manifest"]["created_at_unix"], manifest.created_at);
+  EXPECT_TRUE(is_iso_utc(doc["manifest"]["created_at"].get<std::string>()));
+  EXPECT_EQ(doc["manifest"]["total_bytes"], kModel.size() + kOptimizer.size());
+  EXPECT_TRUE(doc["manifest"]["layout"].is_null());
+  EXPECT_EQ(doc["metadata"], json({{"note", "first"}}));
+
+  ProcessResult text = cairn({"show", checkpoint_dir("alpha", 0).string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("nested/optimizer.bin"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find(hash_to_hex(xxh3_64(kOptimizer))), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("\"note\":\"first\""), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("committed"), std::string::npos) << text.out;
+}
+
+TEST_F(CliTest, ShowOfALeftoverSaysItIsUncommittedAndHasNoChecksums) {
+  make_experiment("alpha", 1);
+  fs::path leftover = make_leftover("alpha", 3);
+  ProcessResult r = cairn({"show", "--json", leftover.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["state"], "uncommitted");
+  EXPECT_TRUE(doc["manifest"].is_null());
+  ASSERT_EQ(doc["files"].size(), 1u);
+  EXPECT_TRUE(doc["files"][0]["xxh3"].is_null());
+}
+
+TEST_F(CliTest, ShowOfAMalformedManifestIsACorruptionErrorNamingIt) {
+  make_experiment("alpha", 1);
+  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "{\"version\":");
+  ProcessResult r = cairn({"show", checkpoint_dir("alpha", 0).string()});
+  EXPECT_EQ(r.exit_code, 4);
+  expect_one_line_error(r, "manifest.json");
+}
+
+TEST_F(CliTest, ShowOfAnExperimentIsAUsageErrorPointingToLs) {
+  make_experiment("alpha", 1);
+  ProcessResult r = cairn({"show", (root_ / "alpha").string()});
+  EXPECT_EQ(r.exit_code, 2);
+  expect_one_line_error(r, "cairn ls");
+}
+
+// ---- verify ---------------------------------------------------------------
+
+TEST_F(CliTest, VerifyPassesWhenEveryChecksumMatches) {
+  make_experiment("alpha", 2);
+  make_experiment("beta", 1);
+  ProcessResult r = cairn({"verify", root()});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("3 checkpoints checked, 0 bad"), std::string::npos) << r.out;
+
+  ProcessResult j = cairn({"verify", "--json", root()});
+  EXPECT_EQ(j.exit_code, 0);
+  json doc = json::parse(j.out);
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["command"], "verify");
+  EXPECT_EQ(doc["ok"], true);
+  EXPECT_EQ(doc["checkpoints"].size(), 3u);
+  EXPECT_EQ(doc["checkpoints"][0]["file_count"], 2);
+  EXPECT_TRUE(doc["problems"].empty());
+}
+
+TEST_F(CliTest, VerifyFailsOnAnAlteredFileAndNamesIt) {
+  make_experiment("alpha", 2);
+  std::string altered = kModel;
+  altered[50] = 'X';  // same size, different bytes
+  testing::write_text(checkpoint_dir("alpha", 1) / "model.bin", altered);
+  ProcessResult r = cairn({"verify", root()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find(uri_of(checkpoint_dir("alpha", 1)) + " model.bin: checksum"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find(uri_of(checkpoint_dir("alpha", 0)) + " model.bin"), std::string::npos)
+      << r.out;
+}
+
+TEST_F(CliTest, VerifyFailsOnATruncatedFileAndNamesIt) {
+  make_experiment("alpha", 1);
+  fs::resize_file(checkpoint_dir("alpha", 0) / "nested/optimizer.bin", 3);
+  ProcessResult r = cairn({"verify", "--json", root()});
+  EXPECT_EQ(r.exit_code, 1);
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["ok"], false);
+  ASSERT_EQ(doc["problems"].size(), 1u);
+  EXPECT_EQ(doc["problems"][0]["checkpoint"], uri_of(checkpoint_dir("alpha", 0)));
+  EXPECT_EQ(doc["problems"][0]["path"], "nested/optimizer.bin");
+  EXPECT_NE(doc["problems"][0]["reason"].get<std::string>().find("size 3"), std::string::npos);
+  EXPECT_EQ(doc["checkpoints"][0]["ok"], false);
+}
+
+TEST_F(CliTest, VerifyFailsOnAMissingFileAndNamesIt) {
+  make_experiment("alpha", 1);
+  fs::remove(checkpoint_dir("alpha", 0) / "model.bin");
+  ProcessResult r = cairn({"verify", (root_ / "alpha").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find(uri_of(checkpoint_dir("alpha", 0)) + " model.bin: missing"),
+            std::string::npos)
+      << r.out;
+}
+
+TEST_F(CliTest, VerifyFailsOnAMalformedManifestAndNamesIt) {
+  make_experiment("alpha", 2);
+  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "[1, 2");
+  ProcessResult r = cairn({"verify", "--json", root()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["problems"].size(), 1u);
+  EXPECT_EQ(doc["problems"][0]["checkpoint"], uri_of(checkpoint_dir("alpha", 0)));
+  EXPECT_EQ(doc["problems"][0]["path"], ".cairn/manifest.json");
+  // The other checkpoint is still checked.
+  ASSERT_EQ(doc["checkpoints"].size(), 2u);
+  EXPECT_EQ(doc["checkpoints"][1]["ok"], true);
+}
+
+TEST_F(CliTest, VerifyReportsADamagedHistoryAndStillChecksTheCheckpoints) {
+  make_experiment("alpha", 1);
+  testing::write_text(root_ / "alpha/checkpoint_manager.json", "garbage");
+  ProcessResult r = cairn({"verify", "--json", root()});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["problems"].size(), 1u);
+  EXPECT_EQ(doc["problems"][0]["path"], "checkpoint_manager.json");
+  EXPECT_EQ(doc["checkpoints"].size(), 1u);
+}
+
+TEST_F(CliTest, VerifyOfOneCheckpointChecksOnlyThatOne) {
+  make_experiment("alpha", 2);
+  fs::remove(checkpoint_dir("alpha", 0) / "model.bin");
+  ProcessResult good = cairn({"verify", checkpoint_dir("alpha", 1).string()});
+  EXPECT_EQ(good.exit_code, 0) << good.out;
+  EXPECT_NE(good.out.find("1 checkpoint checked"), std::string::npos) << good.out;
+  ProcessResult bad = cairn({"verify", checkpoint_dir("alpha", 0).string()});
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+}
+
+TEST_F(CliTest, VerifyDoesNotFailOnALeftoverButListsItAsNotVerified) {
+  make_experiment("alpha", 1);
+  fs::path leftover = make_leftover("alpha", 4);
+  ProcessResult r = cairn({"verify", "--json", root()});
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(json::parse(r.out)["skipped_uncommitted"], json::array({uri_of(leftover)}));
+}
+
+// ---- gc -----------------------------------------------------------------
+
+TEST_F(CliTest, GcRemovesTheLeftoverOfAnInterruptedSaveAndReportsIt) {
+  make_experiment("alpha", 2);
+  fs::path leftover = make_leftover("alpha", 9);
+  ProcessResult r = cairn({"gc", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("removed " + uri_of(leftover / "model.bin")), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(leftover / "model.bin"));
+  // Committed checkpoints are untouched.
+  EXPECT_EQ(cairn({"verify", root()}).exit_code, 0);
+  EXPECT_TRUE(Checkpoint::from_directory(checkpoint_dir("alpha", 1).string()).verify().empty());
+}
+
+TEST_F(CliTest, GcJsonListsWhatWasRemoved) {
+  make_experiment("alpha", 1);
+  fs::path leftover = make_leftover("alpha", 2);
+  ProcessResult r = cairn({"gc", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["schema_version"], 1);
+  EXPECT_EQ(doc["command"], "gc");
+  EXPECT_EQ(doc["dry_run"], false);
+  EXPECT_EQ(doc["removed"], json::array({uri_of(leftover / "model.bin")}));
+  EXPECT_TRUE(doc["skipped"].empty());
+}
+
+TEST_F(CliTest, GcDryRunReportsTheLeftoverButKeepsIt) {
+  make_experiment("alpha", 1);
+  fs::path leftover = make_leftover("alpha", 2);
+  ProcessResult r = cairn({"gc", "--dry-run", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["dry_run"], true);
+  EXPECT_EQ(doc["removed"], json::array({uri_of(leftover / "model.bin")}));
+  EXPECT_TRUE(fs::exists(leftover / "model.bin"));
+}
+
+TEST_F(CliTest, GcSkipsAnExperimentWhoseLockALiveWriterHolds) {
+  make_experiment("alpha", 1);
+  make_experiment("beta", 1);
+  CheckpointManager writer((root_ / "alpha").string(), {});  // holds alpha's lock
+  fs::path busy = make_leftover("alpha", 5);  // looks like a leftover: an in-flight save
+  fs::path stale = make_leftover("beta", 5);
+  ProcessResult r = cairn({"gc", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["skipped"].size(), 1u);
+  EXPECT_NE(doc["skipped"][0].get<std::string>().find(uri_of(root_.path() / "alpha")),
+            std::string::npos);
+  EXPECT_TRUE(fs::exists(busy / "model.bin"));
+  EXPECT_FALSE(fs::exists(stale / "model.bin"));
+}
+
+// ---- errors and help ------------------------------------------------------
+
+TEST_F(CliTest, AMissingPathIsNotFoundWithAOneLineErrorForEveryCommand) {
+  const std::string missing = (root_ / "no-such-dir").string();
+  for (std::string command : {"ls", "show", "verify", "gc"}) {
+    SCOPED_TRACE(command);
+    ProcessResult r = cairn({command, missing});
+    EXPECT_EQ(r.exit_code, 3);
+    expect_one_line_error(r, missing);
+    EXPECT_FALSE(fs::exists(missing));  // nothing was created
+  }
+}
+
+TEST_F(CliTest, AMemoryUriIsNotFoundInAnotherProcess) {
+  ProcessResult r = cairn({"ls", "memory://elsewhere/experiments"});
+  EXPECT_EQ(r.exit_code, 3);
+  expect_one_line_error(r, "memory://elsewhere/experiments");
+}
+
+TEST_F(CliTest, AnUnknownSchemeIsAUsageError) {
+  ProcessResult r = cairn({"ls", "ftp://host/x"});
+  EXPECT_EQ(r.exit_code, 2);
+  expect_one_line_error(r, "ftp");
+}
+
+TEST_F(CliTest, BadCommandLinesAreUsageErrorsOnOneLine) {
+  ProcessResult none = cairn({});
+  EXPECT_EQ(none.exit_code, 2);
+  expect_one_line_error(none, "subcommand");
+
+  ProcessResult unknown = cairn({"frobnicate", root()});
+  EXPECT_EQ(unknown.exit_code, 2);
+  expect_one_line_error(unknown, "frobnicate");
+
+  ProcessResult no_path = cairn({"verify"});
+  EXPECT_EQ(no_path.exit_code, 2);
+  expect_one_line_error(no_path, "PATH");
+
+  ProcessResult bad_flag = cairn({"ls", "--frob", root()});
+  EXPECT_EQ(bad_flag.exit_code, 2);
+  expect_one_line_error(bad_flag, "--frob");
+}
+
+TEST_F(CliTest, HelpOfEveryCommandDescribesItAndExitsZero) {
+  ProcessResult top = cairn({"--help"});
+  EXPECT_EQ(top.exit_code, 0);
+  for (std::string command : {"ls", "show", "verify", "gc"}) {
+    SCOPED_TRACE(command);
+    EXPECT_NE(top.out.find(command), std::string::npos) << top.out;
+    ProcessResult r = cairn({command, "--help"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("Usage: cairn " + command), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("Exit codes"), std::string::npos) << r.out;
+  }
+  EXPECT_NE(cairn({"gc", "--help"}).out.find("--dry-run"), std::string::npos);
+  EXPECT_NE(cairn({"ls", "--help"}).out.find("--json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cairn
