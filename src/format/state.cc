@@ -1,0 +1,504 @@
+// State dictionaries and the safetensors file I/O: parallel large-block
+// writes (checksummed while written), zero-copy mapped loads, and copying
+// loads into caller buffers.
+#include "cairn/state.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "format/io.h"
+#include "util/fs.h"
+#include "util/hash.h"
+
+namespace cairn {
+
+namespace {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+void check_entry(const std::string& name, DType dtype, const Shape& shape, size_t nbytes) {
+  if (name.empty()) throw Error(ErrorCode::kInvalidArgument, "a tensor name may not be empty");
+  if (name == kMetadataKeyName) {
+    throw Error(ErrorCode::kInvalidArgument, "a tensor may not be named \"__metadata__\"");
+  }
+  uint64_t want = byte_size(dtype, shape);
+  if (want != nbytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("tensor \"{}\": {}{} needs {} bytes but {} were given", name,
+                            dtype_name(dtype), shape_str(shape), want, nbytes));
+  }
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void pwrite_all(int fd, uint64_t offset, std::span<const std::byte> data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n =
+        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw errno_error(errno, "write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+nlohmann::json decode_metadata(const std::map<std::string, std::string>& m,
+                               std::string_view source) {
+  auto it = m.find(std::string(kCairnMetadataKey));
+  if (it == m.end()) return nlohmann::json::object();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: __metadata__ \"{}\" is not valid JSON: {}",
+                                                    source, kCairnMetadataKey, e.what()));
+  }
+  if (!j.is_object()) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: __metadata__ \"{}\" is a JSON {}, not an object", source,
+                            kCairnMetadataKey, j.type_name()));
+  }
+  return j;
+}
+
+std::map<std::string, std::string> other_metadata(const std::map<std::string, std::string>& m) {
+  auto out = m;
+  out.erase(std::string(kCairnMetadataKey));
+  return out;
+}
+
+// The loading path shared by files and storage objects.
+LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
+                       const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
+                       const std::string& source) {
+  LoadReport report = match_state(header, state);
+  if (!report.mismatched.empty() || (options.strict && !report.consumed())) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: the state does not match the file: {}", source, report.describe()));
+  }
+  nlohmann::json metadata = decode_metadata(header.metadata, source);
+  std::vector<format::ReadJob> jobs;
+  for (const auto& name : report.loaded) {
+    const TensorInfo* t = header.find(name);
+    jobs.push_back({header.data_start() + t->begin, state.mutable_bytes(name)});
+  }
+  format::read_blocks(jobs, read_at, options.block_size, format::pick_threads(options.threads));
+  if (options.expected_xxh3) {
+    Hasher h;
+    h.update(as_bytes(header_bytes));
+    std::vector<std::byte> scratch;
+    for (const auto& t : header.tensors) {
+      if (std::binary_search(report.loaded.begin(), report.loaded.end(), t.name)) {
+        h.update(state.mutable_bytes(t.name));
+        continue;
+      }
+      scratch.resize(std::min<uint64_t>(t.nbytes(), uint64_t{8} << 20));
+      for (uint64_t off = 0; off < t.nbytes(); off += scratch.size()) {
+        std::span<std::byte> part(scratch.data(),
+                                  std::min<uint64_t>(scratch.size(), t.nbytes() - off));
+        read_at(header.data_start() + t.begin + off, part);
+        h.update(part);
+      }
+    }
+    if (h.digest() != *options.expected_xxh3) {
+      throw Error(
+          ErrorCode::kCorruption,
+          fmt::format("{}: checksum {} does not match the manifest's {} (the file changed "
+                      "after it was committed)",
+                      source, hash_to_hex(h.digest()), hash_to_hex(*options.expected_xxh3)));
+    }
+  }
+  state.metadata = std::move(metadata);
+  state.string_metadata = other_metadata(header.metadata);
+  return report;
+}
+
+LoadReport load_local(const std::filesystem::path& path, StateDict& state,
+                      const LoadOptions& options, const std::string& source) {
+  UniqueFd fd = open_file(path, O_RDONLY);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size < 8) {
+    throw Error(
+        ErrorCode::kCorruption,
+        fmt::format("{}: file of {} bytes is shorter than the 8-byte header length", source, size));
+  }
+  format::ReadAt read_at = [&](uint64_t off, std::span<std::byte> out) {
+    pread_all(fd.get(), out, off, source);
+  };
+  std::array<std::byte, 8> prefix;
+  read_at(0, prefix);
+  uint64_t n = parse_header_length(prefix, size, source);
+  std::string bytes(8 + n, '\0');
+  std::memcpy(bytes.data(), prefix.data(), 8);
+  read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
+  SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
+  return load_common(header, bytes, read_at, state, options, source);
+}
+
+}  // namespace
+
+namespace detail {
+void check_view_cast(const TensorView& view, DType want, size_t align) {
+  if (view.dtype != want) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("tensor of dtype {} viewed as {}",
+                                                         dtype_name(view.dtype), dtype_name(want)));
+  }
+  if (reinterpret_cast<uintptr_t>(view.bytes.data()) % align != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("tensor of dtype {} is not aligned to {} bytes in its file; copy it "
+                            "(load_into) instead",
+                            dtype_name(view.dtype), align));
+  }
+}
+}  // namespace detail
+
+// ---- StateDict ----
+
+void StateDict::add(std::string name, DType dtype, Shape shape, std::span<const std::byte> bytes) {
+  check_entry(name, dtype, shape, bytes.size());
+  Entry e{dtype, std::move(shape), const_cast<std::byte*>(bytes.data()), bytes.size(), false, {}};
+  entries_.insert_or_assign(std::move(name), std::move(e));
+}
+
+void StateDict::add_mutable(std::string name, DType dtype, Shape shape,
+                            std::span<std::byte> bytes) {
+  check_entry(name, dtype, shape, bytes.size());
+  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), true, {}};
+  entries_.insert_or_assign(std::move(name), std::move(e));
+}
+
+void StateDict::add_owned(std::string name, DType dtype, Shape shape,
+                          std::vector<std::byte> bytes) {
+  check_entry(name, dtype, shape, bytes.size());
+  auto owned = std::make_shared<std::vector<std::byte>>(std::move(bytes));
+  Entry e{dtype, std::move(shape), owned->data(), owned->size(), true, owned};
+  entries_.insert_or_assign(std::move(name), std::move(e));
+}
+
+void StateDict::add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
+                           std::shared_ptr<void> owner, bool writable) {
+  check_entry(name, dtype, shape, bytes.size());
+  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), writable, std::move(owner)};
+  entries_.insert_or_assign(std::move(name), std::move(e));
+}
+
+void StateDict::remove(std::string_view name) {
+  auto it = entries_.find(name);
+  if (it != entries_.end()) entries_.erase(it);
+}
+
+std::vector<std::string> StateDict::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [k, v] : entries_) out.push_back(k);
+  return out;
+}
+
+const StateDict::Entry& StateDict::entry(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    throw Error(ErrorCode::kNotFound, fmt::format("tensor \"{}\" is not in the state", name));
+  }
+  return it->second;
+}
+
+std::span<std::byte> StateDict::mutable_bytes(std::string_view name) const {
+  const Entry& e = entry(name);
+  if (!e.writable) {
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        fmt::format("tensor \"{}\" is read-only in the state (add it with add_mutable)", name));
+  }
+  return {e.data, e.nbytes};
+}
+
+uint64_t StateDict::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [k, e] : entries_) n += e.nbytes;
+  return n;
+}
+
+FileLayout layout_state(const StateDict& state) {
+  if (!state.metadata.is_object()) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("state metadata must be a JSON object, got {}", state.metadata.type_name()));
+  }
+  std::map<std::string, std::string> meta = state.string_metadata;
+  if (meta.count(std::string(kCairnMetadataKey))) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("string_metadata may not use the key \"{}\" (it holds "
+                            "StateDict::metadata)",
+                            kCairnMetadataKey));
+  }
+  if (!state.metadata.empty()) {
+    try {
+      meta[std::string(kCairnMetadataKey)] = state.metadata.dump();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("state metadata cannot be encoded: {}", e.what()));
+    }
+  }
+  std::vector<TensorDescriptor> descriptors;
+  descriptors.reserve(state.size());
+  for (const auto& [name, e] : state.entries()) descriptors.push_back({name, e.dtype, e.shape});
+  return layout_file(std::move(descriptors), meta);
+}
+
+// ---- saving ----
+
+void save_file(const StateDict& state, const std::filesystem::path& path,
+               const SaveOptions& options) {
+  FileLayout layout = layout_state(state);
+  auto pieces = format::file_pieces(layout, state);
+  static std::atomic<uint64_t> counter{0};
+  std::filesystem::path temp = path;
+  temp += fmt::format(".tmp.{}.{}", ::getpid(), counter++);
+  const std::string name = path.string();
+  try {
+    UniqueFd fd = open_file(temp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (::ftruncate(fd.get(), static_cast<off_t>(layout.parsed.file_size())) != 0) {
+      throw errno_error(errno, "truncate", name);
+    }
+    format::write_pieces(
+        pieces,
+        [&](uint64_t off, std::span<const std::byte> d) { pwrite_all(fd.get(), off, d, name); },
+        options.block_size, format::pick_threads(options.threads));
+    if (options.durable) fsync_fd(fd.get(), name);
+    fd.close(name);
+    if (::rename(temp.c_str(), path.c_str()) != 0) throw errno_error(errno, "rename", name);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove(temp, ec);  // ignore-error: best-effort clean-up of our temp file
+    throw;
+  }
+  if (options.durable) {
+    fsync_dir(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+  }
+}
+
+ManifestEntry save(const StateDict& state, Storage& storage, std::string_view key,
+                   const SaveOptions& options) {
+  FileLayout layout = layout_state(state);
+  auto pieces = format::file_pieces(layout, state);
+  auto writer = storage.open_writer(key);
+  uint64_t hash = format::write_pieces(
+      pieces, [&](uint64_t off, std::span<const std::byte> d) { writer->write_at(off, d); },
+      options.block_size, format::pick_threads(options.threads));
+  writer->commit();
+  return ManifestEntry{std::string(key), layout.parsed.file_size(), hash};
+}
+
+Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
+                         const nlohmann::json& metrics, std::string_view file,
+                         const SaveOptions& options) {
+  CheckpointWriter writer(dest);
+  writer.add_written(save(state, dest.storage(), file, options));
+  const nlohmann::json& md = state.metadata;
+  return writer.commit(metrics, now_seconds(), md.empty() ? nullptr : &md);
+}
+
+// ---- MappedState ----
+
+struct MappedState::Impl {
+  std::string source;
+  SafetensorsHeader header;
+  std::map<std::string, size_t, std::less<>> index;
+  std::span<const std::byte> bytes;
+  void* map = nullptr;
+  size_t map_size = 0;
+  std::shared_ptr<void> owner;
+  ~Impl() {
+    if (map) ::munmap(map, map_size);  // ignore-error: nothing to do if unmapping fails
+  }
+  void init() {
+    header = parse_file_header(bytes, source);
+    for (size_t i = 0; i < header.tensors.size(); ++i) index.emplace(header.tensors[i].name, i);
+  }
+};
+
+MappedState MappedState::open(const std::filesystem::path& path) {
+  auto impl = std::make_shared<Impl>();
+  impl->source = path.string();
+  UniqueFd fd = open_file(path, O_RDONLY);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", impl->source);
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size > 0) {
+    void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
+    if (m == MAP_FAILED) throw errno_error(errno, "mmap", impl->source);
+    impl->map = m;
+    impl->map_size = size;
+    impl->bytes = {static_cast<const std::byte*>(m), size};
+  }
+  impl->init();
+  MappedState out;
+  out.impl_ = std::move(impl);
+  return out;
+}
+
+MappedState MappedState::open(Storage& storage, std::string_view key) {
+  if (auto local = storage.local_path(key)) {
+    try {
+      return open(*local);
+    } catch (const Error& e) {
+      throw with_context(e, fmt::format("opening {}", storage.uri_of(key)));
+    }
+  }
+  auto reader = storage.open_reader(key);
+  auto buffer = std::make_shared<format::HugeBuffer>(reader->size());
+  std::span<std::byte> all(buffer->data(), reader->size());
+  format::read_blocks(
+      {{0, all}}, [&](uint64_t off, std::span<std::byte> out) { reader->read_at(off, out); },
+      size_t{16} << 20, format::pick_threads(0));
+  return from_bytes(all, storage.uri_of(key), buffer);
+}
+
+MappedState MappedState::from_bytes(std::span<const std::byte> file, std::string source,
+                                    std::shared_ptr<void> owner) {
+  auto impl = std::make_shared<Impl>();
+  impl->source = std::move(source);
+  impl->bytes = file;
+  impl->owner = std::move(owner);
+  impl->init();
+  MappedState out;
+  out.impl_ = std::move(impl);
+  return out;
+}
+
+const SafetensorsHeader& MappedState::header() const { return impl_->header; }
+const std::string& MappedState::source() const { return impl_->source; }
+
+std::vector<std::string> MappedState::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : impl_->index) out.push_back(k);
+  return out;
+}
+
+bool MappedState::contains(std::string_view name) const {
+  return impl_->index.find(name) != impl_->index.end();
+}
+
+TensorView MappedState::tensor(std::string_view name) const {
+  auto it = impl_->index.find(name);
+  if (it == impl_->index.end()) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: no tensor \"{}\" in the file", impl_->source, name));
+  }
+  const TensorInfo& t = impl_->header.tensors[it->second];
+  return {t.dtype, t.shape, impl_->bytes.subspan(impl_->header.data_start() + t.begin, t.nbytes())};
+}
+
+nlohmann::json MappedState::metadata() const {
+  return decode_metadata(impl_->header.metadata, impl_->source);
+}
+
+StateDict MappedState::state_dict() const {
+  StateDict out;
+  auto owner = std::const_pointer_cast<Impl>(impl_);
+  for (const auto& t : impl_->header.tensors) {
+    auto v = tensor(t.name);
+    out.add_shared(t.name, t.dtype, t.shape,
+                   {const_cast<std::byte*>(v.bytes.data()), v.bytes.size()}, owner, false);
+  }
+  out.metadata = metadata();
+  out.string_metadata = other_metadata(impl_->header.metadata);
+  return out;
+}
+
+std::span<const std::byte> MappedState::file_bytes() const { return impl_->bytes; }
+
+// ---- copying loads ----
+
+std::string LoadReport::describe() const {
+  std::vector<std::string> parts;
+  if (!missing.empty()) {
+    parts.push_back(fmt::format("missing from the file: {}", fmt::join(missing, ", ")));
+  }
+  if (!unexpected.empty()) {
+    parts.push_back(fmt::format("unexpected (not in the state): {}", fmt::join(unexpected, ", ")));
+  }
+  if (!mismatched.empty()) {
+    parts.push_back(fmt::format("mismatched: {}", fmt::join(mismatched, "; ")));
+  }
+  if (parts.empty()) return "every tensor matched";
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+LoadReport match_state(const SafetensorsHeader& header, const StateDict& state) {
+  LoadReport r;
+  for (const auto& t : header.tensors) {
+    if (!state.contains(t.name)) {
+      r.unexpected.push_back(t.name);
+      continue;
+    }
+    const auto& e = state.entry(t.name);
+    if (e.dtype != t.dtype || e.shape != t.shape) {
+      r.mismatched.push_back(fmt::format("{}: file {}{}, state {}{}", t.name, dtype_name(t.dtype),
+                                         shape_str(t.shape), dtype_name(e.dtype),
+                                         shape_str(e.shape)));
+    } else if (!e.writable) {
+      r.mismatched.push_back(fmt::format("{}: the state's entry is read-only", t.name));
+    } else {
+      r.loaded.push_back(t.name);
+    }
+  }
+  for (const auto& [name, e] : state.entries()) {
+    if (!header.find(name)) r.missing.push_back(name);
+  }
+  std::sort(r.loaded.begin(), r.loaded.end());
+  std::sort(r.unexpected.begin(), r.unexpected.end());
+  std::sort(r.mismatched.begin(), r.mismatched.end());
+  return r;
+}
+
+LoadReport load_into(const std::filesystem::path& path, StateDict& state,
+                     const LoadOptions& options) {
+  return load_local(path, state, options, path.string());
+}
+
+LoadReport load_into(Storage& storage, std::string_view key, StateDict& state,
+                     const LoadOptions& options) {
+  const std::string source = storage.uri_of(key);
+  if (auto local = storage.local_path(key)) return load_local(*local, state, options, source);
+  auto reader = storage.open_reader(key);
+  const uint64_t size = reader->size();
+  if (size < 8) {
+    throw Error(
+        ErrorCode::kCorruption,
+        fmt::format("{}: file of {} bytes is shorter than the 8-byte header length", source, size));
+  }
+  format::ReadAt read_at = [&](uint64_t off, std::span<std::byte> out) {
+    reader->read_at(off, out);
+  };
+  std::array<std::byte, 8> prefix;
+  read_at(0, prefix);
+  uint64_t n = parse_header_length(prefix, size, source);
+  std::string bytes(8 + n, '\0');
+  std::memcpy(bytes.data(), prefix.data(), 8);
+  read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
+  SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
+  return load_common(header, bytes, read_at, state, options, source);
+}
+
+}  // namespace cairn

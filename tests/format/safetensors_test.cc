@@ -1,0 +1,236 @@
+// The safetensors header parser and layout: every malformed-file case is
+// refused with kCorruption naming the source, the tensor and a byte offset.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "cairn/error.h"
+#include "cairn/safetensors.h"
+
+namespace cairn::testing {
+namespace {
+
+// A file image: 8-byte little-endian length, `header` (padded with spaces
+// to 8-byte alignment unless `pad` is false) and `data_bytes` zero bytes.
+std::string image(const std::string& header, size_t data_bytes, bool pad = true) {
+  std::string h = header;
+  if (pad) h.resize((h.size() + 8 + 7) / 8 * 8 - 8, ' ');
+  std::string out(8, '\0');
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + h + std::string(data_bytes, '\0');
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+SafetensorsHeader parse(const std::string& file) {
+  return parse_file_header(bytes_of(file), "t.st");
+}
+
+// Parses `file`, expecting kCorruption whose message contains every needle.
+void expect_corrupt(const std::string& file, std::initializer_list<std::string> needles) {
+  try {
+    parse(file);
+    FAIL() << "parsed a malformed file";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption) << e.what();
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("t.st"), std::string::npos) << msg;
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << "no '" << n << "' in: " << msg;
+  }
+}
+
+TEST(DType, EveryFileNameRoundTripsWithItsElementSize) {
+  const std::pair<const char*, size_t> names[] = {
+      {"BOOL", 1}, {"U8", 1},   {"I8", 1},  {"I16", 2},     {"U16", 2},
+      {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4},     {"F32", 4},
+      {"F64", 8},  {"I64", 8},  {"U64", 8}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+  for (const auto& [name, size] : names) {
+    auto d = parse_dtype(name);
+    ASSERT_TRUE(d) << name;
+    EXPECT_EQ(dtype_name(*d), name);
+    EXPECT_EQ(dtype_size(*d), size) << name;
+  }
+  EXPECT_FALSE(parse_dtype("F4"));
+  EXPECT_FALSE(parse_dtype("f32"));
+  EXPECT_EQ(dtype_of<float>(), DType::kF32);
+  EXPECT_EQ(dtype_of<int64_t>(), DType::kI64);
+}
+
+TEST(Layout, ProducesAHeaderThatParsesBackToTheSameTensors) {
+  FileLayout l =
+      layout_file({{"w", DType::kF32, {2, 3}}, {"b", DType::kU8, {5}}, {"s", DType::kF64, {}}},
+                  {{"format", "pt"}});
+  std::string file = l.header + std::string(l.parsed.data_size, '\0');
+  SafetensorsHeader h = parse(file);
+  ASSERT_EQ(h.tensors.size(), 3u);
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+  EXPECT_EQ(h.header_size, l.parsed.header_size);
+  for (const auto& t : l.parsed.tensors) {
+    const TensorInfo* p = h.find(t.name);
+    ASSERT_NE(p, nullptr) << t.name;
+    EXPECT_EQ(p->dtype, t.dtype);
+    EXPECT_EQ(p->shape, t.shape);
+    EXPECT_EQ(p->begin, t.begin);
+    EXPECT_EQ(p->end, t.end);
+  }
+  EXPECT_EQ(h.data_size, 8u + 24u + 5u);
+}
+
+TEST(Layout, PadsTheHeaderWithSpacesToEightByteAlignment) {
+  for (int n = 0; n < 9; ++n) {
+    std::vector<TensorDescriptor> ts;
+    for (int i = 0; i < n; ++i)
+      ts.push_back({std::string(static_cast<size_t>(i + 1), 'x'), DType::kU8, {1}});
+    FileLayout l = layout_file(ts, {});
+    EXPECT_EQ(l.header.size() % 8, 0u);
+    EXPECT_EQ(l.parsed.data_start() % 8, 0u);
+    std::string json = l.header.substr(8);
+    EXPECT_EQ(json.front(), '{');
+    size_t end = json.find_last_not_of(' ');
+    EXPECT_EQ(json[end], '}');
+  }
+}
+
+TEST(Layout, AlignsEveryTensorToItsElementSize) {
+  FileLayout l = layout_file({{"a", DType::kU8, {3}},
+                              {"b", DType::kF64, {2}},
+                              {"c", DType::kI16, {1}},
+                              {"d", DType::kF32, {3}}},
+                             {});
+  for (const auto& t : l.parsed.tensors) EXPECT_EQ(t.begin % dtype_size(t.dtype), 0u) << t.name;
+}
+
+TEST(Layout, RefusesDuplicateOrReservedNames) {
+  EXPECT_THROW(layout_file({{"a", DType::kU8, {1}}, {"a", DType::kF32, {1}}}, {}), Error);
+  EXPECT_THROW(layout_file({{"__metadata__", DType::kU8, {1}}}, {}), Error);
+}
+
+TEST(Parse, AcceptsAnEmptyStateAndZeroSizedTensors) {
+  EXPECT_TRUE(parse(image("{}", 0)).tensors.empty());
+  auto h = parse(image(R"({"e":{"dtype":"F32","shape":[0,3],"data_offsets":[0,0]},)"
+                       R"("s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})",
+                       4));
+  EXPECT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.find("s")->shape, Shape{});
+}
+
+TEST(Parse, AcceptsTensorsListedOutOfOffsetOrder) {
+  auto h = parse(image(R"({"b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]},)"
+                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                       6));
+  EXPECT_EQ(h.tensors[0].name, "a");
+  EXPECT_EQ(h.tensors[1].name, "b");
+}
+
+TEST(ParseMalformed, FileShorterThanTheLengthPrefix) {
+  expect_corrupt(std::string("\x02\0\0", 3), {"shorter than the 8-byte header length"});
+}
+
+TEST(ParseMalformed, HeaderLengthOverTheCap) {
+  std::string f(16, '\0');
+  uint64_t n = kMaxHeaderSize + 1;
+  std::memcpy(f.data(), &n, 8);
+  expect_corrupt(f, {"exceeds the limit", "byte offset 0"});
+}
+
+TEST(ParseMalformed, HeaderLengthPastTheEndOfTheFile) {
+  std::string f = image("{}", 0);
+  f[0] = 64;
+  expect_corrupt(f, {"runs past the end of the file", "byte offset 0"});
+}
+
+TEST(ParseMalformed, HeaderThatIsNotJson) {
+  expect_corrupt(image(R"({"a": {"dtype": "F32",,})", 0), {"not valid JSON", "byte offset"});
+  expect_corrupt(image("[1,2]", 0), {"does not start with '{'"});
+  expect_corrupt(image("{\"a\":\xff}", 0), {"not valid JSON"});
+}
+
+TEST(ParseMalformed, UnknownDtypeNamesTheTensor) {
+  expect_corrupt(image(R"({"w":{"dtype":"F4","shape":[1],"data_offsets":[0,1]}})", 1),
+                 {"tensor \"w\"", "unknown dtype \"F4\"", "byte offset 9"});
+}
+
+TEST(ParseMalformed, OverlappingOffsetsNameBothTensorsAndTheOffset) {
+  std::string hdr = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})";
+  auto f = image(hdr, 12);
+  uint64_t data_start = f.size() - 12;
+  expect_corrupt(f, {"tensor \"b\"", "overlaps tensor \"a\"",
+                     "byte offset " + std::to_string(data_start + 4)});
+}
+
+TEST(ParseMalformed, HoleBetweenTensors) {
+  expect_corrupt(image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                       R"("b":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})",
+                       6),
+                 {"tensor \"b\"", "hole of 2 bytes", "tensor \"a\""});
+  expect_corrupt(image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", 4),
+                 {"tensor \"a\"", "hole of 2 bytes after the header"});
+}
+
+TEST(ParseMalformed, OffsetsPastTheEndOfTheFile) {
+  expect_corrupt(image(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})", 4),
+                 {"tensor \"a\"", "past the end of the file"});
+}
+
+TEST(ParseMalformed, TrailingBytesAfterTheLastTensor) {
+  expect_corrupt(image(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 5),
+                 {"3 bytes of trailing data"});
+}
+
+TEST(ParseMalformed, ShapeThatDoesNotMatchTheByteLength) {
+  expect_corrupt(image(R"({"x":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}})", 12),
+                 {"tensor \"x\"", "needs 16 bytes", "hold 12", "byte offset 9"});
+}
+
+TEST(ParseMalformed, ShapeWhoseSizeOverflows) {
+  expect_corrupt(
+      image(R"({"x":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0),
+      {"tensor \"x\"", "too large"});
+}
+
+TEST(ParseMalformed, BadShapeOrOffsetValues) {
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})", 0),
+                 {"tensor \"x\"", "not a size"});
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[1.5],"data_offsets":[0,0]}})", 0),
+                 {"tensor \"x\"", "not a size"});
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0]}})", 0),
+                 {"tensor \"x\"", "data_offsets"});
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[0],"data_offsets":[2,1]}})", 2),
+                 {"tensor \"x\"", "end before they begin"});
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[1]}})", 1), {"tensor \"x\"", "data_offsets"});
+  expect_corrupt(image(R"({"x":[1,2]})", 0), {"tensor \"x\"", "not an object"});
+}
+
+TEST(ParseMalformed, UnknownFieldInATensorEntry) {
+  expect_corrupt(
+      image(R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"code":"rm -rf"}})", 1),
+      {"tensor \"x\"", "unknown field \"code\""});
+}
+
+TEST(ParseMalformed, MetadataThatIsNotAMapOfStrings) {
+  expect_corrupt(image(R"({"__metadata__":["a"]})", 0), {"__metadata__", "byte offset 9"});
+  expect_corrupt(image(R"({"__metadata__":{"epoch":3}})", 0),
+                 {"__metadata__", "\"epoch\"", "not a string", "byte offset"});
+}
+
+TEST(ParseMalformed, DuplicateKeys) {
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                       R"("x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+                       1),
+                 {"duplicate key \"x\""});
+}
+
+TEST(ParseMalformed, NestingDeeperThanAHeaderNeeds) {
+  expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[[[1]]],"data_offsets":[0,1]}})", 1),
+                 {"nests"});
+}
+
+}  // namespace
+}  // namespace cairn::testing
