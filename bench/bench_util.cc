@@ -210,8 +210,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
 
 void write_report(const Options& opts, const std::string& tool,
                   const std::vector<TensorSpec>& specs, const std::string& cache_drop,
-                  const std::vector<Measurement>& results) {
-  nlohmann::json j;
+                  const std::vector<Measurement>& results, const nlohmann::json& extra) {
+  nlohmann::json j = extra;
   j["tool"] = tool;
   j["size_mib"] = opts.size_mib;
   j["bytes"] = total_bytes(specs);

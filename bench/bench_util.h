@@ -114,10 +114,11 @@ struct Options {
 };
 Options parse_options(int argc, char** argv, const char* usage);
 
-// Writes {"tool", "size_mib", "bytes", "tensors", "cache_drop", "results"} to
-// opts.out (or stdout).
+// Writes {"tool", "size_mib", "bytes", "tensors", "cache_drop", "results"}
+// plus the keys of `extra` to opts.out (or stdout).
 void write_report(const Options& opts, const std::string& tool,
                   const std::vector<TensorSpec>& specs, const std::string& cache_drop,
-                  const std::vector<Measurement>& results);
+                  const std::vector<Measurement>& results,
+                  const nlohmann::json& extra = nlohmann::json::object());
 
 }  // namespace cairn::bench

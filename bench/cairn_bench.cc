@@ -13,6 +13,13 @@
 
 #include "bench_util.h"
 
+#ifdef CAIRN_BENCH_HAVE_FORMAT
+#include "cairn/state.h"
+#endif
+#ifdef CAIRN_BENCH_HAVE_MANAGER
+#include "cairn/state_manager.h"
+#endif
+
 namespace cb = cairn::bench;
 
 namespace {
@@ -34,6 +41,144 @@ cb::Measurement bench_memcpy(const std::vector<cb::TensorSpec>& specs,
       });
 }
 
+#ifdef CAIRN_BENCH_HAVE_FORMAT
+
+cairn::Shape to_shape(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// A StateDict viewing `buffers` (writable, so it can be loaded into).
+cairn::StateDict view_state(const std::vector<cb::TensorSpec>& specs,
+                            const std::vector<cb::FloatBuffer>& buffers) {
+  cairn::StateDict state;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    state.add_mutable<float>(specs[i].name, to_shape(specs[i].shape), buffers[i].span());
+  }
+  return state;
+}
+
+void check_same(const std::vector<cb::TensorSpec>& specs, const std::vector<cb::FloatBuffer>& a,
+                const std::vector<cb::FloatBuffer>& b, const char* what) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (std::memcmp(a[i].data(), b[i].data(), specs[i].bytes()) != 0) {
+      throw std::runtime_error(std::string(what) + " returned different bytes for " +
+                               specs[i].name);
+    }
+  }
+}
+
+void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                 const std::vector<cb::FloatBuffer>& state, std::string& cache_drop,
+                 std::vector<cb::Measurement>& results) {
+  const uint64_t bytes = cb::total_bytes(specs);
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto path = opts.dir / "cairn.safetensors";
+
+  results.push_back(cb::measure(
+      "cairn.save", "save_file: parallel block writes, fsync file + directory, atomic rename",
+      bytes, opts.runs,
+      [&](int) {
+        std::filesystem::remove(path);
+        cb::sync_all();
+      },
+      [&](int) { cairn::save_file(sd, path); }));
+
+  // Loads of the file just saved, each from a cold page cache.
+  auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
+  {
+    std::vector<cb::FloatBuffer> dst;
+    for (const auto& s : specs) {
+      dst.emplace_back(s.numel());
+      std::memset(dst.back().data(), 0, s.bytes());  // preallocated: already touched
+    }
+    cairn::StateDict target = view_state(specs, dst);
+    results.push_back(cb::measure(
+        "cairn.load_copy", "load_into buffers allocated and touched beforehand, cold cache", bytes,
+        opts.runs, cold, [&](int) { cairn::load_into(path, target); }));
+    check_same(specs, state, dst, "load_into");
+  }
+  {
+    uint64_t expected = 0;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      expected += cb::touch_all(std::as_bytes(state[i].span()));
+    }
+    uint64_t sum = 0;
+    results.push_back(cb::measure(
+        "cairn.load_mmap", "MappedState::open, then read every byte of every tensor, cold cache",
+        bytes, opts.runs, cold, [&](int) {
+          cairn::MappedState m = cairn::MappedState::open(path);
+          sum = 0;
+          for (const auto& s : specs) sum += cb::touch_all(m.tensor(s.name).bytes);
+        }));
+    if (sum != expected) throw std::runtime_error("mmap load read different bytes");
+  }
+  {
+    std::vector<cb::FloatBuffer> last;
+    results.push_back(cb::measure(
+        "cairn.load_fresh", "allocate new buffers + load_into, cold cache (what torch.load does)",
+        bytes, opts.runs,
+        [&](int run) {
+          last.clear();
+          cold(run);
+        },
+        [&](int) {
+          std::vector<cb::FloatBuffer> dst;
+          dst.reserve(specs.size());
+          for (const auto& s : specs) dst.emplace_back(s.numel());
+          cairn::StateDict target = view_state(specs, dst);
+          cairn::load_into(path, target);
+          last = std::move(dst);
+        }));
+    check_same(specs, state, last, "load_into (fresh buffers)");
+  }
+  std::filesystem::remove(path);
+
+#ifdef CAIRN_BENCH_HAVE_MANAGER
+  // Through the manager: the full checkpoint path (manifest with checksums,
+  // commit, retention) and the async save's stall.
+  const auto exp = opts.dir / "cairn-exp";
+  {
+    cairn::StateCheckpointOptions o;
+    o.max_to_keep = 1;
+    cairn::StateCheckpointManager mgr(exp.string(), o);
+    results.push_back(cb::measure(
+        "cairn.save_checkpoint",
+        "StateCheckpointManager::save: file + manifest (checksums) + commit, max_to_keep 1", bytes,
+        opts.runs, [&](int) { cb::sync_all(); },
+        [&](int run) { mgr.save(sd, static_cast<uint64_t>(run)); }));
+  }
+  std::filesystem::remove_all(exp);
+  {
+    cairn::StateCheckpointOptions o;
+    o.max_to_keep = 1;
+    cairn::StateCheckpointManager mgr(exp.string(), o);
+    cb::Measurement stall{"cairn.async_stall",
+                          "StateCheckpointManager::save_async until it returns (the training "
+                          "loop's stall: snapshot into reused staging memory)",
+                          bytes,
+                          {}};
+    cb::Measurement total{"cairn.async_total",
+                          "save_async + wait: snapshot, parallel write, fsync, commit",
+                          bytes,
+                          {}};
+    for (int run = 0; run < opts.runs; ++run) {
+      cb::sync_all();
+      const double t0 = cb::now_seconds();
+      auto h = mgr.save_async(sd, static_cast<uint64_t>(1000 + run));
+      const double t1 = cb::now_seconds();
+      if (!h) throw std::runtime_error("save_async skipped a save");
+      h->wait();
+      const double t2 = cb::now_seconds();
+      stall.runs_s.push_back(t1 - t0);
+      total.runs_s.push_back(t2 - t0);
+    }
+    results.push_back(stall);
+    results.push_back(total);
+  }
+  std::filesystem::remove_all(exp);
+#endif  // CAIRN_BENCH_HAVE_MANAGER
+}
+
+#endif  // CAIRN_BENCH_HAVE_FORMAT
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,7 +196,19 @@ int main(int argc, char** argv) {
     std::string cache_drop = "none";
     std::vector<cb::Measurement> results;
     results.push_back(bench_memcpy(specs, state, opts.runs));
-    cb::write_report(opts, "cairn", specs, cache_drop, results);
+#ifdef CAIRN_BENCH_HAVE_FORMAT
+    bench_cairn(opts, specs, state, cache_drop, results);
+#endif
+    // Which parts of the engine this binary was built with (the benchmark
+    // builds before the state engine exists, measuring memcpy only).
+    nlohmann::json engine = nlohmann::json::array();
+#ifdef CAIRN_BENCH_HAVE_FORMAT
+    engine.push_back("format");
+#endif
+#ifdef CAIRN_BENCH_HAVE_MANAGER
+    engine.push_back("manager");
+#endif
+    cb::write_report(opts, "cairn", specs, cache_drop, results, {{"engine", engine}});
   } catch (const std::exception& e) {
     std::cerr << "cairn_bench: " << e.what() << "\n";
     return 1;
