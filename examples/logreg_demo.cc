@@ -68,7 +68,7 @@ struct Options {
   std::string score_order = "max";
   std::optional<int> fail_at_epoch;
   uint64_t seed = 7;
-  double learning_rate = 0.05;
+  double learning_rate = 0.01;
 };
 
 // The injected failure, distinct from real errors.
@@ -136,7 +136,7 @@ Eval evaluate(const Params& p, const Dataset& d, size_t begin, size_t end) {
 }
 
 struct Adam {
-  double lr = 0.05, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   uint64_t t = 0;
   std::vector<double> m, v;
 
@@ -449,7 +449,9 @@ int main(int argc, char** argv) {
                               "unless resuming from epoch E or later")
                    ->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of the data and the shuffles")->capture_default_str();
-  app.add_option("--learning-rate", o.learning_rate, "Adam's learning rate")->capture_default_str();
+  app.add_option("--learning-rate", o.learning_rate,
+                 "Adam's learning rate (a resumed run keeps the one it saved)")
+      ->capture_default_str();
   app.footer("Exit codes: 0 finished, 1 error, 2 bad command line, 3 injected failure.");
   try {
     app.parse(argc, argv);
