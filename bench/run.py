@@ -211,8 +211,9 @@ def main():
     if args.smoke:
         args.size_mib, args.runs = 16, 1
 
-    own_dir = args.dir is None
-    args.dir = tempfile.mkdtemp(prefix="cairn-bench-") if own_dir else args.dir
+    # Remove the directory afterwards when this run created it.
+    own_dir = args.dir is None or not os.path.exists(args.dir)
+    args.dir = tempfile.mkdtemp(prefix="cairn-bench-") if args.dir is None else args.dir
     os.makedirs(args.dir, exist_ok=True)
     env = dict(os.environ)
     allocator = "glibc default"
