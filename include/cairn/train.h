@@ -1,0 +1,173 @@
+// The training runtime: Ray Train's Trainer, report() and fault tolerance as a
+// native library. docs/train.md is the user guide; this header is the
+// contract.
+//
+//   cairn::Trainer trainer(train_fn, {{"num_epochs", 5}},
+//                          cairn::ScalingConfig{.num_workers = 2},
+//                          cairn::RunConfig{.name = "exp", .storage_path = "/shared/results"});
+//   cairn::Result result = trainer.fit();
+//
+// Processes. fit() runs train_fn in `num_workers` worker processes (the
+// ranks). With the local launcher the calling process is the driver and forks
+// the workers; with MPI every process started by mpirun runs the same
+// program, MPI rank 0 is the driver, and each MPI process forks one worker
+// (see docs/train.md, "Multi-node"). Workers are killed when the driver dies
+// (even by SIGKILL), so a dead driver never leaves a group running. Because
+// workers are forked, the driver should call fit() from the thread that will
+// live for the whole run, and not hold locks in other threads at that time.
+//
+// report() is collective: every rank calls it the same number of times.
+//   - Metrics come from rank 0; the other ranks' metrics are ignored.
+//   - Every rank that passes a checkpoint uploads that checkpoint's files
+//     itself, in parallel with the others, straight into one reserved
+//     checkpoint directory; the driver commits it (manifest last) only after
+//     every rank's files are durable. report() returns on every rank after
+//     the commit, so a checkpoint reported is durable when report() returns.
+//   - Two ranks passing the same file name with different contents fail the
+//     run with an error naming both ranks (same contents are fine).
+//   - A rank that calls report() a different number of times than the others,
+//     or does not arrive within FailureConfig::report_timeout_s of the first
+//     rank, fails the group with an error naming it; nothing hangs.
+//
+// Failures. A worker that throws, exits non-zero or is killed by a signal
+// stops the whole group (the other workers are killed). While
+// FailureConfig::max_failures allows, the group restarts and get_checkpoint()
+// returns the latest committed checkpoint. Unequal report counts and
+// conflicting file names are not retried (a restart would repeat them). When
+// the run ends in failure, Result::error names the rank, the cause and the
+// tail of that rank's stderr; fit() does not throw for worker failures.
+//
+// Durability. Every committed checkpoint survives a crash of any process,
+// the driver included; an interrupted upload is never visible and is removed
+// the next time the experiment is opened. The trainer's own state
+// (trainer_state.json in the experiment folder) is replaced atomically.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/manager.h"
+#include "cairn/run_config.h"
+
+namespace cairn {
+
+enum class Launcher {
+  kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else local
+  kLocal,  // fork num_workers processes on this machine
+  kMpi,    // one worker per MPI process; needs a build with MPI
+};
+
+struct ScalingConfig {
+  // Ranks. Under MPI, 0 means "the MPI world size"; any other value must equal it.
+  int num_workers = 1;
+  Launcher launcher = Launcher::kAuto;
+
+  void validate() const;
+};
+
+// The running worker's place in the group (train::get_context()).
+struct TrainContext {
+  int world_rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // rank among the workers on this node
+  int local_world_size = 1;  // workers on this node
+  int node_rank = 0;         // index of this node, in order of first rank
+  std::string experiment_name;
+  std::string storage_path;     // RunConfig::storage_path as resolved
+  std::string experiment_path;  // storage_path/experiment_name
+  int attempt = 0;              // 0 for the first start, +1 per group restart
+};
+
+using TrainFn = std::function<void(const nlohmann::json& train_loop_config)>;
+
+// Functions for use inside train_fn, in a worker. Outside a worker they throw
+// kFailedPrecondition. Not thread-safe: call them from train_fn's thread.
+namespace train {
+
+const TrainContext& get_context();
+
+// The checkpoint to resume from: the latest committed checkpoint of this run
+// after a restart or Trainer::restore, else resume_from_checkpoint, else none.
+std::optional<Checkpoint> get_checkpoint();
+
+// Collective; see the top of this file. `metrics` must be a JSON object.
+// Throws cairn::Error if this rank's upload fails or the group is being
+// stopped (let it propagate: the group restarts as configured).
+void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});
+
+// A local directory removed with everything in it when destroyed, like
+// Python's tempfile.TemporaryDirectory. In a worker it lies under the run's
+// scratch folder, which the driver also removes after the group stops, so
+// nothing is left behind even when a worker is killed.
+class TemporaryDirectory {
+ public:
+  TemporaryDirectory();
+  ~TemporaryDirectory();
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace train
+
+struct BestCheckpoint {
+  Checkpoint checkpoint;
+  nlohmann::json metrics;
+};
+
+struct Result {
+  nlohmann::json metrics;                     // rank 0's last reported metrics
+  std::optional<Checkpoint> checkpoint;       // the latest committed checkpoint
+  std::vector<BestCheckpoint> best_checkpoints;  // kept checkpoints, best first
+  std::string path;                           // the experiment's URI
+  std::optional<std::string> error;           // set when the run failed
+
+  // The result of the experiment stored at `path` (a finished, failed or
+  // crashed run), read without locking or changing anything. kNotFound if
+  // there is no experiment there.
+  static Result from_path(std::string_view path);
+};
+
+class Trainer {
+ public:
+  Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConfig scaling_config,
+          RunConfig run_config, std::optional<Checkpoint> resume_from_checkpoint = std::nullopt);
+
+  // Runs the training to its end. Worker failures end up in Result::error;
+  // configuration and storage problems on the driver (a bad storage path, an
+  // experiment locked by another live driver) throw cairn::Error. Under MPI,
+  // every process calls fit(); rank 0 returns the Result, the others return
+  // a Result with only `path` (and `error` if the run failed).
+  Result fit();
+
+  // True if `path` holds an experiment started by a Trainer.
+  static bool can_restore(std::string_view path);
+  // A Trainer that continues the experiment at `path` from its latest
+  // checkpoint, with its stored configuration, checkpoint history and
+  // retention state. `train_loop_config`, if given, replaces the stored one.
+  // kNotFound if can_restore(path) is false.
+  static Trainer restore(std::string_view path, TrainFn train_fn,
+                         std::optional<nlohmann::json> train_loop_config = std::nullopt);
+
+  const RunConfig& run_config() const { return run_config_; }
+  const ScalingConfig& scaling_config() const { return scaling_config_; }
+
+ private:
+  TrainFn train_fn_;
+  nlohmann::json train_loop_config_;
+  ScalingConfig scaling_config_;
+  RunConfig run_config_;
+  std::optional<Checkpoint> resume_from_checkpoint_;
+  bool restoring_ = false;
+};
+
+}  // namespace cairn

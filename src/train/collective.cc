@@ -1,0 +1,289 @@
+#include "train/collective.h"
+
+#include <signal.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cairn/error.h"
+#include "util/hash.h"
+
+namespace cairn::train_internal {
+
+bool is_retryable(FailureKind kind) {
+  return kind != FailureKind::kMismatch && kind != FailureKind::kConflict;
+}
+
+const char* failure_kind_name(FailureKind kind) {
+  switch (kind) {
+    case FailureKind::kWorkerFailed:
+      return "worker failed";
+    case FailureKind::kTimeout:
+      return "timeout";
+    case FailureKind::kMismatch:
+      return "report count mismatch";
+    case FailureKind::kConflict:
+      return "file conflict";
+    case FailureKind::kDriver:
+      return "driver error";
+  }
+  return "unknown";
+}
+
+std::vector<ManifestEntry> merge_rank_files(
+    const std::map<int, std::vector<ManifestEntry>>& files_by_rank) {
+  struct Owner {
+    int rank;
+    ManifestEntry entry;
+  };
+  std::map<std::string, Owner> merged;
+  for (const auto& [rank, files] : files_by_rank) {
+    for (const auto& f : files) {
+      auto [it, inserted] = merged.emplace(f.path, Owner{rank, f});
+      if (inserted) continue;
+      const ManifestEntry& first = it->second.entry;
+      if (first.size != f.size || first.xxh3 != f.xxh3) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("checkpoint file \"{}\" was written by rank {} and rank {} with "
+                                "different contents (rank {}: {} bytes, xxh3 {}; rank {}: {} "
+                                "bytes, xxh3 {}); give each rank's files distinct names, e.g. "
+                                "with a rank suffix",
+                                f.path, it->second.rank, rank, it->second.rank, first.size,
+                                hash_to_hex(first.xxh3), rank, f.size, hash_to_hex(f.xxh3)));
+      }
+    }
+  }
+  std::vector<ManifestEntry> out;
+  out.reserve(merged.size());
+  for (auto& [path, owner] : merged) out.push_back(owner.entry);
+  return out;  // std::map keeps them sorted by path
+}
+
+ReportRound::ReportRound(int world_size, double timeout_s)
+    : world_size_(world_size), timeout_s_(timeout_s), ranks_(world_size) {}
+
+ReportRound::Action ReportRound::fail_with(FailureKind kind, int rank, std::string message) {
+  return fail(Failure{kind, rank, std::move(message)});
+}
+
+ReportRound::Action ReportRound::fail(Failure failure) {
+  Action a;
+  if (failure_) return a;  // the first failure is the one reported
+  failure_ = std::move(failure);
+  a.type = Action::kFailed;
+  a.round = round_;
+  a.failure = *failure_;
+  return a;
+}
+
+ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::json& metrics,
+                                           bool has_checkpoint, double now) {
+  if (failure_) return {};
+  RankState& r = ranks_.at(rank);
+  if (r.state != State::kRunning || round != completed_ + 1) {
+    return fail_with(FailureKind::kWorkerFailed, rank,
+                     fmt::format("rank {} sent report #{} out of turn (protocol error)", rank,
+                                 round));
+  }
+  r.state = State::kArrived;
+  r.has_checkpoint = has_checkpoint;
+  if (rank == 0) rank0_metrics_ = metrics;
+  if (phase_ == Phase::kIdle) {
+    phase_ = Phase::kCollecting;
+    round_ = round;
+    deadline_ = now + timeout_s_;
+  }
+  Action m = check_mismatch();
+  if (m.type != Action::kNone) return m;
+  return maybe_advance(now);
+}
+
+ReportRound::Action ReportRound::check_mismatch() {
+  if (phase_ != Phase::kCollecting) return {};
+  for (int d = 0; d < world_size_; ++d) {
+    if (ranks_[d].state != State::kDone && ranks_[d].state != State::kExited) continue;
+    for (int a = 0; a < world_size_; ++a) {
+      if (ranks_[a].state != State::kArrived) continue;
+      return fail_with(FailureKind::kMismatch, a,
+                       fmt::format("rank {} called report() a {}th time, but rank {} returned "
+                                   "from train_fn after {} report() calls; every rank must call "
+                                   "report() the same number of times",
+                                   a, round_, d, ranks_[d].done_count));
+    }
+  }
+  return {};
+}
+
+ReportRound::Action ReportRound::maybe_advance(double now) {
+  Action a;
+  a.round = round_;
+  if (phase_ == Phase::kCollecting) {
+    for (const auto& r : ranks_) {
+      if (r.state != State::kArrived) return {};
+    }
+    for (int i = 0; i < world_size_; ++i) {
+      if (ranks_[i].has_checkpoint) {
+        a.uploaders.push_back(i);
+        ranks_[i].state = State::kUploading;
+      }
+    }
+    a.metrics = rank0_metrics_;
+    if (a.uploaders.empty()) {
+      phase_ = Phase::kReleasing;
+      a.type = Action::kAck;
+      return a;
+    }
+    phase_ = Phase::kUploading;
+    deadline_ = now + timeout_s_;
+    a.type = Action::kBeginUpload;
+    return a;
+  }
+  if (phase_ == Phase::kUploading) {
+    std::map<int, std::vector<ManifestEntry>> by_rank;
+    for (int i = 0; i < world_size_; ++i) {
+      const RankState& r = ranks_[i];
+      if (r.state == State::kUploading) return {};
+      if (r.state == State::kUploaded) {
+        by_rank[i] = r.files;
+        if (r.metadata.is_object() && !r.metadata.empty()) a.metadata[i] = r.metadata;
+      }
+    }
+    try {
+      a.files = merge_rank_files(by_rank);
+    } catch (const Error& e) {
+      return fail_with(FailureKind::kConflict, -1, fmt::format("report #{}: {}", round_, e.what()));
+    }
+    phase_ = Phase::kReleasing;
+    a.type = Action::kCommit;
+    a.metrics = rank0_metrics_;
+    return a;
+  }
+  return {};
+}
+
+ReportRound::Action ReportRound::on_uploaded(int rank, int round, std::vector<ManifestEntry> files,
+                                             nlohmann::json metadata, double now) {
+  if (failure_) return {};
+  RankState& r = ranks_.at(rank);
+  if (r.state != State::kUploading || round != round_) {
+    return fail_with(FailureKind::kWorkerFailed, rank,
+                     fmt::format("rank {} reported an upload for report #{} out of turn "
+                                 "(protocol error)",
+                                 rank, round));
+  }
+  r.state = State::kUploaded;
+  r.files = std::move(files);
+  r.metadata = std::move(metadata);
+  return maybe_advance(now);
+}
+
+void ReportRound::on_released() {
+  for (auto& r : ranks_) {
+    if (r.state == State::kArrived || r.state == State::kUploading ||
+        r.state == State::kUploaded) {
+      r.state = State::kRunning;
+      r.has_checkpoint = false;
+      r.files.clear();
+      r.metadata = nullptr;
+    }
+  }
+  ++completed_;
+  phase_ = Phase::kIdle;
+}
+
+ReportRound::Action ReportRound::on_worker_error(int rank, const std::string& message) {
+  ranks_.at(rank).error = message;
+  return {};
+}
+
+ReportRound::Action ReportRound::on_done(int rank, int count) {
+  if (failure_) return {};
+  RankState& r = ranks_.at(rank);
+  r.state = State::kDone;
+  r.done_count = count;
+  Action m = check_mismatch();
+  if (m.type != Action::kNone) return m;
+  for (int i = 0; i < world_size_; ++i) {
+    const RankState& o = ranks_[i];
+    if (o.state != State::kDone && o.state != State::kExited) return {};
+    if (o.done_count != count) {
+      return fail_with(FailureKind::kMismatch, rank,
+                       fmt::format("rank {} called report() {} times and rank {} {} times; every "
+                                   "rank must call report() the same number of times",
+                                   rank, count, i, o.done_count));
+    }
+  }
+  phase_ = Phase::kFinished;
+  Action a;
+  a.type = Action::kFinished;
+  a.round = completed_;
+  return a;
+}
+
+ReportRound::Action ReportRound::on_exit(int rank, bool clean, const std::string& cause) {
+  RankState& r = ranks_.at(rank);
+  const bool was_done = r.state == State::kDone;
+  r.state = State::kExited;
+  if (failure_) return {};
+  if (was_done && clean) return {};
+  std::string message;
+  if (!r.error.empty()) {
+    message = fmt::format("rank {} failed: {} ({})", rank, r.error, cause);
+  } else if (was_done) {
+    message = fmt::format("rank {} {} after returning from train_fn", rank, cause);
+  } else {
+    message = fmt::format("rank {} {} before returning from train_fn", rank, cause);
+  }
+  return fail_with(FailureKind::kWorkerFailed, rank, std::move(message));
+}
+
+ReportRound::Action ReportRound::tick(double now) {
+  if (failure_) return {};
+  if (phase_ != Phase::kCollecting && phase_ != Phase::kUploading) return {};
+  if (now <= deadline_) return {};
+  std::vector<int> late;
+  std::vector<int> on_time;
+  for (int i = 0; i < world_size_; ++i) {
+    const State s = ranks_[i].state;
+    bool waiting = phase_ == Phase::kCollecting ? s == State::kRunning : s == State::kUploading;
+    (waiting ? late : on_time).push_back(i);
+  }
+  if (late.empty()) return {};
+  if (phase_ == Phase::kCollecting) {
+    return fail_with(FailureKind::kTimeout, late.front(),
+                     fmt::format("report #{}: rank(s) {} did not call report() within {} s of "
+                                 "rank(s) {}; a rank that stops reporting, or hangs, stops the "
+                                 "group (FailureConfig::report_timeout_s)",
+                                 round_, fmt::join(late, ", "), timeout_s_,
+                                 fmt::join(on_time, ", ")));
+  }
+  return fail_with(FailureKind::kTimeout, late.front(),
+                   fmt::format("report #{}: rank(s) {} did not finish uploading checkpoint files "
+                               "within {} s (FailureConfig::report_timeout_s)",
+                               round_, fmt::join(late, ", "), timeout_s_));
+}
+
+bool should_restart(const Failure& failure, int failures, int max_failures) {
+  if (!is_retryable(failure.kind)) return false;
+  if (max_failures < 0) return true;
+  return failures <= max_failures;
+}
+
+std::string describe_wait_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{}){}", sig, abbrev ? abbrev : "?",
+                       WCOREDUMP(status) ? ", core dumped" : "");
+  }
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+bool is_clean_exit(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+}  // namespace cairn::train_internal

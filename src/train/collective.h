@@ -1,0 +1,129 @@
+// The collective report as a state machine, apart from processes and I/O, so
+// it is tested without either. The driver feeds it what the workers say and
+// when they exit, plus the time; it answers with what to do next.
+//
+// One report round, n = the round's number (1 for the first report()):
+//   1. Every rank sends Report(n, metrics, has_checkpoint). The round waits
+//      until all have arrived. Once the first has, the others must arrive
+//      within `timeout` seconds.
+//   2. No rank passed a checkpoint: Ack (the driver records rank 0's metrics
+//      and releases every rank). Otherwise: BeginUpload (the driver reserves
+//      a location and tells the uploaders where to write), then each uploader
+//      sends Uploaded(its files); again bounded by `timeout` from the start.
+//   3. All uploaded: Commit with the merged file list (merge_rank_files), then
+//      every rank is released.
+// A rank that finishes train_fn sends Done(count). Failures: a rank exits
+// before Done or with a bad status (kWorkerFailed), ranks disagree on the
+// number of reports (kMismatch), a round times out (kTimeout), an upload
+// fails (kWorkerFailed) or two ranks write one name differently (kConflict).
+// After a failure the machine stays failed; the driver stops the group.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+
+namespace cairn::train_internal {
+
+enum class FailureKind {
+  kWorkerFailed,  // exception, non-zero exit, signal, failed upload
+  kTimeout,       // a collective round did not complete in time
+  kMismatch,      // ranks called report() different numbers of times
+  kConflict,      // two ranks wrote one file name with different contents
+  kDriver,        // the driver could not commit or reach storage
+};
+
+// Whether a restart could help. A mismatch or a conflict is in the program
+// and would happen again.
+bool is_retryable(FailureKind kind);
+const char* failure_kind_name(FailureKind kind);
+
+struct Failure {
+  FailureKind kind = FailureKind::kWorkerFailed;
+  int rank = -1;  // the rank at fault, -1 when none is singled out
+  std::string message;
+};
+
+// Files of one checkpoint from several ranks merged into one list. Two ranks
+// with the same path: identical size and checksum are one file; otherwise
+// throws cairn::Error(kInvalidArgument) naming the path and both ranks.
+std::vector<ManifestEntry> merge_rank_files(
+    const std::map<int, std::vector<ManifestEntry>>& files_by_rank);
+
+class ReportRound {
+ public:
+  struct Action {
+    enum Type { kNone, kAck, kBeginUpload, kCommit, kFinished, kFailed };
+    Type type = kNone;
+    int round = 0;
+    nlohmann::json metrics;               // rank 0's, for kAck and kCommit
+    std::vector<int> uploaders;           // kBeginUpload
+    std::vector<ManifestEntry> files;     // kCommit, merged
+    std::map<int, nlohmann::json> metadata;  // kCommit: per-rank checkpoint metadata
+    Failure failure;                      // kFailed
+  };
+
+  ReportRound(int world_size, double timeout_s);
+
+  // Events. `now` is seconds on any monotonic clock. Each returns the action
+  // the event completes (kNone if it completes nothing).
+  Action on_report(int rank, int round, const nlohmann::json& metrics, bool has_checkpoint,
+                   double now);
+  Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files,
+                     nlohmann::json metadata, double now);
+  Action on_worker_error(int rank, const std::string& message);  // before its exit
+  Action on_done(int rank, int count);
+  // `cause` describes how it ended ("exited with status 0", ...).
+  Action on_exit(int rank, bool clean, const std::string& cause);
+  // Deadlines.
+  Action tick(double now);
+  // The driver committed (or acknowledged) the round; ranks run on.
+  void on_released();
+  // The driver itself failed to finish the round.
+  Action fail(Failure failure);
+
+  bool failed() const { return failure_.has_value(); }
+  int completed_rounds() const { return completed_; }
+
+ private:
+  enum class State { kRunning, kArrived, kUploading, kUploaded, kDone, kExited };
+  struct RankState {
+    State state = State::kRunning;
+    bool has_checkpoint = false;
+    int done_count = -1;
+    std::vector<ManifestEntry> files;
+    nlohmann::json metadata;
+    std::string error;  // the exception it reported before exiting
+  };
+  enum class Phase { kIdle, kCollecting, kUploading, kReleasing, kFinished };
+
+  Action fail_with(FailureKind kind, int rank, std::string message);
+  Action check_mismatch();
+  Action maybe_advance(double now);
+
+  int world_size_;
+  double timeout_s_;
+  std::vector<RankState> ranks_;
+  Phase phase_ = Phase::kIdle;
+  int round_ = 0;       // the round being collected (completed_ + 1 while active)
+  int completed_ = 0;   // rounds released
+  double deadline_ = 0.0;
+  nlohmann::json rank0_metrics_;
+  std::optional<Failure> failure_;
+};
+
+// Whether the group should restart after `failure`, given the restarts used
+// so far (`failures` counts this one) and the configured budget (-1: none).
+bool should_restart(const Failure& failure, int failures, int max_failures);
+
+// "exited with status 3", "killed by signal 9 (SIGKILL)", from a wait status.
+std::string describe_wait_status(int status);
+bool is_clean_exit(int status);
+
+}  // namespace cairn::train_internal

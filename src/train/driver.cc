@@ -1,0 +1,387 @@
+// The driver loop. One attempt:
+//   1. Start the group; every rank gets the checkpoint to resume from: the
+//      latest committed one, else resume_from_checkpoint.
+//   2. Feed what the ranks say and when they exit into a ReportRound
+//      (collective.h) and carry out what it answers: reserve a location and
+//      send it to the uploaders, commit with CheckpointManager::commit_reserved
+//      once every uploader's files are durable, release the ranks.
+//   3. On a failure stop the whole group, remove the reserved location if a
+//      round was uploading, and restart while FailureConfig allows.
+// trainer_state.json in the experiment folder (atomic Storage::put) records
+// the configuration needed by Trainer::restore, the failure count and how
+// the run ended.
+#include "train/driver.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "train/collective.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+namespace cairn::train_internal {
+
+namespace {
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+ManifestEntry entry_from_json(const nlohmann::json& j) {
+  ManifestEntry e;
+  e.path = j.at("path").get<std::string>();
+  e.size = j.at("size").get<uint64_t>();
+  e.xxh3 = j.at("xxh3").get<uint64_t>();
+  return e;
+}
+
+struct Outcome {
+  bool finished = false;
+  std::optional<Failure> failure;
+  std::string stderr_tail;
+};
+
+class Driver {
+ public:
+  Driver(const DriverSpec& spec, const GroupFactory& start_group)
+      : spec_(spec), start_group_(start_group) {}
+
+  Result run() {
+    manager_ = std::make_unique<CheckpointManager>(spec_.experiment_uri,
+                                                   spec_.run.checkpoint_config);
+    storage_ = open_storage(spec_.experiment_uri);
+    state_ = read_trainer_state(spec_.experiment_uri);
+    if (!state_.is_object() || !spec_.restoring) state_ = nlohmann::json::object();
+    state_["format"] = "cairn-trainer-state";
+    state_["version"] = 1;
+    state_["name"] = spec_.run.name;
+    state_["storage_path"] = spec_.run.storage_path;
+    state_["num_workers"] = spec_.world_size;
+    state_["train_loop_config"] = spec_.train_loop_config;
+    state_["checkpoint_config"] = checkpoint_config_to_json(spec_.run.checkpoint_config);
+    state_["failure_config"] = {{"max_failures", spec_.run.failure_config.max_failures},
+                                {"report_timeout_s", spec_.run.failure_config.report_timeout_s}};
+    if (spec_.resume_from_checkpoint) {
+      state_["resume_from_checkpoint"] = spec_.resume_from_checkpoint->uri();
+    } else if (!state_.contains("resume_from_checkpoint")) {
+      state_["resume_from_checkpoint"] = nullptr;
+    }
+    state_["status"] = "running";
+    state_["driver_starts"] = state_.value("driver_starts", 0) + 1;
+    state_["error"] = nullptr;
+    save_state();
+    if (spec_.before_start) spec_.before_start();
+
+    std::optional<std::string> resume;
+    if (state_["resume_from_checkpoint"].is_string()) {
+      resume = state_["resume_from_checkpoint"].get<std::string>();
+    }
+    int failures = 0;
+    Result result;
+    result.path = spec_.experiment_path;
+    for (int attempt = 0;; ++attempt) {
+      std::optional<std::string> from = resume;
+      // A restart, or a restored run, resumes from what this experiment committed.
+      if ((attempt > 0 || spec_.restoring) && manager_->latest()) {
+        from = manager_->latest()->checkpoint.uri();
+      }
+      Outcome out = run_attempt(attempt, from);
+      if (out.finished) break;
+      ++failures;
+      const Failure& f = *out.failure;
+      std::string message = f.message;
+      if (f.rank >= 0 && !out.stderr_tail.empty()) {
+        message += fmt::format("\n--- last lines of rank {}'s stderr ---\n{}", f.rank,
+                               out.stderr_tail);
+      }
+      state_["failures"] = failures;
+      state_["last_failure"] = message;
+      const int budget = spec_.run.failure_config.max_failures;
+      if (!should_restart(f, failures, budget)) {
+        std::string why = !is_retryable(f.kind)
+                              ? std::string("not retried: a restart would repeat it")
+                          : budget < 0 ? std::string("")
+                                       : fmt::format("max_failures={} spent", budget);
+        result.error = fmt::format("training failed ({}{}{}) after {} attempt(s): {}",
+                                   failure_kind_name(f.kind), why.empty() ? "" : "; ", why,
+                                   attempt + 1, message);
+        break;
+      }
+      log::warn(fmt::format("training group failed (attempt {}; restarting, {} of {} failures "
+                            "used): {}",
+                            attempt + 1, failures,
+                            budget < 0 ? std::string("unlimited") : std::to_string(budget),
+                            message));
+      save_state();
+    }
+    result.metrics = last_metrics_;
+    if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
+    for (const auto& r : manager_->best()) result.best_checkpoints.push_back({r.checkpoint, r.metrics});
+    state_["status"] = result.error ? "errored" : "finished";
+    state_["error"] = result.error ? nlohmann::json(*result.error) : nlohmann::json(nullptr);
+    state_["metrics"] = last_metrics_;
+    save_state();
+    return result;
+  }
+
+ private:
+  void save_state() {
+    state_["updated_at"] = wall_seconds();
+    storage_->put(kTrainerStateKey, state_.dump(2));
+  }
+
+  Outcome run_attempt(int attempt, const std::optional<std::string>& from) {
+    LaunchSpec launch;
+    launch.train_fn = spec_.train_fn;
+    launch.train_loop_config = spec_.train_loop_config;
+    launch.context.world_size = spec_.world_size;
+    launch.context.local_world_size = spec_.world_size;
+    launch.context.experiment_name = spec_.run.name;
+    launch.context.storage_path = spec_.run.storage_path;
+    launch.context.experiment_path = spec_.experiment_path;
+    launch.context.attempt = attempt;
+    launch.checkpoint_uri = from;
+    failure_.reset();
+    finished_ = false;
+    ScratchDir scratch;
+    launch.scratch_dir = scratch.path.string();
+
+    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s);
+    std::unique_ptr<Group> group = start_group_(launch);
+    std::optional<Checkpoint> reserved;
+    Outcome out;
+    // Bounded by the training itself: every wait below ends when a worker
+    // speaks, exits or a ReportRound deadline passes.
+    while (true) {
+      std::vector<GroupEvent> events = group->poll(50);
+      std::vector<ReportRound::Action> actions;
+      const double now = monotonic_seconds();
+      for (auto& e : events) actions.push_back(handle_event(round, e, now));
+      actions.push_back(round.tick(monotonic_seconds()));
+      for (auto& a : actions) {
+        if (a.type == ReportRound::Action::kNone) continue;
+        perform(round, *group, a, reserved);
+        // perform() may fail the round (a commit error) in place.
+      }
+      if (round.failed()) break;
+      if (finished_) {
+        finished_ = false;
+        group->wait_all(10000);
+        out.finished = true;
+        return out;
+      }
+    }
+    out.failure = failure_;
+    group->stop();
+    if (out.failure->rank >= 0) out.stderr_tail = group->stderr_tail(out.failure->rank);
+    if (reserved) {
+      try {
+        remove_uncommitted(*reserved);
+      } catch (const Error& e) {
+        // ignore-error: the next open of the experiment removes it
+        log::warn(fmt::format("could not remove the interrupted upload {}: {}", reserved->uri(),
+                              e.what()));
+      }
+    }
+    return out;
+  }
+
+  ReportRound::Action handle_event(ReportRound& round, const GroupEvent& e, double now) {
+    if (e.type == GroupEvent::kExit) return round.on_exit(e.rank, e.clean, e.cause);
+    const nlohmann::json& m = e.message;
+    try {
+      const std::string t = m.value("t", "");
+      if (t == "report") {
+        return round.on_report(e.rank, m.at("round").get<int>(), m.value("metrics", nlohmann::json::object()),
+                               m.value("checkpoint", false), now);
+      }
+      if (t == "uploaded") {
+        std::vector<ManifestEntry> files;
+        for (const auto& f : m.at("files")) files.push_back(entry_from_json(f));
+        return round.on_uploaded(e.rank, m.at("round").get<int>(), std::move(files),
+                                 m.value("metadata", nlohmann::json()), now);
+      }
+      if (t == "error") return round.on_worker_error(e.rank, m.value("message", ""));
+      if (t == "done") return round.on_done(e.rank, m.at("count").get<int>());
+    } catch (const nlohmann::json::exception& ex) {
+      return round.fail({FailureKind::kWorkerFailed, e.rank,
+                         fmt::format("rank {} sent a malformed message: {}", e.rank, ex.what())});
+    }
+    return round.fail({FailureKind::kWorkerFailed, e.rank,
+                       fmt::format("rank {} sent an unknown message: {}", e.rank, m.dump())});
+  }
+
+  void perform(ReportRound& round, Group& group, const ReportRound::Action& a,
+               std::optional<Checkpoint>& reserved) {
+    using A = ReportRound::Action;
+    switch (a.type) {
+      case A::kAck:
+        last_metrics_ = a.metrics;
+        round.on_released();
+        for (int r = 0; r < spec_.world_size; ++r) {
+          group.send(r, {{"t", "release"}, {"round", a.round}, {"checkpoint", nullptr}});
+        }
+        return;
+      case A::kBeginUpload:
+        try {
+          reserved = manager_->reserve_next();
+        } catch (const Error& e) {
+          record_failure(round.fail({FailureKind::kDriver, -1,
+                                     fmt::format("reserving a checkpoint for report #{}: {}",
+                                                 a.round, e.what())}));
+          return;
+        }
+        for (int r : a.uploaders) {
+          group.send(r, {{"t", "upload"}, {"round", a.round}, {"dest", reserved->uri()}});
+        }
+        return;
+      case A::kCommit: {
+        std::string uri;
+        try {
+          if (!a.metadata.empty()) {
+            nlohmann::json merged = nlohmann::json::object();
+            // Lower ranks win a key both set: iterate from the highest rank down.
+            for (auto it = a.metadata.rbegin(); it != a.metadata.rend(); ++it) {
+              for (auto kv = it->second.begin(); kv != it->second.end(); ++kv) {
+                merged[kv.key()] = kv.value();
+              }
+            }
+            reserved->set_metadata(merged);
+          }
+          CheckpointRecord rec = manager_->commit_reserved(*reserved, a.metrics, a.files);
+          uri = rec.checkpoint.uri();
+        } catch (const Error& e) {
+          record_failure(round.fail({FailureKind::kDriver, -1,
+                                     fmt::format("committing report #{}'s checkpoint: {}",
+                                                 a.round, e.what())}));
+          return;
+        }
+        reserved.reset();
+        last_metrics_ = a.metrics;
+        round.on_released();
+        for (int r = 0; r < spec_.world_size; ++r) {
+          group.send(r, {{"t", "release"}, {"round", a.round}, {"checkpoint", uri}});
+        }
+        return;
+      }
+      case A::kFinished:
+        finished_ = true;
+        return;
+      case A::kFailed:
+        record_failure(a);
+        return;
+      case A::kNone:
+        return;
+    }
+  }
+
+  void record_failure(const ReportRound::Action& a) {
+    if (a.type == ReportRound::Action::kFailed && !failure_) failure_ = a.failure;
+  }
+
+  struct ScratchDir {
+    ScratchDir() : path(make_temp_dir("cairn-train-")) {}
+    ~ScratchDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);  // ignore-error: a temp dir; best effort
+    }
+    std::filesystem::path path;
+  };
+
+  const DriverSpec& spec_;
+  const GroupFactory& start_group_;
+  std::unique_ptr<CheckpointManager> manager_;
+  std::shared_ptr<Storage> storage_;
+  nlohmann::json state_;
+  nlohmann::json last_metrics_ = nlohmann::json::object();
+  std::optional<Failure> failure_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+Result run_driver(const DriverSpec& spec, const GroupFactory& start_group) {
+  Driver d(spec, start_group);
+  return d.run();
+}
+
+ExperimentLocation locate_experiment(const RunConfig& run) {
+  ExperimentLocation loc;
+  loc.storage_path = run.storage_path;
+  if (loc.storage_path.empty()) {
+    const char* env = std::getenv("CAIRN_STORAGE_PATH");
+    const char* home = std::getenv("HOME");
+    loc.storage_path = env && *env ? std::string(env)
+                                   : (std::filesystem::path(home ? home : ".") / "cairn_results")
+                                         .string();
+  }
+  const bool is_uri = loc.storage_path.find("://") != std::string::npos;
+  if (!is_uri) loc.storage_path = std::filesystem::absolute(loc.storage_path).lexically_normal().string();
+  while (loc.storage_path.size() > 1 && loc.storage_path.back() == '/') loc.storage_path.pop_back();
+  loc.name = run.name;
+  if (loc.name.empty()) {
+    std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    ::localtime_r(&t, &tm);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "cairn_train_%Y-%m-%d_%H-%M-%S", &tm);
+    loc.name = buf;
+  }
+  validate_key(loc.name);
+  loc.uri = open_storage(loc.storage_path)->child(loc.name)->uri();
+  loc.path = is_uri ? loc.uri : (std::filesystem::path(loc.storage_path) / loc.name).string();
+  return loc;
+}
+
+nlohmann::json read_trainer_state(std::string_view experiment_uri) {
+  auto storage = open_storage(experiment_uri);
+  if (!storage->exists(kTrainerStateKey)) return nullptr;
+  const std::string where = storage->uri_of(kTrainerStateKey);
+  nlohmann::json j = nlohmann::json::parse(storage->get(kTrainerStateKey), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "cairn-trainer-state") {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: not a Cairn trainer state file", where));
+  }
+  return j;
+}
+
+nlohmann::json checkpoint_config_to_json(const CheckpointConfig& c) {
+  nlohmann::json j;
+  j["num_to_keep"] = c.num_to_keep ? nlohmann::json(*c.num_to_keep) : nlohmann::json(nullptr);
+  j["checkpoint_score_attribute"] = c.checkpoint_score_attribute;
+  j["checkpoint_score_order"] = c.checkpoint_score_order;
+  j["keep_checkpoint_every_n_hours"] = c.keep_checkpoint_every_n_hours
+                                           ? nlohmann::json(*c.keep_checkpoint_every_n_hours)
+                                           : nlohmann::json(nullptr);
+  return j;
+}
+
+CheckpointConfig checkpoint_config_from_json(const nlohmann::json& j) {
+  CheckpointConfig c;
+  if (!j.is_object()) return c;
+  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer()) {
+    c.num_to_keep = j["num_to_keep"].get<int>();
+  }
+  c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
+  c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
+  if (j.contains("keep_checkpoint_every_n_hours") &&
+      j["keep_checkpoint_every_n_hours"].is_number()) {
+    c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
+  }
+  return c;
+}
+
+}  // namespace cairn::train_internal

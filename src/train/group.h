@@ -1,0 +1,78 @@
+// A started group of workers, one per rank, for one attempt of a run. The
+// driver talks to every rank the same way whether the rank is a process it
+// forked (LocalGroup) or a worker an MPI agent forked on another node
+// (MpiGroup): messages in both directions, plus one exit event per rank.
+//
+// Thread-safety: none; the driver's thread owns the group.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/train.h"
+
+namespace cairn::train_internal {
+
+struct GroupEvent {
+  enum Type { kMessage, kExit };
+  Type type = kMessage;
+  int rank = 0;
+  nlohmann::json message;  // kMessage
+  bool clean = false;      // kExit: exited with status 0
+  std::string cause;       // kExit: "exited with status 1", "was killed by signal 9 (SIGKILL)"
+};
+
+// What each worker needs to start.
+struct LaunchSpec {
+  TrainFn train_fn;
+  nlohmann::json train_loop_config;
+  TrainContext context;                      // world_rank etc. are filled per rank
+  std::optional<std::string> checkpoint_uri;  // get_checkpoint()
+  std::string scratch_dir;                   // node-local; removed after the attempt
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  // Waits up to `timeout_ms` for something to happen and returns what did.
+  // Messages a rank sent before it exited come before its exit event.
+  virtual std::vector<GroupEvent> poll(int timeout_ms) = 0;
+  virtual void send(int rank, const nlohmann::json& message) = 0;
+  // Kills every worker still running and waits for all of them. Idempotent.
+  virtual void stop() = 0;
+  // Waits up to `timeout_ms` for every worker to exit on its own, then stops.
+  virtual void wait_all(int timeout_ms) = 0;
+  // The last lines the rank wrote to stderr (empty if unknown).
+  virtual std::string stderr_tail(int rank) const = 0;
+};
+
+// Forks spec.context.world_size workers on this machine. The calling
+// process must stay alive while they run; they die with it.
+std::unique_ptr<Group> start_local_group(const LaunchSpec& spec);
+
+// The worker's side: runs train_fn with the session set up for `channel` and
+// returns the process exit status to use (0 on success).
+int run_worker(const LaunchSpec& spec, int fd);
+
+// Keeps the last `max_bytes` of a stream, whole lines where possible, and
+// forwards each complete line to stderr with a prefix.
+class StderrTail {
+ public:
+  explicit StderrTail(std::string prefix, size_t max_bytes = 4096)
+      : prefix_(std::move(prefix)), max_bytes_(max_bytes) {}
+  void feed(const char* data, size_t n);
+  void flush();  // forwards a final partial line
+  const std::string& tail() const { return tail_; }
+
+ private:
+  std::string prefix_;
+  size_t max_bytes_;
+  std::string line_;
+  std::string tail_;
+};
+
+}  // namespace cairn::train_internal

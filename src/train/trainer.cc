@@ -1,0 +1,136 @@
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "cairn/train.h"
+#include "train/driver.h"
+#include "train/group.h"
+#include "train/mpi.h"
+
+namespace cairn {
+
+void FailureConfig::validate() const {
+  if (max_failures < -1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("FailureConfig::max_failures is {}; use -1 (unlimited) or >= 0",
+                            max_failures));
+  }
+  if (!(report_timeout_s > 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("FailureConfig::report_timeout_s is {}; it must be > 0",
+                            report_timeout_s));
+  }
+}
+
+void RunConfig::validate() const {
+  checkpoint_config.validate();
+  failure_config.validate();
+  if (!name.empty()) validate_key(name);
+}
+
+void ScalingConfig::validate() const {
+  if (num_workers < 0 || (num_workers == 0 && launcher == Launcher::kLocal)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("ScalingConfig::num_workers is {}; it must be >= 1", num_workers));
+  }
+}
+
+Trainer::Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConfig scaling_config,
+                 RunConfig run_config, std::optional<Checkpoint> resume_from_checkpoint)
+    : train_fn_(std::move(train_fn)),
+      train_loop_config_(std::move(train_loop_config)),
+      scaling_config_(scaling_config),
+      run_config_(std::move(run_config)),
+      resume_from_checkpoint_(std::move(resume_from_checkpoint)) {
+  if (!train_fn_) throw Error(ErrorCode::kInvalidArgument, "Trainer: train_fn is empty");
+  scaling_config_.validate();
+  run_config_.validate();
+}
+
+Result Trainer::fit() {
+  train_internal::DriverSpec spec;
+  spec.train_fn = train_fn_;
+  spec.train_loop_config = train_loop_config_;
+  spec.run = run_config_;
+  spec.resume_from_checkpoint = resume_from_checkpoint_;
+  spec.restoring = restoring_;
+
+  const bool mpi = scaling_config_.launcher == Launcher::kMpi ||
+                   (scaling_config_.launcher == Launcher::kAuto && train_internal::launched_by_mpi());
+  if (mpi) return train_internal::fit_mpi(spec, scaling_config_.num_workers);
+
+  if (scaling_config_.num_workers < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "ScalingConfig::num_workers must be >= 1 for the local launcher");
+  }
+  spec.world_size = scaling_config_.num_workers;
+  auto loc = train_internal::locate_experiment(run_config_);
+  spec.run.name = loc.name;
+  spec.run.storage_path = loc.storage_path;
+  spec.experiment_uri = loc.uri;
+  spec.experiment_path = loc.path;
+  return train_internal::run_driver(spec, train_internal::start_local_group);
+}
+
+bool Trainer::can_restore(std::string_view path) {
+  try {
+    return train_internal::read_trainer_state(path).is_object();
+  } catch (const Error&) {
+    return false;  // ignore-error: a damaged or unreadable state cannot be restored
+  }
+}
+
+Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
+                         std::optional<nlohmann::json> train_loop_config) {
+  nlohmann::json state = train_internal::read_trainer_state(path);
+  if (!state.is_object()) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: no trainer state here (trainer_state.json); nothing to restore",
+                            path));
+  }
+  RunConfig run;
+  run.name = state.value("name", "");
+  run.storage_path = state.value("storage_path", "");
+  run.checkpoint_config = train_internal::checkpoint_config_from_json(state["checkpoint_config"]);
+  const nlohmann::json fc = state.value("failure_config", nlohmann::json::object());
+  run.failure_config.max_failures = fc.value("max_failures", 0);
+  run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
+  ScalingConfig scaling;
+  scaling.num_workers = state.value("num_workers", 1);
+  std::optional<Checkpoint> resume;
+  if (state.contains("resume_from_checkpoint") && state["resume_from_checkpoint"].is_string()) {
+    resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
+  }
+  Trainer t(std::move(train_fn),
+            train_loop_config ? *train_loop_config : state.value("train_loop_config",
+                                                                 nlohmann::json::object()),
+            scaling, run, resume);
+  t.restoring_ = true;
+  return t;
+}
+
+Result Result::from_path(std::string_view path) {
+  ExperimentListing listing = read_experiment(path);
+  nlohmann::json state = train_internal::read_trainer_state(path);
+  if (!state.is_object() && listing.checkpoints.empty()) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: no experiment here (no trainer_state.json, no checkpoints)", path));
+  }
+  Result r;
+  r.path = std::string(path);
+  if (!listing.checkpoints.empty()) r.checkpoint = listing.checkpoints.back().checkpoint;
+  for (const auto& rec : rank_checkpoints(listing.checkpoints, listing.config)) {
+    r.best_checkpoints.push_back({rec.checkpoint, rec.metrics});
+  }
+  r.metrics = nlohmann::json::object();
+  if (state.is_object() && state["metrics"].is_object()) {
+    r.metrics = state["metrics"];
+  } else if (!listing.checkpoints.empty() && listing.checkpoints.back().metrics.is_object()) {
+    r.metrics = listing.checkpoints.back().metrics;  // a driver that died: the last committed
+  }
+  if (state.is_object() && state["error"].is_string()) r.error = state["error"].get<std::string>();
+  return r;
+}
+
+}  // namespace cairn

@@ -1,0 +1,207 @@
+// The worker's side of the report protocol (see collective.h):
+//
+//   worker -> driver  {"t":"report","round":n,"metrics":{...},"checkpoint":bool}
+//   driver -> worker  {"t":"upload","round":n,"dest":URI}      (uploaders only)
+//   worker -> driver  {"t":"uploaded","round":n,"files":[...],"metadata":{...}}
+//   driver -> worker  {"t":"release","round":n,"checkpoint":URI|null}
+//   driver -> worker  {"t":"abort","reason":"..."}             (group is stopping)
+//   worker -> driver  {"t":"done","count":n} | {"t":"error","message":"..."}
+//
+// A rank writes its own files straight into the reserved destination with a
+// CheckpointWriter (never committing it) and sends their sizes and checksums;
+// only the driver writes the manifest.
+#include <cxxabi.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <typeinfo>
+
+#include <fmt/format.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "train/channel.h"
+#include "train/group.h"
+#include "util/fs.h"
+
+namespace cairn {
+
+namespace {
+
+struct Session {
+  TrainContext context;
+  std::optional<std::string> checkpoint_uri;
+  std::string scratch_dir;
+  train_internal::Channel* channel = nullptr;
+  int reports = 0;
+};
+
+Session* g_session = nullptr;
+
+Session& session(const char* what) {
+  if (g_session == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("cairn::train::{}() called outside a worker; call it inside the "
+                            "train_fn run by Trainer::fit()",
+                            what));
+  }
+  return *g_session;
+}
+
+nlohmann::json entry_to_json(const ManifestEntry& e) {
+  return {{"path", e.path}, {"size", e.size}, {"xxh3", e.xxh3}};
+}
+
+// Copies the rank's checkpoint files into `dest_uri`; returns their entries.
+std::vector<ManifestEntry> upload(const Checkpoint& source, const std::string& dest_uri) {
+  CheckpointWriter writer(Checkpoint::from_directory(dest_uri));
+  std::vector<ManifestEntry> out;
+  for (const ObjectInfo& f : source.files()) {
+    if (auto local = source.storage().local_path(f.key)) {
+      out.push_back(writer.copy_local_file(f.key, *local));
+    } else {
+      out.push_back(writer.write_file(f.key, source.storage().get(f.key)));
+    }
+  }
+  return out;
+}
+
+std::string exception_type_name(const std::type_info& type) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name ? name : type.name();
+  std::free(name);
+  return out;
+}
+
+[[noreturn]] void throw_aborted(const nlohmann::json& m) {
+  throw Error(ErrorCode::kFailedPrecondition,
+              fmt::format("the group is stopping: {}", m.value("reason", std::string("aborted"))));
+}
+
+}  // namespace
+
+namespace train {
+
+const TrainContext& get_context() { return session("get_context").context; }
+
+std::optional<Checkpoint> get_checkpoint() {
+  Session& s = session("get_checkpoint");
+  if (!s.checkpoint_uri) return std::nullopt;
+  return Checkpoint::from_directory(*s.checkpoint_uri);
+}
+
+void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint) {
+  Session& s = session("report");
+  if (!metrics.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("rank {}: report() metrics must be a JSON object, got {}",
+                            s.context.world_rank, metrics.type_name()));
+  }
+  const int round = ++s.reports;
+  train_internal::Channel& ch = *s.channel;
+  ch.send({{"t", "report"},
+           {"round", round},
+           {"metrics", metrics},
+           {"checkpoint", checkpoint.has_value()}});
+  for (int step = 0; step < 3; ++step) {  // at most: upload, release
+    std::optional<nlohmann::json> m = ch.recv();
+    if (!m) {
+      throw Error(ErrorCode::kUnavailable,
+                  fmt::format("rank {}: the driver went away during report #{}",
+                              s.context.world_rank, round));
+    }
+    const std::string t = m->value("t", "");
+    if (t == "abort") throw_aborted(*m);
+    if (t == "release") return;
+    if (t == "upload" && checkpoint) {
+      const std::string dest = m->at("dest").get<std::string>();
+      std::vector<ManifestEntry> files;
+      nlohmann::json metadata;
+      try {
+        files = upload(*checkpoint, dest);
+        metadata = checkpoint->get_metadata();
+      } catch (const Error& e) {
+        throw with_context(e, fmt::format("rank {}: uploading report #{}'s checkpoint to {}",
+                                          s.context.world_rank, round, dest));
+      }
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& f : files) list.push_back(entry_to_json(f));
+      ch.send({{"t", "uploaded"}, {"round", round}, {"files", list}, {"metadata", metadata}});
+      continue;
+    }
+    throw Error(ErrorCode::kInternal,
+                fmt::format("rank {}: unexpected message from the driver: {}",
+                            s.context.world_rank, m->dump()));
+  }
+  throw Error(ErrorCode::kInternal,
+              fmt::format("rank {}: report #{} did not complete", s.context.world_rank, round));
+}
+
+TemporaryDirectory::TemporaryDirectory() {
+  std::string prefix = "cairn-tmp-";
+  if (g_session != nullptr && !g_session->scratch_dir.empty()) {
+    std::filesystem::path base = std::filesystem::path(g_session->scratch_dir) /
+                                 fmt::format("rank-{}", g_session->context.world_rank);
+    std::filesystem::create_directories(base);
+    std::string templ = (base / "tmpXXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) {
+      throw errno_error(errno, "mkdtemp", templ);
+    }
+    path_ = templ;
+    return;
+  }
+  path_ = make_temp_dir(prefix).string();
+}
+
+TemporaryDirectory::~TemporaryDirectory() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);  // ignore-error: best effort; the scratch root goes too
+}
+
+}  // namespace train
+
+namespace train_internal {
+
+int run_worker(const LaunchSpec& spec, int fd) {
+  Channel channel(UniqueFd(fd), "the driver");
+  Session s;
+  s.context = spec.context;
+  s.checkpoint_uri = spec.checkpoint_uri;
+  s.scratch_dir = spec.scratch_dir;
+  s.channel = &channel;
+  g_session = &s;
+  int status = 0;
+  std::string error;
+  try {
+    spec.train_fn(spec.train_loop_config);
+  } catch (const std::exception& e) {
+    error = fmt::format("{}: {}", exception_type_name(typeid(e)), e.what());
+  } catch (...) {
+    error = "an exception that is not a std::exception";
+  }
+  try {
+    if (error.empty()) {
+      channel.send({{"t", "done"}, {"count", s.reports}});
+    } else {
+      std::fprintf(stderr, "rank %d: train_fn raised %s\n", s.context.world_rank, error.c_str());
+      channel.send({{"t", "error"}, {"message", "train_fn raised " + error}});
+      status = 1;
+    }
+  } catch (const Error& e) {
+    // ignore-error: the driver is gone or stopping us; the exit status tells it the rest
+    std::fprintf(stderr, "rank %d: %s\n", s.context.world_rank, e.what());
+    status = status == 0 ? 2 : status;
+  }
+  g_session = nullptr;
+  std::cout.flush();
+  std::fflush(nullptr);
+  return status;
+}
+
+}  // namespace train_internal
+
+}  // namespace cairn

@@ -1,0 +1,221 @@
+// The report round's state machine and the failure rules, without processes.
+#include "train/collective.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include "cairn/error.h"
+#include "train/mpi.h"
+
+namespace cairn::train_internal {
+namespace {
+
+using Action = ReportRound::Action;
+const nlohmann::json kNoMeta = nlohmann::json::object();
+
+ManifestEntry entry(const std::string& path, uint64_t size, uint64_t h) {
+  ManifestEntry e;
+  e.path = path;
+  e.size = size;
+  e.xxh3 = h;
+  return e;
+}
+
+TEST(ReportRound, RoundWithoutCheckpointsIsAckedOnlyWhenEveryRankArrived) {
+  ReportRound r(3, 10.0);
+  EXPECT_EQ(r.on_report(1, 1, {{"loss", 9}}, false, 0.0).type, Action::kNone);
+  EXPECT_EQ(r.on_report(0, 1, {{"loss", 1}}, false, 0.1).type, Action::kNone);
+  Action a = r.on_report(2, 1, {{"loss", 7}}, false, 0.2);
+  ASSERT_EQ(a.type, Action::kAck);
+  EXPECT_EQ(a.round, 1);
+  EXPECT_EQ(a.metrics, (nlohmann::json{{"loss", 1}})) << "metrics come from rank 0";
+  r.on_released();
+  EXPECT_EQ(r.completed_rounds(), 1);
+}
+
+TEST(ReportRound, CommitWaitsForEveryUploaderAndMergesTheirFiles) {
+  ReportRound r(3, 10.0);
+  r.on_report(0, 1, {{"epoch", 0}}, true, 0.0);
+  r.on_report(1, 1, {{"epoch", 0}}, false, 0.0);
+  Action begin = r.on_report(2, 1, {{"epoch", 0}}, true, 0.0);
+  ASSERT_EQ(begin.type, Action::kBeginUpload);
+  EXPECT_EQ(begin.uploaders, (std::vector<int>{0, 2}));
+  EXPECT_EQ(r.on_uploaded(2, 1, {entry("b", 1, 2)}, kNoMeta, 0.5).type, Action::kNone);
+  Action commit = r.on_uploaded(0, 1, {entry("a", 3, 4)}, {{"k", "v"}}, 0.6);
+  ASSERT_EQ(commit.type, Action::kCommit);
+  ASSERT_EQ(commit.files.size(), 2u);
+  EXPECT_EQ(commit.files[0].path, "a");
+  EXPECT_EQ(commit.files[1].path, "b");
+  EXPECT_EQ(commit.metadata.size(), 1u);
+  EXPECT_EQ(commit.metadata.at(0)["k"], "v");
+  r.on_released();
+  // The next round starts fresh.
+  r.on_report(0, 2, {{"epoch", 1}}, false, 1.0);
+  r.on_report(1, 2, {{"epoch", 1}}, false, 1.0);
+  EXPECT_EQ(r.on_report(2, 2, {{"epoch", 1}}, false, 1.0).type, Action::kAck);
+}
+
+TEST(ReportRound, RankThatReportsAgainAfterAnotherFinishedIsAMismatchNamingBoth) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, false, 0.0);
+  r.on_report(1, 1, {}, false, 0.0);
+  r.on_released();
+  EXPECT_EQ(r.on_done(1, 1).type, Action::kNone);
+  Action a = r.on_report(0, 2, {}, false, 0.1);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kMismatch);
+  EXPECT_NE(a.failure.message.find("rank 0"), std::string::npos) << a.failure.message;
+  EXPECT_NE(a.failure.message.find("rank 1"), std::string::npos) << a.failure.message;
+  EXPECT_FALSE(is_retryable(a.failure.kind));
+}
+
+TEST(ReportRound, RankThatFinishesWhileOthersWaitInReportIsAMismatch) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, false, 0.0);
+  Action a = r.on_done(1, 0);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kMismatch);
+  EXPECT_NE(a.failure.message.find("after 0 report() calls"), std::string::npos)
+      << a.failure.message;
+}
+
+TEST(ReportRound, EveryRankDoneWithEqualCountsFinishes) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, false, 0.0);
+  r.on_report(1, 1, {}, false, 0.0);
+  r.on_released();
+  EXPECT_EQ(r.on_done(0, 1).type, Action::kNone);
+  EXPECT_EQ(r.on_done(1, 1).type, Action::kFinished);
+  EXPECT_EQ(r.on_exit(0, true, "exited with status 0").type, Action::kNone);
+}
+
+TEST(ReportRound, RankThatDoesNotArriveTimesOutOnlyAfterTheDeadline) {
+  ReportRound r(3, 5.0);
+  r.on_report(0, 1, {}, false, 100.0);
+  r.on_report(2, 1, {}, false, 101.0);
+  EXPECT_EQ(r.tick(104.9).type, Action::kNone);
+  EXPECT_EQ(r.tick(105.0).type, Action::kNone);
+  Action a = r.tick(105.1);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kTimeout);
+  EXPECT_EQ(a.failure.rank, 1);
+  EXPECT_NE(a.failure.message.find("rank(s) 1 did not call report()"), std::string::npos)
+      << a.failure.message;
+  EXPECT_TRUE(r.failed());
+  EXPECT_EQ(r.tick(200.0).type, Action::kNone) << "a failure is reported once";
+}
+
+TEST(ReportRound, NoDeadlineWhileNoRankIsInReport) {
+  ReportRound r(2, 1.0);
+  EXPECT_EQ(r.tick(1e9).type, Action::kNone);
+}
+
+TEST(ReportRound, UploadThatDoesNotFinishTimesOut) {
+  ReportRound r(2, 2.0);
+  r.on_report(0, 1, {}, true, 0.0);
+  ASSERT_EQ(r.on_report(1, 1, {}, true, 1.0).type, Action::kBeginUpload);
+  r.on_uploaded(0, 1, {entry("a", 1, 1)}, kNoMeta, 1.5);
+  EXPECT_EQ(r.tick(2.9).type, Action::kNone) << "the upload deadline counts from its start";
+  Action a = r.tick(3.1);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.rank, 1);
+  EXPECT_NE(a.failure.message.find("uploading"), std::string::npos) << a.failure.message;
+}
+
+TEST(ReportRound, DifferentContentsUnderOneNameIsAConflictNamingBothRanks) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, true, 0.0);
+  r.on_report(1, 1, {}, true, 0.0);
+  r.on_uploaded(0, 1, {entry("model.bin", 4, 1)}, kNoMeta, 0.0);
+  Action a = r.on_uploaded(1, 1, {entry("model.bin", 4, 2)}, kNoMeta, 0.0);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kConflict);
+  EXPECT_NE(a.failure.message.find("\"model.bin\" was written by rank 0 and rank 1"),
+            std::string::npos)
+      << a.failure.message;
+  EXPECT_FALSE(is_retryable(a.failure.kind));
+}
+
+TEST(MergeRankFiles, IdenticalFilesFromSeveralRanksAreOneEntry) {
+  auto merged = merge_rank_files({{0, {entry("x", 5, 9), entry("r0", 1, 1)}},
+                                  {1, {entry("x", 5, 9), entry("r1", 1, 2)}}});
+  ASSERT_EQ(merged.size(), 3u);
+  EXPECT_EQ(merged[0].path, "r0");
+  EXPECT_EQ(merged[1].path, "r1");
+  EXPECT_EQ(merged[2].path, "x");
+}
+
+TEST(MergeRankFiles, SizeDifferenceIsAConflictToo) {
+  EXPECT_THROW(merge_rank_files({{2, {entry("x", 5, 9)}}, {3, {entry("x", 6, 9)}}}), Error);
+}
+
+TEST(ReportRound, WorkerExceptionIsTheCauseOfItsExit) {
+  ReportRound r(2, 10.0);
+  r.on_worker_error(1, "train_fn raised std::runtime_error: boom");
+  Action a = r.on_exit(1, false, "(pid 7) exited with status 1");
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kWorkerFailed);
+  EXPECT_EQ(a.failure.rank, 1);
+  EXPECT_NE(a.failure.message.find("boom"), std::string::npos);
+  EXPECT_NE(a.failure.message.find("status 1"), std::string::npos);
+  EXPECT_TRUE(is_retryable(a.failure.kind));
+}
+
+TEST(ReportRound, ExitWithoutDoneIsAFailureEvenWithStatusZero) {
+  ReportRound r(2, 10.0);
+  Action a = r.on_exit(0, true, "exited with status 0");
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_NE(a.failure.message.find("before returning from train_fn"), std::string::npos);
+}
+
+TEST(ReportRound, OnlyTheFirstFailureIsReported) {
+  ReportRound r(2, 10.0);
+  ASSERT_EQ(r.on_exit(0, false, "was killed by signal 9 (SIGKILL)").type, Action::kFailed);
+  EXPECT_EQ(r.on_exit(1, false, "was killed by signal 9 (SIGKILL)").type, Action::kNone);
+  EXPECT_EQ(r.fail({FailureKind::kDriver, -1, "x"}).type, Action::kNone);
+}
+
+TEST(Restart, BudgetCountsFailuresAndMinusOneIsUnlimited) {
+  Failure worker{FailureKind::kWorkerFailed, 0, ""};
+  EXPECT_FALSE(should_restart(worker, 1, 0));
+  EXPECT_TRUE(should_restart(worker, 1, 1));
+  EXPECT_FALSE(should_restart(worker, 2, 1));
+  EXPECT_TRUE(should_restart(worker, 1000, -1));
+  Failure timeout{FailureKind::kTimeout, 0, ""};
+  EXPECT_TRUE(should_restart(timeout, 1, 1));
+  Failure mismatch{FailureKind::kMismatch, 0, ""};
+  EXPECT_FALSE(should_restart(mismatch, 1, -1));
+  Failure conflict{FailureKind::kConflict, 0, ""};
+  EXPECT_FALSE(should_restart(conflict, 1, -1));
+}
+
+TEST(WaitStatus, NamesExitCodesAndSignals) {
+  int exited3 = 3 << 8;
+  EXPECT_EQ(describe_wait_status(exited3), "exited with status 3");
+  EXPECT_FALSE(is_clean_exit(exited3));
+  EXPECT_TRUE(is_clean_exit(0));
+  int killed = SIGKILL;
+  EXPECT_TRUE(WIFSIGNALED(killed));
+  EXPECT_EQ(describe_wait_status(killed), "was killed by signal 9 (SIGKILL)");
+}
+
+TEST(SharedStorage, SingleHostWhereEveryRankSeesTheProbeIsAccepted) {
+  EXPECT_NO_THROW(check_shared_storage({"a", "a"}, {true, true}, "file:///x"));
+}
+
+TEST(SharedStorage, RankOnAnotherHostThatCannotSeeTheProbeIsRefusedByName) {
+  try {
+    check_shared_storage({"a", "a", "b"}, {true, true, false}, "file:///local/exp");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 2 on host b"), std::string::npos) << m;
+    EXPECT_NE(m.find("file:///local/exp is not shared"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace cairn::train_internal
