@@ -197,7 +197,7 @@ struct LoadOptions {
   size_t block_size = size_t{16} << 20;
   // The whole file's XXH3-64 (from a manifest): checked after reading;
   // kCorruption naming the file if it differs.
-  std::optional<uint64_t> expected_xxh3;
+  std::optional<uint64_t> expected_xxh3 = std::nullopt;
 };
 
 struct LoadReport {

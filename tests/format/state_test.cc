@@ -1,0 +1,290 @@
+// State dictionaries saved as safetensors: round trips through local files
+// and storage, zero-copy mapped loads, copying loads and their checks.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "cairn/checkpoint.h"
+#include "cairn/error.h"
+#include "cairn/state.h"
+#include "storage/backends.h"
+#include "support/temp_dir.h"
+#include "util/hash.h"
+
+namespace cairn::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class T>
+std::vector<T> iota(size_t n, T start) {
+  std::vector<T> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<T>(start + static_cast<T>(i));
+  return v;
+}
+
+struct Source {
+  std::vector<float> w = iota<float>(12, 0.5f);
+  std::vector<double> d = iota<double>(3, -1.0);
+  std::vector<uint8_t> b = iota<uint8_t>(5, 1);
+  std::vector<int64_t> step{42};
+  StateDict state() {
+    StateDict s;
+    s.add<float>("layer.w", {3, 4}, w);
+    s.add<double>("d", {3}, d);
+    s.add<uint8_t>("bytes", {5}, b);
+    s.add<int64_t>("step", {}, step);
+    s.metadata = {{"epoch", 3}, {"lr", 0.001}, {"rng", {1, 2, 3}}};
+    s.string_metadata = {{"format", "pt"}};
+    return s;
+  }
+};
+
+struct Target {
+  std::vector<float> w = std::vector<float>(12);
+  std::vector<double> d = std::vector<double>(3);
+  std::vector<uint8_t> b = std::vector<uint8_t>(5);
+  std::vector<int64_t> step = std::vector<int64_t>(1);
+  StateDict state() {
+    StateDict s;
+    s.add_mutable<float>("layer.w", {3, 4}, w);
+    s.add_mutable<double>("d", {3}, d);
+    s.add_mutable<uint8_t>("bytes", {5}, b);
+    s.add_mutable<int64_t>("step", {}, step);
+    return s;
+  }
+};
+
+TEST(StateDict, RefusesBytesThatDoNotMatchDtypeAndShape) {
+  std::vector<float> v(5);
+  StateDict s;
+  EXPECT_THROW(s.add<float>("w", {2, 3}, v), Error);
+  EXPECT_THROW(s.add<float>("__metadata__", {5}, v), Error);
+  s.add<float>("w", {5}, v);
+  EXPECT_THROW(s.mutable_bytes("w"), Error);
+  EXPECT_THROW(s.entry("nope"), Error);
+}
+
+TEST(SaveFile, RoundTripsTensorsAndMetadataThroughACopyingLoad) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  Target dst;
+  StateDict t = dst.state();
+  LoadReport r = load_into(dir / "s.safetensors", t);
+  EXPECT_TRUE(r.consumed());
+  EXPECT_EQ(r.loaded.size(), 4u);
+  EXPECT_EQ(dst.w, src.w);
+  EXPECT_EQ(dst.d, src.d);
+  EXPECT_EQ(dst.b, src.b);
+  EXPECT_EQ(dst.step, src.step);
+  EXPECT_EQ(t.metadata["epoch"], 3);
+  EXPECT_EQ(t.metadata["rng"], nlohmann::json({1, 2, 3}));
+  EXPECT_EQ(t.string_metadata.at("format"), "pt");
+}
+
+TEST(SaveFile, LeavesNoTempFileAndReplacesAnExistingFile) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  src.w[0] = 99;
+  save_file(src.state(), dir / "s.safetensors", SaveOptions{.durable = false});
+  size_t n = 0;
+  for (auto& e : fs::directory_iterator(dir.path())) (void)e, ++n;
+  EXPECT_EQ(n, 1u);
+  auto m = MappedState::open(dir / "s.safetensors");
+  EXPECT_EQ(m.tensor("layer.w").as<float>()[0], 99.0f);
+}
+
+TEST(SaveFile, ParallelSmallBlocksWriteTheSameBytesAsOneBlock) {
+  TempDir dir;
+  std::vector<float> big = iota<float>(100000, 0.0f);
+  StateDict s;
+  s.add<float>("big", {100000}, big);
+  Source src;
+  StateDict small = src.state();
+  for (auto& [k, e] : small.entries()) s.add(k, e.dtype, e.shape, {e.data, e.nbytes});
+  save_file(s, dir / "a", SaveOptions{.durable = false, .threads = 1, .block_size = 1 << 30});
+  save_file(s, dir / "b", SaveOptions{.durable = false, .threads = 4, .block_size = 4096});
+  EXPECT_EQ(read_text(dir / "a"), read_text(dir / "b"));
+}
+
+TEST(MappedState, GivesZeroCopyViewsThatOutliveTheHandleThroughStateDict) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  StateDict views;
+  {
+    auto m = MappedState::open(dir / "s.safetensors");
+    auto w = m.tensor("layer.w");
+    EXPECT_EQ(w.dtype, DType::kF32);
+    EXPECT_EQ(w.shape, (Shape{3, 4}));
+    // The view points into the mapping, not a copy.
+    EXPECT_GE(w.bytes.data(), m.file_bytes().data());
+    EXPECT_LT(w.bytes.data(), m.file_bytes().data() + m.file_bytes().size());
+    EXPECT_EQ(m.metadata()["epoch"], 3);
+    views = m.state_dict();
+  }
+  auto w = views.view("layer.w").as<float>();
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), src.w.begin()));
+  EXPECT_EQ(views.metadata["lr"], 0.001);
+  EXPECT_THROW(views.view("layer.w").as<double>(), Error);
+}
+
+TEST(MappedState, NamesTheFileAndTensorWhenATensorIsMissing) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  auto m = MappedState::open(dir / "s.safetensors");
+  try {
+    m.tensor("nope");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("\"nope\""), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("s.safetensors"), std::string::npos);
+  }
+}
+
+TEST(MappedState, RefusesATruncatedFileNamingIt) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  fs::resize_file(dir / "s.safetensors", fs::file_size(dir / "s.safetensors") - 3);
+  try {
+    MappedState::open(dir / "s.safetensors");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find("s.safetensors"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("past the end of the file"), std::string::npos)
+        << e.what();
+  }
+  Target dst;
+  StateDict t = dst.state();
+  EXPECT_THROW(load_into(dir / "s.safetensors", t), Error);
+}
+
+TEST(LoadInto, StrictListsMissingUnexpectedAndMismatchedBeforeWritingAnything) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  Target dst;
+  StateDict t = dst.state();
+  t.remove("bytes");  // unexpected in the file
+  std::vector<float> extra(2);
+  t.add_mutable<float>("extra", {2}, extra);  // missing from the file
+  std::vector<float> wrong(3);
+  t.add_mutable<float>("d", {3}, wrong);  // dtype differs
+  try {
+    load_into(dir / "s.safetensors", t);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("missing from the file: extra"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unexpected (not in the state): bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("d: file F64[3], state F32[3]"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(dst.w, std::vector<float>(12)) << "a refused load wrote into a buffer";
+}
+
+TEST(LoadInto, NonStrictLoadsTheMatchesAndReportsTheRest) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  std::vector<float> w(12);
+  StateDict t;
+  t.add_mutable<float>("layer.w", {3, 4}, w);
+  LoadReport r = load_into(dir / "s.safetensors", t, LoadOptions{.strict = false});
+  EXPECT_EQ(w, src.w);
+  EXPECT_EQ(r.unexpected, (std::vector<std::string>{"bytes", "d", "step"}));
+  EXPECT_FALSE(r.consumed());
+}
+
+TEST(LoadInto, DetectsAChangedFileByItsChecksum) {
+  TempDir dir;
+  Source src;
+  auto storage = open_storage(dir.str());
+  ManifestEntry e = save(src.state(), *storage, "s.safetensors");
+  EXPECT_EQ(e.size, fs::file_size(dir / "s.safetensors"));
+  EXPECT_EQ(e.xxh3, xxh3_64(read_text(dir / "s.safetensors")));
+  Target dst;
+  StateDict t = dst.state();
+  load_into(*storage, "s.safetensors", t, LoadOptions{.expected_xxh3 = e.xxh3});
+  EXPECT_EQ(dst.w, src.w);
+  // Flip one data byte: the header still parses, the checksum does not match.
+  std::string bytes = read_text(dir / "s.safetensors");
+  bytes.back() ^= 1;
+  write_text(dir / "s.safetensors", bytes);
+  try {
+    load_into(*storage, "s.safetensors", t, LoadOptions{.expected_xxh3 = e.xxh3});
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(err.what()).find("s.safetensors"), std::string::npos);
+    EXPECT_NE(std::string(err.what()).find("checksum"), std::string::npos);
+  }
+}
+
+TEST(Storage, RoundTripsThroughTheMemoryBackend) {
+  clear_memory_bucket("state-test");
+  auto storage = open_storage("memory://state-test/x");
+  Source src;
+  ManifestEntry e = save(src.state(), *storage, "dir/s.safetensors");
+  EXPECT_EQ(e.xxh3, xxh3_64(storage->get("dir/s.safetensors")));
+  auto m = MappedState::open(*storage, "dir/s.safetensors");
+  EXPECT_NE(m.source().find("memory://"), std::string::npos);
+  auto w = m.tensor("layer.w").as<float>();
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), src.w.begin()));
+  Target dst;
+  StateDict t = dst.state();
+  load_into(*storage, "dir/s.safetensors", t);
+  EXPECT_EQ(dst.d, src.d);
+  clear_memory_bucket("state-test");
+}
+
+TEST(SaveCheckpoint, CommitsTheFileWithMetricsAndMetadata) {
+  TempDir dir;
+  Source src;
+  auto cp = Checkpoint::from_directory((dir / "cp").string());
+  Manifest m = save_checkpoint(src.state(), cp, {{"loss", 0.25}});
+  EXPECT_TRUE(cp.is_committed());
+  ASSERT_EQ(m.files.size(), 1u);
+  EXPECT_EQ(m.files[0].path, "state.safetensors");
+  EXPECT_EQ(m.metrics["loss"], 0.25);
+  EXPECT_EQ(cp.get_metadata()["epoch"], 3);
+  EXPECT_TRUE(cp.verify().empty());
+}
+
+TEST(StateDict, MetadataMustBeAnObjectAndNotShadowTheCairnKey) {
+  TempDir dir;
+  StateDict s;
+  s.metadata = 3;
+  EXPECT_THROW(save_file(s, dir / "x"), Error);
+  s.metadata = nlohmann::json::object();
+  s.string_metadata["cairn.metadata"] = "{}";
+  EXPECT_THROW(save_file(s, dir / "x"), Error);
+}
+
+TEST(MappedState, RefusesCairnMetadataThatIsNotAJsonObject) {
+  TempDir dir;
+  StateDict s;
+  std::vector<float> v(2);
+  s.add<float>("w", {2}, v);
+  FileLayout l = layout_file({{"w", DType::kF32, {2}}}, {{"cairn.metadata", "[1"}});
+  write_text(dir / "x", l.header + std::string(8, '\0'));
+  auto m = MappedState::open(dir / "x");
+  try {
+    m.metadata();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find("cairn.metadata"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace cairn::testing
