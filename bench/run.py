@@ -7,7 +7,8 @@ Usage (scripts/bench.sh passes the tools it built):
 
 Order: fio write and cold read on DIR (the same file system as every other
 benchmark file), then cairn_bench (memcpy reference and Cairn), torch_bench
-(LibTorch) and torch_baseline.py (python3-torch). Every child runs with the
+(LibTorch) and torch_baseline.py (python3-torch), then fio again: disk speed
+drifts within minutes here, so fio's figures span the whole run. Every child runs with the
 same allocator settings: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 unless
 --no-hugetlb. Each figure is reported for the first run and as the median of
 the later (steady-state) runs. Files are removed afterwards.
@@ -99,12 +100,24 @@ def fio(args, nbytes, env):
         read_runs.append(job["runtime"] / 1000.0)
     os.remove(path)
     version = subprocess.run([fio_bin, "--version"], capture_output=True, text=True).stdout
-    return {"tool": version.strip(), "bytes": io_bytes, "cache_drop": method, "results": [
-        {"name": "fio.write", "bytes": io_bytes, "runs_s": write_runs,
-         "what": "fio sequential write, 1 MiB blocks, buffered, end_fsync=1 (fio's runtime)"},
-        {"name": "fio.read", "bytes": io_bytes, "runs_s": read_runs,
-         "what": "fio sequential read, 1 MiB blocks, buffered, cold cache"},
-    ]}
+    return {"tool": version.strip(), "bytes": io_bytes, "cache_drop": method,
+            "write_runs": write_runs, "read_runs": read_runs}
+
+
+def fio_results(before, after):
+    """fio's figures from the runs before and after the other benchmarks:
+    disk speed here drifts within minutes, so the reference spans the period
+    the other figures were measured in."""
+    n = len(before["write_runs"])
+    note = "runs 1-{} before, {}-{} after the other benchmarks".format(n, n + 1, 2 * n)
+    return [
+        {"name": "fio.write", "bytes": before["bytes"],
+         "runs_s": before["write_runs"] + after["write_runs"],
+         "what": "fio sequential write, 1 MiB blocks, buffered, end_fsync=1; " + note},
+        {"name": "fio.read", "bytes": before["bytes"],
+         "runs_s": before["read_runs"] + after["read_runs"],
+         "what": "fio sequential read, 1 MiB blocks, buffered, cold cache; " + note},
+    ]
 
 
 def tool_json(cmd, env, out_path):
@@ -235,10 +248,9 @@ def main():
     engine = []
     scratch = tempfile.mkdtemp(prefix="cairn-bench-json-")
     try:
-        f = fio(args, nbytes, env)
-        tools["fio"] = f["tool"]
-        cache_drops.add(f["cache_drop"])
-        results += f["results"]
+        fio_before = fio(args, nbytes, env)
+        tools["fio"] = fio_before["tool"]
+        cache_drops.add(fio_before["cache_drop"])
 
         common = ["--size-mib", str(args.size_mib), "--runs", str(args.runs), "--dir", args.dir]
         parts = [("cairn", [args.cairn] + common)]
@@ -262,6 +274,8 @@ def main():
             tools["python3-torch"] = r["tool"]
             cache_drops.add(r["cache_drop"])
             results += r["results"]
+
+        results = fio_results(fio_before, fio(args, nbytes, env)) + results
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         for name in ("fio.dat",):
