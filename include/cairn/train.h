@@ -96,7 +96,8 @@ const TrainContext& get_context();
 // after a restart or Trainer::restore, else resume_from_checkpoint, else none.
 std::optional<Checkpoint> get_checkpoint();
 
-// Collective; see the top of this file. `metrics` must be a JSON object.
+// Collective; see the top of this file. `metrics` must be a JSON object (or
+// null, meaning none).
 // Throws cairn::Error if this rank's upload fails or the group is being
 // stopped (let it propagate: the group restarts as configured).
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});

@@ -96,7 +96,7 @@ std::optional<Checkpoint> get_checkpoint() {
 
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint) {
   Session& s = session("report");
-  if (!metrics.is_object()) {
+  if (!metrics.is_object() && !metrics.is_null()) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("rank {}: report() metrics must be a JSON object, got {}",
                             s.context.world_rank, metrics.type_name()));
@@ -105,7 +105,7 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
   train_internal::Channel& ch = *s.channel;
   ch.send({{"t", "report"},
            {"round", round},
-           {"metrics", metrics},
+           {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
            {"checkpoint", checkpoint.has_value()}});
   for (int step = 0; step < 3; ++step) {  // at most: upload, release
     std::optional<nlohmann::json> m = ch.recv();

@@ -1,0 +1,64 @@
+// Helpers for the Trainer's process tests.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "cairn/manager.h"
+#include "cairn/train.h"
+
+namespace cairn::testing {
+
+// Writes `text` to file `name` in a new train::TemporaryDirectory-style dir
+// and reports it with `metrics`.
+inline void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << text;
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Every committed checkpoint of the experiment verifies; returns how many.
+inline size_t expect_all_verify(const std::string& experiment) {
+  ExperimentListing listing = read_experiment(experiment);
+  for (const auto& rec : listing.checkpoints) {
+    auto problems = rec.checkpoint.verify();
+    EXPECT_TRUE(problems.empty()) << rec.name << ": " << problems.size() << " problem(s), first "
+                                  << (problems.empty() ? "" : problems[0].path + " " +
+                                                                  problems[0].reason);
+  }
+  return listing.checkpoints.size();
+}
+
+// The test process has no child left (no zombie, nothing running).
+inline void expect_no_children() {
+  errno = 0;
+  pid_t r = ::waitpid(-1, nullptr, WNOHANG);
+  EXPECT_EQ(r, -1) << "a child process is left (pid " << r << ")";
+  EXPECT_EQ(errno, ECHILD);
+}
+
+// Waits (bounded) until `pid` no longer exists.
+inline bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+}  // namespace cairn::testing
