@@ -49,7 +49,7 @@ namespace cairn {
 
 struct AsyncSaveOptions {
   unsigned max_in_flight = 1;  // >= 1
-  SaveOptions write;           // threads and block size of the background writes
+  SaveOptions write = {};      // threads and block size of the background writes
   // Threads copying into staging (0: min(2, hardware threads)).
   unsigned snapshot_threads = 0;
 };

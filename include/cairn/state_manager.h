@@ -58,9 +58,9 @@ struct StateCheckpointOptions {
   // best(); empty: by recency.
   std::string best_metric;
   std::string best_mode = "max";  // "max" or "min"
-  SaveOptions write;
-  AsyncSaveOptions async;  // for save_async()
-  ManagerOptions manager;  // clock and warnings (injected for tests)
+  SaveOptions write = {};
+  AsyncSaveOptions async = {};  // for save_async()
+  ManagerOptions manager = {};  // clock and warnings (injected for tests)
 };
 
 // What restore() found.
