@@ -1,0 +1,550 @@
+// Sharded saves and re-sharding loads. The planning (even splits, box
+// intersections, the tiling check, strided box copies) is pure and kept at
+// the top of this file; the I/O below only writes rank files and maps them.
+#include "cairn/sharded.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "util/hash.h"
+
+namespace cairn {
+
+namespace {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+std::string box_str(const Box& b) {
+  return fmt::format("offsets {} shape {}", shape_str(b.offsets), shape_str(b.shape));
+}
+
+Error invalid(std::string message) {
+  return Error(ErrorCode::kInvalidArgument, std::move(message));
+}
+
+// Throws unless `box` lies inside a tensor of `shape` (same rank, no overflow).
+void check_inside(const Box& box, const Shape& shape, std::string_view what) {
+  if (box.offsets.size() != shape.size() || box.shape.size() != shape.size()) {
+    throw invalid(
+        fmt::format("{}: {} does not have the rank of {}", what, box_str(box), shape_str(shape)));
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    uint64_t end;
+    if (__builtin_add_overflow(box.offsets[d], box.shape[d], &end) || end > shape[d]) {
+      throw invalid(
+          fmt::format("{}: {} leaves the global shape {}", what, box_str(box), shape_str(shape)));
+    }
+  }
+}
+
+std::optional<Box> intersect(const Box& a, const Box& b) {
+  Box out;
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    uint64_t lo = std::max(a.offsets[d], b.offsets[d]);
+    uint64_t hi = std::min(a.offsets[d] + a.shape[d], b.offsets[d] + b.shape[d]);
+    if (hi <= lo) return std::nullopt;
+    out.offsets.push_back(lo);
+    out.shape.push_back(hi - lo);
+  }
+  return out;
+}
+
+Shape minus(const Shape& a, const Shape& b) {
+  Shape out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+  return out;
+}
+
+// Checks that `boxes` (with their owners' names, for messages) tile `shape`:
+// identical boxes are replicas; any other overlap, or a gap, is an error.
+void check_tiling(std::string_view tensor, const Shape& shape, const std::vector<Box>& boxes,
+                  const std::vector<std::string>& owners) {
+  std::vector<size_t> unique;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    bool replica = false;
+    for (size_t u : unique) {
+      if (boxes[u] == boxes[i]) {
+        replica = true;
+        break;
+      }
+      if (num_elements(boxes[i].shape) > 0 && num_elements(boxes[u].shape) > 0 &&
+          intersect(boxes[u], boxes[i])) {
+        throw invalid(
+            fmt::format("tensor \"{}\": the shard of {} ({}) overlaps the shard of {} ({})", tensor,
+                        owners[i], box_str(boxes[i]), owners[u], box_str(boxes[u])));
+      }
+    }
+    if (!replica) unique.push_back(i);
+  }
+  uint64_t covered = 0;
+  for (size_t u : unique) covered += num_elements(boxes[u].shape);
+  const uint64_t total = num_elements(shape);
+  if (covered != total) {
+    throw invalid(
+        fmt::format("tensor \"{}\": the shards cover {} of its {} elements (global shape "
+                    "{}); some part was saved by no rank",
+                    tensor, covered, total, shape_str(shape)));
+  }
+}
+
+Shape shape_from_json(const nlohmann::json& j, std::string_view what) {
+  if (!j.is_array()) throw invalid(fmt::format("{} is not an array of sizes", what));
+  Shape out;
+  for (const auto& v : j) {
+    if (!v.is_number_unsigned()) throw invalid(fmt::format("{} is not an array of sizes", what));
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+DType dtype_from_json(const nlohmann::json& j, std::string_view what) {
+  if (!j.is_string()) throw invalid(fmt::format("{} is not a dtype name", what));
+  auto d = parse_dtype(j.get<std::string>());
+  if (!d) throw invalid(fmt::format("{}: unknown dtype {}", what, j.dump()));
+  return *d;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// ---- pure planning ----
+
+Box even_split(const Shape& global_shape, size_t dim, int rank, int world_size) {
+  if (dim >= global_shape.size()) {
+    throw invalid(fmt::format("cannot split {} along dimension {}", shape_str(global_shape), dim));
+  }
+  if (world_size <= 0 || rank < 0 || rank >= world_size) {
+    throw invalid(fmt::format("rank {} is not in a world of {}", rank, world_size));
+  }
+  const auto r = static_cast<uint64_t>(rank), w = static_cast<uint64_t>(world_size);
+  const uint64_t n = global_shape[dim], base = n / w, rem = n % w;
+  Box b;
+  b.offsets.assign(global_shape.size(), 0);
+  b.shape = global_shape;
+  b.offsets[dim] = r * base + std::min(r, rem);
+  b.shape[dim] = base + (r < rem ? 1 : 0);
+  return b;
+}
+
+std::vector<CopyRegion> plan_read(const std::vector<Box>& saved, const Box& wanted) {
+  std::vector<CopyRegion> plan;
+  const uint64_t want = num_elements(wanted.shape);
+  if (want == 0) return plan;
+  uint64_t covered = 0;
+  std::vector<size_t> used;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].shape.size() != wanted.shape.size() ||
+        saved[i].offsets.size() != wanted.shape.size()) {
+      throw invalid(fmt::format("saved shard {} ({}) does not have the rank of the wanted box", i,
+                                box_str(saved[i])));
+    }
+    auto part = intersect(saved[i], wanted);
+    if (!part) continue;
+    bool replica = false;
+    for (size_t u : used) {
+      if (saved[u] == saved[i]) {
+        replica = true;
+        break;
+      }
+      if (intersect(saved[u], saved[i])) {
+        throw invalid(fmt::format("saved shards {} ({}) and {} ({}) overlap", u, box_str(saved[u]),
+                                  i, box_str(saved[i])));
+      }
+    }
+    if (replica) continue;
+    used.push_back(i);
+    covered += num_elements(part->shape);
+    plan.push_back({i, Box{minus(part->offsets, saved[i].offsets), part->shape},
+                    Box{minus(part->offsets, wanted.offsets), part->shape}});
+  }
+  if (covered != want) {
+    throw invalid(fmt::format("the saved shards cover {} of the {} elements of {}", covered, want,
+                              box_str(wanted)));
+  }
+  return plan;
+}
+
+void copy_box(std::span<const std::byte> src_data, const Shape& src_shape, const Box& src,
+              std::span<std::byte> dst_data, const Shape& dst_shape, const Box& dst, size_t elem) {
+  check_inside(src, src_shape, "copy source");
+  check_inside(dst, dst_shape, "copy destination");
+  if (src.shape != dst.shape) throw invalid("copy_box: source and destination extents differ");
+  if (src_data.size() != num_elements(src_shape) * elem ||
+      dst_data.size() != num_elements(dst_shape) * elem) {
+    throw invalid("copy_box: buffer sizes do not match their shapes");
+  }
+  const size_t rank = src.shape.size();
+  if (num_elements(src.shape) == 0) return;
+  // The innermost dimensions that both boxes cover whole are one run.
+  size_t inner = rank;  // first dimension of the contiguous run
+  uint64_t run = 1;
+  while (inner > 0) {
+    size_t d = inner - 1;
+    run *= src.shape[d];
+    --inner;
+    if (src.shape[d] != src_shape[d] || dst.shape[d] != dst_shape[d]) break;
+  }
+  // Row-major strides in elements.
+  std::vector<uint64_t> sstride(rank, 1), dstride(rank, 1);
+  for (size_t d = rank; d-- > 1;) {
+    sstride[d - 1] = sstride[d] * src_shape[d];
+    dstride[d - 1] = dstride[d] * dst_shape[d];
+  }
+  // Odometer over the dimensions before `inner`.
+  std::vector<uint64_t> idx(inner, 0);
+  const size_t bytes = static_cast<size_t>(run * elem);
+  while (true) {
+    uint64_t so = 0, dof = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      uint64_t i = d < inner ? idx[d] : 0;
+      so += (src.offsets[d] + i) * sstride[d];
+      dof += (dst.offsets[d] + i) * dstride[d];
+    }
+    std::memcpy(dst_data.data() + dof * elem, src_data.data() + so * elem, bytes);
+    size_t d = inner;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < src.shape[d]) break;
+      idx[d] = 0;
+      if (d == 0) return;
+    }
+    if (inner == 0) return;
+  }
+}
+
+nlohmann::json RankShards::to_json() const {
+  nlohmann::json files_j = nlohmann::json::array();
+  for (const auto& f : files) {
+    files_j.push_back({{"path", f.path}, {"size", f.size}, {"xxh3", hash_to_hex(f.xxh3)}});
+  }
+  nlohmann::json shards_j = nlohmann::json::array();
+  for (const auto& s : shards) {
+    shards_j.push_back({{"tensor", s.tensor},
+                        {"dtype", dtype_name(s.dtype)},
+                        {"global_shape", s.global_shape},
+                        {"offsets", s.box.offsets},
+                        {"shape", s.box.shape},
+                        {"file", s.file}});
+  }
+  return {{"rank", rank}, {"files", files_j}, {"shards", shards_j}};
+}
+
+RankShards RankShards::from_json(const nlohmann::json& j) {
+  try {
+    RankShards r;
+    r.rank = j.at("rank").get<int>();
+    for (const auto& f : j.at("files")) {
+      ManifestEntry e;
+      e.path = f.at("path").get<std::string>();
+      e.size = f.at("size").get<uint64_t>();
+      if (!hash_from_hex(f.at("xxh3").get<std::string>(), e.xxh3)) {
+        throw invalid(fmt::format("file \"{}\": bad xxh3", e.path));
+      }
+      r.files.push_back(std::move(e));
+    }
+    for (const auto& s : j.at("shards")) {
+      Shard sh;
+      sh.tensor = s.at("tensor").get<std::string>();
+      sh.dtype = dtype_from_json(s.at("dtype"), "dtype");
+      sh.global_shape = shape_from_json(s.at("global_shape"), "global_shape");
+      sh.box.offsets = shape_from_json(s.at("offsets"), "offsets");
+      sh.box.shape = shape_from_json(s.at("shape"), "shape");
+      sh.file = s.at("file").get<std::string>();
+      r.shards.push_back(std::move(sh));
+    }
+    return r;
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid(fmt::format("not a rank shard report: {}", e.what()));
+  }
+}
+
+nlohmann::json build_layout(const std::vector<RankShards>& ranks) {
+  struct Tensor {
+    DType dtype;
+    Shape shape;
+    std::vector<Box> boxes;
+    std::vector<std::string> owners;
+    nlohmann::json shards = nlohmann::json::array();
+  };
+  std::map<std::string, Tensor> tensors;
+  std::set<int> seen_ranks;
+  int world = 0;
+  for (const auto& r : ranks) {
+    if (!seen_ranks.insert(r.rank).second)
+      throw invalid(fmt::format("rank {} reported twice", r.rank));
+    world = std::max(world, r.rank + 1);
+    for (const auto& s : r.shards) {
+      const std::string owner = fmt::format("rank {}", r.rank);
+      bool has_file = std::any_of(r.files.begin(), r.files.end(),
+                                  [&](const ManifestEntry& e) { return e.path == s.file; });
+      if (!has_file) {
+        throw invalid(fmt::format("tensor \"{}\": {} names file \"{}\" it did not report writing",
+                                  s.tensor, owner, s.file));
+      }
+      check_inside(s.box, s.global_shape, fmt::format("tensor \"{}\" from {}", s.tensor, owner));
+      auto [it, fresh] = tensors.try_emplace(s.tensor, Tensor{s.dtype, s.global_shape, {}, {}, {}});
+      Tensor& t = it->second;
+      if (!fresh && (t.dtype != s.dtype || t.shape != s.global_shape)) {
+        throw invalid(fmt::format("tensor \"{}\": {} saved it as {}{} but {} as {}{}", s.tensor,
+                                  t.owners.front(), dtype_name(t.dtype), shape_str(t.shape), owner,
+                                  dtype_name(s.dtype), shape_str(s.global_shape)));
+      }
+      t.boxes.push_back(s.box);
+      t.owners.push_back(owner);
+      t.shards.push_back(
+          {{"file", s.file}, {"rank", r.rank}, {"offsets", s.box.offsets}, {"shape", s.box.shape}});
+    }
+  }
+  nlohmann::json out_tensors = nlohmann::json::object();
+  for (auto& [name, t] : tensors) {
+    check_tiling(name, t.shape, t.boxes, t.owners);
+    out_tensors[name] = {
+        {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"shards", std::move(t.shards)}};
+  }
+  return {{"format", kShardedLayoutFormat}, {"world_size", world}, {"tensors", out_tensors}};
+}
+
+// ---- rank side ----
+
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
+
+RankShards save_rank_shards(const StateDict& local, const std::map<std::string, ShardSpec>& specs,
+                            const Checkpoint& dest, int rank, const SaveOptions& options) {
+  if (rank < 0) throw invalid(fmt::format("rank {} is negative", rank));
+  for (const auto& [name, spec] : specs) {
+    if (!local.contains(name)) {
+      throw invalid(
+          fmt::format("rank {}: a shard spec names tensor \"{}\", which is not in the "
+                      "state",
+                      rank, name));
+    }
+  }
+  RankShards out;
+  out.rank = rank;
+  const std::string file = rank_file_name(rank);
+  StateDict copy = local;  // views only
+  nlohmann::json placement = nlohmann::json::object();
+  for (const auto& [name, e] : local.entries()) {
+    RankShards::Shard s;
+    s.tensor = name;
+    s.dtype = e.dtype;
+    s.file = file;
+    s.box.shape = e.shape;
+    auto spec = specs.find(name);
+    if (spec != specs.end()) {
+      s.global_shape = spec->second.global_shape;
+      s.box.offsets = spec->second.offsets;
+    } else {
+      s.global_shape = e.shape;
+      s.box.offsets.assign(e.shape.size(), 0);
+    }
+    check_inside(s.box, s.global_shape, fmt::format("rank {}: tensor \"{}\"", rank, name));
+    placement[name] = {{"global_shape", s.global_shape}, {"offsets", s.box.offsets}};
+    out.shards.push_back(std::move(s));
+  }
+  copy.string_metadata[std::string(kShardsMetadataKey)] = placement.dump();
+  copy.string_metadata["cairn.rank"] = std::to_string(rank);
+  out.files.push_back(save(copy, dest.storage(), file, options));
+  return out;
+}
+
+CheckpointRecord commit_sharded(CheckpointManager& manager, const Checkpoint& reserved,
+                                const std::vector<RankShards>& ranks,
+                                const nlohmann::json& metrics) {
+  nlohmann::json layout = build_layout(ranks);
+  std::vector<ManifestEntry> files;
+  for (const auto& r : ranks) files.insert(files.end(), r.files.begin(), r.files.end());
+  return manager.commit_reserved(reserved, metrics, files, layout);
+}
+
+Manifest commit_sharded(const Checkpoint& dest, const std::vector<RankShards>& ranks,
+                        const nlohmann::json& metrics) {
+  nlohmann::json layout = build_layout(ranks);
+  CheckpointWriter writer(dest);
+  for (const auto& r : ranks) {
+    for (const auto& f : r.files) writer.add_written(f);
+  }
+  writer.set_layout(layout);
+  return writer.commit(metrics, now_seconds());
+}
+
+// ---- reader ----
+
+struct ShardedReader::Impl {
+  struct Shard {
+    std::string file;
+    int rank = 0;
+    Box box;
+  };
+  struct Tensor {
+    DType dtype = DType::kU8;
+    Shape shape;
+    std::vector<Shard> shards;
+    std::vector<Box> boxes;
+  };
+  Checkpoint checkpoint;
+  std::map<std::string, Tensor, std::less<>> tensors;
+  std::map<std::string, uint64_t> checksums;  // file -> xxh3 from the manifest
+  int world_size = 0;
+  std::mutex mu;
+  std::map<std::string, MappedState> open_files;
+
+  explicit Impl(const Checkpoint& cp) : checkpoint(cp) {}
+
+  // Maps a rank file once, after checking it against the manifest.
+  MappedState file(const std::string& key) {
+    std::lock_guard<std::mutex> g(mu);
+    auto it = open_files.find(key);
+    if (it != open_files.end()) return it->second;
+    MappedState m = MappedState::open(checkpoint.storage(), key);
+    Hasher h;
+    h.update(m.file_bytes());
+    if (h.digest() != checksums.at(key)) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: checksum {} does not match the manifest's {}",
+                              checkpoint.storage().uri_of(key), hash_to_hex(h.digest()),
+                              hash_to_hex(checksums.at(key))));
+    }
+    open_files.emplace(key, m);
+    return m;
+  }
+};
+
+ShardedReader::ShardedReader(const Checkpoint& checkpoint)
+    : impl_(std::make_unique<Impl>(checkpoint)) {
+  Manifest manifest = checkpoint.manifest();
+  for (const auto& f : manifest.files) impl_->checksums[f.path] = f.xxh3;
+  const nlohmann::json& layout = manifest.layout;
+  try {
+    if (!layout.is_object() || layout.value("format", "") != kShardedLayoutFormat) {
+      throw invalid("the manifest has no sharded layout (\"format\": \"cairn.sharded/1\")");
+    }
+    impl_->world_size = layout.at("world_size").get<int>();
+    for (const auto& [name, t] : layout.at("tensors").items()) {
+      Impl::Tensor tensor;
+      tensor.dtype = dtype_from_json(t.at("dtype"), fmt::format("tensor \"{}\" dtype", name));
+      tensor.shape = shape_from_json(t.at("shape"), fmt::format("tensor \"{}\" shape", name));
+      std::vector<std::string> owners;
+      for (const auto& s : t.at("shards")) {
+        Impl::Shard shard;
+        shard.file = s.at("file").get<std::string>();
+        shard.rank = s.at("rank").get<int>();
+        shard.box.offsets = shape_from_json(s.at("offsets"), "offsets");
+        shard.box.shape = shape_from_json(s.at("shape"), "shape");
+        if (!impl_->checksums.count(shard.file)) {
+          throw invalid(fmt::format("tensor \"{}\": shard file \"{}\" is not in the manifest", name,
+                                    shard.file));
+        }
+        check_inside(shard.box, tensor.shape, fmt::format("tensor \"{}\"", name));
+        owners.push_back(fmt::format("rank {}", shard.rank));
+        tensor.boxes.push_back(shard.box);
+        tensor.shards.push_back(std::move(shard));
+      }
+      check_tiling(name, tensor.shape, tensor.boxes, owners);
+      impl_->tensors.emplace(name, std::move(tensor));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: malformed sharded layout: {}", checkpoint.uri(), e.what()));
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: malformed sharded layout: {}", checkpoint.uri(), e.what()));
+  }
+}
+
+ShardedReader::~ShardedReader() = default;
+ShardedReader::ShardedReader(ShardedReader&&) noexcept = default;
+
+std::vector<ShardedReader::GlobalTensor> ShardedReader::tensors() const {
+  std::vector<GlobalTensor> out;
+  for (const auto& [name, t] : impl_->tensors) out.push_back({name, t.dtype, t.shape});
+  return out;
+}
+
+int ShardedReader::world_size() const { return impl_->world_size; }
+
+void ShardedReader::read(std::string_view name, const Box& box, std::span<std::byte> out) const {
+  auto it = impl_->tensors.find(name);
+  if (it == impl_->tensors.end()) {
+    throw Error(ErrorCode::kNotFound, fmt::format("{}: no tensor \"{}\" in the sharded layout",
+                                                  impl_->checkpoint.uri(), name));
+  }
+  const Impl::Tensor& t = it->second;
+  check_inside(box, t.shape, fmt::format("tensor \"{}\"", name));
+  const size_t elem = dtype_size(t.dtype);
+  if (out.size() != byte_size(t.dtype, box.shape)) {
+    throw invalid(fmt::format("tensor \"{}\": {} needs {} bytes, the buffer has {}", name,
+                              box_str(box), byte_size(t.dtype, box.shape), out.size()));
+  }
+  for (const CopyRegion& r : plan_read(t.boxes, box)) {
+    const Impl::Shard& shard = t.shards[r.shard];
+    MappedState file = impl_->file(shard.file);
+    TensorView v = file.tensor(name);
+    if (v.dtype != t.dtype || v.shape != shard.box.shape) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: tensor \"{}\" is {}{} but the layout says {}{}", file.source(),
+                              name, dtype_name(v.dtype), shape_str(v.shape), dtype_name(t.dtype),
+                              shape_str(shard.box.shape)));
+    }
+    copy_box(v.bytes, shard.box.shape, r.src, out, box.shape, r.dst, elem);
+  }
+}
+
+LoadReport ShardedReader::load(StateDict& local, const std::map<std::string, ShardSpec>& specs,
+                               bool strict) const {
+  LoadReport report;
+  std::vector<std::pair<std::string, Box>> todo;
+  for (const auto& [name, e] : local.entries()) {
+    auto it = impl_->tensors.find(name);
+    if (it == impl_->tensors.end()) {
+      report.missing.push_back(name);
+      continue;
+    }
+    const Impl::Tensor& t = it->second;
+    auto spec = specs.find(name);
+    Shape global = spec != specs.end() ? spec->second.global_shape : e.shape;
+    Box box{spec != specs.end() ? spec->second.offsets : Shape(e.shape.size(), 0), e.shape};
+    if (e.dtype != t.dtype || global != t.shape) {
+      report.mismatched.push_back(fmt::format("{}: saved {}{}, state {}{}", name,
+                                              dtype_name(t.dtype), shape_str(t.shape),
+                                              dtype_name(e.dtype), shape_str(global)));
+      continue;
+    }
+    if (!e.writable) {
+      report.mismatched.push_back(fmt::format("{}: the state's entry is read-only", name));
+      continue;
+    }
+    try {
+      check_inside(box, t.shape, name);
+    } catch (const Error& err) {
+      report.mismatched.push_back(err.what());
+      continue;
+    }
+    todo.emplace_back(name, std::move(box));
+  }
+  for (const auto& [name, t] : impl_->tensors) {
+    if (!local.contains(name)) report.unexpected.push_back(name);
+  }
+  if (!report.mismatched.empty() || (strict && !report.missing.empty())) {
+    throw invalid(fmt::format("{}: the state does not match the sharded checkpoint: {}",
+                              impl_->checkpoint.uri(), report.describe()));
+  }
+  for (const auto& [name, box] : todo) {
+    read(name, box, local.mutable_bytes(name));
+    report.loaded.push_back(name);
+  }
+  return report;
+}
+
+}  // namespace cairn
