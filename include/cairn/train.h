@@ -126,11 +126,11 @@ struct BestCheckpoint {
 };
 
 struct Result {
-  nlohmann::json metrics;                     // rank 0's last reported metrics
-  std::optional<Checkpoint> checkpoint;       // the latest committed checkpoint
+  nlohmann::json metrics;                        // rank 0's last reported metrics
+  std::optional<Checkpoint> checkpoint;          // the latest committed checkpoint
   std::vector<BestCheckpoint> best_checkpoints;  // kept checkpoints, best first
-  std::string path;                           // the experiment's URI
-  std::optional<std::string> error;           // set when the run failed
+  std::string path;                              // the experiment's URI
+  std::optional<std::string> error;              // set when the run failed
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything. kNotFound if

@@ -26,8 +26,8 @@ void Channel::send(const nlohmann::json& message) {
   const std::string body = message.dump();
   if (body.size() > kMaxMessage) {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("message to {} is {} bytes, over the {} byte limit", peer_,
-                            body.size(), kMaxMessage));
+                fmt::format("message to {} is {} bytes, over the {} byte limit", peer_, body.size(),
+                            kMaxMessage));
   }
   std::string frame(4, '\0');
   const auto n = static_cast<uint32_t>(body.size());
@@ -54,7 +54,8 @@ void Channel::send(const nlohmann::json& message) {
 bool Channel::take_message(nlohmann::json& out) {
   if (buffer_.size() < 4) return false;
   uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(buffer_[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    n |= static_cast<uint32_t>(static_cast<uint8_t>(buffer_[i])) << (8 * i);
   if (n > kMaxMessage) {
     throw Error(ErrorCode::kCorruption,
                 fmt::format("message from {} claims {} bytes (protocol error)", peer_, n));

@@ -85,9 +85,9 @@ ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::
   if (failure_) return {};
   RankState& r = ranks_.at(rank);
   if (r.state != State::kRunning || round != completed_ + 1) {
-    return fail_with(FailureKind::kWorkerFailed, rank,
-                     fmt::format("rank {} sent report #{} out of turn (protocol error)", rank,
-                                 round));
+    return fail_with(
+        FailureKind::kWorkerFailed, rank,
+        fmt::format("rank {} sent report #{} out of turn (protocol error)", rank, round));
   }
   r.state = State::kArrived;
   r.has_checkpoint = has_checkpoint;
@@ -183,8 +183,7 @@ ReportRound::Action ReportRound::on_uploaded(int rank, int round, std::vector<Ma
 
 void ReportRound::on_released() {
   for (auto& r : ranks_) {
-    if (r.state == State::kArrived || r.state == State::kUploading ||
-        r.state == State::kUploaded) {
+    if (r.state == State::kArrived || r.state == State::kUploading || r.state == State::kUploaded) {
       r.state = State::kRunning;
       r.has_checkpoint = false;
       r.files.clear();
@@ -254,12 +253,12 @@ ReportRound::Action ReportRound::tick(double now) {
   }
   if (late.empty()) return {};
   if (phase_ == Phase::kCollecting) {
-    return fail_with(FailureKind::kTimeout, late.front(),
-                     fmt::format("report #{}: rank(s) {} did not call report() within {} s of "
-                                 "rank(s) {}; a rank that stops reporting, or hangs, stops the "
-                                 "group (FailureConfig::report_timeout_s)",
-                                 round_, fmt::join(late, ", "), timeout_s_,
-                                 fmt::join(on_time, ", ")));
+    return fail_with(
+        FailureKind::kTimeout, late.front(),
+        fmt::format("report #{}: rank(s) {} did not call report() within {} s of "
+                    "rank(s) {}; a rank that stops reporting, or hangs, stops the "
+                    "group (FailureConfig::report_timeout_s)",
+                    round_, fmt::join(late, ", "), timeout_s_, fmt::join(on_time, ", ")));
   }
   return fail_with(FailureKind::kTimeout, late.front(),
                    fmt::format("report #{}: rank(s) {} did not finish uploading checkpoint files "

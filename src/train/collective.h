@@ -62,11 +62,11 @@ class ReportRound {
     enum Type { kNone, kAck, kBeginUpload, kCommit, kFinished, kFailed };
     Type type = kNone;
     int round = 0;
-    nlohmann::json metrics;               // rank 0's, for kAck and kCommit
-    std::vector<int> uploaders;           // kBeginUpload
-    std::vector<ManifestEntry> files;     // kCommit, merged
+    nlohmann::json metrics;                  // rank 0's, for kAck and kCommit
+    std::vector<int> uploaders;              // kBeginUpload
+    std::vector<ManifestEntry> files;        // kCommit, merged
     std::map<int, nlohmann::json> metadata;  // kCommit: per-rank checkpoint metadata
-    Failure failure;                      // kFailed
+    Failure failure;                         // kFailed
   };
 
   ReportRound(int world_size, double timeout_s);
@@ -75,8 +75,8 @@ class ReportRound {
   // the event completes (kNone if it completes nothing).
   Action on_report(int rank, int round, const nlohmann::json& metrics, bool has_checkpoint,
                    double now);
-  Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files,
-                     nlohmann::json metadata, double now);
+  Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files, nlohmann::json metadata,
+                     double now);
   Action on_worker_error(int rank, const std::string& message);  // before its exit
   Action on_done(int rank, int count);
   // `cause` describes how it ended ("exited with status 0", ...).
@@ -111,8 +111,8 @@ class ReportRound {
   double timeout_s_;
   std::vector<RankState> ranks_;
   Phase phase_ = Phase::kIdle;
-  int round_ = 0;       // the round being collected (completed_ + 1 while active)
-  int completed_ = 0;   // rounds released
+  int round_ = 0;      // the round being collected (completed_ + 1 while active)
+  int completed_ = 0;  // rounds released
   double deadline_ = 0.0;
   nlohmann::json rank0_metrics_;
   std::optional<Failure> failure_;

@@ -32,13 +32,11 @@ namespace cairn::train_internal {
 namespace {
 
 double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 ManifestEntry entry_from_json(const nlohmann::json& j) {
@@ -61,8 +59,8 @@ class Driver {
       : spec_(spec), start_group_(start_group) {}
 
   Result run() {
-    manager_ = std::make_unique<CheckpointManager>(spec_.experiment_uri,
-                                                   spec_.run.checkpoint_config);
+    manager_ =
+        std::make_unique<CheckpointManager>(spec_.experiment_uri, spec_.run.checkpoint_config);
     storage_ = open_storage(spec_.experiment_uri);
     state_ = read_trainer_state(spec_.experiment_uri);
     if (!state_.is_object() || !spec_.restoring) state_ = nlohmann::json::object();
@@ -105,8 +103,8 @@ class Driver {
       const Failure& f = *out.failure;
       std::string message = f.message;
       if (f.rank >= 0 && !out.stderr_tail.empty()) {
-        message += fmt::format("\n--- last lines of rank {}'s stderr ---\n{}", f.rank,
-                               out.stderr_tail);
+        message +=
+            fmt::format("\n--- last lines of rank {}'s stderr ---\n{}", f.rank, out.stderr_tail);
       }
       state_["failures"] = failures;
       state_["last_failure"] = message;
@@ -121,16 +119,17 @@ class Driver {
                                    attempt + 1, message);
         break;
       }
-      log::warn(fmt::format("training group failed (attempt {}; restarting, {} of {} failures "
-                            "used): {}",
-                            attempt + 1, failures,
-                            budget < 0 ? std::string("unlimited") : std::to_string(budget),
-                            message));
+      log::warn(
+          fmt::format("training group failed (attempt {}; restarting, {} of {} failures "
+                      "used): {}",
+                      attempt + 1, failures,
+                      budget < 0 ? std::string("unlimited") : std::to_string(budget), message));
       save_state();
     }
     result.metrics = last_metrics_;
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
-    for (const auto& r : manager_->best()) result.best_checkpoints.push_back({r.checkpoint, r.metrics});
+    for (const auto& r : manager_->best())
+      result.best_checkpoints.push_back({r.checkpoint, r.metrics});
     state_["status"] = result.error ? "errored" : "finished";
     state_["error"] = result.error ? nlohmann::json(*result.error) : nlohmann::json(nullptr);
     state_["metrics"] = last_metrics_;
@@ -206,7 +205,8 @@ class Driver {
     try {
       const std::string t = m.value("t", "");
       if (t == "report") {
-        return round.on_report(e.rank, m.at("round").get<int>(), m.value("metrics", nlohmann::json::object()),
+        return round.on_report(e.rank, m.at("round").get<int>(),
+                               m.value("metrics", nlohmann::json::object()),
                                m.value("checkpoint", false), now);
       }
       if (t == "uploaded") {
@@ -240,9 +240,9 @@ class Driver {
         try {
           reserved = manager_->reserve_next();
         } catch (const Error& e) {
-          record_failure(round.fail({FailureKind::kDriver, -1,
-                                     fmt::format("reserving a checkpoint for report #{}: {}",
-                                                 a.round, e.what())}));
+          record_failure(round.fail(
+              {FailureKind::kDriver, -1,
+               fmt::format("reserving a checkpoint for report #{}: {}", a.round, e.what())}));
           return;
         }
         for (int r : a.uploaders) {
@@ -265,9 +265,9 @@ class Driver {
           CheckpointRecord rec = manager_->commit_reserved(*reserved, a.metrics, a.files);
           uri = rec.checkpoint.uri();
         } catch (const Error& e) {
-          record_failure(round.fail({FailureKind::kDriver, -1,
-                                     fmt::format("committing report #{}'s checkpoint: {}",
-                                                 a.round, e.what())}));
+          record_failure(round.fail(
+              {FailureKind::kDriver, -1,
+               fmt::format("committing report #{}'s checkpoint: {}", a.round, e.what())}));
           return;
         }
         reserved.reset();
@@ -325,12 +325,13 @@ ExperimentLocation locate_experiment(const RunConfig& run) {
   if (loc.storage_path.empty()) {
     const char* env = std::getenv("CAIRN_STORAGE_PATH");
     const char* home = std::getenv("HOME");
-    loc.storage_path = env && *env ? std::string(env)
-                                   : (std::filesystem::path(home ? home : ".") / "cairn_results")
-                                         .string();
+    loc.storage_path = env && *env
+                           ? std::string(env)
+                           : (std::filesystem::path(home ? home : ".") / "cairn_results").string();
   }
   const bool is_uri = loc.storage_path.find("://") != std::string::npos;
-  if (!is_uri) loc.storage_path = std::filesystem::absolute(loc.storage_path).lexically_normal().string();
+  if (!is_uri)
+    loc.storage_path = std::filesystem::absolute(loc.storage_path).lexically_normal().string();
   while (loc.storage_path.size() > 1 && loc.storage_path.back() == '/') loc.storage_path.pop_back();
   loc.name = run.name;
   if (loc.name.empty()) {

@@ -30,9 +30,9 @@ struct GroupEvent {
 struct LaunchSpec {
   TrainFn train_fn;
   nlohmann::json train_loop_config;
-  TrainContext context;                      // world_rank etc. are filled per rank
+  TrainContext context;                       // world_rank etc. are filled per rank
   std::optional<std::string> checkpoint_uri;  // get_checkpoint()
-  std::string scratch_dir;                   // node-local; removed after the attempt
+  std::string scratch_dir;                    // node-local; removed after the attempt
 };
 
 class Group {

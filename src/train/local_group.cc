@@ -12,12 +12,12 @@
 //   - leaves with _exit(), so no destructor of the driver's objects runs in
 //     the child (a FileLock destructor there would unlock the driver's lock).
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <poll.h>
 
 #include <cerrno>
 #include <chrono>

@@ -12,14 +12,14 @@ namespace cairn {
 
 void FailureConfig::validate() const {
   if (max_failures < -1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("FailureConfig::max_failures is {}; use -1 (unlimited) or >= 0",
-                            max_failures));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("FailureConfig::max_failures is {}; use -1 (unlimited) or >= 0", max_failures));
   }
   if (!(report_timeout_s > 0)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("FailureConfig::report_timeout_s is {}; it must be > 0",
-                            report_timeout_s));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("FailureConfig::report_timeout_s is {}; it must be > 0", report_timeout_s));
   }
 }
 
@@ -56,8 +56,9 @@ Result Trainer::fit() {
   spec.resume_from_checkpoint = resume_from_checkpoint_;
   spec.restoring = restoring_;
 
-  const bool mpi = scaling_config_.launcher == Launcher::kMpi ||
-                   (scaling_config_.launcher == Launcher::kAuto && train_internal::launched_by_mpi());
+  const bool mpi =
+      scaling_config_.launcher == Launcher::kMpi ||
+      (scaling_config_.launcher == Launcher::kAuto && train_internal::launched_by_mpi());
   if (mpi) return train_internal::fit_mpi(spec, scaling_config_.num_workers);
 
   if (scaling_config_.num_workers < 1) {
@@ -85,9 +86,9 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
                          std::optional<nlohmann::json> train_loop_config) {
   nlohmann::json state = train_internal::read_trainer_state(path);
   if (!state.is_object()) {
-    throw Error(ErrorCode::kNotFound,
-                fmt::format("{}: no trainer state here (trainer_state.json); nothing to restore",
-                            path));
+    throw Error(
+        ErrorCode::kNotFound,
+        fmt::format("{}: no trainer state here (trainer_state.json); nothing to restore", path));
   }
   RunConfig run;
   run.name = state.value("name", "");
@@ -103,8 +104,8 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
     resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
   }
   Trainer t(std::move(train_fn),
-            train_loop_config ? *train_loop_config : state.value("train_loop_config",
-                                                                 nlohmann::json::object()),
+            train_loop_config ? *train_loop_config
+                              : state.value("train_loop_config", nlohmann::json::object()),
             scaling, run, resume);
   t.restoring_ = true;
   return t;
@@ -114,8 +115,9 @@ Result Result::from_path(std::string_view path) {
   ExperimentListing listing = read_experiment(path);
   nlohmann::json state = train_internal::read_trainer_state(path);
   if (!state.is_object() && listing.checkpoints.empty()) {
-    throw Error(ErrorCode::kNotFound,
-                fmt::format("{}: no experiment here (no trainer_state.json, no checkpoints)", path));
+    throw Error(
+        ErrorCode::kNotFound,
+        fmt::format("{}: no experiment here (no trainer_state.json, no checkpoints)", path));
   }
   Result r;
   r.path = std::string(path);

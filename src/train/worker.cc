@@ -133,9 +133,8 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
       ch.send({{"t", "uploaded"}, {"round", round}, {"files", list}, {"metadata", metadata}});
       continue;
     }
-    throw Error(ErrorCode::kInternal,
-                fmt::format("rank {}: unexpected message from the driver: {}",
-                            s.context.world_rank, m->dump()));
+    throw Error(ErrorCode::kInternal, fmt::format("rank {}: unexpected message from the driver: {}",
+                                                  s.context.world_rank, m->dump()));
   }
   throw Error(ErrorCode::kInternal,
               fmt::format("rank {}: report #{} did not complete", s.context.world_rank, round));

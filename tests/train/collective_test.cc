@@ -139,8 +139,8 @@ TEST(ReportRound, DifferentContentsUnderOneNameIsAConflictNamingBothRanks) {
 }
 
 TEST(MergeRankFiles, IdenticalFilesFromSeveralRanksAreOneEntry) {
-  auto merged = merge_rank_files({{0, {entry("x", 5, 9), entry("r0", 1, 1)}},
-                                  {1, {entry("x", 5, 9), entry("r1", 1, 2)}}});
+  auto merged = merge_rank_files(
+      {{0, {entry("x", 5, 9), entry("r0", 1, 1)}}, {1, {entry("x", 5, 9), entry("r1", 1, 2)}}});
   ASSERT_EQ(merged.size(), 3u);
   EXPECT_EQ(merged[0].path, "r0");
   EXPECT_EQ(merged[1].path, "r1");

@@ -67,8 +67,13 @@ void sharded_loop(const nlohmann::json& config) {
   for (int epoch = start; epoch < config.at("epochs").get<int>(); ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 0)));
     train::TemporaryDirectory tmp;
-    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank), shard_bytes(epoch, rank, n));
+    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
+               shard_bytes(epoch, rank, n));
     if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    // Extra small files make an upload last (each is made durable on its own).
+    for (int i = 0; i < config.value("extra_files", 0); ++i) {
+      write_file(fs::path(tmp.path()) / fmt::format("extra-{}-{}", rank, i), std::to_string(i));
+    }
     train::report({{"epoch", epoch}}, Checkpoint::from_directory(tmp.path()));
   }
 }
@@ -188,9 +193,13 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
   TempDir dir;
   fs::create_directories(dir.path() / "pids");
   const fs::path experiment = dir.path() / "exp";
-  const nlohmann::json slow = {{"epochs", 10},
+  // Slow enough that the driver is still training when it is killed; large
+  // enough shards that an upload is in progress for a while.
+  const int epochs = 40;
+  const nlohmann::json slow = {{"epochs", epochs},
                                {"shard_bytes", 1 << 20},
-                               {"sleep_ms", 60},
+                               {"sleep_ms", 50},
+                               {"extra_files", during_upload ? 24 : 0},
                                {"pid_dir", (dir.path() / "pids").string()}};
   RunConfig run;
   run.name = "exp";
@@ -203,28 +212,38 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
     ::_exit(0);
   }
   std::mt19937 rng(seed);
-  const int min_committed = 2 + static_cast<int>(rng() % 3);
+  // At most num_to_keep (3) checkpoints are visible at once.
+  const int min_committed = 2 + static_cast<int>(rng() % 2);
   auto deadline = std::chrono::steady_clock::now() + 20s;
   Seen s;
+  std::vector<pid_t> workers;
   while (std::chrono::steady_clock::now() < deadline) {
     s = look(experiment);
-    if (static_cast<int>(s.committed.size()) >= min_committed && (!during_upload || s.uploading)) {
-      break;
+    if (static_cast<int>(s.committed.size()) >= min_committed) {
+      if (workers.empty()) {
+        for (int rank = 0; rank < 2; ++rank) {
+          auto p = read_pid(dir.path() / "pids" / fmt::format("rank-{}", rank));
+          if (p) workers.push_back(*p);
+        }
+      }
+      if (!during_upload || s.uploading) break;
     }
     std::this_thread::sleep_for(1ms);
   }
-  if (!during_upload) std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 80));
-  s = look(experiment);
-  std::vector<pid_t> workers;
-  for (int rank = 0; rank < 2; ++rank) {
-    if (auto p = read_pid(dir.path() / "pids" / fmt::format("rank-{}", rank))) workers.push_back(*p);
+  if (!during_upload) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 80));
+    s = look(experiment);
   }
   ASSERT_EQ(::kill(driver, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(driver, &status, 0), driver);
-  ASSERT_TRUE(WIFSIGNALED(status));
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the driver finished before it was killed";
+  if (during_upload) {
+    ASSERT_TRUE(s.uploading) << "no upload was caught in progress";
+  }
   // The workers die with their driver; none is left running.
-  for (pid_t w : workers) EXPECT_TRUE(testing::wait_gone(w, 5s)) << "worker " << w << " outlived the driver";
+  for (pid_t w : workers)
+    EXPECT_TRUE(testing::wait_gone(w, 5s)) << "worker " << w << " outlived the driver";
   ASSERT_GE(s.committed.size(), 2u) << "the driver made no progress in 20 s";
 
   // Nothing committed before the kill is lost.
@@ -241,11 +260,14 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
   ASSERT_TRUE(Trainer::can_restore(experiment.string()));
   nlohmann::json fast = slow;
   fast["sleep_ms"] = 0;
+  fast["extra_files"] = 0;
+  const int final_epoch = latest_epoch + 3;  // a few more epochs are enough to show it continues
+  fast["epochs"] = final_epoch + 1;
   fs::remove_all(dir.path() / "pids");
   fs::create_directories(dir.path() / "pids");
   Result r = Trainer::restore(experiment.string(), sharded_loop, fast).fit();
   ASSERT_FALSE(r.error) << *r.error;
-  EXPECT_EQ(r.metrics["epoch"], 9);
+  EXPECT_EQ(r.metrics["epoch"], final_epoch);
   // It continued from the latest checkpoint...
   std::string resumed;
   for (auto& e : fs::directory_iterator(dir.path() / "pids")) {

@@ -37,8 +37,9 @@ inline size_t expect_all_verify(const std::string& experiment) {
   for (const auto& rec : listing.checkpoints) {
     auto problems = rec.checkpoint.verify();
     EXPECT_TRUE(problems.empty()) << rec.name << ": " << problems.size() << " problem(s), first "
-                                  << (problems.empty() ? "" : problems[0].path + " " +
-                                                                  problems[0].reason);
+                                  << (problems.empty()
+                                          ? ""
+                                          : problems[0].path + " " + problems[0].reason);
   }
   return listing.checkpoints.size();
 }

@@ -110,8 +110,8 @@ TEST(Trainer, EveryRanksShardLandsInOneCommittedCheckpoint) {
   Manifest m = r.checkpoint->manifest();
   std::vector<std::string> names;
   for (auto& f : m.files) names.push_back(f.path);
-  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model-rank=0.bin",
-                                             "model-rank=1.bin", "model-rank=2.bin"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"config.json", "model-rank=0.bin", "model-rank=1.bin",
+                                             "model-rank=2.bin"}));
   EXPECT_TRUE(r.checkpoint->verify().empty());
   EXPECT_EQ(m.metrics["step"], 1);
 }
@@ -120,7 +120,8 @@ TEST(Trainer, TwoRanksWritingOneNameDifferentlyFailNamingBothAndCommitNothing) {
   TempDir dir;
   auto fn = [](const nlohmann::json&) {
     train::TemporaryDirectory tmp;
-    write_file(fs::path(tmp.path()) / "model.pt", fmt::format("rank {}", train::get_context().world_rank));
+    write_file(fs::path(tmp.path()) / "model.pt",
+               fmt::format("rank {}", train::get_context().world_rank));
     train::report({}, Checkpoint::from_directory(tmp.path()));
   };
   RunConfig run = run_in(dir);
@@ -187,8 +188,9 @@ TEST(Trainer, ExceptionRestartsTheGroupFromTheLatestCheckpoint) {
     }
     epoch_loop(config);
   };
-  Result r = Trainer(fn, {{"epochs", 5}, {"fail_at_epoch", 2}}, ScalingConfig{.num_workers = 2}, run)
-                 .fit();
+  Result r =
+      Trainer(fn, {{"epochs", 5}, {"fail_at_epoch", 2}}, ScalingConfig{.num_workers = 2}, run)
+          .fit();
   ASSERT_FALSE(r.error) << *r.error;
   EXPECT_EQ(slurp(dir.path() / "resumed-0"), "none");
   EXPECT_EQ(slurp(dir.path() / "resumed-1"), "1") << "restart resumes from epoch 1's checkpoint";
@@ -241,8 +243,9 @@ TEST(Trainer, WorkerKilledBySignalOrExitingNonZeroIsAFailure) {
     };
     Result r = Trainer(fn, {}, ScalingConfig{.num_workers = 2}, run).fit();
     ASSERT_TRUE(r.error);
-    EXPECT_NE(r.error->find(mode == 0 ? "was killed by signal 9 (SIGKILL)" : "exited with status 3"),
-              std::string::npos)
+    EXPECT_NE(
+        r.error->find(mode == 0 ? "was killed by signal 9 (SIGKILL)" : "exited with status 3"),
+        std::string::npos)
         << *r.error;
     EXPECT_NE(r.error->find("rank 1"), std::string::npos) << *r.error;
   }
@@ -251,9 +254,9 @@ TEST(Trainer, WorkerKilledBySignalOrExitingNonZeroIsAFailure) {
 
 TEST(Trainer, ResumeFromCheckpointSeedsTheFirstGetCheckpoint) {
   TempDir dir;
-  Result first = Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1},
-                         run_in(dir, "first"))
-                     .fit();
+  Result first =
+      Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1}, run_in(dir, "first"))
+          .fit();
   ASSERT_FALSE(first.error) << *first.error;
   ASSERT_TRUE(first.checkpoint);
   Result second = Trainer(epoch_loop, {{"epochs", 4}}, ScalingConfig{.num_workers = 2},
@@ -321,9 +324,9 @@ TEST(Trainer, TrainApiOutsideAWorkerThrows) {
 TEST(Trainer, BadConfigurationIsRefusedBeforeAnythingStarts) {
   TempDir dir;
   auto fn = [](const nlohmann::json&) {};
-  EXPECT_THROW(Trainer(fn, {}, ScalingConfig{.num_workers = 0, .launcher = Launcher::kLocal},
-                       run_in(dir)),
-               Error);
+  EXPECT_THROW(
+      Trainer(fn, {}, ScalingConfig{.num_workers = 0, .launcher = Launcher::kLocal}, run_in(dir)),
+      Error);
   RunConfig bad = run_in(dir);
   bad.failure_config.max_failures = -2;
   EXPECT_THROW(Trainer(fn, {}, ScalingConfig{}, bad), Error);
