@@ -9,9 +9,8 @@
 //
 // Processes. fit() runs train_fn in `num_workers` worker processes (the
 // ranks). With the local launcher the calling process is the driver and forks
-// the workers; with MPI every process started by mpirun runs the same
-// program, MPI rank 0 is the driver, and each MPI process forks one worker
-// (see docs/train.md, "Multi-node"). Workers are killed when the driver dies
+// the workers (the MPI launcher for multi-node runs is designed in
+// docs/train.md, "Multi-node", but not available yet). Workers are killed when the driver dies
 // (even by SIGKILL), so a dead driver never leaves a group running. Because
 // workers are forked, the driver should call fit() from the thread that will
 // live for the whole run, and not hold locks in other threads at that time.
@@ -60,7 +59,7 @@ namespace cairn {
 enum class Launcher {
   kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else local
   kLocal,  // fork num_workers processes on this machine
-  kMpi,    // one worker per MPI process; needs a build with MPI
+  kMpi,    // one worker per MPI process: not available yet, fit() throws (docs/train.md)
 };
 
 struct ScalingConfig {
@@ -145,9 +144,7 @@ class Trainer {
 
   // Runs the training to its end. Worker failures end up in Result::error;
   // configuration and storage problems on the driver (a bad storage path, an
-  // experiment locked by another live driver) throw cairn::Error. Under MPI,
-  // every process calls fit(); rank 0 returns the Result, the others return
-  // a Result with only `path` (and `error` if the run failed).
+  // experiment locked by another live driver) throw cairn::Error.
   Result fit();
 
   // True if `path` holds an experiment started by a Trainer.

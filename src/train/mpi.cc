@@ -33,12 +33,10 @@ void check_shared_storage(const std::vector<std::string>& hosts,
   }
 }
 
-#ifndef CAIRN_HAVE_MPI_LAUNCH
 Result fit_mpi(DriverSpec, int) {
   throw Error(ErrorCode::kFailedPrecondition,
-              "this build of Cairn has no MPI support (rebuild with libopenmpi-dev installed), "
-              "but the program was started by an MPI launcher or asked for Launcher::kMpi");
+              "launching workers with MPI is not available yet (docs/train.md, \"Multi-node\"): "
+              "the program was started by an MPI launcher or asked for Launcher::kMpi; run it "
+              "without mpirun and use Launcher::kLocal");
 }
-#endif
-
 }  // namespace cairn::train_internal

@@ -1,4 +1,6 @@
-// The MPI launcher (docs/train.md, "Multi-node"). Every process started by
+// The MPI launcher (docs/train.md, "Multi-node"). NOT IMPLEMENTED YET: only
+// launch detection and the shared-storage rule exist; fit_mpi() throws. The
+// design it is to follow: every process started by
 // mpirun runs the program and calls Trainer::fit(); MPI is used only to
 // bootstrap (rank 0 broadcasts its control address) and to wait for the end.
 // MPI rank 0 is the driver; every MPI process, rank 0 included, is an agent
@@ -15,7 +17,7 @@ namespace cairn::train_internal {
 // PMI_SIZE or PMIX_RANK is set).
 bool launched_by_mpi();
 
-// fit() under MPI. Throws kFailedPrecondition in a build without MPI.
+// fit() under MPI. For now throws kFailedPrecondition saying it is not available.
 Result fit_mpi(DriverSpec spec, int num_workers);
 
 // Multi-node storage rule, as a pure function for tests: a run whose ranks

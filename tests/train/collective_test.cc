@@ -2,6 +2,7 @@
 #include "train/collective.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -214,6 +215,26 @@ TEST(SharedStorage, RankOnAnotherHostThatCannotSeeTheProbeIsRefusedByName) {
     std::string m = e.what();
     EXPECT_NE(m.find("rank 2 on host b"), std::string::npos) << m;
     EXPECT_NE(m.find("file:///local/exp is not shared"), std::string::npos) << m;
+  }
+}
+
+TEST(MpiLaunch, DetectedFromTheLaunchersEnvironment) {
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  ::unsetenv("PMI_SIZE");
+  ::unsetenv("PMIX_RANK");
+  EXPECT_FALSE(launched_by_mpi());
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_TRUE(launched_by_mpi());
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+}
+
+TEST(MpiLaunch, AskingForMpiFailsClearlyUntilTheLauncherExists) {
+  try {
+    fit_mpi(DriverSpec{}, 2);
+    FAIL() << "expected kFailedPrecondition";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("Launcher::kLocal"), std::string::npos) << e.what();
   }
 }
 
