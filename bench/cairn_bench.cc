@@ -13,12 +13,8 @@
 
 #include "bench_util.h"
 
-#ifdef CAIRN_BENCH_HAVE_FORMAT
 #include "cairn/state.h"
-#endif
-#ifdef CAIRN_BENCH_HAVE_MANAGER
 #include "cairn/state_manager.h"
-#endif
 
 namespace cb = cairn::bench;
 
@@ -40,8 +36,6 @@ cb::Measurement bench_memcpy(const std::vector<cb::TensorSpec>& specs,
         }
       });
 }
-
-#ifdef CAIRN_BENCH_HAVE_FORMAT
 
 cairn::Shape to_shape(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
@@ -131,7 +125,6 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
   }
   std::filesystem::remove(path);
 
-#ifdef CAIRN_BENCH_HAVE_MANAGER
   // Through the manager: the full checkpoint path (manifest with checksums,
   // commit, retention) and the async save's stall.
   const auto exp = opts.dir / "cairn-exp";
@@ -174,10 +167,7 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
     results.push_back(total);
   }
   std::filesystem::remove_all(exp);
-#endif  // CAIRN_BENCH_HAVE_MANAGER
 }
-
-#endif  // CAIRN_BENCH_HAVE_FORMAT
 
 }  // namespace
 
@@ -196,19 +186,8 @@ int main(int argc, char** argv) {
     std::string cache_drop = "none";
     std::vector<cb::Measurement> results;
     results.push_back(bench_memcpy(specs, state, opts.runs));
-#ifdef CAIRN_BENCH_HAVE_FORMAT
     bench_cairn(opts, specs, state, cache_drop, results);
-#endif
-    // Which parts of the engine this binary was built with (the benchmark
-    // builds before the state engine exists, measuring memcpy only).
-    nlohmann::json engine = nlohmann::json::array();
-#ifdef CAIRN_BENCH_HAVE_FORMAT
-    engine.push_back("format");
-#endif
-#ifdef CAIRN_BENCH_HAVE_MANAGER
-    engine.push_back("manager");
-#endif
-    cb::write_report(opts, "cairn", specs, cache_drop, results, {{"engine", engine}});
+    cb::write_report(opts, "cairn", specs, cache_drop, results);
   } catch (const std::exception& e) {
     std::cerr << "cairn_bench: " << e.what() << "\n";
     return 1;

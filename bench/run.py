@@ -245,7 +245,6 @@ def main():
             args.dir, free / 1e9, (2 * nbytes + (1 << 30)) / 1e9))
 
     tools, results, cache_drops = {}, [], set()
-    engine = []
     scratch = tempfile.mkdtemp(prefix="cairn-bench-json-")
     try:
         fio_before = fio(args, nbytes, env)
@@ -259,8 +258,6 @@ def main():
         for name, cmd in parts:
             r = tool_json(cmd, env, os.path.join(scratch, name + ".json"))
             tools[name] = r["tool"]
-            if name == "cairn":
-                engine = r.get("engine", [])
             cache_drops.add(r["cache_drop"])
             results += r["results"]
 
@@ -305,11 +302,9 @@ def main():
         print("\nreport written to " + args.json)
     if args.smoke:
         names = {r["name"] for r in results}
-        expected = {"fio.write", "fio.read", "memcpy"}
-        if "format" in engine:
-            expected |= {"cairn.save", "cairn.load_copy", "cairn.load_mmap", "cairn.load_fresh"}
-        if "manager" in engine:
-            expected |= {"cairn.save_checkpoint", "cairn.async_stall", "cairn.async_total"}
+        expected = {"fio.write", "fio.read", "memcpy", "cairn.save", "cairn.load_copy",
+                    "cairn.load_mmap", "cairn.load_fresh", "cairn.save_checkpoint",
+                    "cairn.async_stall", "cairn.async_total"}
         if args.libtorch:
             expected |= {"libtorch.save", "libtorch.load"}
         if not args.no_torch_python:
