@@ -42,28 +42,39 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) corrupt(source, "manifest is not valid JSON");
   if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
-  if (j.value("format", "") != kFormat)
+  // Fields are looked up with find(): operator[] on a const object with a
+  // missing key is undefined behaviour in nlohmann::json.
+  auto field = [](const nlohmann::json& obj, const char* key) -> const nlohmann::json* {
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  };
+  const nlohmann::json* format = field(j, "format");
+  if (!format || !format->is_string() || format->get<std::string>() != kFormat) {
     corrupt(source, "manifest has no \"format\": \"cairn-checkpoint\"");
-  Manifest m;
-  const auto& version = j["version"];
-  if (!version.is_number_integer() || version.get<int>() != 1) {
-    corrupt(source, fmt::format("unsupported manifest version {}", version.dump()));
   }
-  if (!j["created_at"].is_number()) corrupt(source, "manifest \"created_at\" is not a number");
-  m.created_at = j["created_at"].get<double>();
-  m.metrics = j.contains("metrics") ? j["metrics"] : nlohmann::json::object();
+  Manifest m;
+  const nlohmann::json* version = field(j, "version");
+  if (!version || !version->is_number_integer() || *version != 1) {
+    corrupt(source, fmt::format("unsupported manifest version {}",
+                                version ? version->dump() : "(missing)"));
+  }
+  const nlohmann::json* created = field(j, "created_at");
+  if (!created || !created->is_number()) corrupt(source, "manifest \"created_at\" is not a number");
+  m.created_at = created->get<double>();
+  const nlohmann::json* metrics = field(j, "metrics");
+  m.metrics = metrics ? *metrics : nlohmann::json::object();
   if (!m.metrics.is_object()) corrupt(source, "manifest \"metrics\" is not an object");
-  if (j.contains("layout")) m.layout = j["layout"];
-  const auto& files = j["files"];
-  if (!files.is_array()) corrupt(source, "manifest \"files\" is not an array");
+  if (const nlohmann::json* layout = field(j, "layout")) m.layout = *layout;
+  const nlohmann::json* files = field(j, "files");
+  if (!files || !files->is_array()) corrupt(source, "manifest \"files\" is not an array");
   std::set<std::string> seen;
-  for (size_t i = 0; i < files.size(); ++i) {
-    const auto& f = files[i];
+  for (size_t i = 0; i < files->size(); ++i) {
+    const nlohmann::json& f = (*files)[i];
     std::string where = fmt::format("manifest entry {}", i);
-    if (!f.is_object() || !f["path"].is_string())
-      corrupt(source, where + " has no \"path\" string");
+    const nlohmann::json* path = f.is_object() ? field(f, "path") : nullptr;
+    if (!path || !path->is_string()) corrupt(source, where + " has no \"path\" string");
     ManifestEntry e;
-    e.path = f["path"].get<std::string>();
+    e.path = path->get<std::string>();
     where = fmt::format("manifest entry {} (\"{}\")", i, e.path);
     try {
       validate_key(e.path, /*is_stored=*/true);
@@ -73,9 +84,11 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
     if (e.path == kCairnDir || e.path.rfind(std::string(kCairnDir) + "/", 0) == 0) {
       corrupt(source, where + " names a file inside .cairn/");
     }
-    if (!f["size"].is_number_unsigned()) corrupt(source, where + " has no unsigned \"size\"");
-    e.size = f["size"].get<uint64_t>();
-    if (!f["xxh3"].is_string() || !hash_from_hex(f["xxh3"].get<std::string>(), e.xxh3)) {
+    const nlohmann::json* size = field(f, "size");
+    if (!size || !size->is_number_unsigned()) corrupt(source, where + " has no unsigned \"size\"");
+    e.size = size->get<uint64_t>();
+    const nlohmann::json* xxh3 = field(f, "xxh3");
+    if (!xxh3 || !xxh3->is_string() || !hash_from_hex(xxh3->get<std::string>(), e.xxh3)) {
       corrupt(source, where + " has no 16-hex-digit \"xxh3\" checksum");
     }
     if (!seen.insert(e.path).second) corrupt(source, where + " is listed twice");

@@ -114,29 +114,39 @@ StoredState read_state(Storage& storage) {
   StoredState s;
   if (!storage.exists(kStateKey)) return s;
   const std::string where = storage.uri_of(kStateKey);
-  nlohmann::json j = nlohmann::json::parse(storage.get(kStateKey), nullptr, false);
   auto corrupt = [&](std::string_view why) {
     return Error(ErrorCode::kCorruption,
                  fmt::format("{}: {} (delete this file to rebuild the history from the "
                              "checkpoints' manifests)",
                              where, why));
   };
+  nlohmann::json j = nlohmann::json::parse(storage.get(kStateKey), nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw corrupt("not a JSON object");
-  if (j.value("format", "") != kStateFormat) throw corrupt("not a Cairn manager state file");
-  if (!j["checkpoints"].is_array()) throw corrupt("\"checkpoints\" is not an array");
-  s.present = true;
-  s.created_at = j.value("created_at", 0.0);
-  s.next_index = j.value("next_index", uint64_t{0});
-  if (j["last_pinned_at"].is_number()) s.last_pinned_at = j["last_pinned_at"].get<double>();
-  s.config = config_from_json(j["config"]);
-  for (const auto& r : j["checkpoints"]) {
-    if (!r.is_object() || !r["index"].is_number_unsigned())
-      throw corrupt("a checkpoint record has no index");
-    StoredState::Entry e;
-    e.metrics = r.value("metrics", nlohmann::json::object());
-    e.created_at = r.value("created_at", 0.0);
-    e.pinned = r.value("pinned", false);
-    s.records[r["index"].get<uint64_t>()] = std::move(e);
+  try {
+    if (j.value("format", "") != kStateFormat) throw corrupt("not a Cairn manager state file");
+    if (!j.contains("checkpoints") || !j["checkpoints"].is_array()) {
+      throw corrupt("\"checkpoints\" is not an array");
+    }
+    s.present = true;
+    s.created_at = j.value("created_at", 0.0);
+    s.next_index = j.value("next_index", uint64_t{0});
+    if (j.contains("last_pinned_at") && j["last_pinned_at"].is_number()) {
+      s.last_pinned_at = j["last_pinned_at"].get<double>();
+    }
+    s.config = config_from_json(j.contains("config") ? j["config"] : nlohmann::json());
+    for (const auto& r : j["checkpoints"]) {
+      if (!r.is_object() || !r.contains("index") || !r["index"].is_number_unsigned()) {
+        throw corrupt("a checkpoint record has no index");
+      }
+      StoredState::Entry e;
+      e.metrics = r.value("metrics", nlohmann::json::object());
+      e.created_at = r.value("created_at", 0.0);
+      e.pinned = r.value("pinned", false);
+      s.records[r["index"].get<uint64_t>()] = std::move(e);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type (value() throws type_error).
+    throw corrupt(fmt::format("malformed field: {}", e.what()));
   }
   return s;
 }

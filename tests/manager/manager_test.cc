@@ -399,6 +399,20 @@ TEST_F(ManagerTest, ACorruptHistoryFileIsNamedAndNothingIsDeleted) {
     CheckpointManager m(dir.str(), {}, quiet());
     m.register_checkpoint({}, source("s", "x"));
   }
+  for (std::string bad :
+       {std::string("[1]"), std::string(R"({"format": 7, "checkpoints": []})"),
+        std::string(
+            R"({"format": "cairn-manager", "checkpoints": [{"index": 0, "pinned": "yes"}]})")}) {
+    write_text(dir / "checkpoint_manager.json", bad);
+    try {
+      CheckpointManager m(dir.str(), {}, quiet());
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorruption) << bad;
+      EXPECT_NE(std::string(e.what()).find("checkpoint_manager.json"), std::string::npos)
+          << e.what();
+    }
+  }
   write_text(dir / "checkpoint_manager.json", "{not json");
   try {
     CheckpointManager m(dir.str(), {}, quiet());
