@@ -149,6 +149,7 @@ class FileWriter final : public Writer {
   void append(std::span<const std::byte> data) override {
     write_all(fd_.get(), data, name_);
     written_ += data.size();
+    start_writeback(data.size());
   }
 
   void write_at(uint64_t offset, std::span<const std::byte> data) override {
@@ -166,6 +167,7 @@ class FileWriter final : public Writer {
     uint64_t seen = written_.load();
     while (end > seen && !written_.compare_exchange_weak(seen, end)) {
     }
+    start_writeback(data.size());
   }
 
   void commit() override {
@@ -188,12 +190,15 @@ class FileWriter final : public Writer {
   uint64_t bytes_written() const override { return written_; }
 
  private:
+  void start_writeback(uint64_t n) { writeback_.wrote(fd_.get(), n); }
+
   fs::path final_;
   fs::path temp_;
   std::string name_;
   fs::path prune_limit_;
   UniqueFd fd_;
   std::atomic<uint64_t> written_{0};
+  WritebackHint writeback_;
   bool committed_ = false;
 };
 

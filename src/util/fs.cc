@@ -115,6 +115,13 @@ std::string read_file(const std::filesystem::path& path) {
   return out;
 }
 
+void WritebackHint::wrote(int fd, uint64_t bytes) {
+  constexpr uint64_t kStep = 32 << 20;
+  if (unflushed_.fetch_add(bytes) + bytes < kStep) return;
+  unflushed_ = 0;
+  ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);  // ignore-error: a hint
+}
+
 std::filesystem::path make_temp_dir(std::string_view prefix) {
   const char* tmp = std::getenv("TMPDIR");
   std::string templ = fmt::format("{}/{}XXXXXX", (tmp && *tmp) ? tmp : "/tmp", prefix);
