@@ -102,10 +102,15 @@ class CheckpointManager {
   // reserve_next()'s location (the distributed Trainer's path).
   Checkpoint reserve_next();
   // Each entry is checked to exist with its size before the manifest is
-  // written; `layout` goes into Manifest::layout.
+  // written; `layout` goes into Manifest::layout and `metadata`, when given,
+  // into the checkpoint's metadata.
   CheckpointRecord commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
                                    const std::vector<ManifestEntry>& files,
-                                   const nlohmann::json& layout = nullptr);
+                                   const nlohmann::json& layout = nullptr,
+                                   const nlohmann::json* metadata = nullptr);
+  // Gives up a reservation after a failed distributed save: removes whatever
+  // was written there and forgets it. Its index is not reused.
+  void abandon_reserved(const Checkpoint& reserved);
 
   std::optional<CheckpointRecord> latest() const;
   // Every kept checkpoint, best first (by score, or newest first without one).

@@ -400,7 +400,8 @@ Checkpoint CheckpointManager::reserve_next() {
 CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
                                                     const nlohmann::json& metrics,
                                                     const std::vector<ManifestEntry>& files,
-                                                    const nlohmann::json& layout) {
+                                                    const nlohmann::json& layout,
+                                                    const nlohmann::json* metadata) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = reserved_.find(reserved.uri());
   if (it == reserved_.end()) {
@@ -415,7 +416,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
     CheckpointWriter writer(reserved);
     for (const auto& f : files) writer.add_written(f);
     if (!layout.is_null()) writer.set_layout(layout);
-    manifest = writer.commit(metrics, now());
+    manifest = writer.commit(metrics, now(), metadata);
   } catch (const Error& e) {
     throw with_context(e, fmt::format("committing {}", reserved.uri()));
   }
@@ -424,6 +425,15 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
   persist_state();
   apply_retention();
   return record;
+}
+
+void CheckpointManager::abandon_reserved(const Checkpoint& reserved) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (reserved_.erase(reserved.uri()) == 0) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: was not reserved by this manager", reserved.uri()));
+  }
+  discard_failed(reserved);
 }
 
 std::optional<CheckpointRecord> CheckpointManager::latest() const {

@@ -354,6 +354,18 @@ TEST_F(ManagerTest, FilesWrittenByOthersCommitThroughAReservation) {
   EXPECT_THROW(m.commit_reserved(bad, {}, {{"missing.bin", 1, 0}}), Error);
   EXPECT_THROW(m.commit_reserved(Checkpoint::from_directory("memory://exp/run/elsewhere"), {}, {}),
                Error);
+  m.abandon_reserved(bad);
+  EXPECT_TRUE(bad.storage().list("").empty()) << "what the failed save wrote is removed";
+  EXPECT_THROW(m.commit_reserved(bad, {}, {}), Error)
+      << "an abandoned reservation cannot be committed";
+  EXPECT_THROW(m.abandon_reserved(bad), Error);
+
+  Checkpoint with_meta = m.reserve_next();
+  with_meta.storage().put("w.bin", "w");
+  nlohmann::json meta = {{"epoch", 4}};
+  auto r2 = m.commit_reserved(with_meta, {}, {{"w.bin", 1, xxh3_64("w")}}, nullptr, &meta);
+  EXPECT_EQ(r2.checkpoint.get_metadata()["epoch"], 4);
+  EXPECT_EQ(r2.index, 2u) << "the abandoned index 1 is not reused";
 }
 
 TEST_F(ManagerTest, ReadingAnExperimentNeedsNoLockAndChangesNothing) {
