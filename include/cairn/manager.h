@@ -58,6 +58,12 @@ struct CheckpointConfig {
 
   // Throws kInvalidArgument naming the bad field.
   void validate() const;
+
+  // The JSON form persisted with an experiment's history (unset options are
+  // null). from_json() takes what it can and leaves defaults for the rest;
+  // a field of the wrong type is a nlohmann::json::type_error.
+  nlohmann::json to_json() const;
+  static CheckpointConfig from_json(const nlohmann::json& j);
 };
 
 struct CheckpointRecord {

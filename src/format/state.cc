@@ -46,19 +46,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void pwrite_all(int fd, uint64_t offset, std::span<const std::byte> data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n =
-        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw errno_error(errno, "write", path);
-    }
-    done += static_cast<size_t>(n);
-  }
-}
-
 nlohmann::json decode_metadata(const std::map<std::string, std::string>& m,
                                std::string_view source) {
   auto it = m.find(std::string(kCairnMetadataKey));
@@ -131,20 +118,14 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
   return report;
 }
 
-LoadReport load_local(const std::filesystem::path& path, StateDict& state,
-                      const LoadOptions& options, const std::string& source) {
-  UniqueFd fd = open_file(path, O_RDONLY);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
-  const auto size = static_cast<uint64_t>(st.st_size);
+// Reads and validates the header through `read_at`, then loads the tensors.
+LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& state,
+                     const LoadOptions& options, const std::string& source) {
   if (size < 8) {
     throw Error(
         ErrorCode::kCorruption,
         fmt::format("{}: file of {} bytes is shorter than the 8-byte header length", source, size));
   }
-  format::ReadAt read_at = [&](uint64_t off, std::span<std::byte> out) {
-    pread_all(fd.get(), out, off, source);
-  };
   std::array<std::byte, 8> prefix;
   read_at(0, prefix);
   uint64_t n = parse_header_length(prefix, size, source);
@@ -153,6 +134,16 @@ LoadReport load_local(const std::filesystem::path& path, StateDict& state,
   read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
   SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
   return load_common(header, bytes, read_at, state, options, source);
+}
+
+LoadReport load_local(const std::filesystem::path& path, StateDict& state,
+                      const LoadOptions& options, const std::string& source) {
+  UniqueFd fd = open_file(path, O_RDONLY);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
+  return load_from(
+      [&](uint64_t off, std::span<std::byte> out) { pread_all(fd.get(), out, off, source); },
+      static_cast<uint64_t>(st.st_size), state, options, source);
 }
 
 }  // namespace
@@ -284,7 +275,7 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
     format::write_pieces(
         pieces,
         [&](uint64_t off, std::span<const std::byte> d) {
-          pwrite_all(fd.get(), off, d, name);
+          pwrite_all(fd.get(), d, off, name);
           if (options.durable) writeback.wrote(fd.get(), d.size());
         },
         options.block_size, format::pick_threads(options.threads));
@@ -489,23 +480,8 @@ LoadReport load_into(Storage& storage, std::string_view key, StateDict& state,
   const std::string source = storage.uri_of(key);
   if (auto local = storage.local_path(key)) return load_local(*local, state, options, source);
   auto reader = storage.open_reader(key);
-  const uint64_t size = reader->size();
-  if (size < 8) {
-    throw Error(
-        ErrorCode::kCorruption,
-        fmt::format("{}: file of {} bytes is shorter than the 8-byte header length", source, size));
-  }
-  format::ReadAt read_at = [&](uint64_t off, std::span<std::byte> out) {
-    reader->read_at(off, out);
-  };
-  std::array<std::byte, 8> prefix;
-  read_at(0, prefix);
-  uint64_t n = parse_header_length(prefix, size, source);
-  std::string bytes(8 + n, '\0');
-  std::memcpy(bytes.data(), prefix.data(), 8);
-  read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
-  SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
-  return load_common(header, bytes, read_at, state, options, source);
+  return load_from([&](uint64_t off, std::span<std::byte> out) { reader->read_at(off, out); },
+                   reader->size(), state, options, source);
 }
 
 }  // namespace cairn

@@ -70,31 +70,6 @@ Scan scan_experiment(Storage& storage) {
   return scan;
 }
 
-nlohmann::json config_to_json(const CheckpointConfig& c) {
-  nlohmann::json j;
-  j["num_to_keep"] = c.num_to_keep ? nlohmann::json(*c.num_to_keep) : nlohmann::json(nullptr);
-  j["checkpoint_score_attribute"] = c.checkpoint_score_attribute;
-  j["checkpoint_score_order"] = c.checkpoint_score_order;
-  j["keep_checkpoint_every_n_hours"] = c.keep_checkpoint_every_n_hours
-                                           ? nlohmann::json(*c.keep_checkpoint_every_n_hours)
-                                           : nlohmann::json(nullptr);
-  return j;
-}
-
-CheckpointConfig config_from_json(const nlohmann::json& j) {
-  CheckpointConfig c;
-  if (!j.is_object()) return c;
-  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer())
-    c.num_to_keep = j["num_to_keep"].get<int>();
-  c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
-  c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
-  if (j.contains("keep_checkpoint_every_n_hours") &&
-      j["keep_checkpoint_every_n_hours"].is_number()) {
-    c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
-  }
-  return c;
-}
-
 // The persisted history, as read from checkpoint_manager.json.
 struct StoredState {
   bool present = false;
@@ -133,7 +108,7 @@ StoredState read_state(Storage& storage) {
     if (j.contains("last_pinned_at") && j["last_pinned_at"].is_number()) {
       s.last_pinned_at = j["last_pinned_at"].get<double>();
     }
-    s.config = config_from_json(j.contains("config") ? j["config"] : nlohmann::json());
+    s.config = CheckpointConfig::from_json(j.contains("config") ? j["config"] : nlohmann::json());
     for (const auto& r : j["checkpoints"]) {
       if (!r.is_object() || !r.contains("index") || !r["index"].is_number_unsigned()) {
         throw corrupt("a checkpoint record has no index");
@@ -187,6 +162,32 @@ std::vector<CheckpointRecord> ranked(const std::vector<CheckpointRecord>& record
 
 CheckpointRecord::CheckpointRecord(uint64_t i, Checkpoint where)
     : index(i), name(checkpoint_name(i)), checkpoint(std::move(where)) {}
+
+nlohmann::json CheckpointConfig::to_json() const {
+  nlohmann::json j;
+  j["num_to_keep"] = num_to_keep ? nlohmann::json(*num_to_keep) : nlohmann::json(nullptr);
+  j["checkpoint_score_attribute"] = checkpoint_score_attribute;
+  j["checkpoint_score_order"] = checkpoint_score_order;
+  j["keep_checkpoint_every_n_hours"] = keep_checkpoint_every_n_hours
+                                           ? nlohmann::json(*keep_checkpoint_every_n_hours)
+                                           : nlohmann::json(nullptr);
+  return j;
+}
+
+CheckpointConfig CheckpointConfig::from_json(const nlohmann::json& j) {
+  CheckpointConfig c;
+  if (!j.is_object()) return c;
+  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer()) {
+    c.num_to_keep = j["num_to_keep"].get<int>();
+  }
+  c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
+  c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
+  if (j.contains("keep_checkpoint_every_n_hours") &&
+      j["keep_checkpoint_every_n_hours"].is_number()) {
+    c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
+  }
+  return c;
+}
 
 void CheckpointConfig::validate() const {
   if (num_to_keep && *num_to_keep < 1) {
@@ -309,7 +310,7 @@ void CheckpointManager::persist_state() {
   j["next_index"] = next_index_;
   j["last_pinned_at"] =
       last_pinned_at_ ? nlohmann::json(*last_pinned_at_) : nlohmann::json(nullptr);
-  j["config"] = config_to_json(config_);
+  j["config"] = config_.to_json();
   nlohmann::json list = nlohmann::json::array();
   for (const auto& r : records_) {
     list.push_back({{"index", r.index},

@@ -153,16 +153,7 @@ class FileWriter final : public Writer {
   }
 
   void write_at(uint64_t offset, std::span<const std::byte> data) override {
-    size_t done = 0;
-    while (done < data.size()) {
-      ssize_t n = ::pwrite(fd_.get(), data.data() + done, data.size() - done,
-                           static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw errno_error(errno, "write", name_);
-      }
-      done += static_cast<size_t>(n);
-    }
+    pwrite_all(fd_.get(), data, offset, name_);
     uint64_t end = offset + data.size();
     uint64_t seen = written_.load();
     while (end > seen && !written_.compare_exchange_weak(seen, end)) {

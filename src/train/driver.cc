@@ -70,7 +70,7 @@ class Driver {
     state_["storage_path"] = spec_.run.storage_path;
     state_["num_workers"] = spec_.world_size;
     state_["train_loop_config"] = spec_.train_loop_config;
-    state_["checkpoint_config"] = checkpoint_config_to_json(spec_.run.checkpoint_config);
+    state_["checkpoint_config"] = spec_.run.checkpoint_config.to_json();
     state_["failure_config"] = {{"max_failures", spec_.run.failure_config.max_failures},
                                 {"report_timeout_s", spec_.run.failure_config.report_timeout_s}};
     if (spec_.resume_from_checkpoint) {
@@ -357,32 +357,6 @@ nlohmann::json read_trainer_state(std::string_view experiment_uri) {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: not a Cairn trainer state file", where));
   }
   return j;
-}
-
-nlohmann::json checkpoint_config_to_json(const CheckpointConfig& c) {
-  nlohmann::json j;
-  j["num_to_keep"] = c.num_to_keep ? nlohmann::json(*c.num_to_keep) : nlohmann::json(nullptr);
-  j["checkpoint_score_attribute"] = c.checkpoint_score_attribute;
-  j["checkpoint_score_order"] = c.checkpoint_score_order;
-  j["keep_checkpoint_every_n_hours"] = c.keep_checkpoint_every_n_hours
-                                           ? nlohmann::json(*c.keep_checkpoint_every_n_hours)
-                                           : nlohmann::json(nullptr);
-  return j;
-}
-
-CheckpointConfig checkpoint_config_from_json(const nlohmann::json& j) {
-  CheckpointConfig c;
-  if (!j.is_object()) return c;
-  if (j.contains("num_to_keep") && j["num_to_keep"].is_number_integer()) {
-    c.num_to_keep = j["num_to_keep"].get<int>();
-  }
-  c.checkpoint_score_attribute = j.value("checkpoint_score_attribute", "");
-  c.checkpoint_score_order = j.value("checkpoint_score_order", "max");
-  if (j.contains("keep_checkpoint_every_n_hours") &&
-      j["keep_checkpoint_every_n_hours"].is_number()) {
-    c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
-  }
-  return c;
 }
 
 }  // namespace cairn::train_internal

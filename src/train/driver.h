@@ -47,7 +47,4 @@ ExperimentLocation locate_experiment(const RunConfig& run);
 // The trainer state file, for restore and Result::from_path.
 nlohmann::json read_trainer_state(std::string_view experiment_uri);  // null if absent
 
-nlohmann::json checkpoint_config_to_json(const CheckpointConfig& c);
-CheckpointConfig checkpoint_config_from_json(const nlohmann::json& j);
-
 }  // namespace cairn::train_internal

@@ -93,7 +93,7 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
   RunConfig run;
   run.name = state.value("name", "");
   run.storage_path = state.value("storage_path", "");
-  run.checkpoint_config = train_internal::checkpoint_config_from_json(state["checkpoint_config"]);
+  run.checkpoint_config = CheckpointConfig::from_json(state["checkpoint_config"]);
   const nlohmann::json fc = state.value("failure_config", nlohmann::json::object());
   run.failure_config.max_failures = fc.value("max_failures", 0);
   run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);

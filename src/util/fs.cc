@@ -55,6 +55,19 @@ void write_all(int fd, std::span<const std::byte> data, std::string_view path) {
   }
 }
 
+void pwrite_all(int fd, std::span<const std::byte> data, uint64_t offset, std::string_view path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n =
+        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw errno_error(errno, "write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
 void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path) {
   size_t done = 0;
   while (done < out.size()) {

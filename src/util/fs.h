@@ -38,6 +38,8 @@ class UniqueFd {
 // open(2) that throws errno_error naming `path`.
 UniqueFd open_file(const std::filesystem::path& path, int flags, unsigned mode = 0644);
 void write_all(int fd, std::span<const std::byte> data, std::string_view path);
+// Writes all of `data` at `offset`; safe from several threads on disjoint ranges.
+void pwrite_all(int fd, std::span<const std::byte> data, uint64_t offset, std::string_view path);
 // Reads exactly out.size() bytes at `offset`; kCorruption on a short read.
 void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path);
 void fsync_fd(int fd, std::string_view path);
