@@ -208,6 +208,10 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
   pid_t driver = ::fork();
   ASSERT_GE(driver, 0);
   if (driver == 0) {
+    // The killed driver cannot remove its scratch directory: keep it inside
+    // this test's temporary directory, which the test removes.
+    fs::create_directories(dir.path() / "tmp");
+    ::setenv("TMPDIR", (dir.path() / "tmp").c_str(), 1);
     Trainer(sharded_loop, slow, ScalingConfig{.num_workers = 2}, run).fit();
     ::_exit(0);
   }
