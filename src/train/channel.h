@@ -24,6 +24,7 @@ class Channel {
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
   bool open() const { return static_cast<bool>(fd_); }
 
   // Blocking send of one message.

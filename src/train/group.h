@@ -48,11 +48,20 @@ class Group {
   virtual void wait_all(int timeout_ms) = 0;
   // The last lines the rank wrote to stderr (empty if unknown).
   virtual std::string stderr_tail(int rank) const = 0;
+  // Descriptors that become readable when poll() has something to return, for
+  // a caller that waits on this group together with other descriptors.
+  virtual std::vector<int> wait_fds() const = 0;
 };
 
 // Forks spec.context.world_size workers on this machine. The calling
 // process must stay alive while they run; they die with it.
 std::unique_ptr<Group> start_local_group(const LaunchSpec& spec);
+
+// Forks one worker per entry of `places` (each a complete context: world
+// rank, local rank, node rank...); events and send() use those world ranks.
+// The MPI launcher starts its node's one rank this way.
+std::unique_ptr<Group> start_local_ranks(const LaunchSpec& spec,
+                                         const std::vector<TrainContext>& places);
 
 // The worker's side: runs train_fn with the session set up for `channel` and
 // returns the process exit status to use (0 on success).

@@ -68,13 +68,12 @@ void set_nonblocking(int fd) {
 
 class LocalGroup final : public Group {
  public:
-  explicit LocalGroup(const LaunchSpec& spec) {
-    const int n = spec.context.world_size;
+  LocalGroup(const LaunchSpec& spec, const std::vector<TrainContext>& places) {
     std::cout.flush();
     std::fflush(nullptr);  // buffered output must not be written twice
     const pid_t driver = ::getpid();
     try {
-      for (int rank = 0; rank < n; ++rank) start_one(spec, rank, driver);
+      for (const TrainContext& place : places) start_one(spec, place, driver);
     } catch (...) {
       stop();
       throw;
@@ -96,15 +95,15 @@ class LocalGroup final : public Group {
       ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
     }
     std::vector<GroupEvent> events;
-    for (int rank = 0; rank < static_cast<int>(workers_.size()); ++rank) {
-      Worker& w = workers_[rank];
-      drain(rank, events);
+    for (Worker& w : workers_) {
+      const int rank = w.rank;
+      drain(w, events);
       if (w.reaped) continue;
       int status = 0;
       pid_t r = ::waitpid(w.pid, &status, WNOHANG);
       if (r == w.pid) {
         w.reaped = true;
-        drain(rank, events);  // what it said before it died comes first
+        drain(w, events);  // what it said before it died comes first
         drain_stderr(w, /*final=*/true);
         GroupEvent e;
         e.type = GroupEvent::kExit;
@@ -118,7 +117,7 @@ class LocalGroup final : public Group {
   }
 
   void send(int rank, const nlohmann::json& message) override {
-    Worker& w = workers_.at(rank);
+    Worker& w = workers_[index_of(rank)];
     if (!w.channel.open() || w.reaped) return;
     try {
       w.channel.send(message);
@@ -164,10 +163,20 @@ class LocalGroup final : public Group {
     stop();
   }
 
-  std::string stderr_tail(int rank) const override { return workers_.at(rank).err.tail(); }
+  std::string stderr_tail(int rank) const override { return workers_[index_of(rank)].err.tail(); }
+
+  std::vector<int> wait_fds() const override {
+    std::vector<int> fds;
+    for (const auto& w : workers_) {
+      if (w.channel.open()) fds.push_back(w.channel.fd());
+      if (w.err_fd >= 0) fds.push_back(w.err_fd);
+    }
+    return fds;
+  }
 
  private:
   struct Worker {
+    int rank = 0;
     pid_t pid = -1;
     bool reaped = false;
     Channel channel;
@@ -175,7 +184,15 @@ class LocalGroup final : public Group {
     StderrTail err{""};
   };
 
-  void start_one(const LaunchSpec& spec, int rank, pid_t driver) {
+  size_t index_of(int rank) const {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].rank == rank) return i;
+    }
+    throw Error(ErrorCode::kInternal, fmt::format("no worker for rank {} in this group", rank));
+  }
+
+  void start_one(const LaunchSpec& spec, const TrainContext& place, pid_t driver) {
+    const int rank = place.world_rank;
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
       throw errno_error(errno, "socketpair", fmt::format("rank {}", rank));
@@ -201,15 +218,13 @@ class LocalGroup final : public Group {
       if (ctl > 3) ::close_range(3, static_cast<unsigned>(ctl - 1), 0);
       ::close_range(static_cast<unsigned>(ctl + 1), ~0u, 0);
       LaunchSpec mine = spec;
-      mine.context.world_rank = rank;
-      mine.context.local_rank = rank;
-      mine.context.local_world_size = spec.context.world_size;
-      mine.context.node_rank = 0;
+      mine.context = place;
       ::_exit(run_worker(mine, ctl));
     }
     ::close(sv[1]);
     ::close(errp[1]);
     Worker& w = workers_.emplace_back();
+    w.rank = rank;
     w.pid = pid;
     w.channel = Channel(UniqueFd(sv[0]), fmt::format("rank {}", rank));
     w.err_fd = errp[0];
@@ -218,8 +233,8 @@ class LocalGroup final : public Group {
     set_nonblocking(errp[0]);
   }
 
-  void drain(int rank, std::vector<GroupEvent>& events) {
-    Worker& w = workers_[rank];
+  void drain(Worker& w, std::vector<GroupEvent>& events) {
+    const int rank = w.rank;
     drain_stderr(w, false);
     if (!w.channel.open()) return;
     std::vector<nlohmann::json> messages;
@@ -273,7 +288,21 @@ class LocalGroup final : public Group {
 }  // namespace
 
 std::unique_ptr<Group> start_local_group(const LaunchSpec& spec) {
-  return std::make_unique<LocalGroup>(spec);
+  std::vector<TrainContext> places;
+  for (int rank = 0; rank < spec.context.world_size; ++rank) {
+    TrainContext c = spec.context;
+    c.world_rank = rank;
+    c.local_rank = rank;
+    c.local_world_size = spec.context.world_size;
+    c.node_rank = 0;
+    places.push_back(std::move(c));
+  }
+  return std::make_unique<LocalGroup>(spec, places);
+}
+
+std::unique_ptr<Group> start_local_ranks(const LaunchSpec& spec,
+                                         const std::vector<TrainContext>& places) {
+  return std::make_unique<LocalGroup>(spec, places);
 }
 
 }  // namespace cairn::train_internal

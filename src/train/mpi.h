@@ -1,12 +1,24 @@
-// The MPI launcher (docs/train.md, "Multi-node"). NOT IMPLEMENTED YET: only
-// launch detection and the shared-storage rule exist; fit_mpi() throws. The
-// design it is to follow: every process started by
-// mpirun runs the program and calls Trainer::fit(); MPI is used only to
-// bootstrap (rank 0 broadcasts its control address) and to wait for the end.
-// MPI rank 0 is the driver; every MPI process, rank 0 included, is an agent
-// that forks the worker for its rank and relays its messages to the driver
-// over TCP, so a worker that dies is restarted without ending the MPI job.
+// The MPI launcher (docs/train.md, "Multi-node with MPI").
+//
+// Every process started by mpirun (or srun) runs the program and calls
+// Trainer::fit(). MPI is used only to bootstrap: the processes exchange host
+// names and MPI rank 0 broadcasts the TCP address it listens on. Then:
+//   - MPI rank 0 is the driver (driver.cc, unchanged) and the agent of world
+//     rank 0: it forks that rank's worker itself;
+//   - every other MPI process is an agent: it connects to the driver, forks
+//     the worker of its rank when told to and relays the report protocol
+//     between the two, so a worker that fails is restarted by its agent
+//     without ending the MPI job.
+// Before the first attempt the driver writes a probe file into the
+// experiment folder and every agent must see it: storage that some rank
+// cannot reach (a node-local path on a multi-node run, memory://) is refused.
+//
+// This header holds the pure parts (tested alone) and fit_mpi().
 #pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "cairn/train.h"
 #include "train/driver.h"
@@ -17,15 +29,42 @@ namespace cairn::train_internal {
 // PMI_SIZE or PMIX_RANK is set).
 bool launched_by_mpi();
 
-// fit() under MPI. For now throws kFailedPrecondition saying it is not available.
+// fit() under MPI, on every MPI process. `spec` is the Trainer's (name and
+// storage path not yet resolved); `num_workers` is ScalingConfig's. Returns
+// the same Result on every process; throws the driver's error on every
+// process when the driver throws.
 Result fit_mpi(DriverSpec spec, int num_workers);
 
-// Multi-node storage rule, as a pure function for tests: a run whose ranks
-// are on more than one host must use storage every host reaches. `hosts` has
-// one entry per rank; `probe_seen` says whether each rank saw a file the
-// driver wrote into the experiment folder. Throws kInvalidArgument naming the
-// first rank that cannot see it.
+// The number of ranks for a ScalingConfig::num_workers under an MPI world of
+// `world_size` processes: 0 means the world size, anything else must equal
+// it (kInvalidArgument otherwise).
+int mpi_world_ranks(int num_workers, int world_size);
+
+// Each rank's place, from every rank's host name (index = world rank): node
+// ranks in order of a host's first rank, local ranks in world-rank order.
+std::vector<TrainContext> plan_places(const std::vector<std::string>& hosts);
+
+// Where the driver listens and what it tells the agents to connect to.
+struct ControlAddress {
+  std::string bind;                    // numeric address; "" = every interface
+  std::vector<std::string> advertise;  // tried in order by the agents
+};
+// `override_address` is $CAIRN_MPI_ADDRESS (empty if unset): listen there
+// and advertise only it. Otherwise a run on one host stays on 127.0.0.1, and
+// a multi-host run listens everywhere and advertises `interface_addresses`
+// followed by `driver_host`.
+ControlAddress choose_control_address(const std::vector<std::string>& hosts,
+                                      const std::string& override_address,
+                                      const std::vector<std::string>& interface_addresses,
+                                      const std::string& driver_host);
+
+// The storage rule: every rank must see the probe file the driver wrote.
+// `hosts` has one entry per rank; `probe_seen` whether each rank saw it;
+// `why_not` (optional, per rank) what went wrong looking. Throws
+// kInvalidArgument naming the first rank that cannot see it, its host and
+// the storage.
 void check_shared_storage(const std::vector<std::string>& hosts,
-                          const std::vector<bool>& probe_seen, std::string_view experiment_uri);
+                          const std::vector<bool>& probe_seen, std::string_view experiment_uri,
+                          const std::vector<std::string>& why_not = {});
 
 }  // namespace cairn::train_internal

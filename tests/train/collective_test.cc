@@ -228,13 +228,55 @@ TEST(MpiLaunch, DetectedFromTheLaunchersEnvironment) {
   ::unsetenv("OMPI_COMM_WORLD_SIZE");
 }
 
-TEST(MpiLaunch, AskingForMpiFailsClearlyUntilTheLauncherExists) {
+TEST(MpiLaunch, ZeroWorkersMeansTheWorldSizeAndAnyOtherCountMustMatchIt) {
+  EXPECT_EQ(mpi_world_ranks(0, 4), 4);
+  EXPECT_EQ(mpi_world_ranks(4, 4), 4);
   try {
-    fit_mpi(DriverSpec{}, 2);
-    FAIL() << "expected kFailedPrecondition";
+    mpi_world_ranks(2, 3);
+    FAIL() << "expected kInvalidArgument";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
-    EXPECT_NE(std::string(e.what()).find("Launcher::kLocal"), std::string::npos) << e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    std::string m = e.what();
+    EXPECT_NE(m.find("num_workers is 2 but the MPI job has 3 process(es)"), std::string::npos) << m;
+  }
+}
+
+TEST(MpiLaunch, PlacesNumberNodesByFirstRankAndLocalRanksWithinEachNode) {
+  auto p = plan_places({"b", "a", "b", "c", "a"});
+  ASSERT_EQ(p.size(), 5u);
+  const int node[] = {0, 1, 0, 2, 1};
+  const int local[] = {0, 0, 1, 0, 1};
+  const int local_size[] = {2, 2, 2, 1, 2};
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ(p[r].world_rank, r);
+    EXPECT_EQ(p[r].world_size, 5);
+    EXPECT_EQ(p[r].node_rank, node[r]) << r;
+    EXPECT_EQ(p[r].local_rank, local[r]) << r;
+    EXPECT_EQ(p[r].local_world_size, local_size[r]) << r;
+  }
+}
+
+TEST(MpiLaunch, OneHostStaysOnLoopbackManyHostsListenEverywhereAndOverrideWins) {
+  auto one = choose_control_address({"a", "a"}, "", {"10.0.0.1"}, "a");
+  EXPECT_EQ(one.bind, "127.0.0.1");
+  EXPECT_EQ(one.advertise, std::vector<std::string>{"127.0.0.1"});
+  auto many = choose_control_address({"a", "b"}, "", {"10.0.0.1", "fd00::1"}, "a");
+  EXPECT_EQ(many.bind, "");
+  EXPECT_EQ(many.advertise, (std::vector<std::string>{"10.0.0.1", "fd00::1", "a"}));
+  auto forced = choose_control_address({"a", "b"}, "192.168.1.5", {"10.0.0.1"}, "a");
+  EXPECT_EQ(forced.bind, "192.168.1.5");
+  EXPECT_EQ(forced.advertise, std::vector<std::string>{"192.168.1.5"});
+}
+
+TEST(SharedStorage, WhyARankCouldNotLookIsPartOfTheError) {
+  try {
+    check_shared_storage({"a", "b"}, {true, false}, "/scratch/exp", {"", "permission denied"});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("rank 1 on host b"), std::string::npos) << m;
+    EXPECT_NE(m.find("(permission denied)"), std::string::npos) << m;
+    EXPECT_NE(m.find("2 host(s)"), std::string::npos) << m;
   }
 }
 

@@ -1,0 +1,26 @@
+// The only use of the MPI library: join the MPI job, learn every process's
+// host name, and broadcast one string from rank 0. Everything after the
+// bootstrap goes over TCP (mpi.h).
+//
+// MPI is initialized on first use if the program has not done so (and
+// finalized at exit); a program that initialized MPI itself keeps it.
+// Collective: every process of the job must call these in the same order.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cairn::train_internal {
+
+struct MpiWorld {
+  int rank = 0;
+  int size = 1;
+  std::vector<std::string> hosts;  // index = MPI rank
+};
+
+MpiWorld mpi_join();
+
+// Rank 0's `value` on every process.
+std::string mpi_broadcast(const std::string& value);
+
+}  // namespace cairn::train_internal

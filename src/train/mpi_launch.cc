@@ -1,0 +1,635 @@
+// fit() under MPI: the bootstrap, the driver's MpiGroup and the agents
+// (design at the top of mpi.h).
+//
+// Driver <-> agent protocol, over one TCP connection per agent, framed like
+// every other channel (channel.h):
+//
+//   agent  -> driver  {"t":"hello","rank":r,"token":T,"host":h}
+//   driver -> agent   {"t":"probe","uri":U,"key":K}
+//   agent  -> driver  {"t":"probe_result","seen":bool,"why":"..."}
+//   driver -> agent   {"t":"launch","context":{...},"checkpoint_uri":U|null,
+//                      "train_loop_config":{...}}
+//   agent  -> driver  {"t":"worker","message":M}     a message of the worker's
+//   driver -> agent   {"t":"to_worker","message":M}  a message for the worker
+//   agent  -> driver  {"t":"exit","clean":b,"cause":"...","stderr_tail":"..."}
+//   driver -> agent   {"t":"stop"}  ->  agent {"t":"stopped","stderr_tail":"..."}
+//   driver -> agent   {"t":"end","result":{...}} | {"t":"end","error":{...}}
+//
+// The worker's own messages (worker.cc) pass through unchanged, so the
+// driver's loop (driver.cc) is the same for both launchers. An attempt ends
+// with "stop", and the driver reads up to the agent's "stopped", so nothing
+// of one attempt is mistaken for the next. The token, sent only through MPI,
+// keeps a stray connection from being taken for an agent.
+#include <poll.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <random>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "cairn/error.h"
+#include "cairn/storage.h"
+#include "train/channel.h"
+#include "train/group.h"
+#include "train/mpi.h"
+#include "train/mpi_bootstrap.h"
+#include "train/net.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+namespace cairn::train_internal {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long the processes of a job may take to find each other, to answer the
+// storage probe and to stop a worker. Generous: they bound failures, not work.
+constexpr milliseconds kConnectLimit{120'000};
+constexpr milliseconds kProbeLimit{120'000};
+constexpr milliseconds kStopLimit{60'000};
+
+int remaining_ms(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+nlohmann::json context_to_json(const TrainContext& c) {
+  return {{"world_rank", c.world_rank},
+          {"world_size", c.world_size},
+          {"local_rank", c.local_rank},
+          {"local_world_size", c.local_world_size},
+          {"node_rank", c.node_rank},
+          {"experiment_name", c.experiment_name},
+          {"storage_path", c.storage_path},
+          {"experiment_path", c.experiment_path},
+          {"attempt", c.attempt}};
+}
+
+TrainContext context_from_json(const nlohmann::json& j) {
+  TrainContext c;
+  c.world_rank = j.at("world_rank").get<int>();
+  c.world_size = j.at("world_size").get<int>();
+  c.local_rank = j.at("local_rank").get<int>();
+  c.local_world_size = j.at("local_world_size").get<int>();
+  c.node_rank = j.at("node_rank").get<int>();
+  c.experiment_name = j.at("experiment_name").get<std::string>();
+  c.storage_path = j.at("storage_path").get<std::string>();
+  c.experiment_path = j.at("experiment_path").get<std::string>();
+  c.attempt = j.at("attempt").get<int>();
+  return c;
+}
+
+nlohmann::json result_to_json(const Result& r) {
+  nlohmann::json best = nlohmann::json::array();
+  for (const auto& b : r.best_checkpoints) {
+    best.push_back({{"uri", b.checkpoint.uri()}, {"metrics", b.metrics}});
+  }
+  return {{"metrics", r.metrics},
+          {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
+          {"best", best},
+          {"path", r.path},
+          {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
+}
+
+Result result_from_json(const nlohmann::json& j) {
+  Result r;
+  r.metrics = j.at("metrics");
+  if (j.at("checkpoint").is_string()) {
+    r.checkpoint = Checkpoint::from_directory(j["checkpoint"].get<std::string>());
+  }
+  for (const auto& b : j.at("best")) {
+    r.best_checkpoints.push_back(
+        {Checkpoint::from_directory(b.at("uri").get<std::string>()), b.at("metrics")});
+  }
+  r.path = j.at("path").get<std::string>();
+  if (j.at("error").is_string()) r.error = j["error"].get<std::string>();
+  return r;
+}
+
+nlohmann::json error_to_json(ErrorCode code, std::string_view message) {
+  return {{"code", std::string(error_code_name(code))}, {"message", std::string(message)}};
+}
+
+Error error_from_json(const nlohmann::json& j, std::string_view prefix) {
+  const std::string name = j.value("code", "internal");
+  ErrorCode code = ErrorCode::kInternal;
+  for (int c = 0; c <= static_cast<int>(ErrorCode::kInternal); ++c) {
+    if (error_code_name(static_cast<ErrorCode>(c)) == name) code = static_cast<ErrorCode>(c);
+  }
+  return Error(code, fmt::format("{}{}", prefix, j.value("message", std::string("unknown"))));
+}
+
+std::string random_token() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+}
+
+// A node-local scratch folder for one attempt, removed with the attempt.
+struct Scratch {
+  Scratch() : path(make_temp_dir("cairn-train-")) {}
+  ~Scratch() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);  // ignore-error: a temp dir; best effort
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  std::filesystem::path path;
+};
+
+// ---------------------------------------------------------------- driver side
+
+struct Agent {
+  int rank = 0;
+  std::string host;
+  Channel channel;
+  bool gone = false;
+
+  std::string name() const { return fmt::format("MPI rank {} on host {}", rank, host); }
+  void send(const nlohmann::json& m) {
+    if (gone) return;
+    try {
+      channel.send(m);
+    } catch (const Error&) {
+      gone = true;  // ignore-error: reported where the group next needs this agent
+    }
+  }
+};
+
+// Reads from `agents` until each of `wanted` (indexes) sent a message of type
+// `type` or `limit` passed; other messages are dropped. Returns the replies
+// (null where none came; the agent is then marked gone).
+std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::string& type,
+                                    milliseconds limit) {
+  std::vector<nlohmann::json> replies(agents.size());
+  std::vector<bool> done(agents.size());
+  for (size_t i = 0; i < agents.size(); ++i) done[i] = agents[i].gone;
+  const auto deadline = Clock::now() + limit;
+  while (true) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (done[i]) continue;
+      fds.push_back({agents[i].channel.fd(), POLLIN, 0});
+      who.push_back(i);
+    }
+    if (fds.empty()) break;
+    const int wait = remaining_ms(deadline);
+    if (wait == 0) {
+      for (size_t i : who) {
+        log::warn(fmt::format("{} did not answer \"{}\" within {} s; treating it as gone",
+                              agents[i].name(), type, limit.count() / 1000));
+        agents[i].gone = true;
+      }
+      break;
+    }
+    ::poll(fds.data(), fds.size(), wait);  // ignore-error: EINTR just means look again
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      Agent& a = agents[who[k]];
+      std::vector<nlohmann::json> messages;
+      bool open = false;
+      try {
+        open = a.channel.read_available(messages);
+      } catch (const Error&) {
+        open = false;  // ignore-error: a broken agent is a gone agent
+      }
+      for (auto& m : messages) {
+        if (m.value("t", "") == type && !done[who[k]]) {
+          replies[who[k]] = std::move(m);
+          done[who[k]] = true;
+        }
+      }
+      if (!open && !done[who[k]]) {
+        a.gone = true;
+        done[who[k]] = true;
+      }
+    }
+  }
+  return replies;
+}
+
+// The driver's view of one attempt: world rank 0 is forked here, every other
+// rank by its agent.
+class MpiGroup final : public Group {
+ public:
+  MpiGroup(const LaunchSpec& spec, std::vector<Agent>& agents,
+           const std::vector<TrainContext>& places)
+      : agents_(agents),
+        exited_(places.size(), false),
+        tails_(places.size()),
+        attempt_(spec.context.attempt) {
+    for (const Agent& a : agents_) {
+      if (a.gone) {
+        throw Error(ErrorCode::kUnavailable,
+                    fmt::format("{} is gone, so the group cannot start (attempt {}); the MPI job "
+                                "must be restarted",
+                                a.name(), attempt_ + 1));
+      }
+    }
+    local_ = start_local_ranks(spec, {place(spec, places[0])});
+    for (Agent& a : agents_) {
+      a.send({{"t", "launch"},
+              {"context", context_to_json(place(spec, places.at(a.rank)))},
+              {"checkpoint_uri",
+               spec.checkpoint_uri ? nlohmann::json(*spec.checkpoint_uri) : nlohmann::json()},
+              {"train_loop_config", spec.train_loop_config}});
+    }
+  }
+  ~MpiGroup() override { stop(); }
+
+  std::vector<GroupEvent> poll(int timeout_ms) override {
+    std::vector<pollfd> fds;
+    for (int fd : wait_fds()) fds.push_back({fd, POLLIN, 0});
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), timeout_ms);  // ignore-error: EINTR
+    std::vector<GroupEvent> events = local_->poll(0);
+    for (Agent& a : agents_) read_agent(a, events);
+    return events;
+  }
+
+  void send(int rank, const nlohmann::json& message) override {
+    if (rank == 0) {
+      local_->send(0, message);
+      return;
+    }
+    agents_.at(static_cast<size_t>(rank - 1)).send({{"t", "to_worker"}, {"message", message}});
+  }
+
+  void stop() override {
+    if (stopped_) return;
+    stopped_ = true;
+    local_->stop();
+    for (Agent& a : agents_) a.send({{"t", "stop"}});
+    std::vector<nlohmann::json> replies = collect(agents_, "stopped", kStopLimit);
+    for (size_t i = 0; i < agents_.size(); ++i) {
+      const std::string tail = replies[i].is_object() ? replies[i].value("stderr_tail", "") : "";
+      if (!tail.empty()) tails_[agents_[i].rank] = tail;
+    }
+  }
+
+  void wait_all(int timeout_ms) override {
+    const auto deadline = Clock::now() + milliseconds(timeout_ms);
+    auto all_exited = [&] {
+      for (const Agent& a : agents_) {
+        if (!exited_[a.rank] && !a.gone) return false;
+      }
+      return true;
+    };
+    while (!all_exited() && remaining_ms(deadline) > 0) {
+      poll(std::min(50, remaining_ms(deadline)));  // events after the end are not needed
+    }
+    local_->wait_all(remaining_ms(deadline));
+    stop();
+  }
+
+  std::string stderr_tail(int rank) const override {
+    return rank == 0 ? local_->stderr_tail(0) : tails_.at(rank);
+  }
+
+  std::vector<int> wait_fds() const override {
+    std::vector<int> fds = local_->wait_fds();
+    for (const Agent& a : agents_) {
+      if (!a.gone && a.channel.open()) fds.push_back(a.channel.fd());
+    }
+    return fds;
+  }
+
+ private:
+  static TrainContext place(const LaunchSpec& spec, const TrainContext& where) {
+    TrainContext c = spec.context;
+    c.world_rank = where.world_rank;
+    c.world_size = where.world_size;
+    c.local_rank = where.local_rank;
+    c.local_world_size = where.local_world_size;
+    c.node_rank = where.node_rank;
+    return c;
+  }
+
+  void read_agent(Agent& a, std::vector<GroupEvent>& events) {
+    std::vector<nlohmann::json> messages;
+    bool open = !a.gone && a.channel.open();
+    std::string broken;
+    try {
+      if (open) open = a.channel.read_available(messages);
+    } catch (const Error& e) {
+      open = false;
+      broken = e.what();
+    }
+    for (auto& m : messages) {
+      const std::string t = m.value("t", "");
+      if (t == "worker" && !exited_[a.rank]) {
+        GroupEvent e;
+        e.rank = a.rank;
+        e.message = m.value("message", nlohmann::json::object());
+        events.push_back(std::move(e));
+      } else if (t == "exit" && !exited_[a.rank]) {
+        exited_[a.rank] = true;
+        tails_[a.rank] = m.value("stderr_tail", "");
+        GroupEvent e;
+        e.type = GroupEvent::kExit;
+        e.rank = a.rank;
+        e.clean = m.value("clean", false);
+        e.cause = fmt::format("{} (on host {})", m.value("cause", std::string("exited")), a.host);
+        events.push_back(std::move(e));
+      }
+    }
+    if (!open) {
+      a.gone = true;
+      a.channel.close();
+      if (!exited_[a.rank]) {
+        exited_[a.rank] = true;
+        GroupEvent e;
+        e.type = GroupEvent::kExit;
+        e.rank = a.rank;
+        e.cause = fmt::format("lost: its MPI process ({}) closed the connection to the driver{}",
+                              a.name(), broken.empty() ? "" : ": " + broken);
+        events.push_back(std::move(e));
+      }
+    }
+  }
+
+  std::vector<Agent>& agents_;
+  std::unique_ptr<Group> local_;
+  std::vector<bool> exited_;
+  std::vector<std::string> tails_;
+  int attempt_ = 0;
+  bool stopped_ = false;
+};
+
+std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const std::string& token,
+                                 const std::string& where) {
+  std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
+  std::vector<bool> joined(agents.size(), false);
+  size_t count = 0;
+  const auto deadline = Clock::now() + kConnectLimit;
+  while (count < agents.size() && remaining_ms(deadline) > 0) {
+    UniqueFd fd = listener.accept(milliseconds(std::min(1000, remaining_ms(deadline))));
+    if (!fd) continue;
+    Channel ch(std::move(fd), "a connecting process");
+    std::optional<nlohmann::json> hello;
+    try {
+      hello = ch.recv(10'000);
+    } catch (const Error& e) {
+      log::warn(fmt::format("driver: dropped a connection that did not say hello: {}", e.what()));
+      continue;
+    }
+    if (!hello || hello->value("t", "") != "hello" || hello->value("token", "") != token) {
+      log::warn("driver: dropped a connection without this job's token");
+      continue;
+    }
+    const int rank = hello->value("rank", -1);
+    if (rank < 1 || rank >= w.size || joined[static_cast<size_t>(rank - 1)]) {
+      log::warn(fmt::format("driver: dropped a connection claiming MPI rank {}", rank));
+      continue;
+    }
+    Agent& a = agents[static_cast<size_t>(rank - 1)];
+    a.rank = rank;
+    a.host = w.hosts.at(static_cast<size_t>(rank));
+    a.channel = std::move(ch);
+    a.channel.set_peer(a.name());
+    joined[static_cast<size_t>(rank - 1)] = true;
+    ++count;
+  }
+  if (count < agents.size()) {
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (!joined[i]) missing.push_back(fmt::format("{} (host {})", i + 1, w.hosts[i + 1]));
+    }
+    // The ones that did connect learn why the job ends.
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (joined[i]) {
+        agents[i].send({{"t", "end"},
+                        {"error", error_to_json(ErrorCode::kTimeout, "not every rank connected")}});
+      }
+    }
+    throw Error(ErrorCode::kTimeout,
+                fmt::format("MPI rank(s) {} did not connect to the driver at {} within {} s; "
+                            "the port must be reachable from every node (set CAIRN_MPI_ADDRESS "
+                            "on the driver's node to an address on a network all nodes share)",
+                            fmt::join(missing, ", "), where, kConnectLimit.count() / 1000));
+  }
+  return agents;
+}
+
+// The storage rule (mpi.h): a probe file every rank must see.
+void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSpec& spec,
+                   const std::string& token) {
+  auto storage = open_storage(spec.experiment_uri);
+  const std::string key = fmt::format(".cairn-storage-probe-{}", token);
+  storage->put(key, w.hosts.at(0));
+  for (Agent& a : agents) a.send({{"t", "probe"}, {"uri", spec.experiment_uri}, {"key", key}});
+  std::vector<nlohmann::json> replies = collect(agents, "probe_result", kProbeLimit);
+  try {
+    storage->remove(key);
+  } catch (const Error& e) {
+    log::warn(fmt::format("could not remove the storage probe {}: {}", key, e.what()));
+  }
+  std::vector<bool> seen(static_cast<size_t>(w.size), true);
+  std::vector<std::string> why(static_cast<size_t>(w.size));
+  for (size_t i = 0; i < agents.size(); ++i) {
+    const size_t r = static_cast<size_t>(agents[i].rank);
+    if (!replies[i].is_object()) {
+      seen[r] = false;
+      why[r] = "it did not answer";
+      continue;
+    }
+    seen[r] = replies[i].value("seen", false);
+    why[r] = replies[i].value("why", "");
+  }
+  check_shared_storage(w.hosts, seen, spec.experiment_path, why);
+}
+
+Result drive(DriverSpec spec, const MpiWorld& w, TcpListener& listener, const std::string& token,
+             const std::string& where) {
+  std::vector<Agent> agents = accept_agents(listener, w, token, where);
+  const std::vector<TrainContext> places = plan_places(w.hosts);
+  auto end_all = [&](const nlohmann::json& m) {
+    for (Agent& a : agents) a.send(m);
+  };
+  try {
+    ExperimentLocation loc = locate_experiment(spec.run);
+    spec.world_size = w.size;
+    spec.run.name = loc.name;
+    spec.run.storage_path = loc.storage_path;
+    spec.experiment_uri = loc.uri;
+    spec.experiment_path = loc.path;
+    spec.before_start = [&] { probe_storage(agents, w, spec, token); };
+    GroupFactory start = [&](const LaunchSpec& launch) -> std::unique_ptr<Group> {
+      return std::make_unique<MpiGroup>(launch, agents, places);
+    };
+    Result result = run_driver(spec, start);
+    end_all({{"t", "end"}, {"result", result_to_json(result)}});
+    return result;
+  } catch (const Error& e) {
+    end_all({{"t", "end"}, {"error", error_to_json(e.code(), e.what())}});
+    throw;
+  } catch (const std::exception& e) {
+    end_all({{"t", "end"}, {"error", error_to_json(ErrorCode::kInternal, e.what())}});
+    throw;
+  }
+}
+
+// ----------------------------------------------------------------- agent side
+
+class AgentLoop {
+ public:
+  AgentLoop(const DriverSpec& spec, const MpiWorld& w, Channel driver)
+      : spec_(spec), w_(w), driver_(std::move(driver)) {}
+
+  Result run() {
+    // Ends when the driver says "end" or the connection to it closes.
+    while (true) {
+      std::vector<pollfd> fds{{driver_.fd(), POLLIN, 0}};
+      if (group_) {
+        for (int fd : group_->wait_fds()) fds.push_back({fd, POLLIN, 0});
+      }
+      ::poll(fds.data(), fds.size(), 1000);  // ignore-error: EINTR just means look again
+      if (group_) relay_worker();
+      std::vector<nlohmann::json> messages;
+      const bool open = driver_.read_available(messages);
+      for (const auto& m : messages) {
+        if (std::optional<Result> r = handle(m)) return *r;
+      }
+      if (!open) {
+        end_attempt();
+        throw Error(ErrorCode::kUnavailable,
+                    fmt::format("MPI rank {} on host {}: lost the connection to the driver (MPI "
+                                "rank 0 on host {}); the driver process ended or its node failed",
+                                w_.rank, w_.hosts.at(w_.rank), w_.hosts.at(0)));
+      }
+    }
+  }
+
+ private:
+  void relay_worker() {
+    for (GroupEvent& e : group_->poll(0)) {
+      if (e.type == GroupEvent::kMessage) {
+        driver_.send({{"t", "worker"}, {"message", std::move(e.message)}});
+      } else {
+        driver_.send({{"t", "exit"},
+                      {"clean", e.clean},
+                      {"cause", e.cause},
+                      {"stderr_tail", group_->stderr_tail(w_.rank)}});
+      }
+    }
+  }
+
+  std::optional<Result> handle(const nlohmann::json& m) {
+    const std::string t = m.value("t", "");
+    if (t == "launch") {
+      end_attempt();
+      launch(m);
+    } else if (t == "to_worker") {
+      if (group_) group_->send(w_.rank, m.at("message"));
+    } else if (t == "stop") {
+      end_attempt();
+      driver_.send({{"t", "stopped"}, {"stderr_tail", tail_}});
+    } else if (t == "probe") {
+      nlohmann::json reply = {{"t", "probe_result"}, {"seen", false}};
+      try {
+        reply["seen"] =
+            open_storage(m.at("uri").get<std::string>())->exists(m.at("key").get<std::string>());
+      } catch (const Error& e) {
+        reply["why"] = e.what();
+      }
+      driver_.send(reply);
+    } else if (t == "end") {
+      end_attempt();
+      if (m.contains("error"))
+        throw error_from_json(m["error"], "the driver (MPI rank 0) failed: ");
+      return result_from_json(m.at("result"));
+    }
+    return std::nullopt;
+  }
+
+  void launch(const nlohmann::json& m) {
+    LaunchSpec spec;
+    spec.train_fn = spec_.train_fn;
+    spec.train_loop_config = m.at("train_loop_config");
+    spec.context = context_from_json(m.at("context"));
+    if (m.at("checkpoint_uri").is_string()) spec.checkpoint_uri = m["checkpoint_uri"];
+    try {
+      scratch_ = std::make_unique<Scratch>();
+      spec.scratch_dir = scratch_->path.string();
+      group_ = start_local_ranks(spec, {spec.context});
+    } catch (const Error& e) {
+      scratch_.reset();
+      driver_.send({{"t", "exit"},
+                    {"clean", false},
+                    {"cause", fmt::format("could not be started: {}", e.what())},
+                    {"stderr_tail", ""}});
+    }
+  }
+
+  void end_attempt() {
+    if (group_) {
+      group_->stop();
+      tail_ = group_->stderr_tail(w_.rank);
+      group_.reset();
+    } else {
+      tail_.clear();
+    }
+    scratch_.reset();
+  }
+
+  const DriverSpec& spec_;
+  const MpiWorld& w_;
+  Channel driver_;
+  std::unique_ptr<Group> group_;
+  std::unique_ptr<Scratch> scratch_;
+  std::string tail_;
+};
+
+}  // namespace
+
+Result fit_mpi(DriverSpec spec, int num_workers) {
+  const MpiWorld w = mpi_join();
+  mpi_world_ranks(num_workers, w.size);  // every process refuses a mismatch alike
+
+  // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
+  std::unique_ptr<TcpListener> listener;
+  nlohmann::json boot = nlohmann::json::object();
+  if (w.rank == 0) {
+    try {
+      const char* forced = std::getenv("CAIRN_MPI_ADDRESS");
+      std::vector<std::string> interfaces;
+      try {
+        interfaces = local_addresses();
+      } catch (const Error& e) {
+        // ignore-error: the host name is still advertised
+        log::warn(fmt::format("driver: cannot list network interfaces: {}", e.what()));
+      }
+      ControlAddress where =
+          choose_control_address(w.hosts, forced ? forced : "", interfaces, w.hosts.at(0));
+      listener = std::make_unique<TcpListener>(where.bind);
+      boot = {
+          {"addresses", where.advertise}, {"port", listener->port()}, {"token", random_token()}};
+    } catch (const Error& e) {
+      boot = {{"error", error_to_json(e.code(), e.what())}};
+    }
+  }
+  boot = nlohmann::json::parse(mpi_broadcast(w.rank == 0 ? boot.dump() : std::string()));
+  if (boot.contains("error")) {
+    throw error_from_json(boot["error"], "the driver (MPI rank 0) could not listen: ");
+  }
+  const auto addresses = boot.at("addresses").get<std::vector<std::string>>();
+  const int port = boot.at("port").get<int>();
+  const std::string token = boot.at("token").get<std::string>();
+  const std::string where = fmt::format("[{}] port {}", fmt::join(addresses, ", "), port);
+
+  if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where);
+
+  Channel driver(tcp_connect(addresses, port, kConnectLimit),
+                 fmt::format("the driver (MPI rank 0 on host {})", w.hosts.at(0)));
+  driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", token}, {"host", w.hosts.at(w.rank)}});
+  AgentLoop loop(spec, w, std::move(driver));
+  return loop.run();
+}
+
+}  // namespace cairn::train_internal

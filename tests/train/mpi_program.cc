@@ -1,0 +1,144 @@
+// A training program for the MPI launcher's tests, started by mpirun
+// (tests/train/mpi_test.cc). Every MPI process calls Trainer::fit() and
+// writes what it returned or threw to OUT/process-<MPI rank>.json; every
+// worker writes its context to OUT/ctx-<rank>-<attempt>.json.
+//
+//   train_mpi_program SCENARIO STORAGE_PATH OUT_DIR
+//
+// Scenarios: basic (3 epochs, every rank saves a shard each epoch), restart
+// (rank 1 throws at epoch 1 once; max_failures=1), killed (rank 1 SIGKILLs
+// itself at epoch 1; max_failures=0), hang (rank 1 stops reporting at epoch
+// 1; report_timeout_s=2), mismatch (num_workers=3), slow (8 epochs of 300 ms,
+// for a test that kills the driver; every process writes OUT/pid-<MPI rank>)
+// and restore (Trainer::restore of the experiment, then fit).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "cairn/train.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_file(const fs::path& p, const std::string& text) {
+  fs::path tmp = p;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+  }
+  fs::rename(tmp, p);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void train_fn(const nlohmann::json& config) {
+  const cairn::TrainContext& ctx = cairn::train::get_context();
+  const fs::path out = config.at("out").get<std::string>();
+  const std::string scenario = config.at("scenario").get<std::string>();
+  const int rank = ctx.world_rank;
+  int start = 0;
+  nlohmann::json seen = {{"world_rank", rank},
+                         {"world_size", ctx.world_size},
+                         {"local_rank", ctx.local_rank},
+                         {"local_world_size", ctx.local_world_size},
+                         {"node_rank", ctx.node_rank},
+                         {"experiment_name", ctx.experiment_name},
+                         {"experiment_path", ctx.experiment_path},
+                         {"attempt", ctx.attempt},
+                         {"pid", ::getpid()},
+                         {"resumed_from_epoch", nullptr}};
+  if (auto ckpt = cairn::train::get_checkpoint()) {
+    auto dir = ckpt->as_directory();
+    const int epoch = std::stoi(read_file(dir.path() / "epoch.txt"));
+    if (read_file(dir.path() / fmt::format("shard-{}.bin", rank)) !=
+        fmt::format("rank {} epoch {}", rank, epoch)) {
+      throw std::runtime_error(fmt::format("rank {}: my shard of epoch {} is wrong", rank, epoch));
+    }
+    seen["resumed_from_epoch"] = epoch;
+    start = epoch + 1;
+  }
+  write_file(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
+  const int epochs = config.value("epochs", 3);
+  for (int epoch = start; epoch < epochs; ++epoch) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 0)));
+    if (rank == 1 && epoch == 1 && ctx.attempt == 0) {
+      if (scenario == "restart") throw std::runtime_error("intentional error at epoch 1");
+      if (scenario == "killed") {
+        std::fprintf(stderr, "rank 1 is about to die\n");
+        std::fflush(stderr);
+        ::raise(SIGKILL);
+      }
+      if (scenario == "hang") std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    cairn::train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
+               fmt::format("rank {} epoch {}", rank, epoch));
+    if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
+                         cairn::Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s SCENARIO STORAGE_PATH OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const fs::path out = argv[3];
+  const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const fs::path report = out / fmt::format("process-{}.json", mpi_rank ? mpi_rank : "none");
+  write_file(out / fmt::format("pid-{}", mpi_rank ? mpi_rank : "none"), std::to_string(::getpid()));
+  nlohmann::json config = {{"out", out.string()}, {"scenario", scenario}};
+  if (scenario == "slow" || scenario == "restore") {
+    config["epochs"] = 8;
+    config["sleep_ms"] = 300;
+  }
+
+  cairn::RunConfig run;
+  run.name = "mpi_exp";
+  run.storage_path = argv[2];
+  run.checkpoint_config.num_to_keep = 2;
+  run.checkpoint_config.checkpoint_score_attribute = "loss";
+  run.checkpoint_config.checkpoint_score_order = "min";
+  run.failure_config.max_failures = scenario == "restart" ? 1 : 0;
+  if (scenario == "hang") run.failure_config.report_timeout_s = 2;
+  cairn::ScalingConfig scaling{.num_workers = scenario == "mismatch" ? 3 : 0};
+
+  nlohmann::json what;
+  try {
+    const std::string exp = (fs::path(run.storage_path) / run.name).string();
+    cairn::Trainer trainer = scenario == "restore" ? cairn::Trainer::restore(exp, train_fn, config)
+                                                   : cairn::Trainer(train_fn, config, scaling, run);
+    cairn::Result r = trainer.fit();
+    nlohmann::json best = nlohmann::json::array();
+    for (const auto& b : r.best_checkpoints) best.push_back(b.checkpoint.uri());
+    what = {{"metrics", r.metrics},
+            {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
+            {"best", best},
+            {"path", r.path},
+            {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
+  } catch (const cairn::Error& e) {
+    what = {{"threw", e.what()}, {"code", std::string(cairn::error_code_name(e.code()))}};
+  }
+  write_file(report, what.dump(2));
+  return 0;
+}

@@ -1,0 +1,388 @@
+// The MPI launcher with real mpirun (OpenMPI) processes on this machine:
+// a run across MPI processes, restarts, a SIGKILLed worker, hang detection,
+// refusals (a num_workers mismatch, storage not every rank reaches), and,
+// as root, distinct host names and node-local storage made with Linux
+// namespaces, as on a multi-node run.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/manager.h"
+#include "support/temp_dir.h"
+#include "train/train_support.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::expect_all_verify;
+using testing::slurp;
+using testing::TempDir;
+
+struct Launch {
+  int exit_status = -1;
+  double seconds = 0;
+  std::string log;  // mpirun's stdout and stderr
+};
+
+struct Started {
+  pid_t pid = -1;
+  std::chrono::steady_clock::time_point start;
+  fs::path log;
+};
+
+// Starts `mpirun -np 2 [wrapper...] program scenario storage out` in its own
+// process group, output to out/mpirun.log.
+Started start_mpirun(const std::string& scenario, const std::string& storage, const fs::path& out,
+                     const std::vector<std::string>& wrapper = {},
+                     const std::vector<std::string>& env = {}) {
+  std::vector<std::string> args = {"mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+                                   // no ptrace-based single copy: containers often forbid it
+                                   "--mca", "btl_vader_single_copy_mechanism", "none"};
+  if (::geteuid() == 0) args.push_back("--allow-run-as-root");
+  for (const auto& e : env) {
+    args.push_back("-x");
+    args.push_back(e);
+  }
+  args.insert(args.end(), wrapper.begin(), wrapper.end());
+  for (const std::string& a : {std::string(CAIRN_MPI_PROGRAM), scenario, storage, out.string()}) {
+    args.push_back(a);
+  }
+  const fs::path log = out / "mpirun.log";
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp("mpirun", argv.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  return {pid, start, log};
+}
+
+// Waits for a started mpirun, bounded: its process group is killed after 180 s.
+Launch finish(const Started& s) {
+  const pid_t pid = s.pid;
+  const auto start = s.start;
+  Launch r;
+  int status = 0;
+  while (true) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    if (std::chrono::steady_clock::now() - start > 180s) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "mpirun did not finish within 180 s";
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.log = slurp(s.log);
+  EXPECT_NE(r.exit_status, 127) << "mpirun could not be started; scripts/install-deps.sh "
+                                   "installs openmpi-bin\n"
+                                << r.log;
+  return r;
+}
+
+Launch mpirun(const std::string& scenario, const std::string& storage, const fs::path& out,
+              const std::vector<std::string>& wrapper = {},
+              const std::vector<std::string>& env = {}) {
+  return finish(start_mpirun(scenario, storage, out, wrapper, env));
+}
+
+nlohmann::json process_result(const fs::path& out, int mpi_rank) {
+  const fs::path p = out / fmt::format("process-{}.json", mpi_rank);
+  if (!fs::exists(p)) return nullptr;
+  return nlohmann::json::parse(slurp(p));
+}
+
+nlohmann::json worker_context(const fs::path& out, int rank, int attempt) {
+  const fs::path p = out / fmt::format("ctx-{}-{}.json", rank, attempt);
+  if (!fs::exists(p)) return nullptr;
+  return nlohmann::json::parse(slurp(p));
+}
+
+// Both MPI processes returned the same Result; returns rank 0's.
+nlohmann::json same_result_everywhere(const fs::path& out, const Launch& l) {
+  nlohmann::json r0 = process_result(out, 0);
+  nlohmann::json r1 = process_result(out, 1);
+  EXPECT_TRUE(r0.is_object() && r1.is_object()) << l.log;
+  if (!r0.is_object() || !r1.is_object()) return nullptr;
+  EXPECT_FALSE(r0.contains("threw")) << r0.dump() << "\n" << l.log;
+  EXPECT_EQ(r0, r1) << l.log;
+  return r0;
+}
+
+// Both MPI processes threw the same error; returns its message.
+std::string same_error_everywhere(const fs::path& out, const Launch& l, const std::string& code) {
+  nlohmann::json r0 = process_result(out, 0);
+  nlohmann::json r1 = process_result(out, 1);
+  EXPECT_TRUE(r0.is_object() && r1.is_object()) << l.log;
+  if (!r0.is_object() || !r1.is_object()) return "";
+  EXPECT_EQ(r0.value("code", ""), code) << r0.dump(2) << "\n" << l.log;
+  EXPECT_EQ(r1.value("code", ""), code) << r1.dump(2) << "\n" << l.log;
+  return r0.value("threw", "") + "\n" + r1.value("threw", "");
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheckpoint) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  const fs::path tmp = dir / "tmp";
+  fs::create_directories(out);
+  fs::create_directories(tmp);
+  Launch l = mpirun("basic", (dir / "results").string(), out, {}, {"TMPDIR=" + tmp.string()});
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out, l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["metrics"]["epoch"], 2);
+  EXPECT_EQ(r["path"], (dir / "results" / "mpi_exp").string());
+  EXPECT_EQ(r["best"].size(), 2u);  // num_to_keep=2 through the manager
+
+  const std::string exp = (dir / "results" / "mpi_exp").string();
+  EXPECT_EQ(expect_all_verify(exp), 2u);
+  ExperimentListing listing = read_experiment(exp);
+  ASSERT_FALSE(listing.checkpoints.empty());
+  auto latest = listing.checkpoints.back().checkpoint.as_directory();
+  EXPECT_EQ(slurp(latest.path() / "shard-0.bin"), "rank 0 epoch 2");
+  EXPECT_EQ(slurp(latest.path() / "shard-1.bin"), "rank 1 epoch 2");
+  EXPECT_EQ(slurp(latest.path() / "epoch.txt"), "2");
+
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json c = worker_context(out, rank, 0);
+    ASSERT_TRUE(c.is_object()) << "rank " << rank << "\n" << l.log;
+    EXPECT_EQ(c["world_rank"], rank);
+    EXPECT_EQ(c["world_size"], 2);
+    EXPECT_EQ(c["local_rank"], rank);
+    EXPECT_EQ(c["local_world_size"], 2);
+    EXPECT_EQ(c["node_rank"], 0);
+    EXPECT_EQ(c["experiment_name"], "mpi_exp");
+    EXPECT_EQ(c["experiment_path"], exp);
+  }
+  // Every node's scratch folder is gone, and so is the storage probe.
+  for (const auto& e : fs::directory_iterator(tmp)) {
+    EXPECT_FALSE(has(e.path().filename().string(), "cairn-train-")) << e.path();
+  }
+  for (const auto& e : fs::directory_iterator(exp)) {
+    EXPECT_FALSE(has(e.path().filename().string(), "probe")) << e.path();
+  }
+}
+
+TEST(MpiLauncher, WorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLatestCheckpoint) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  Launch l = mpirun("restart", (dir / "results").string(), out);
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out, l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["metrics"]["epoch"], 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json again = worker_context(out, rank, 1);
+    ASSERT_TRUE(again.is_object()) << "rank " << rank << " was not restarted\n" << l.log;
+    EXPECT_EQ(again["resumed_from_epoch"], 0) << again.dump();
+  }
+  EXPECT_TRUE(has(l.log, "intentional error at epoch 1")) << l.log;
+  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 2u);
+}
+
+TEST(MpiLauncher, SigkilledRemoteWorkerFailsTheRunNamingRankSignalAndStderrKeepingCommits) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  Launch l = mpirun("killed", (dir / "results").string(), out);
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out, l);
+  ASSERT_TRUE(r.is_object());
+  ASSERT_TRUE(r["error"].is_string()) << r.dump(2);
+  const std::string error = r["error"];
+  EXPECT_TRUE(has(error, "rank 1")) << error;
+  EXPECT_TRUE(has(error, "signal 9 (SIGKILL)")) << error;
+  EXPECT_TRUE(has(error, "rank 1 is about to die")) << error;  // the stderr tail
+  EXPECT_TRUE(has(error, "max_failures=0")) << error;
+  // Epoch 0's checkpoint was committed before the kill and is intact.
+  EXPECT_EQ(r["metrics"]["epoch"], 0);
+  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 1u);
+}
+
+TEST(MpiLauncher, RankThatStopsReportingIsATimeoutAndItsWorkerIsStopped) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  Launch l = mpirun("hang", (dir / "results").string(), out);
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out, l);
+  ASSERT_TRUE(r.is_object());
+  ASSERT_TRUE(r["error"].is_string()) << r.dump(2);
+  const std::string error = r["error"];
+  EXPECT_TRUE(has(error, "timeout")) << error;
+  EXPECT_TRUE(has(error, "rank(s) 1 did not call report() within 2 s")) << error;
+  // The hung worker sleeps 60 s; the job ended long before, so it was killed.
+  EXPECT_LT(l.seconds, 45) << l.log;
+  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 1u);
+}
+
+TEST(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHistory) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  const fs::path out2 = dir / "out2";
+  fs::create_directories(out);
+  fs::create_directories(out2);
+  const std::string results = (dir / "results").string();
+  const std::string exp = (dir / "results" / "mpi_exp").string();
+  Started s = start_mpirun("slow", results, out);
+  // Kill MPI rank 0 (the driver) once two checkpoints were committed.
+  std::set<std::string> committed;
+  const auto limit = std::chrono::steady_clock::now() + 60s;
+  while (committed.size() < 2 && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(50ms);
+    committed.clear();
+    if (!fs::exists(exp)) continue;
+    for (const auto& rec : read_experiment(exp).checkpoints) committed.insert(rec.name);
+  }
+  ASSERT_GE(committed.size(), 2u) << "no checkpoints within 60 s";
+  const pid_t driver = std::stoi(slurp(out / "pid-0"));
+  ASSERT_EQ(::kill(driver, SIGKILL), 0);
+  Launch l = finish(s);
+  EXPECT_NE(l.exit_status, 0) << "mpirun should report the killed process\n" << l.log;
+  EXPECT_LT(l.seconds, 90) << l.log;
+  // Every worker of the killed job is gone (they die with their agent).
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json c = worker_context(out, rank, 0);
+    ASSERT_TRUE(c.is_object());
+    EXPECT_TRUE(testing::wait_gone(c["pid"].get<pid_t>(), 10s)) << "rank " << rank;
+  }
+  // Nothing committed is lost: the newest checkpoint seen before the kill is
+  // still there (retention keeps the two with the lowest loss: the newest).
+  ExperimentListing before = read_experiment(exp);
+  bool kept = false;
+  for (const auto& rec : before.checkpoints) kept |= rec.name == *committed.rbegin();
+  EXPECT_TRUE(kept) << *committed.rbegin();
+  expect_all_verify(exp);
+
+  Launch again = mpirun("restore", results, out2);
+  EXPECT_EQ(again.exit_status, 0) << again.log;
+  nlohmann::json r = same_result_everywhere(out2, again);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["metrics"]["epoch"], 7);
+  nlohmann::json resumed = worker_context(out2, 1, 0);
+  ASSERT_TRUE(resumed.is_object()) << again.log;
+  EXPECT_TRUE(resumed["resumed_from_epoch"].is_number()) << resumed.dump();
+  // Numbering continued: the restored run's checkpoints come after the first's.
+  ExperimentListing after = read_experiment(exp);
+  ASSERT_FALSE(after.checkpoints.empty());
+  EXPECT_GT(after.checkpoints.back().name, before.checkpoints.back().name);
+  EXPECT_EQ(expect_all_verify(exp), 2u);
+}
+
+TEST(MpiLauncher, NumWorkersThatIsNotTheMpiWorldSizeIsRefusedOnEveryProcess) {
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  Launch l = mpirun("mismatch", (dir / "results").string(), out);
+  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+  EXPECT_TRUE(has(errors, "num_workers is 3 but the MPI job has 2 process(es)")) << errors;
+  EXPECT_FALSE(fs::exists(dir / "results" / "mpi_exp" / "trainer_state.json"));
+}
+
+TEST(MpiLauncher, StorageThatOtherProcessesCannotSeeIsRefusedBeforeTraining) {
+  // memory:// lives in one process: like a path local to one node.
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  Launch l = mpirun("basic", "memory://mpi-test", out);
+  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+  EXPECT_TRUE(has(errors, "is not shared: rank 1 on host")) << errors;
+  EXPECT_FALSE(worker_context(out, 0, 0).is_object()) << "training started";
+}
+
+// As root: every MPI process gets its own host name (a UTS namespace), as on
+// separate nodes; the driver's address is pinned to loopback.
+std::string root_only() {
+  if (::geteuid() != 0) return "needs root for unshare(1) namespaces";
+  if (std::system("unshare --uts --mount true 2>/dev/null") != 0) {
+    return "unshare --uts --mount is not permitted here";
+  }
+  return "";
+}
+
+TEST(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const fs::path out = dir / "out";
+  fs::create_directories(out);
+  const std::vector<std::string> wrapper = {
+      "unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
+      "sh"};
+  Launch l =
+      mpirun("basic", (dir / "results").string(), out, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out, l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json c = worker_context(out, rank, 0);
+    ASSERT_TRUE(c.is_object()) << l.log;
+    EXPECT_EQ(c["node_rank"], rank);
+    EXPECT_EQ(c["local_rank"], 0);
+    EXPECT_EQ(c["local_world_size"], 1);
+  }
+  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 2u);
+}
+
+TEST(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  TempDir dir;
+  const fs::path out = dir / "out";
+  const fs::path local = dir / "node-local";
+  fs::create_directories(out);
+  fs::create_directories(local);
+  // Each process mounts its own tmpfs on the same path: node-local storage.
+  const std::vector<std::string> wrapper = {
+      "unshare",
+      "--uts",
+      "--mount",
+      "sh",
+      "-c",
+      fmt::format("hostname cairn-node$OMPI_COMM_WORLD_RANK && mount -t tmpfs cairn-local {} && "
+                  "exec \"$@\"",
+                  local.string()),
+      "sh"};
+  Launch l = mpirun("basic", local.string(), out, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
+  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+  EXPECT_TRUE(has(errors,
+                  "is not shared: rank 1 on host cairn-node1 cannot see a file the "
+                  "driver on host cairn-node0 wrote there"))
+      << errors;
+  EXPECT_TRUE(has(errors, "2 host(s)")) << errors;
+  EXPECT_FALSE(worker_context(out, 0, 0).is_object()) << "training started";
+}
+
+}  // namespace
+}  // namespace cairn
