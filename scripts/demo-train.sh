@@ -4,7 +4,8 @@
 # Adam on two worker processes, rank 0 checkpointing every epoch; an
 # intentional error at epoch 1 stops the group, which restarts from the latest
 # checkpoint (max_failures=1) and finishes every epoch. Then lists and
-# verifies the experiment with the `cairn` CLI.
+# verifies the experiment with the `cairn` CLI. Last, the sharded example
+# runs under mpirun, one worker per MPI process, as on a multi-node job.
 #
 # Usage: scripts/demo-train.sh      (from anywhere in the checkout)
 # Environment: JOBS (default 2); BUILD_DIR (default build); CAIRN_DEMO_STORAGE
@@ -20,7 +21,7 @@ bash scripts/install-deps.sh
 echo "== build (cairn, cairn_train_torch_example)"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
   -DCAIRN_TORCH=ON >/dev/null
-ninja -C "$build" -j "$jobs" cairn cairn_train_torch_example
+ninja -C "$build" -j "$jobs" cairn cairn_train_torch_example cairn_train_sharded_example
 
 if [ -n "${CAIRN_DEMO_STORAGE:-}" ]; then
   storage=$CAIRN_DEMO_STORAGE
@@ -40,5 +41,14 @@ echo "== the experiment"
 echo
 echo "== verify every checkpoint"
 "$build/src/cli/cairn" verify "$storage/torch_linear"
+
+echo
+echo "== under mpirun: 2 MPI processes, each one rank saving its own shard"
+root_flag=()
+if [ "$(id -u)" -eq 0 ]; then root_flag=(--allow-run-as-root); fi
+mpirun -np 2 --oversubscribe --bind-to none "${root_flag[@]}" \
+  --mca btl_vader_single_copy_mechanism none \
+  "$build/examples/train/cairn_train_sharded_example" "$storage" 2 4
+"$build/src/cli/cairn" verify "$storage/sharded"
 echo
 echo "demo-train: OK"

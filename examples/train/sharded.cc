@@ -5,6 +5,10 @@
 // rank restores its own shard after a failure.
 //
 //   cairn_train_sharded_example [storage_path] [num_workers] [num_epochs]
+//   mpirun -np N cairn_train_sharded_example [storage_path] N [num_epochs]
+//
+// Under mpirun every MPI process runs one rank, and every process's fit()
+// returns the same Result, so each prints the same summary.
 #include <cstdio>
 #include <stdexcept>
 #include <string>

@@ -335,7 +335,7 @@ class MpiGroup final : public Group {
         e.type = GroupEvent::kExit;
         e.rank = a.rank;
         e.clean = m.value("clean", false);
-        e.cause = fmt::format("{} (on host {})", m.value("cause", std::string("exited")), a.host);
+        e.cause = fmt::format("{} on host {}", m.value("cause", std::string("exited")), a.host);
         events.push_back(std::move(e));
       }
     }
