@@ -9,9 +9,12 @@
 //
 // Processes. fit() runs train_fn in `num_workers` worker processes (the
 // ranks). With the local launcher the calling process is the driver and forks
-// the workers (the MPI launcher for multi-node runs is designed in
-// docs/train.md, "Multi-node", but not available yet). Workers are killed when the driver dies
-// (even by SIGKILL), so a dead driver never leaves a group running. Because
+// the workers. Under mpirun (docs/train.md, "Multi-node with MPI") every MPI
+// process calls fit() and forks one rank's worker; MPI rank 0 is the driver,
+// storage must be shared by every node (checked before training), and fit()
+// returns the same Result, or throws the same error, on every process.
+// Workers are killed when their parent dies (even by SIGKILL), so a dead
+// driver never leaves a group running. Because
 // workers are forked, the driver should call fit() from the thread that will
 // live for the whole run, and not hold locks in other threads at that time.
 //
@@ -59,7 +62,7 @@ namespace cairn {
 enum class Launcher {
   kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else local
   kLocal,  // fork num_workers processes on this machine
-  kMpi,    // one worker per MPI process: not available yet, fit() throws (docs/train.md)
+  kMpi,    // one worker per MPI process (the program runs under mpirun or srun)
 };
 
 struct ScalingConfig {
