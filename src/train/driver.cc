@@ -24,6 +24,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "train/collective.h"
+#include "train/scratch.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -83,6 +84,9 @@ class Driver {
     state_["error"] = nullptr;
     save_state();
     if (spec_.before_start) spec_.before_start();
+    for (const auto& p : sweep_dead_scratch_dirs()) {
+      log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));
+    }
 
     std::optional<std::string> resume;
     if (state_["resume_from_checkpoint"].is_string()) {
@@ -157,7 +161,7 @@ class Driver {
     failure_.reset();
     finished_ = false;
     ScratchDir scratch;
-    launch.scratch_dir = scratch.path.string();
+    launch.scratch_dir = scratch.path().string();
 
     ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s);
     std::unique_ptr<Group> group = start_group_(launch);
@@ -292,15 +296,6 @@ class Driver {
   void record_failure(const ReportRound::Action& a) {
     if (a.type == ReportRound::Action::kFailed && !failure_) failure_ = a.failure;
   }
-
-  struct ScratchDir {
-    ScratchDir() : path(make_temp_dir("cairn-train-")) {}
-    ~ScratchDir() {
-      std::error_code ec;
-      std::filesystem::remove_all(path, ec);  // ignore-error: a temp dir; best effort
-    }
-    std::filesystem::path path;
-  };
 
   const DriverSpec& spec_;
   const GroupFactory& start_group_;

@@ -39,6 +39,7 @@
 #include "train/mpi.h"
 #include "train/mpi_bootstrap.h"
 #include "train/net.h"
+#include "train/scratch.h"
 #include "util/fs.h"
 #include "util/log.h"
 
@@ -130,18 +131,6 @@ std::string random_token() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
 }
-
-// A node-local scratch folder for one attempt, removed with the attempt.
-struct Scratch {
-  Scratch() : path(make_temp_dir("cairn-train-")) {}
-  ~Scratch() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);  // ignore-error: a temp dir; best effort
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  std::filesystem::path path;
-};
 
 // ---------------------------------------------------------------- driver side
 
@@ -247,7 +236,11 @@ class MpiGroup final : public Group {
   std::vector<GroupEvent> poll(int timeout_ms) override {
     std::vector<pollfd> fds;
     for (int fd : wait_fds()) fds.push_back({fd, POLLIN, 0});
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), timeout_ms);  // ignore-error: EINTR
+    if (!fds.empty()) {
+      ::poll(fds.data(), fds.size(), timeout_ms);  // ignore-error: EINTR just means look again
+    } else {
+      ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);  // only exits are left to see
+    }
     std::vector<GroupEvent> events = local_->poll(0);
     for (Agent& a : agents_) read_agent(a, events);
     return events;
@@ -555,8 +548,8 @@ class AgentLoop {
     spec.context = context_from_json(m.at("context"));
     if (m.at("checkpoint_uri").is_string()) spec.checkpoint_uri = m["checkpoint_uri"];
     try {
-      scratch_ = std::make_unique<Scratch>();
-      spec.scratch_dir = scratch_->path.string();
+      scratch_ = std::make_unique<ScratchDir>();
+      spec.scratch_dir = scratch_->path().string();
       group_ = start_local_ranks(spec, {spec.context});
     } catch (const Error& e) {
       scratch_.reset();
@@ -582,7 +575,7 @@ class AgentLoop {
   const MpiWorld& w_;
   Channel driver_;
   std::unique_ptr<Group> group_;
-  std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<ScratchDir> scratch_;
   std::string tail_;
 };
 
@@ -628,6 +621,9 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
   Channel driver(tcp_connect(addresses, port, kConnectLimit),
                  fmt::format("the driver (MPI rank 0 on host {})", w.hosts.at(0)));
   driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", token}, {"host", w.hosts.at(w.rank)}});
+  for (const auto& p : sweep_dead_scratch_dirs()) {
+    log::info(fmt::format("removed {}, the scratch folder of an agent that died", p.string()));
+  }
   AgentLoop loop(spec, w, std::move(driver));
   return loop.run();
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
@@ -208,8 +209,8 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
   pid_t driver = ::fork();
   ASSERT_GE(driver, 0);
   if (driver == 0) {
-    // The killed driver cannot remove its scratch directory: keep it inside
-    // this test's temporary directory, which the test removes.
+    // The killed driver cannot remove its scratch directory; the restored
+    // driver below must. Both use a TMPDIR inside this test's directory.
     fs::create_directories(dir.path() / "tmp");
     ::setenv("TMPDIR", (dir.path() / "tmp").c_str(), 1);
     Trainer(sharded_loop, slow, ScalingConfig{.num_workers = 2}, run).fit();
@@ -269,7 +270,25 @@ void kill_driver_then_restore(bool during_upload, unsigned seed) {
   fast["epochs"] = final_epoch + 1;
   fs::remove_all(dir.path() / "pids");
   fs::create_directories(dir.path() / "pids");
+  auto scratch_dirs = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path() / "tmp")) {
+      names.push_back(e.path().filename().string());
+    }
+    return names;
+  };
+  EXPECT_EQ(scratch_dirs().size(), 1u) << "the killed driver's scratch folder";
+  const char* old_tmpdir = std::getenv("TMPDIR");
+  const std::string saved_tmpdir = old_tmpdir ? old_tmpdir : "";
+  ::setenv("TMPDIR", (dir.path() / "tmp").c_str(), 1);
   Result r = Trainer::restore(experiment.string(), sharded_loop, fast).fit();
+  if (old_tmpdir) {
+    ::setenv("TMPDIR", saved_tmpdir.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  // The restored driver removed the dead driver's scratch folder, and its own.
+  EXPECT_TRUE(scratch_dirs().empty()) << fmt::format("{}", fmt::join(scratch_dirs(), ", "));
   ASSERT_FALSE(r.error) << *r.error;
   EXPECT_EQ(r.metrics["epoch"], final_epoch);
   // It continued from the latest checkpoint...

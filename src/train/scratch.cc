@@ -1,0 +1,133 @@
+#include "train/scratch.h"
+
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "util/fs.h"
+#include "util/log.h"
+
+namespace cairn::train_internal {
+
+namespace {
+
+constexpr std::string_view kPrefix = "cairn-train-";
+constexpr std::string_view kOwnerFile = "owner";
+
+std::optional<std::string> read_small(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string pid_namespace_of(const std::string& pid) {
+  std::error_code ec;
+  auto target = std::filesystem::read_symlink("/proc/" + pid + "/ns/pid", ec);
+  return ec ? std::string() : target.string();
+}
+
+std::optional<ScratchOwner> owner_of(int64_t pid) {
+  const std::string p = std::to_string(pid);
+  auto stat = read_small("/proc/" + p + "/stat");
+  if (!stat) return std::nullopt;
+  auto start = stat_start_time(*stat);
+  if (!start) return std::nullopt;
+  return ScratchOwner{pid_namespace_of(p), pid, *start};
+}
+
+std::filesystem::path temp_root() {
+  const char* tmp = std::getenv("TMPDIR");
+  return (tmp && *tmp) ? tmp : "/tmp";
+}
+
+}  // namespace
+
+std::string format_owner(const ScratchOwner& o) {
+  return fmt::format("{} {} {}\n", o.pid_namespace, o.pid, o.start_time);
+}
+
+std::optional<ScratchOwner> parse_owner(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  ScratchOwner o;
+  if (!(in >> o.pid_namespace >> o.pid >> o.start_time) || o.pid <= 0) return std::nullopt;
+  return o;
+}
+
+std::optional<uint64_t> stat_start_time(std::string_view stat_text) {
+  const size_t close = stat_text.rfind(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  std::string_view rest = stat_text.substr(close + 1);
+  // Fields after the command name start at 3 (state); the start time is 22.
+  int field = 2;
+  size_t i = 0;
+  while (i < rest.size()) {
+    while (i < rest.size() && rest[i] == ' ') ++i;
+    size_t j = i;
+    while (j < rest.size() && rest[j] != ' ' && rest[j] != '\n') ++j;
+    if (j == i) break;
+    if (++field == 22) {
+      uint64_t v = 0;
+      auto [ptr, ec] = std::from_chars(rest.data() + i, rest.data() + j, v);
+      if (ec != std::errc() || ptr != rest.data() + j) return std::nullopt;
+      return v;
+    }
+    i = j;
+  }
+  return std::nullopt;
+}
+
+ScratchDir::ScratchDir() : path_(make_temp_dir(kPrefix)) {
+  auto me = owner_of(::getpid());
+  if (!me) return;  // no /proc: the folder is still removed by this object
+  const auto owner = path_ / kOwnerFile;
+  std::ofstream out(owner, std::ios::binary | std::ios::trunc);
+  out << format_owner(*me);
+  if (!out.flush()) {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);  // ignore-error: reporting the write failure below
+    throw Error(ErrorCode::kIO,
+                fmt::format("{}: could not write the scratch owner", owner.string()));
+  }
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);  // ignore-error: a temp dir; best effort
+}
+
+std::vector<std::filesystem::path> sweep_dead_scratch_dirs() {
+  std::vector<std::filesystem::path> removed;
+  auto me = owner_of(::getpid());
+  if (!me || me->pid_namespace.empty()) return removed;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(temp_root(), ec);
+  if (ec) return removed;  // ignore-error: nothing to sweep where nothing can be listed
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPrefix, 0) != 0 || !entry.is_directory(ec)) continue;
+    auto text = read_small(entry.path() / kOwnerFile);
+    if (!text) continue;  // being created, or not ours to judge
+    auto owner = parse_owner(*text);
+    if (!owner || owner->pid_namespace != me->pid_namespace) continue;
+    auto now = owner_of(owner->pid);
+    if (now && now->start_time == owner->start_time) continue;  // alive
+    std::filesystem::remove_all(entry.path(), ec);
+    if (ec) {
+      log::warn(fmt::format("could not remove {}, left by a process that is gone: {}",
+                            entry.path().string(), ec.message()));
+      continue;
+    }
+    removed.push_back(entry.path());
+  }
+  return removed;
+}
+
+}  // namespace cairn::train_internal
