@@ -151,9 +151,9 @@ struct Agent {
   }
 };
 
-// Reads from `agents` until each of `wanted` (indexes) sent a message of type
-// `type` or `limit` passed; other messages are dropped. Returns the replies
-// (null where none came; the agent is then marked gone).
+// Reads from `agents` until every one not gone sent a message of type `type`
+// or `limit` passed; other messages are dropped. Returns the replies, by
+// index (null where none came; such an agent is marked gone).
 std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::string& type,
                                     milliseconds limit) {
   std::vector<nlohmann::json> replies(agents.size());
