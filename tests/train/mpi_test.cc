@@ -155,22 +155,39 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-TEST(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheckpoint) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  const fs::path tmp = dir / "tmp";
-  fs::create_directories(out);
+// A temporary directory per test: OUT for what the processes write, and the
+// storage path `results` holding the experiment `mpi_exp`.
+class MpiLauncher : public ::testing::Test {
+ protected:
+  void SetUp() override { fs::create_directories(out_); }
+  std::string results() const { return (dir_ / "results").string(); }
+  std::string experiment() const { return (dir_ / "results" / "mpi_exp").string(); }
+  // Runs `scenario` and expects mpirun to succeed and every process to
+  // return the same Result; returns it (null if not) and the launch.
+  nlohmann::json run_to_result(const std::string& scenario, Launch& l,
+                               const std::vector<std::string>& wrapper = {},
+                               const std::vector<std::string>& env = {}) {
+    l = mpirun(scenario, results(), out_, wrapper, env);
+    EXPECT_EQ(l.exit_status, 0) << l.log;
+    return same_result_everywhere(out_, l);
+  }
+
+  TempDir dir_;
+  fs::path out_ = dir_ / "out";
+};
+
+TEST_F(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheckpoint) {
+  const fs::path tmp = dir_ / "tmp";
   fs::create_directories(tmp);
-  Launch l = mpirun("basic", (dir / "results").string(), out, {}, {"TMPDIR=" + tmp.string()});
-  EXPECT_EQ(l.exit_status, 0) << l.log;
-  nlohmann::json r = same_result_everywhere(out, l);
+  Launch l;
+  nlohmann::json r = run_to_result("basic", l, {}, {"TMPDIR=" + tmp.string()});
   ASSERT_TRUE(r.is_object());
   EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
   EXPECT_EQ(r["metrics"]["epoch"], 2);
-  EXPECT_EQ(r["path"], (dir / "results" / "mpi_exp").string());
+  EXPECT_EQ(r["path"], experiment());
   EXPECT_EQ(r["best"].size(), 2u);  // num_to_keep=2 through the manager
 
-  const std::string exp = (dir / "results" / "mpi_exp").string();
+  const std::string exp = experiment();
   EXPECT_EQ(expect_all_verify(exp), 2u);
   ExperimentListing listing = read_experiment(exp);
   ASSERT_FALSE(listing.checkpoints.empty());
@@ -180,7 +197,7 @@ TEST(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheckpo
   EXPECT_EQ(slurp(latest.path() / "epoch.txt"), "2");
 
   for (int rank = 0; rank < 2; ++rank) {
-    nlohmann::json c = worker_context(out, rank, 0);
+    nlohmann::json c = worker_context(out_, rank, 0);
     ASSERT_TRUE(c.is_object()) << "rank " << rank << "\n" << l.log;
     EXPECT_EQ(c["world_rank"], rank);
     EXPECT_EQ(c["world_size"], 2);
@@ -199,32 +216,24 @@ TEST(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheckpo
   }
 }
 
-TEST(MpiLauncher, WorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLatestCheckpoint) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
-  Launch l = mpirun("restart", (dir / "results").string(), out);
-  EXPECT_EQ(l.exit_status, 0) << l.log;
-  nlohmann::json r = same_result_everywhere(out, l);
+TEST_F(MpiLauncher, WorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLatestCheckpoint) {
+  Launch l;
+  nlohmann::json r = run_to_result("restart", l);
   ASSERT_TRUE(r.is_object());
   EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
   EXPECT_EQ(r["metrics"]["epoch"], 2);
   for (int rank = 0; rank < 2; ++rank) {
-    nlohmann::json again = worker_context(out, rank, 1);
+    nlohmann::json again = worker_context(out_, rank, 1);
     ASSERT_TRUE(again.is_object()) << "rank " << rank << " was not restarted\n" << l.log;
     EXPECT_EQ(again["resumed_from_epoch"], 0) << again.dump();
   }
   EXPECT_TRUE(has(l.log, "intentional error at epoch 1")) << l.log;
-  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 2u);
+  EXPECT_EQ(expect_all_verify(experiment()), 2u);
 }
 
-TEST(MpiLauncher, SigkilledRemoteWorkerFailsTheRunNamingRankSignalAndStderrKeepingCommits) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
-  Launch l = mpirun("killed", (dir / "results").string(), out);
-  EXPECT_EQ(l.exit_status, 0) << l.log;
-  nlohmann::json r = same_result_everywhere(out, l);
+TEST_F(MpiLauncher, SigkilledRemoteWorkerFailsTheRunNamingRankSignalAndStderrKeepingCommits) {
+  Launch l;
+  nlohmann::json r = run_to_result("killed", l);
   ASSERT_TRUE(r.is_object());
   ASSERT_TRUE(r["error"].is_string()) << r.dump(2);
   const std::string error = r["error"];
@@ -234,16 +243,12 @@ TEST(MpiLauncher, SigkilledRemoteWorkerFailsTheRunNamingRankSignalAndStderrKeepi
   EXPECT_TRUE(has(error, "max_failures=0")) << error;
   // Epoch 0's checkpoint was committed before the kill and is intact.
   EXPECT_EQ(r["metrics"]["epoch"], 0);
-  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 1u);
+  EXPECT_EQ(expect_all_verify(experiment()), 1u);
 }
 
-TEST(MpiLauncher, RankThatStopsReportingIsATimeoutAndItsWorkerIsStopped) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
-  Launch l = mpirun("hang", (dir / "results").string(), out);
-  EXPECT_EQ(l.exit_status, 0) << l.log;
-  nlohmann::json r = same_result_everywhere(out, l);
+TEST_F(MpiLauncher, RankThatStopsReportingIsATimeoutAndItsWorkerIsStopped) {
+  Launch l;
+  nlohmann::json r = run_to_result("hang", l);
   ASSERT_TRUE(r.is_object());
   ASSERT_TRUE(r["error"].is_string()) << r.dump(2);
   const std::string error = r["error"];
@@ -251,18 +256,14 @@ TEST(MpiLauncher, RankThatStopsReportingIsATimeoutAndItsWorkerIsStopped) {
   EXPECT_TRUE(has(error, "rank(s) 1 did not call report() within 2 s")) << error;
   // The hung worker sleeps 60 s; the job ended long before, so it was killed.
   EXPECT_LT(l.seconds, 45) << l.log;
-  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 1u);
+  EXPECT_EQ(expect_all_verify(experiment()), 1u);
 }
 
-TEST(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHistory) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  const fs::path out2 = dir / "out2";
-  fs::create_directories(out);
+TEST_F(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHistory) {
+  const fs::path out2 = dir_ / "out2";
   fs::create_directories(out2);
-  const std::string results = (dir / "results").string();
-  const std::string exp = (dir / "results" / "mpi_exp").string();
-  Started s = start_mpirun("slow", results, out);
+  const std::string exp = experiment();
+  Started s = start_mpirun("slow", results(), out_);
   // Kill MPI rank 0 (the driver) once two checkpoints were committed.
   std::set<std::string> committed;
   const auto limit = std::chrono::steady_clock::now() + 60s;
@@ -273,14 +274,14 @@ TEST(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHist
     for (const auto& rec : read_experiment(exp).checkpoints) committed.insert(rec.name);
   }
   ASSERT_GE(committed.size(), 2u) << "no checkpoints within 60 s";
-  const pid_t driver = std::stoi(slurp(out / "pid-0"));
+  const pid_t driver = std::stoi(slurp(out_ / "pid-0"));
   ASSERT_EQ(::kill(driver, SIGKILL), 0);
   Launch l = finish(s);
   EXPECT_NE(l.exit_status, 0) << "mpirun should report the killed process\n" << l.log;
   EXPECT_LT(l.seconds, 90) << l.log;
   // Every worker of the killed job is gone (they die with their agent).
   for (int rank = 0; rank < 2; ++rank) {
-    nlohmann::json c = worker_context(out, rank, 0);
+    nlohmann::json c = worker_context(out_, rank, 0);
     ASSERT_TRUE(c.is_object());
     EXPECT_TRUE(testing::wait_gone(c["pid"].get<pid_t>(), 10s)) << "rank " << rank;
   }
@@ -292,7 +293,7 @@ TEST(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHist
   EXPECT_TRUE(kept) << *committed.rbegin();
   expect_all_verify(exp);
 
-  Launch again = mpirun("restore", results, out2);
+  Launch again = mpirun("restore", results(), out2);
   EXPECT_EQ(again.exit_status, 0) << again.log;
   nlohmann::json r = same_result_everywhere(out2, again);
   ASSERT_TRUE(r.is_object());
@@ -308,25 +309,19 @@ TEST(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHist
   EXPECT_EQ(expect_all_verify(exp), 2u);
 }
 
-TEST(MpiLauncher, NumWorkersThatIsNotTheMpiWorldSizeIsRefusedOnEveryProcess) {
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
-  Launch l = mpirun("mismatch", (dir / "results").string(), out);
-  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+TEST_F(MpiLauncher, NumWorkersThatIsNotTheMpiWorldSizeIsRefusedOnEveryProcess) {
+  Launch l = mpirun("mismatch", results(), out_);
+  const std::string errors = same_error_everywhere(out_, l, "invalid_argument");
   EXPECT_TRUE(has(errors, "num_workers is 3 but the MPI job has 2 process(es)")) << errors;
-  EXPECT_FALSE(fs::exists(dir / "results" / "mpi_exp" / "trainer_state.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "results" / "mpi_exp" / "trainer_state.json"));
 }
 
-TEST(MpiLauncher, StorageThatOtherProcessesCannotSeeIsRefusedBeforeTraining) {
+TEST_F(MpiLauncher, StorageThatOtherProcessesCannotSeeIsRefusedBeforeTraining) {
   // memory:// lives in one process: like a path local to one node.
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
-  Launch l = mpirun("basic", "memory://mpi-test", out);
-  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+  Launch l = mpirun("basic", "memory://mpi-test", out_);
+  const std::string errors = same_error_everywhere(out_, l, "invalid_argument");
   EXPECT_TRUE(has(errors, "is not shared: rank 1 on host")) << errors;
-  EXPECT_FALSE(worker_context(out, 0, 0).is_object()) << "training started";
+  EXPECT_FALSE(worker_context(out_, 0, 0).is_object()) << "training started";
 }
 
 // As root: every MPI process gets its own host name (a UTS namespace), as on
@@ -339,36 +334,28 @@ std::string root_only() {
   return "";
 }
 
-TEST(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
+TEST_F(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
-  TempDir dir;
-  const fs::path out = dir / "out";
-  fs::create_directories(out);
   const std::vector<std::string> wrapper = {
       "unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
       "sh"};
-  Launch l =
-      mpirun("basic", (dir / "results").string(), out, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
-  EXPECT_EQ(l.exit_status, 0) << l.log;
-  nlohmann::json r = same_result_everywhere(out, l);
+  Launch l;
+  nlohmann::json r = run_to_result("basic", l, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
   ASSERT_TRUE(r.is_object());
   EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
   for (int rank = 0; rank < 2; ++rank) {
-    nlohmann::json c = worker_context(out, rank, 0);
+    nlohmann::json c = worker_context(out_, rank, 0);
     ASSERT_TRUE(c.is_object()) << l.log;
     EXPECT_EQ(c["node_rank"], rank);
     EXPECT_EQ(c["local_rank"], 0);
     EXPECT_EQ(c["local_world_size"], 1);
   }
-  EXPECT_EQ(expect_all_verify((dir / "results" / "mpi_exp").string()), 2u);
+  EXPECT_EQ(expect_all_verify(experiment()), 2u);
 }
 
-TEST(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
+TEST_F(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
-  TempDir dir;
-  const fs::path out = dir / "out";
-  const fs::path local = dir / "node-local";
-  fs::create_directories(out);
+  const fs::path local = dir_ / "node-local";
   fs::create_directories(local);
   // Each process mounts its own tmpfs on the same path: node-local storage.
   const std::vector<std::string> wrapper = {
@@ -381,14 +368,14 @@ TEST(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
                   "exec \"$@\"",
                   local.string()),
       "sh"};
-  Launch l = mpirun("basic", local.string(), out, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
-  const std::string errors = same_error_everywhere(out, l, "invalid_argument");
+  Launch l = mpirun("basic", local.string(), out_, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
+  const std::string errors = same_error_everywhere(out_, l, "invalid_argument");
   EXPECT_TRUE(has(errors,
                   "is not shared: rank 1 on host cairn-node1 cannot see a file the "
                   "driver on host cairn-node0 wrote there"))
       << errors;
   EXPECT_TRUE(has(errors, "2 host(s)")) << errors;
-  EXPECT_FALSE(worker_context(out, 0, 0).is_object()) << "training started";
+  EXPECT_FALSE(worker_context(out_, 0, 0).is_object()) << "training started";
 }
 
 }  // namespace
