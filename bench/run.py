@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+from cache import drop_caches
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -54,22 +56,6 @@ def run(cmd, env):
     subprocess.run(cmd, env=env, check=True)
 
 
-def drop_caches(path):
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return "fadvise"
-
-
 def fio(args, nbytes, env):
     """Sequential buffered write (1 MiB, end_fsync=1) and cold buffered read."""
     fio_bin = shutil.which("fio")
@@ -93,7 +79,7 @@ def fio(args, nbytes, env):
         # first pwrite to the end of the fsync).
         write_runs.append(job["runtime"] / 1000.0)
     for _ in range(args.runs):
-        method = drop_caches(path)
+        method = drop_caches([path])
         out = subprocess.run(common + ["--name=seqread", "--rw=read", "--invalidate=1"],
                              env=env, check=True, capture_output=True, text=True).stdout
         job = json.loads(out)["jobs"][0]["read"]
