@@ -13,23 +13,9 @@
 # Exits non-zero if the build, the training or the verification fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${JOBS:-2}
-build=${BUILD_DIR:-build}
-
-bash scripts/install-deps.sh
-
-echo "== build (cairn, cairn_train_torch_example)"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
-  -DCAIRN_TORCH=ON >/dev/null
-ninja -C "$build" -j "$jobs" cairn cairn_train_torch_example cairn_train_sharded_example
-
-if [ -n "${CAIRN_DEMO_STORAGE:-}" ]; then
-  storage=$CAIRN_DEMO_STORAGE
-  mkdir -p "$storage"
-else
-  storage=$(mktemp -d "${TMPDIR:-/tmp}/cairn-demo-train-XXXXXX")
-  trap 'rm -rf "$storage"' EXIT
-fi
+source scripts/demo-common.sh
+demo_build cairn cairn_train_torch_example cairn_train_sharded_example
+demo_storage cairn-demo-train
 
 echo
 echo "== train: 2 workers, 5 epochs, an intentional error at epoch 1, max_failures=1"

@@ -12,24 +12,9 @@
 # Exits non-zero if the build, the resumed run, or the verification fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${JOBS:-2}
-build=${BUILD_DIR:-build}
-
-bash scripts/install-deps.sh
-
-echo "== build (cairn, cairn_demo)"
-# Same options as scripts/test.sh, so the two share the build directory.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON \
-  -DCAIRN_TORCH=ON >/dev/null
-ninja -C "$build" -j "$jobs" cairn cairn_demo
-
-if [ -n "${CAIRN_DEMO_STORAGE:-}" ]; then
-  storage=$CAIRN_DEMO_STORAGE
-  mkdir -p "$storage"
-else
-  storage=$(mktemp -d "${TMPDIR:-/tmp}/cairn-demo-XXXXXX")
-  trap 'rm -rf "$storage"' EXIT
-fi
+source scripts/demo-common.sh
+demo_build cairn cairn_demo
+demo_storage cairn-demo
 
 demo=("$build/examples/cairn_demo" --storage "$storage" --experiment logreg --epochs 8
   --num-to-keep 3 --score-attribute loss --score-order min --fail-at-epoch 5)
@@ -64,5 +49,5 @@ echo "\$ cairn verify $storage"
 if [ -f scripts/demo-train.sh ]; then
   echo
   echo "== distributed training demo (scripts/demo-train.sh)"
-  bash scripts/demo-train.sh
+  CAIRN_DEPS_READY=1 bash scripts/demo-train.sh
 fi
