@@ -59,6 +59,14 @@ class AsyncSaveTest : public ::testing::Test {
     load_into(cp.storage(), kStateFileName, t);
     return out;
   }
+  // Every write of a state file in the bucket waits at `gate`.
+  void hold_state_writes(Gate& gate) {
+    MemoryFaults f;
+    f.before = [&gate](std::string_view op, std::string_view key) {
+      if (op == "write" && is_state_file(key)) gate.wait();
+    };
+    set_memory_faults("async", f);
+  }
   ManagerOptions quiet() {
     ManagerOptions o;
     o.warn = [](const std::string&) {};
@@ -68,11 +76,7 @@ class AsyncSaveTest : public ::testing::Test {
 
 TEST_F(AsyncSaveTest, SaveReturnsAfterTheSnapshotSoTheCallerMayChangeItsTensors) {
   Gate gate;
-  MemoryFaults f;
-  f.before = [&](std::string_view op, std::string_view key) {
-    if (op == "write" && is_state_file(key)) gate.wait();
-  };
-  set_memory_faults("async", f);
+  hold_state_writes(gate);
   AsyncSaver saver;
   auto cp = Checkpoint::from_directory("memory://async/cp");
   SaveHandle h = saver.save(state(), cp, {{"loss", 1.0}});
@@ -131,11 +135,7 @@ TEST_F(AsyncSaveTest, ManagerSavesCommitInOrderAndApplyRetention) {
 
 TEST_F(AsyncSaveTest, TwoSavesMayBePendingWhenConfigured) {
   Gate gate;
-  MemoryFaults f;
-  f.before = [&](std::string_view op, std::string_view key) {
-    if (op == "write" && is_state_file(key)) gate.wait();
-  };
-  set_memory_faults("async", f);
+  hold_state_writes(gate);
   AsyncSaver saver(AsyncSaveOptions{.max_in_flight = 2});
   SaveHandle a = saver.save(state(), Checkpoint::from_directory("memory://async/a"));
   SaveHandle b = saver.save(state(), Checkpoint::from_directory("memory://async/b"));

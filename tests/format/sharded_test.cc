@@ -67,15 +67,18 @@ struct RankState {
   std::map<std::string, ShardSpec> specs;
 };
 
-RankState make_rank(const Globals& g, int rank, int world) {
+// A rank's boxes of the global tensors under an even split.
+RankState with_boxes(int rank, int world) {
   RankState r;
   r.rows_box = even_split(kRows, 0, rank, world);
   r.cols_box = even_split(kCols, 1, rank, world);
   r.cube_box = even_split(kCube, 1, rank, world);
-  r.rows = slice(g.rows, kRows, r.rows_box);
-  r.cols = slice(g.cols, kCols, r.cols_box);
-  r.cube = slice(g.cube, kCube, r.cube_box);
-  r.bias = g.bias;
+  return r;
+}
+
+// Adds the rank's buffers to its state and its boxes to its specs, once the
+// buffers are filled (the state holds spans into them).
+void register_tensors(RankState& r) {
   r.state.add_mutable<float>("rows", r.rows_box.shape, r.rows);
   r.state.add_mutable<int32_t>("cols", r.cols_box.shape, r.cols);
   r.state.add_mutable<double>("cube", r.cube_box.shape, r.cube);
@@ -83,26 +86,26 @@ RankState make_rank(const Globals& g, int rank, int world) {
   r.specs["rows"] = {kRows, r.rows_box.offsets};
   r.specs["cols"] = {kCols, r.cols_box.offsets};
   r.specs["cube"] = {kCube, r.cube_box.offsets};
+}
+
+RankState make_rank(const Globals& g, int rank, int world) {
+  RankState r = with_boxes(rank, world);
+  r.rows = slice(g.rows, kRows, r.rows_box);
+  r.cols = slice(g.cols, kCols, r.cols_box);
+  r.cube = slice(g.cube, kCube, r.cube_box);
+  r.bias = g.bias;
+  register_tensors(r);
   return r;
 }
 
 // A rank's empty buffers for loading its boxes.
 RankState make_target(int rank, int world) {
-  RankState r;
-  r.rows_box = even_split(kRows, 0, rank, world);
-  r.cols_box = even_split(kCols, 1, rank, world);
-  r.cube_box = even_split(kCube, 1, rank, world);
+  RankState r = with_boxes(rank, world);
   r.rows.assign(num_elements(r.rows_box.shape), -1);
   r.cols.assign(num_elements(r.cols_box.shape), -1);
   r.cube.assign(num_elements(r.cube_box.shape), -1);
   r.bias.assign(6, -1);
-  r.state.add_mutable<float>("rows", r.rows_box.shape, r.rows);
-  r.state.add_mutable<int32_t>("cols", r.cols_box.shape, r.cols);
-  r.state.add_mutable<double>("cube", r.cube_box.shape, r.cube);
-  r.state.add_mutable<float>("bias", {6}, r.bias);
-  r.specs["rows"] = {kRows, r.rows_box.offsets};
-  r.specs["cols"] = {kCols, r.cols_box.offsets};
-  r.specs["cube"] = {kCube, r.cube_box.offsets};
+  register_tensors(r);
   return r;
 }
 
