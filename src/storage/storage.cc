@@ -3,6 +3,7 @@
 #include "cairn/error.h"
 #include "cairn/storage.h"
 #include "storage/backends.h"
+#include "util/fs.h"
 
 namespace cairn {
 
@@ -62,7 +63,7 @@ std::shared_ptr<Storage> open_storage(std::string_view uri) {
   if (uri.empty()) throw Error(ErrorCode::kInvalidArgument, "empty storage URI");
   size_t scheme_end = uri.find("://");
   if (scheme_end == std::string_view::npos) {
-    std::filesystem::path p = std::filesystem::absolute(std::string(uri)).lexically_normal();
+    std::filesystem::path p = std::filesystem::absolute(expand_home(uri)).lexically_normal();
     std::string s = p.string();
     while (s.size() > 1 && s.back() == '/') s.pop_back();
     return open_file_storage(s);

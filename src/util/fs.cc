@@ -1,6 +1,7 @@
 #include "util/fs.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,6 +134,24 @@ void WritebackHint::wrote(int fd, uint64_t bytes) {
   if (unflushed_.fetch_add(bytes) + bytes < kStep) return;
   unflushed_ = 0;
   ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);  // ignore-error: a hint
+}
+
+std::string expand_home(std::string_view path) {
+  if (path.empty() || path.front() != '~' || (path.size() > 1 && path[1] != '/')) {
+    return std::string(path);
+  }
+  std::string home;
+  if (const char* env = std::getenv("HOME"); env && *env) {
+    home = env;
+  } else if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir) {
+    home = pw->pw_dir;
+  } else {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: cannot expand \"~\": HOME is not set and the user has no home "
+                            "directory",
+                            path));
+  }
+  return home + std::string(path.substr(1));
 }
 
 std::filesystem::path make_temp_dir(std::string_view prefix) {

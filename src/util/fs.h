@@ -62,6 +62,12 @@ class WritebackHint {
   std::atomic<uint64_t> unflushed_{0};
 };
 
+// A path with a leading "~" or "~/" replaced by $HOME (or, without HOME, the
+// password database's home of the current user), as a shell would; any other
+// path unchanged. "~user" forms are not expanded. Throws kInvalidArgument
+// when the home directory cannot be determined.
+std::string expand_home(std::string_view path);
+
 // A new empty directory under $TMPDIR (or /tmp) named "<prefix>XXXXXX".
 std::filesystem::path make_temp_dir(std::string_view prefix);
 
