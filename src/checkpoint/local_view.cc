@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -20,35 +22,87 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void flock_or_throw(int fd, int op, const fs::path& path) {
-  while (::flock(fd, op) != 0) {
-    if (errno == EINTR) continue;
-    throw errno_error(errno, "lock", path.string());
+// The files of one view; see the protocol in local_view.h.
+struct ViewPaths {
+  ViewPaths(const fs::path& root, const std::string& base)
+      : dir(root / base),
+        lock(root / (base + ".lock")),
+        users(root / (base + ".users")),
+        done(root / (base + ".done")) {}
+  fs::path dir, lock, users, done;
+};
+
+bool is_view_name(std::string_view s) {
+  if (s.size() != 16) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+int flock_retrying(int fd, int op) {
+  int rc;
+  do {
+    rc = ::flock(fd, op);
+  } while (rc != 0 && errno == EINTR);
+  return rc;
+}
+
+// Locks B.lock exclusively and returns its descriptor, or an empty one when
+// `wait` is false and another process holds it. If the file was unlinked (by
+// a release or sweep) while we waited, the lock is taken again on the new one.
+UniqueFd lock_view(const fs::path& lock_path, bool wait) {
+  for (;;) {
+    UniqueFd fd = open_file(lock_path, O_RDWR | O_CREAT | O_CLOEXEC);
+    if (flock_retrying(fd.get(), LOCK_EX | (wait ? 0 : LOCK_NB)) != 0) {
+      if (!wait && errno == EWOULDBLOCK) return UniqueFd();
+      throw errno_error(errno, "lock", lock_path.string());
+    }
+    struct stat held, now;
+    if (::fstat(fd.get(), &held) != 0) throw errno_error(errno, "stat", lock_path.string());
+    if (::stat(lock_path.c_str(), &now) == 0 && now.st_ino == held.st_ino &&
+        now.st_dev == held.st_dev) {
+      return fd;
+    }
+  }
+}
+
+// Whether some live process holds a shared lock on B.users.
+bool in_use(const ViewPaths& p) {
+  int fd = ::open(p.users.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // no users file: no user
+  UniqueFd users(fd);
+  return flock_retrying(fd, LOCK_EX | LOCK_NB) != 0;  // closing drops the probe
+}
+
+// With B.lock held: removes the view and its files, B.lock last.
+void remove_view(const ViewPaths& p) {
+  for (const fs::path& path : {p.done, p.dir, p.users, p.lock}) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) {
+      // ignore-error: the cache is temporary space; the next sweep or
+      // `cairn gc` tries again.
+      log::warn(fmt::format("removing checkpoint view {}: {}", path.string(), ec.message()));
+    }
   }
 }
 
 struct ViewHandle {
-  fs::path dir;
-  fs::path lock_path;
-  fs::path users_path;
+  fs::path root;
+  std::string base;
   UniqueFd users;
 
   ~ViewHandle() {
+    const ViewPaths p(root, base);
     try {
-      UniqueFd lock = open_file(lock_path, O_RDWR | O_CREAT);
-      flock_or_throw(lock.get(), LOCK_EX, lock_path);
+      UniqueFd lock = lock_view(p.lock, /*wait=*/true);
       users = UniqueFd();  // drops our shared hold
-      UniqueFd probe = open_file(users_path, O_RDWR | O_CREAT);
-      if (::flock(probe.get(), LOCK_EX | LOCK_NB) == 0) {
-        std::error_code ec;
-        fs::remove(dir.string() + ".done", ec);
-        fs::remove_all(dir, ec);
-        fs::remove(users_path, ec);
-      }
+      if (!in_use(p)) remove_view(p);
     } catch (const std::exception& e) {
-      // ignore-error: a destructor cannot throw; the cache root is temporary
-      // space and the next acquirer of this view repairs it.
-      log::warn(fmt::format("releasing checkpoint view {}: {}", dir.string(), e.what()));
+      // ignore-error: a destructor cannot throw; the next sweep removes an
+      // unused view.
+      log::warn(fmt::format("releasing checkpoint view {}: {}", p.dir.string(), e.what()));
     }
   }
 };
@@ -71,28 +125,60 @@ std::shared_ptr<void> acquire_shared_view(const Checkpoint& checkpoint, fs::path
     for (const auto& f : checkpoint.files())
       identity += fmt::format("\n{} {} {}", f.key, f.size, f.modified);
   }
-  const fs::path root = view_cache_root();
-  make_dirs_durable(root);
   auto handle = std::make_shared<ViewHandle>();
-  const std::string base = hash_to_hex(xxh3_64(identity));
-  handle->dir = root / base;
-  handle->lock_path = root / (base + ".lock");
-  handle->users_path = root / (base + ".users");
-  const fs::path done = root / (base + ".done");
-
-  UniqueFd lock = open_file(handle->lock_path, O_RDWR | O_CREAT);
-  flock_or_throw(lock.get(), LOCK_EX, handle->lock_path);
-  std::error_code ec;
-  if (!fs::exists(done, ec)) {
-    fs::remove_all(handle->dir, ec);
-    checkpoint.to_directory(handle->dir);
-    UniqueFd marker = open_file(done, O_WRONLY | O_CREAT | O_TRUNC);
-    marker.close(done.string());
+  handle->root = view_cache_root();
+  handle->base = hash_to_hex(xxh3_64(identity));
+  make_dirs_durable(handle->root);
+  const ViewPaths p(handle->root, handle->base);
+  {
+    UniqueFd lock = lock_view(p.lock, /*wait=*/true);
+    std::error_code ec;
+    if (!fs::exists(p.done, ec)) {
+      fs::remove_all(p.dir, ec);  // ignore-error: a partial download; to_directory needs it empty
+      checkpoint.to_directory(p.dir);
+      UniqueFd marker = open_file(p.done, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
+      marker.close(p.done.string());
+    }
+    handle->users = open_file(p.users, O_RDWR | O_CREAT | O_CLOEXEC);
+    if (flock_retrying(handle->users.get(), LOCK_SH) != 0) {
+      throw errno_error(errno, "lock", p.users.string());
+    }
   }
-  handle->users = open_file(handle->users_path, O_RDWR | O_CREAT);
-  flock_or_throw(handle->users.get(), LOCK_SH, handle->users_path);
-  path = handle->dir;
+  sweep_unused_views();
+  path = p.dir;
   return handle;
+}
+
+std::vector<std::string> sweep_unused_views(bool dry_run) {
+  const fs::path root = view_cache_root();
+  std::set<std::string> bases;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::string base = name.substr(0, name.find('.'));
+    if (is_view_name(base)) bases.insert(base);
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    throw Error(ErrorCode::kIO, fmt::format("listing {}: {}", root.string(), ec.message()));
+  }
+  std::vector<std::string> removed;
+  for (const auto& base : bases) {
+    const ViewPaths p(root, base);
+    if (dry_run) {
+      // Probes only: nothing is created or removed.
+      int fd = ::open(p.lock.c_str(), O_RDONLY | O_CLOEXEC);
+      UniqueFd probe(fd);
+      if (fd >= 0 && flock_retrying(fd, LOCK_SH | LOCK_NB) != 0) continue;  // downloading
+      if (!in_use(p)) removed.push_back("file://" + p.dir.string());
+      continue;
+    }
+    UniqueFd lock = lock_view(p.lock, /*wait=*/false);
+    if (!lock) continue;  // a download in progress
+    if (in_use(p)) continue;
+    remove_view(p);
+    removed.push_back("file://" + p.dir.string());
+  }
+  return removed;
 }
 
 }  // namespace cairn
