@@ -79,7 +79,8 @@ class StateDict {
 
   // Adds (or replaces) a read-only entry viewing the caller's bytes: it can be
   // saved but not loaded into. Throws kInvalidArgument if `bytes` is not
-  // byte_size(dtype, shape) long, or the name is empty or "__metadata__".
+  // byte_size(dtype, shape) long, or the name is "__metadata__". The empty name
+  // is allowed, as in safetensors.
   void add(std::string name, DType dtype, Shape shape, std::span<const std::byte> bytes);
   // Adds (or replaces) a writable entry: saved from, and loaded into.
   void add_mutable(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes);

@@ -10,6 +10,7 @@
 #include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -45,11 +46,13 @@ LocalDirectory Checkpoint::as_directory() const {
     view.path_ = *local;
     return view;
   }
+  check_root_exists(*storage_);
   view.owner_ = acquire_shared_view(*this, view.path_);
   return view;
 }
 
 fs::path Checkpoint::to_directory(const fs::path& dest) const {
+  check_root_exists(*storage_);
   const bool own_dest = dest.empty();
   fs::path target = own_dest ? make_temp_dir("cairn-checkpoint-") : fs::absolute(dest);
   try {
@@ -91,11 +94,10 @@ fs::path Checkpoint::to_directory(const fs::path& dest) const {
 
 nlohmann::json Checkpoint::get_metadata() const {
   if (!storage_->exists(kMetadataKey)) return nlohmann::json::object();
-  std::string text = storage_->get(kMetadataKey);
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: metadata is not a JSON object", storage_->uri_of(kMetadataKey)));
+  const std::string where = storage_->uri_of(kMetadataKey);
+  nlohmann::json j = parse_json(storage_->get(kMetadataKey), where);
+  if (!j.is_object()) {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: metadata is not a JSON object", where));
   }
   return j;
 }
@@ -106,6 +108,7 @@ void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
         ErrorCode::kInvalidArgument,
         fmt::format("{}: metadata must be a JSON object, got {}", uri(), metadata.type_name()));
   }
+  check_storable_json(metadata, fmt::format("{}: metadata", uri()));
   std::lock_guard<std::mutex> g(metadata_mu);
   storage_->put(kMetadataKey, metadata.dump(2));
 }
@@ -119,6 +122,7 @@ void Checkpoint::update_metadata(const nlohmann::json& patch) const {
   std::lock_guard<std::mutex> g(metadata_mu);
   nlohmann::json current = get_metadata();
   for (auto it = patch.begin(); it != patch.end(); ++it) current[it.key()] = it.value();
+  check_storable_json(current, fmt::format("{}: metadata", uri()));
   storage_->put(kMetadataKey, current.dump(2));
 }
 

@@ -31,12 +31,14 @@
 #include "cairn/commit.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "cairn/error.h"
 #include "checkpoint/copy.h"
 #include "util/hash.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -46,11 +48,38 @@ bool is_cairn_key(std::string_view key) {
   return key == kCairnDir || key.rfind(std::string(kCairnDir) + "/", 0) == 0;
 }
 
+// A file name a manifest can hold: a safe key, outside .cairn/, and valid
+// UTF-8 (manifests are JSON, which has no way to spell other bytes).
 void check_user_path(std::string_view path) {
   validate_key(path);
   if (is_cairn_key(path)) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("\"{}\": names under .cairn/ are reserved for Cairn", path));
+  }
+  if (!is_valid_utf8(path)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("\"{}\": file name is not valid UTF-8; checkpoint file names must be "
+                            "(rename the file)",
+                            printable(path)));
+  }
+}
+
+// A local source's file must not be a link that leads outside the source:
+// the user asked to save that directory, not what a link points to.
+void check_inside(const Storage& source, std::string_view key) {
+  auto root = source.local_path("");
+  if (!root) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path real_root = fs::canonical(*root, ec);
+  if (ec) return;  // reported by the read that follows
+  fs::path real = fs::canonical(*source.local_path(key), ec);
+  if (ec) return;
+  auto [r, q] = std::mismatch(real_root.begin(), real_root.end(), real.begin(), real.end());
+  if (r != real_root.end()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: a symbolic link leads outside the source checkpoint (to {})",
+                            source.uri_of(key), real.string()));
   }
 }
 
@@ -98,6 +127,7 @@ ManifestEntry CheckpointWriter::copy_local_file(std::string_view path,
 }
 
 void CheckpointWriter::copy_from(const Checkpoint& source) {
+  check_root_exists(source.storage());
   std::optional<Manifest> source_manifest;
   if (source.is_committed()) source_manifest = source.manifest();
   std::vector<ManifestEntry> expected;
@@ -106,8 +136,16 @@ void CheckpointWriter::copy_from(const Checkpoint& source) {
   } else {
     for (const auto& f : source.files()) expected.push_back({f.key, f.size, 0});
   }
+  // Every name is checked before anything is written.
   for (const auto& want : expected) {
-    check_user_path(want.path);
+    try {
+      check_user_path(want.path);
+      if (!source_manifest) check_inside(source.storage(), want.path);
+    } catch (const Error& e) {
+      throw with_context(e, fmt::format("copying {}", source.uri()));
+    }
+  }
+  for (const auto& want : expected) {
     auto w = dest_.storage().open_writer(want.path);
     ManifestEntry got;
     try {
@@ -159,6 +197,8 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
         ErrorCode::kInvalidArgument,
         fmt::format("{}: metrics must be a JSON object, got {}", dest_.uri(), metrics.type_name()));
   }
+  check_storable_json(metrics, fmt::format("{}: metrics", dest_.uri()));
+  if (!layout_.is_null()) check_storable_json(layout_, fmt::format("{}: layout", dest_.uri()));
   if (metadata) dest_.set_metadata(*metadata);
   Manifest m;
   m.created_at = created_at;

@@ -6,6 +6,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
 #include "util/hash.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -39,8 +40,7 @@ std::string Manifest::to_json() const {
 }
 
 Manifest Manifest::parse(std::string_view text, std::string_view source) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) corrupt(source, "manifest is not valid JSON");
+  nlohmann::json j = parse_json(text, source);
   if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
   // Fields are looked up with find(): operator[] on a const object with a
   // missing key is undefined behaviour in nlohmann::json.

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/error.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -87,6 +88,9 @@ uint64_t key_offset(std::string_view header, std::string_view name) {
 // which would let a file say two things about one tensor) and nesting deeper
 // than a valid header needs.
 nlohmann::json parse_strict_json(std::string_view text, std::string_view source) {
+  // nlohmann's lexer takes a NUL byte for the end of input, so "{...}\0junk"
+  // would pass; the format (and its reference implementation) refuse it.
+  check_json_text(text, source, JsonLimits{}, 8);
   std::vector<std::set<std::string>> keys;
   int depth = 0;
   std::string problem;

@@ -22,6 +22,7 @@
 #include "format/io.h"
 #include "util/fs.h"
 #include "util/hash.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -30,7 +31,6 @@ namespace {
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 void check_entry(const std::string& name, DType dtype, const Shape& shape, size_t nbytes) {
-  if (name.empty()) throw Error(ErrorCode::kInvalidArgument, "a tensor name may not be empty");
   if (name == kMetadataKeyName) {
     throw Error(ErrorCode::kInvalidArgument, "a tensor may not be named \"__metadata__\"");
   }
@@ -50,13 +50,8 @@ nlohmann::json decode_metadata(const std::map<std::string, std::string>& m,
                                std::string_view source) {
   auto it = m.find(std::string(kCairnMetadataKey));
   if (it == m.end()) return nlohmann::json::object();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kCorruption, fmt::format("{}: __metadata__ \"{}\" is not valid JSON: {}",
-                                                    source, kCairnMetadataKey, e.what()));
-  }
+  nlohmann::json j =
+      parse_json(it->second, fmt::format("{}: __metadata__ \"{}\"", source, kCairnMetadataKey));
   if (!j.is_object()) {
     throw Error(ErrorCode::kCorruption,
                 fmt::format("{}: __metadata__ \"{}\" is a JSON {}, not an object", source,

@@ -15,20 +15,28 @@ namespace {
   throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", source, why));
 }
 
+}  // namespace
+
 // One pass over the text outside nlohmann: nesting depth and NUL bytes.
 // Strings are skipped with their escapes, so brackets inside them do not
 // count; whatever else is malformed is left for the parser to report.
-void prescan(std::string_view text, std::string_view source, const JsonLimits& limits) {
+void check_json_text(std::string_view text, std::string_view source, JsonLimits limits,
+                     size_t base_offset) {
+  if (text.size() > limits.max_bytes) {
+    corrupt(source, fmt::format("JSON of {} bytes exceeds the limit of {} bytes", text.size(),
+                                limits.max_bytes));
+  }
+  const size_t b = base_offset;
   size_t depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (c == '\0') corrupt(source, fmt::format("NUL byte at byte offset {} in JSON", i));
+    if (c == '\0') corrupt(source, fmt::format("NUL byte at byte offset {} in JSON", b + i));
     if (in_string) {
       if (c == '\\') {
         ++i;  // the escaped character, whatever it is; a NUL there is caught below
         if (i < text.size() && text[i] == '\0') {
-          corrupt(source, fmt::format("NUL byte at byte offset {} in JSON", i));
+          corrupt(source, fmt::format("NUL byte at byte offset {} in JSON", b + i));
         }
       } else if (c == '"') {
         in_string = false;
@@ -43,7 +51,7 @@ void prescan(std::string_view text, std::string_view source, const JsonLimits& l
       case '{':
         if (++depth > limits.max_depth) {
           corrupt(source, fmt::format("JSON nested deeper than {} levels at byte offset {}",
-                                      limits.max_depth, i));
+                                      limits.max_depth, b + i));
         }
         break;
       case ']':
@@ -56,14 +64,8 @@ void prescan(std::string_view text, std::string_view source, const JsonLimits& l
   }
 }
 
-}  // namespace
-
 nlohmann::json parse_json(std::string_view text, std::string_view source, JsonLimits limits) {
-  if (text.size() > limits.max_bytes) {
-    corrupt(source, fmt::format("JSON of {} bytes exceeds the limit of {} bytes", text.size(),
-                                limits.max_bytes));
-  }
-  prescan(text, source, limits);
+  check_json_text(text, source, limits);
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
@@ -74,38 +76,61 @@ nlohmann::json parse_json(std::string_view text, std::string_view source, JsonLi
   }
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence at s[i], or 0 if there is none.
+size_t utf8_sequence_at(std::string_view s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  if (b < 0x80) return 1;
+  size_t n;
+  uint32_t cp;
+  if ((b & 0xE0) == 0xC0) {
+    n = 1;
+    cp = b & 0x1F;
+  } else if ((b & 0xF0) == 0xE0) {
+    n = 2;
+    cp = b & 0x0F;
+  } else if ((b & 0xF8) == 0xF0) {
+    n = 3;
+    cp = b & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n >= s.size()) return 0;  // truncated sequence
+  for (size_t k = 1; k <= n; ++k) {
+    const auto c = static_cast<unsigned char>(s[i + k]);
+    if ((c & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (c & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n + 1;
+}
+
+}  // namespace
+
 bool is_valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    size_t n;
-    uint32_t cp;
-    if (b < 0x80) {
-      ++i;
-      continue;
-    } else if ((b & 0xE0) == 0xC0) {
-      n = 1;
-      cp = b & 0x1F;
-    } else if ((b & 0xF0) == 0xE0) {
-      n = 2;
-      cp = b & 0x0F;
-    } else if ((b & 0xF8) == 0xF0) {
-      n = 3;
-      cp = b & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;  // truncated sequence
-    for (size_t k = 1; k <= n; ++k) {
-      const auto c = static_cast<unsigned char>(s[i + k]);
-      if ((c & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (c & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n + 1;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_at(s, i);
+    if (n == 0) return false;
+    i += n;
   }
   return true;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_sequence_at(s, i);
+    if (n == 0) {
+      out += fmt::format("\\x{:02x}", static_cast<unsigned char>(s[i]));
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
 }
 
 void check_storable_json(const nlohmann::json& value, std::string_view what, JsonLimits limits) {

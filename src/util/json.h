@@ -33,6 +33,12 @@ struct JsonLimits {
 // invalid UTF-8 in a string).
 nlohmann::json parse_json(std::string_view text, std::string_view source, JsonLimits limits = {});
 
+// The checks parse_json() makes before it parses (size, depth, NUL bytes),
+// for parsers that need their own nlohmann callback. `base_offset` is added
+// to the byte offsets in messages (a safetensors header starts at byte 8).
+void check_json_text(std::string_view text, std::string_view source, JsonLimits limits = {},
+                     size_t base_offset = 0);
+
 // Checks that a document built in memory (user metrics, metadata) can be
 // stored and read back: nesting within limits.max_depth and every string
 // valid UTF-8. Throws Error kInvalidArgument naming `what` otherwise.
@@ -45,5 +51,9 @@ std::string dump_for_output(const nlohmann::json& value, int indent = -1);
 
 // Whether `s` is well-formed UTF-8 (no overlong forms, no surrogates).
 bool is_valid_utf8(std::string_view s);
+
+// `s` with every byte that is not part of well-formed UTF-8 written as \xNN,
+// for error messages that name a file whose name is not UTF-8.
+std::string printable(std::string_view s);
 
 }  // namespace cairn
