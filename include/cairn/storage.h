@@ -108,10 +108,15 @@ class Storage {
 
   // Takes an exclusive lock on `key` or throws kLocked naming it.
   virtual std::unique_ptr<Lock> try_lock(std::string_view key) = 0;
+  // Whether a live holder has the lock on `key` (try_lock would throw
+  // kLocked). Creates and changes nothing, for read-only tools such as a
+  // dry run; the answer may be stale by the time it is used.
+  virtual bool is_locked(std::string_view key) = 0;
 
   // Writes that were started under `prefix` and never committed or discarded
-  // (left by a crash): temp files on a file system, unfinished multipart
-  // uploads on an object store. Each entry is an opaque id.
+  // (left by a crash): temp files and empty directories on a file system,
+  // unfinished multipart uploads on an object store. Each entry is an opaque
+  // id whose first component is the top-level folder it lies in.
   virtual std::vector<std::string> list_incomplete(std::string_view prefix) = 0;
   virtual void discard_incomplete(std::string_view id) = 0;
 
@@ -129,6 +134,13 @@ class Storage {
 // Opens the storage rooted at `uri`. Throws kInvalidArgument for an unknown
 // scheme or a malformed URI.
 std::shared_ptr<Storage> open_storage(std::string_view uri);
+
+// Throws kNotFound naming the URI when nothing is stored at `storage`'s root:
+// a local directory that does not exist, or on other backends a prefix with
+// no object and no incomplete write under it (as on an object store, where
+// an empty "folder" does not exist). A local root that exists but is not a
+// directory is kInvalidArgument.
+void check_root_exists(Storage& storage);
 
 // Throws kInvalidArgument (or kCorruption when `is_stored` says the key came
 // from stored data) naming the key if it is not a safe relative key.

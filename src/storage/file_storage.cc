@@ -21,6 +21,11 @@
 // real path of what is read must lie below the real path of the root, so a
 // symbolic link inside a checkpoint cannot lead a reader outside of it.
 //
+// Incomplete writes are the temp files of step 2 and empty directories: a
+// crash between mkdir and creating the temp file, or between the last unlink
+// of a removal and its rmdir, leaves one. Discarding either removes it and
+// prunes the directories it leaves empty.
+//
 // Locks are flock(2) on the lock file: the kernel releases them when the
 // holder dies, even by SIGKILL.
 #include <fcntl.h>
@@ -251,8 +256,10 @@ class FileStorage final : public Storage {
 
   std::vector<ObjectInfo> list(std::string_view prefix) override {
     std::vector<ObjectInfo> out;
-    walk(prefix, [&](const std::string& key, const struct stat& st, bool temp) {
-      if (!temp) out.push_back({key, static_cast<uint64_t>(st.st_size), mtime_of(st)});
+    walk(prefix, [&](const std::string& key, const struct stat& st, Entry kind) {
+      if (kind == Entry::kObject) {
+        out.push_back({key, static_cast<uint64_t>(st.st_size), mtime_of(st)});
+      }
     });
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
     return out;
@@ -292,17 +299,43 @@ class FileStorage final : public Storage {
     return std::make_unique<FileLock>(std::move(fd));
   }
 
+  bool is_locked(std::string_view key) override {
+    fs::path p = path_of(key);
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw errno_error(errno, "open", uri_of(key));
+    }
+    UniqueFd owned(fd);
+    // A shared probe: it fails exactly when an exclusive holder exists, and
+    // is dropped at once.
+    if (::flock(fd, LOCK_SH | LOCK_NB) == 0) return false;
+    if (errno == EWOULDBLOCK) return true;
+    throw errno_error(errno, "lock", uri_of(key));
+  }
+
   std::vector<std::string> list_incomplete(std::string_view prefix) override {
     std::vector<std::string> out;
-    walk(prefix, [&](const std::string& key, const struct stat&, bool temp) {
-      if (temp) out.push_back(key);
+    walk(prefix, [&](const std::string& key, const struct stat&, Entry kind) {
+      if (kind != Entry::kObject) out.push_back(key);
     });
     std::sort(out.begin(), out.end());
     return out;
   }
 
   void discard_incomplete(std::string_view id) override {
-    validate_key(id);
+    fs::path p = path_of(id);
+    struct stat st;
+    if (::lstat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      if (::rmdir(p.c_str()) != 0) {
+        // Gone, or no longer empty (a writer began using it): not a leftover.
+        if (errno == ENOENT || errno == ENOTEMPTY || errno == EEXIST) return;
+        throw errno_error(errno, "remove directory", uri_of(id));
+      }
+      fsync_dir(p.parent_path());
+      prune_empty_dirs(p.parent_path(), prune_limit_);
+      return;
+    }
     std::string_view name =
         id.substr(id.rfind('/') == std::string_view::npos ? 0 : id.rfind('/') + 1);
     if (!is_temp_name(name)) {
@@ -333,6 +366,11 @@ class FileStorage final : public Storage {
     }
   }
 
+  enum class Entry { kObject, kTemp, kEmptyDir };
+
+  // Calls fn(key, stat, kind) for every regular file (or link to one) below
+  // `prefix`, and for every empty directory strictly below it (symbolic links
+  // to directories are not followed).
   template <typename Fn>
   void walk(std::string_view prefix, Fn&& fn) {
     fs::path start = prefix.empty() ? root_ : path_of(prefix);
@@ -349,10 +387,18 @@ class FileStorage final : public Storage {
       if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
       const fs::path& p = it->path();
       struct stat est;
-      if (::stat(p.c_str(), &est) != 0) continue;  // ignore-error: dangling link or racing removal
+      if (::lstat(p.c_str(), &est) != 0) continue;  // ignore-error: racing removal
+      if (S_ISDIR(est.st_mode)) {
+        std::error_code ignored;  // ignore-error: a directory removed meanwhile is not listed
+        if (fs::is_empty(p, ignored) && !ignored) {
+          fn(p.lexically_relative(root_).generic_string(), est, Entry::kEmptyDir);
+        }
+        continue;
+      }
+      if (S_ISLNK(est.st_mode) && ::stat(p.c_str(), &est) != 0) continue;  // dangling link
       if (!S_ISREG(est.st_mode)) continue;
       std::string key = p.lexically_relative(root_).generic_string();
-      fn(key, est, is_temp_name(p.filename().string()));
+      fn(key, est, is_temp_name(p.filename().string()) ? Entry::kTemp : Entry::kObject);
     }
   }
 

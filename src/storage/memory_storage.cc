@@ -218,6 +218,12 @@ class MemoryStorage final : public Storage {
     return std::make_unique<MemoryLock>(bucket_, k);
   }
 
+  bool is_locked(std::string_view key) override {
+    std::string k = full(key);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    return bucket_->locks.count(k) > 0;
+  }
+
   // An in-memory write cannot outlive the process that was making it.
   std::vector<std::string> list_incomplete(std::string_view) override { return {}; }
   void discard_incomplete(std::string_view id) override {

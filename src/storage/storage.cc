@@ -51,6 +51,25 @@ std::string Storage::get(std::string_view key) {
   return out;
 }
 
+void check_root_exists(Storage& storage) {
+  if (auto dir = storage.local_path("")) {
+    std::error_code ec;
+    auto status = std::filesystem::status(*dir, ec);
+    if (status.type() == std::filesystem::file_type::not_found) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such directory", storage.uri()));
+    }
+    if (ec) throw Error(ErrorCode::kIO, fmt::format("{}: {}", storage.uri(), ec.message()));
+    if (!std::filesystem::is_directory(status)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: is a file, not a directory", storage.uri()));
+    }
+    return;
+  }
+  if (storage.list("").empty() && storage.list_incomplete("").empty()) {
+    throw Error(ErrorCode::kNotFound, fmt::format("{}: nothing is stored there", storage.uri()));
+  }
+}
+
 void Storage::remove_prefix(std::string_view prefix) {
   for (const ObjectInfo& o : list(prefix)) remove(o.key);
 }
