@@ -13,7 +13,8 @@
 //
 // Retention (CheckpointConfig):
 //   - keep everything by default;
-//   - with num_to_keep = K and a score attribute (nested keys as "a/b"), keep
+//   - with num_to_keep = K and a score attribute ("a/b" names both a flat key
+//     "a/b" and the nested metrics["a"]["b"], the flat key winning), keep
 //     the K best by score in `order` ("max" or "min"); without an attribute,
 //     the K most recent;
 //   - ties keep the newer; NaN ranks worst; a checkpoint reported without the
@@ -98,18 +99,30 @@ class CheckpointManager {
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   // Persists `checkpoint`'s files as the next checkpoint_NNNNNN, commits it,
-  // records `metrics` and applies retention. Returns the new record. On any
-  // error nothing committed before is lost and the new checkpoint is not
-  // visible. A score attribute that is present but not a number is
-  // kInvalidArgument before anything is written.
+  // records `metrics` and applies retention. Returns the new record.
+  //
+  // Failure is exact: if this throws, nothing committed before is lost, the
+  // new checkpoint is not visible and no retention ran. A source that does
+  // not exist is kNotFound, a local source that is not a directory
+  // kInvalidArgument; a score attribute that is present but not a number,
+  // metrics that are not an object, nested deeper than 128 levels or holding
+  // invalid UTF-8 are kInvalidArgument — all before anything is written.
+  // Once the checkpoint is committed the call succeeds: if writing the
+  // history or deleting by retention fails afterwards (a full disk), that is
+  // a warning (ManagerOptions::warn), retention still runs to free space,
+  // and the history is rewritten by the next call, the destructor or the
+  // next open, which rebuilds it from the committed manifests anyway.
   CheckpointRecord register_checkpoint(const nlohmann::json& metrics, const Checkpoint& checkpoint);
 
   // Commits a checkpoint whose files other processes already wrote into
-  // reserve_next()'s location (the distributed Trainer's path).
+  // reserve_next()'s location (the distributed Trainer's path). The index is
+  // persisted in the history before reserve_next() returns, so it is never
+  // handed out again, even after a crash. kFailedPrecondition once every
+  // index below 2^64-1 has been used.
   Checkpoint reserve_next();
   // Each entry is checked to exist with its size before the manifest is
   // written; `layout` goes into Manifest::layout and `metadata`, when given,
-  // into the checkpoint's metadata.
+  // into the checkpoint's metadata. Failure as for register_checkpoint.
   CheckpointRecord commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
                                    const std::vector<ManifestEntry>& files,
                                    const nlohmann::json& layout = nullptr,
@@ -128,9 +141,15 @@ class CheckpointManager {
   std::string uri() const;
 
  private:
+  static constexpr uint64_t kNoMoreIndex = UINT64_MAX;
+
   void open();
+  uint64_t take_index();
   void persist_state();
   void apply_retention();
+  // Bookkeeping after a commit (or open): history and retention, failing
+  // only into warnings. See register_checkpoint.
+  void settle(std::string_view subject);
   void check_score(const nlohmann::json& metrics, std::string_view subject) const;
   void discard_failed(const Checkpoint& dest);
   CheckpointRecord add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest);
@@ -146,6 +165,7 @@ class CheckpointManager {
   uint64_t next_index_ = 0;
   double created_at_ = 0.0;  // the experiment's start, the first pin's reference
   std::optional<double> last_pinned_at_;
+  bool history_stale_ = false;                // records_ differ from what storage holds
   std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
 };
 
@@ -172,10 +192,13 @@ struct GcReport {
   std::vector<std::string> removed;  // URIs of what was removed
   std::vector<std::string> skipped;  // experiments skipped, with the reason
 };
-// Removes the leftovers of interrupted saves and deletions in every
-// experiment at or below `uri`. An experiment whose lock is held by a live
-// writer is skipped (its in-flight save looks like a leftover). With
-// `dry_run`, reports what would be removed.
+// Removes the leftovers of interrupted saves and deletions (uncommitted
+// checkpoint folders, temp files, empty folders) in every experiment at or
+// below `uri`, and this node's views of remote checkpoints (as_directory)
+// that no live process uses any more. An experiment whose lock is held by a
+// live writer is skipped (its in-flight save looks like a leftover). With
+// `dry_run`, reports what would be removed and changes nothing, not even a
+// lock file.
 GcReport collect_garbage(std::string_view uri, bool dry_run = false);
 
 }  // namespace cairn

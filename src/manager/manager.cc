@@ -9,6 +9,14 @@
 //             incomplete writes are removed; then apply retention.
 // So after any crash the history on storage differs from the committed set
 // by at most the operation that was in flight, and the next open repairs it.
+//
+// The committed checkpoints are the truth; the history is an index of their
+// manifests that open() can always rebuild. So once a checkpoint is
+// committed, register succeeds: a history write or retention step that fails
+// afterwards (a full disk) is a warning, retention runs anyway to free space,
+// the history write is retried after it, and again by every later call and by
+// the next open. Before the commit, any failure fails the call and leaves
+// nothing visible.
 #include "cairn/manager.h"
 
 #include <algorithm>
@@ -20,7 +28,9 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
+#include "checkpoint/local_view.h"
 #include "manager/retention.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace cairn {
@@ -58,9 +68,9 @@ Scan scan_experiment(Storage& storage) {
   }
   scan.incomplete = storage.list_incomplete("");
   for (const auto& id : scan.incomplete) {
-    size_t slash = id.find('/');
-    if (slash == std::string::npos) continue;
-    std::string top = id.substr(0, slash);
+    // A temp file inside a checkpoint folder, or (file systems) an empty
+    // folder a crash left: either way that index was used.
+    std::string top = id.substr(0, id.find('/'));
     if (auto index = parse_checkpoint_name(top)) all.emplace(*index, top);
   }
   for (const auto& [index, name] : all) {
@@ -95,8 +105,14 @@ StoredState read_state(Storage& storage) {
                              "checkpoints' manifests)",
                              where, why));
   };
-  nlohmann::json j = nlohmann::json::parse(storage.get(kStateKey), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw corrupt("not a JSON object");
+  nlohmann::json j;
+  try {
+    j = parse_json(storage.get(kStateKey), where);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    throw corrupt(std::string_view(e.what()).substr(where.size() + 2));
+  }
+  if (!j.is_object()) throw corrupt("not a JSON object");
   try {
     if (j.value("format", "") != kStateFormat) throw corrupt("not a Cairn manager state file");
     if (!j.contains("checkpoints") || !j["checkpoints"].is_array()) {
@@ -221,7 +237,16 @@ CheckpointManager::CheckpointManager(std::string_view experiment_uri, Checkpoint
   open();
 }
 
-CheckpointManager::~CheckpointManager() = default;
+CheckpointManager::~CheckpointManager() {
+  if (!history_stale_) return;
+  try {
+    persist_state();
+  } catch (const Error& e) {
+    // ignore-error: a destructor cannot throw; the next open rebuilds the
+    // history from the committed manifests.
+    log::warn(fmt::format("{}: history not written on close: {}", uri(), e.what()));
+  }
+}
 
 std::string CheckpointManager::uri() const { return storage_->uri(); }
 
@@ -279,11 +304,24 @@ void CheckpointManager::open() {
     log::info(fmt::format("{}: adopting {} committed before a crash", uri(), name));
     add_record(index, where, m);
   }
-  next_index_ = std::max(stored.next_index, scan.max_index ? *scan.max_index + 1 : 0);
-  persist_state();
+  // UINT64_MAX is never a checkpoint's index: it means "exhausted".
+  const uint64_t after_scan = !scan.max_index                   ? 0
+                              : *scan.max_index == kNoMoreIndex ? kNoMoreIndex
+                                                                : *scan.max_index + 1;
+  next_index_ = std::max(stored.next_index, after_scan);
   // A crash between a commit and its retention step leaves one extra; apply
   // the policy now, so that repeated crashes never accumulate them.
-  apply_retention();
+  settle(uri());
+}
+
+uint64_t CheckpointManager::take_index() {
+  if (next_index_ >= kNoMoreIndex) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: every checkpoint index has been used (the next would be {}); "
+                            "start a new experiment",
+                            uri(), next_index_));
+  }
+  return next_index_++;
 }
 
 CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint& where,
@@ -321,19 +359,52 @@ void CheckpointManager::persist_state() {
   }
   j["checkpoints"] = std::move(list);
   storage_->put(kStateKey, j.dump(1));
+  history_stale_ = false;
 }
 
 void CheckpointManager::apply_retention() {
   std::vector<uint64_t> doomed =
       retention::to_delete(candidates_of(records_, config_), policy_of(config_));
-  if (doomed.empty()) return;
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });
     delete_checkpoint(it->checkpoint);
     records_.erase(it);
+    history_stale_ = true;
   }
-  persist_state();
+}
+
+void CheckpointManager::settle(std::string_view subject) {
+  history_stale_ = true;
+  std::optional<Error> history_error;
+  try {
+    persist_state();
+  } catch (const Error& e) {
+    history_error = e;  // retried below, once retention has freed what it can
+  }
+  try {
+    apply_retention();
+  } catch (const Error& e) {
+    // ignore-error: the checkpoints are committed; retention runs again on
+    // the next save and on open, and the caller must not see a committed
+    // checkpoint as a failed save.
+    warn(fmt::format("{}: applying retention failed, retried on the next save or open: {}", subject,
+                     e.what()));
+  }
+  if (history_stale_) {
+    try {
+      persist_state();
+      history_error.reset();
+    } catch (const Error& e) {
+      history_error = e;
+    }
+  }
+  if (history_error) {
+    // ignore-error: the history is an index of the committed manifests;
+    // every later call retries the write and the next open rebuilds it.
+    warn(fmt::format("{}: writing {} failed, retried on the next save or open: {}", subject,
+                     storage_->uri_of(kStateKey), history_error->what()));
+  }
 }
 
 void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_view subject) const {
@@ -342,6 +413,7 @@ void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_v
         ErrorCode::kInvalidArgument,
         fmt::format("{}: metrics must be a JSON object, got {}", subject, metrics.type_name()));
   }
+  check_storable_json(metrics, fmt::format("{}: metrics", subject));
   if (config_.checkpoint_score_attribute.empty()) return;
   auto score = retention::extract_score(metrics, config_.checkpoint_score_attribute);
   if (score.kind == retention::ScoreKind::kNotNumber) {
@@ -358,10 +430,16 @@ void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_v
 CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics,
                                                         const Checkpoint& checkpoint) {
   std::lock_guard<std::mutex> g(mu_);
-  const uint64_t index = next_index_;
-  const std::string name = checkpoint_name(index);
+  const std::string name = checkpoint_name(next_index_);
   check_score(metrics, storage_->uri_of(name));
-  ++next_index_;
+  // A typo in the source path must fail here, before an index is used or
+  // retention can run: an empty checkpoint would otherwise push out a good one.
+  try {
+    check_root_exists(checkpoint.storage());
+  } catch (const Error& e) {
+    throw with_context(e, fmt::format("registering {}", checkpoint.uri()));
+  }
+  const uint64_t index = take_index();
   Checkpoint dest(storage_->child(name));
   Manifest manifest;
   try {
@@ -375,8 +453,7 @@ CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& me
     throw with_context(e, fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()));
   }
   CheckpointRecord record = add_record(index, dest, manifest);
-  persist_state();
-  apply_retention();
+  settle(fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()));
   return record;
 }
 
@@ -392,8 +469,17 @@ void CheckpointManager::discard_failed(const Checkpoint& dest) {
 
 Checkpoint CheckpointManager::reserve_next() {
   std::lock_guard<std::mutex> g(mu_);
-  const uint64_t index = next_index_++;
+  const uint64_t index = take_index();
   Checkpoint dest(storage_->child(checkpoint_name(index)));
+  // Other processes write into the reservation, and one of them may outlive
+  // a crash of this one; the index is persisted before anyone writes, so a
+  // restarted manager never hands it out again.
+  try {
+    persist_state();
+  } catch (const Error& e) {
+    --next_index_;
+    throw with_context(e, fmt::format("reserving {}", dest.uri()));
+  }
   reserved_[dest.uri()] = index;
   return dest;
 }
@@ -423,8 +509,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
   }
   reserved_.erase(it);
   CheckpointRecord record = add_record(index, reserved, manifest);
-  persist_state();
-  apply_retention();
+  settle(fmt::format("committing {}", reserved.uri()));
   return record;
 }
 
@@ -490,13 +575,14 @@ std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecor
 std::vector<std::string> find_experiments(std::string_view uri) {
   auto storage = open_storage(uri);
   std::set<std::string> found;
-  auto is_marker = [](std::string_view part, bool has_more) {
-    return (part == kStateKey && !has_more) || (has_more && parse_checkpoint_name(part));
+  auto is_marker = [](std::string_view part, bool is_folder) {
+    return (part == kStateKey && !is_folder) || (is_folder && parse_checkpoint_name(part));
   };
-  auto consider = [&](const std::string& key) {
+  // `leaf_is_folder`: an incomplete write's id may name an empty folder.
+  auto consider = [&](const std::string& key, bool leaf_is_folder) {
     size_t s1 = key.find('/');
     std::string_view first = std::string_view(key).substr(0, s1);
-    if (is_marker(first, s1 != std::string::npos)) {
+    if (is_marker(first, s1 != std::string::npos || leaf_is_folder)) {
       found.insert("");
       return;
     }
@@ -504,10 +590,12 @@ std::vector<std::string> find_experiments(std::string_view uri) {
     size_t s2 = key.find('/', s1 + 1);
     std::string_view second = std::string_view(key).substr(
         s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1);
-    if (is_marker(second, s2 != std::string::npos)) found.insert(std::string(first));
+    if (is_marker(second, s2 != std::string::npos || leaf_is_folder)) {
+      found.insert(std::string(first));
+    }
   };
-  for (const auto& o : storage->list("")) consider(o.key);
-  for (const auto& id : storage->list_incomplete("")) consider(id);
+  for (const auto& o : storage->list("")) consider(o.key, false);
+  for (const auto& id : storage->list_incomplete("")) consider(id, true);
   return {found.begin(), found.end()};
 }
 
@@ -516,11 +604,20 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
   auto root = open_storage(uri);
   for (const auto& name : find_experiments(uri)) {
     auto storage = name.empty() ? root : root->child(name);
+    // A dry run changes nothing, not even by creating a lock file.
     std::unique_ptr<Lock> lock;
-    try {
-      lock = storage->try_lock(kLockKey);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kLocked) throw;
+    bool locked = false;
+    if (dry_run) {
+      locked = storage->is_locked(kLockKey);
+    } else {
+      try {
+        lock = storage->try_lock(kLockKey);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kLocked) throw;
+        locked = true;
+      }
+    }
+    if (locked) {
       report.skipped.push_back(
           fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
       continue;
@@ -541,6 +638,9 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
       }
     }
   }
+  // Node-local views of remote checkpoints that no live process uses (their
+  // users were killed): garbage wherever they came from.
+  for (auto& view : sweep_unused_views(dry_run)) report.removed.push_back(std::move(view));
   return report;
 }
 

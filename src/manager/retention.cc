@@ -6,20 +6,31 @@
 
 namespace cairn::retention {
 
-Score extract_score(const nlohmann::json& metrics, std::string_view attribute) {
-  const nlohmann::json* node = &metrics;
-  size_t start = 0;
-  while (start <= attribute.size()) {
-    size_t end = attribute.find('/', start);
-    if (end == std::string_view::npos) end = attribute.size();
-    std::string part(attribute.substr(start, end - start));
-    if (!node->is_object() || !node->contains(part)) return {};
-    node = &(*node)[part];
-    start = end + 1;
+namespace {
+
+// The value `attribute` names below `node`: the literal key first, else the
+// longest literal prefix (up to a '/') whose value is an object holding the
+// rest. Depth is bounded by the number of '/' in the attribute.
+const nlohmann::json* find_attribute(const nlohmann::json& node, std::string_view attribute) {
+  if (!node.is_object()) return nullptr;
+  if (auto it = node.find(std::string(attribute)); it != node.end()) return &*it;
+  for (size_t cut = attribute.rfind('/'); cut != std::string_view::npos && cut > 0;
+       cut = attribute.rfind('/', cut - 1)) {
+    auto it = node.find(std::string(attribute.substr(0, cut)));
+    if (it == node.end() || !it->is_object()) continue;
+    if (const nlohmann::json* found = find_attribute(*it, attribute.substr(cut + 1))) return found;
   }
+  return nullptr;
+}
+
+}  // namespace
+
+Score extract_score(const nlohmann::json& metrics, std::string_view attribute) {
+  const nlohmann::json* node = find_attribute(metrics, attribute);
+  if (!node || node->is_null()) return {};
   if (node->is_number()) return {ScoreKind::kNumber, node->get<double>(), {}};
-  if (node->is_null()) return {};
-  return {ScoreKind::kNotNumber, 0.0, node->dump()};
+  return {ScoreKind::kNotNumber, 0.0,
+          node->dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
 bool better(const Candidate& a, const Candidate& b, const Policy& policy) {

@@ -20,8 +20,10 @@ struct Score {
   std::string found;   // when kNotNumber: the JSON found there
 };
 
-// Looks up `attribute` in `metrics`; "a/b" reaches metrics["a"]["b"]. Booleans
-// are not numbers.
+// Looks up `attribute` in `metrics`. As in Ray, which flattens nested metrics
+// with "/", "a/b" names both metrics["a/b"] and metrics["a"]["b"]; when both
+// exist the literal key wins, and in general the longest literal key at each
+// level is tried first. Booleans are not numbers; null counts as missing.
 Score extract_score(const nlohmann::json& metrics, std::string_view attribute);
 
 struct Candidate {
