@@ -18,27 +18,17 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kHistoryKey = "checkpoint_manager.json";
 
-// Opens the storage at `path`, or throws kNotFound when nothing is there. A
-// local directory exists or not; on other backends a prefix with no object
-// under it does not exist (as on an object store).
+// Opens the storage at `path`, or throws kNotFound when nothing is there
+// (check_root_exists), naming the path as the user gave it.
 std::shared_ptr<Storage> open_existing(std::string_view path) {
   auto storage = open_storage(path);
-  if (auto dir = storage->local_path("")) {
-    std::error_code ec;
-    auto status = fs::status(*dir, ec);
-    if (status.type() == fs::file_type::not_found) {
-      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such file or directory", path));
-    }
-    if (ec) throw Error(ErrorCode::kIO, fmt::format("{}: {}", path, ec.message()));
-    if (!fs::is_directory(status)) {
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          fmt::format("{}: is a file; give a checkpoint, experiment or storage directory", path));
-    }
-    return storage;
-  }
-  if (storage->list("").empty() && storage->list_incomplete("").empty()) {
-    throw Error(ErrorCode::kNotFound, fmt::format("{}: nothing is stored there", storage->uri()));
+  try {
+    check_root_exists(*storage);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidArgument) throw;
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: is a file; give a checkpoint, experiment or storage directory", path));
   }
   return storage;
 }
@@ -49,7 +39,9 @@ std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(Storage& experi
   std::map<uint64_t, std::pair<std::string, bool>> out;
   auto note = [&](const std::string& key, bool is_object) {
     size_t slash = key.find('/');
-    if (slash == std::string::npos) return;
+    // An object directly in the experiment is not a checkpoint's; an
+    // incomplete write's id may be a whole (empty) checkpoint folder.
+    if (slash == std::string::npos && is_object) return;
     std::string top = key.substr(0, slash);
     auto index = parse_checkpoint_name(top);
     if (!index) return;
@@ -139,10 +131,29 @@ LsView collect_ls(std::string_view path) {
   }
   for (const auto& name : names) {
     auto storage = name.empty() ? root : root->child(name);
-    ExperimentListing listing = read_experiment(storage->uri());
     ExperimentView e;
     e.name = name;
-    e.uri = listing.uri;
+    e.uri = storage->uri();
+    ExperimentListing listing;
+    try {
+      listing = read_experiment(storage->uri());
+    } catch (const Error& err) {
+      // One damaged history does not hide the other experiments: this one is
+      // listed with the error, and its checkpoints from their own manifests.
+      if (err.code() != ErrorCode::kCorruption) throw;
+      e.error = err.what();
+      listing.uri = storage->uri();
+      for (const auto& [index, entry] : checkpoint_dirs(*storage)) {
+        const auto& [dir, committed] = entry;
+        if (!committed) {
+          listing.uncommitted.push_back(dir);
+          continue;
+        }
+        // Metrics and time come from the manifest in committed_row(); the
+        // config is unknown, so ranking is by recency.
+        listing.checkpoints.emplace_back(index, Checkpoint(storage->child(dir)));
+      }
+    }
     e.config = listing.config;
     for (const auto& r : rank_checkpoints(listing.checkpoints, listing.config)) {
       e.best.push_back(r.name);

@@ -31,11 +31,7 @@ constexpr const char* kFooter =
 
 template <typename View>
 void print(const View& view, bool json) {
-  if (json) {
-    std::cout << to_json(view).dump(2) << '\n';
-  } else {
-    std::cout << to_text(view);
-  }
+  std::cout << render(view, json);
   std::cout.flush();
 }
 
@@ -91,7 +87,11 @@ int main(int argc, char** argv) {
 
   try {
     if (ls->parsed()) {
-      print(collect_ls(path), json);
+      LsView view = collect_ls(path);
+      for (const auto& e : view.experiments) {
+        if (!e.error.empty()) std::cerr << render_text("cairn: warning: " + e.error) << '\n';
+      }
+      print(view, json);
     } else if (show->parsed()) {
       print(collect_show(path), json);
     } else if (verify->parsed()) {
@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     }
     return kExitOk;
   } catch (const cairn::Error& e) {
-    std::cerr << error_line(e.what()) << '\n';
+    std::cerr << render_text(error_line(e.what())) << '\n';
     return exit_code_for(e.code());
   } catch (const std::exception& e) {
     std::cerr << error_line(std::string("internal error: ") + e.what()) << '\n';

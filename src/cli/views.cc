@@ -4,6 +4,7 @@
 
 #include "cli/format.h"
 #include "util/hash.h"
+#include "util/json.h"
 
 namespace cairn::cli {
 
@@ -77,6 +78,7 @@ nlohmann::ordered_json to_json(const LsView& view) {
         {"latest", latest ? json(*latest) : json(nullptr)},
         {"best", e.best},
         {"checkpoints", std::move(checkpoints)},
+        {"error", e.error.empty() ? json(nullptr) : json(e.error)},
     });
   }
   return {{"schema_version", kSchemaVersion},
@@ -95,6 +97,7 @@ std::string to_text(const LsView& view) {
     out += fmt::format("experiment {}  ({} checkpoint{}, {})\n", e.name.empty() ? e.uri : e.name,
                        committed, committed == 1 ? "" : "s", config_text(e.config));
     if (!e.name.empty()) out += fmt::format("  {}\n", e.uri);
+    if (!e.error.empty()) out += fmt::format("  error: {}\n", e.error);
     if (e.checkpoints.empty()) continue;
     const bool ranked = !e.config.checkpoint_score_attribute.empty() && !e.best.empty();
     std::string best = e.best.empty() ? "" : e.best.front();
@@ -240,6 +243,33 @@ std::string to_text(const GcView& view) {
                      view.skipped.size() == 1 ? "" : "s", view.dry_run ? " (dry run)" : "");
   return out;
 }
+
+// ---- output -----------------------------------------------------------
+
+namespace {
+
+json printable_json(const json& j) {
+  if (j.is_string()) return printable(j.get_ref<const std::string&>());
+  if (j.is_array()) {
+    json out = json::array();
+    for (const auto& v : j) out.push_back(printable_json(v));
+    return out;
+  }
+  if (j.is_object()) {
+    json out = json::object();
+    for (auto it = j.begin(); it != j.end(); ++it) out[printable(it.key())] = printable_json(*it);
+    return out;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string render_json(const nlohmann::ordered_json& document) {
+  return printable_json(document).dump(2) + "\n";
+}
+
+std::string render_text(std::string_view text) { return printable(text); }
 
 std::string error_line(std::string_view message) {
   return fmt::format("cairn: error: {}", one_line(message));

@@ -36,8 +36,10 @@ struct CheckpointRow {
 struct ExperimentView {
   std::string name;  // relative to the listed URI; "" when the URI is the experiment
   std::string uri;
-  CheckpointConfig config;                 // as last persisted by its manager
-  std::vector<std::string> best;           // committed names, best first
+  std::string error;              // why its history could not be read ("" when it could); the
+                                  // checkpoints are then listed from their own manifests
+  CheckpointConfig config;        // as last persisted by its manager
+  std::vector<std::string> best;  // committed names, best first
   std::vector<CheckpointRow> checkpoints;  // committed and leftovers, in index order
 };
 
@@ -105,6 +107,19 @@ struct GcView {
 
 nlohmann::ordered_json to_json(const GcView& view);
 std::string to_text(const GcView& view);
+
+// ---- output -----------------------------------------------------------
+
+// What a command prints for `view`: its JSON document (indented, with a
+// newline) or its text. Bytes that are not valid UTF-8, such as a file name
+// written by another tool, are printed as \xNN, so the output is always
+// valid UTF-8 and valid JSON.
+std::string render_json(const nlohmann::ordered_json& document);
+std::string render_text(std::string_view text);
+template <typename View>
+std::string render(const View& view, bool json) {
+  return json ? render_json(to_json(view)) : render_text(to_text(view));
+}
 
 // ---- errors -----------------------------------------------------------
 

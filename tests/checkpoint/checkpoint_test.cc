@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -15,6 +17,7 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
+#include "cairn/manager.h"
 #include "storage/backends.h"
 #include "support/temp_dir.h"
 #include "util/hash.h"
@@ -72,6 +75,7 @@ TEST(Checkpoint, AsDirectoryOfARemoteCheckpointIsACopyRemovedWithTheLastView) {
     EXPECT_TRUE(fs::exists(p)) << "still held by the second view";
   }
   EXPECT_FALSE(fs::exists(p));
+  EXPECT_TRUE(fs::is_empty(cache.path())) << "no lock, users or done file outlives the view";
   unsetenv("CAIRN_CACHE_DIR");
   clear_memory_bucket("remote");
 }
@@ -140,8 +144,105 @@ TEST(Checkpoint, ProcessesAskingForTheSameRemoteViewShareOneDownload) {
   EXPECT_EQ(downloads, 1) << all;
   ASSERT_EQ(paths.size(), 1u) << all;
   EXPECT_FALSE(fs::exists(*paths.begin())) << "removed after the last user released it";
+  EXPECT_TRUE(fs::is_empty(cache.path())) << "nothing outlives the last user";
   unsetenv("CAIRN_CACHE_DIR");
   clear_memory_bucket("viewshare");
+}
+
+// Runs `fn` in a child process that then kills itself with SIGKILL, as a
+// preempted or OOM-killed user of a view would die.
+void in_process_killed_after(const std::function<void()>& fn) {
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    fn();
+    raise(SIGKILL);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+TEST(Checkpoint, AViewWhoseOnlyUserWasKilledIsRemovedByTheNextViewOrByGc) {
+  TempDir cache;
+  setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
+  clear_memory_bucket("killed");
+  auto make = [](const std::string& uri, const std::string& contents) {
+    auto cp = Checkpoint::from_directory(uri);
+    CheckpointWriter w(cp);
+    w.write_file("data.bin", contents);
+    w.commit({}, 1.0);
+    return cp;
+  };
+  auto first = make("memory://killed/a", "A");
+  auto second = make("memory://killed/b", "B");
+  // Killed while holding a view: its copy stays until someone sweeps.
+  in_process_killed_after([&] {
+    static LocalDirectory held;  // never released: the process dies first
+    held = first.as_directory();
+  });
+  EXPECT_FALSE(fs::is_empty(cache.path())) << "the killed user's view is still there";
+  {
+    auto view = second.as_directory();  // any later view on the node sweeps
+    size_t entries = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(cache.path())) ++entries;
+    EXPECT_EQ(entries, 4u) << "only the live view's folder and its lock, users and done files";
+  }
+  EXPECT_TRUE(fs::is_empty(cache.path()));
+
+  // Killed in the middle of a download: a partial folder, and gc removes it.
+  in_process_killed_after([&] {
+    set_memory_faults("killed", MemoryFaults{std::nullopt, [](std::string_view op, auto key) {
+                                               if (op == "read" && key == "a/data.bin") {
+                                                 raise(SIGKILL);
+                                               }
+                                             }});
+    (void)first.as_directory();
+  });
+  EXPECT_FALSE(fs::is_empty(cache.path())) << "the interrupted download left a partial view";
+  TempDir empty_root;
+  GcReport dry = collect_garbage(empty_root.str(), /*dry_run=*/true);
+  EXPECT_EQ(dry.removed.size(), 1u);
+  EXPECT_FALSE(fs::is_empty(cache.path())) << "a dry run removes nothing";
+  GcReport report = collect_garbage(empty_root.str());
+  ASSERT_EQ(report.removed.size(), 1u);
+  EXPECT_NE(report.removed[0].find(cache.str()), std::string::npos) << report.removed[0];
+  EXPECT_TRUE(fs::is_empty(cache.path()));
+  unsetenv("CAIRN_CACHE_DIR");
+  clear_memory_bucket("killed");
+}
+
+TEST(Checkpoint, AViewInUseIsNeverSweptByGc) {
+  TempDir cache;
+  setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
+  clear_memory_bucket("inuse");
+  auto cp = Checkpoint::from_directory("memory://inuse/a");
+  CheckpointWriter w(cp);
+  w.write_file("data.bin", "A");
+  w.commit({}, 1.0);
+  auto view = cp.as_directory();
+  TempDir empty_root;
+  EXPECT_TRUE(collect_garbage(empty_root.str()).removed.empty());
+  EXPECT_EQ(read_text(view.path() / "data.bin"), "A");
+  unsetenv("CAIRN_CACHE_DIR");
+  clear_memory_bucket("inuse");
+}
+
+TEST(Checkpoint, ViewsAndCopiesOfASourceThatDoesNotExistAreNotFound) {
+  TempDir dir;
+  clear_memory_bucket("nothing");
+  message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").as_directory(); },
+             ErrorCode::kNotFound);
+  message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").to_directory(); },
+             ErrorCode::kNotFound);
+  std::string msg =
+      message_of([&] { (void)Checkpoint::from_directory((dir / "typo").string()).to_directory(); },
+                 ErrorCode::kNotFound);
+  EXPECT_NE(msg.find("typo"), std::string::npos) << msg;
+  write_text(dir / "file", "x");
+  message_of([&] { (void)Checkpoint::from_directory((dir / "file").string()).to_directory(); },
+             ErrorCode::kInvalidArgument);
 }
 
 TEST(Checkpoint, ToDirectoryIsAFullPlainCopyWithMetadata) {
@@ -303,9 +404,66 @@ TEST(Checkpoint, RegisteringASourceWithALinkLeavingItIsRefused) {
   clear_memory_bucket("dest");
   CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
   std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
-                               ErrorCode::kCorruption);
+                               ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("leak"), std::string::npos) << msg;
+  EXPECT_TRUE(open_storage("memory://dest/ck")->list("").empty()) << "nothing was copied";
   clear_memory_bucket("dest");
+}
+
+TEST(Checkpoint, AFileNameThatIsNotUtf8IsRefusedNamingItBeforeAnythingIsCopied) {
+  TempDir src;
+  write_text(src / "a.bin", "fine");
+  write_text(src / "bad\xff.bin", "name is Latin-1");
+  clear_memory_bucket("dest");
+  CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
+  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
+                               ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("bad\\xff.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("UTF-8"), std::string::npos) << msg;
+  EXPECT_TRUE(open_storage("memory://dest/ck")->list("").empty()) << "nothing was copied";
+  clear_memory_bucket("dest");
+}
+
+// `depth` levels of {"a": ...} around 1.
+std::string deep_json(size_t depth) {
+  std::string s;
+  for (size_t i = 0; i < depth; ++i) s += "{\"a\":";
+  s += "1";
+  s += std::string(depth, '}');
+  return s;
+}
+
+TEST(Checkpoint, DeeplyNestedStoredJsonIsCorruptionNotACrash) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  std::string manifest = read_text(dir / ".cairn/manifest.json");
+  const std::string metrics = "\"metrics\": {";
+  size_t at = manifest.find(metrics);
+  ASSERT_NE(at, std::string::npos) << manifest;
+  manifest.insert(at + metrics.size(), "\"deep\": " + deep_json(100000) + ", ");
+  write_text(dir / ".cairn/manifest.json", manifest);
+  std::string msg = message_of([&] { (void)cp.manifest(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("manifest.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nested deeper"), std::string::npos) << msg;
+  message_of([&] { (void)cp.verify(); }, ErrorCode::kCorruption);
+
+  write_text(dir / ".cairn/metadata.json", deep_json(100000));
+  msg = message_of([&] { (void)cp.get_metadata(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("metadata.json"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, MetadataOrMetricsTooDeepOrNotUtf8AreRefusedBeforeWriting) {
+  TempDir dir;
+  auto cp = Checkpoint::from_directory(dir.str());
+  json deep = 1;
+  for (int i = 0; i < 1000; ++i) deep = json{{"a", std::move(deep)}};
+  message_of([&] { cp.set_metadata(deep); }, ErrorCode::kInvalidArgument);
+  message_of([&] { cp.set_metadata({{"name", "bad\xff"}}); }, ErrorCode::kInvalidArgument);
+  EXPECT_FALSE(fs::exists(dir / ".cairn/metadata.json"));
+  CheckpointWriter w(cp);
+  w.write_file("a.bin", "a");
+  message_of([&] { w.commit({{"deep", deep}}, 1.0); }, ErrorCode::kInvalidArgument);
+  EXPECT_FALSE(cp.is_committed());
 }
 
 TEST(CheckpointWriter, RefusesToWriteIntoACommittedCheckpointOrUnderCairnsFolder) {

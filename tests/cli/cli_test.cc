@@ -175,12 +175,86 @@ TEST_F(CliTest, LsOfAnEmptyDirectorySaysThereAreNoExperiments) {
   EXPECT_NE(r.out.find("no experiments"), std::string::npos) << r.out;
 }
 
-TEST_F(CliTest, LsOfADamagedHistoryIsACorruptionErrorNamingTheFile) {
+TEST_F(CliTest, LsOfARootListsEveryExperimentAndNamesTheOneWhoseHistoryIsDamaged) {
   make_experiment("alpha", 1);
+  make_experiment("beta", 2);
   testing::write_text(root_ / "alpha/checkpoint_manager.json", "{not json");
-  ProcessResult r = cairn({"ls", root()});
-  EXPECT_EQ(r.exit_code, 4);
-  expect_one_line_error(r, "checkpoint_manager.json");
+  ProcessResult r = cairn({"ls", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("alpha/checkpoint_manager.json"), std::string::npos) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["experiments"].size(), 2u) << r.out;
+  const json& alpha = doc["experiments"][0];
+  EXPECT_EQ(alpha["name"], "alpha");
+  ASSERT_TRUE(alpha["error"].is_string()) << r.out;
+  EXPECT_NE(alpha["error"].get<std::string>().find("checkpoint_manager.json"), std::string::npos);
+  ASSERT_EQ(alpha["checkpoints"].size(), 1u) << "listed from its manifest";
+  EXPECT_EQ(alpha["checkpoints"][0]["metrics"]["epoch"], 0);
+  EXPECT_EQ(alpha["latest"], "checkpoint_000000");
+  const json& beta = doc["experiments"][1];
+  EXPECT_TRUE(beta["error"].is_null());
+  EXPECT_EQ(beta["checkpoints"].size(), 2u);
+}
+
+TEST_F(CliTest, LsOfADeeplyNestedManifestNamesItInsteadOfCrashing) {
+  make_experiment("alpha", 1);
+  fs::path manifest = checkpoint_dir("alpha", 0) / ".cairn/manifest.json";
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  deep += std::string(100000, ']');
+  testing::write_text(manifest, "{\"metrics\": {\"x\": " + deep + "}}");
+  fs::remove(root_ / "alpha/checkpoint_manager.json");  // make ls read the manifest
+  ProcessResult r = cairn({"ls", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  const json& row = doc["experiments"][0]["checkpoints"][0];
+  ASSERT_TRUE(row["error"].is_string()) << r.out;
+  EXPECT_NE(row["error"].get<std::string>().find("nested deeper"), std::string::npos) << r.out;
+  ProcessResult v = cairn({"verify", root()});
+  EXPECT_EQ(v.exit_code, 1) << "verify does not say OK: " << v.out << v.err;
+}
+
+TEST_F(CliTest, GcDryRunCreatesNoLockFileAndChangesNothing) {
+  make_experiment("alpha", 1);
+  fs::remove(root_ / "alpha/.cairn.lock");
+  fs::create_directories(root_ / "alpha/checkpoint_000007/sub");  // a crash's empty folders
+  ProcessResult r = cairn({"gc", "--dry-run", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(root_ / "alpha/.cairn.lock"));
+  EXPECT_TRUE(fs::exists(root_ / "alpha/checkpoint_000007/sub"));
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["removed"].size(), 1u) << r.out;
+  EXPECT_NE(doc["removed"][0].get<std::string>().find("checkpoint_000007/sub"), std::string::npos);
+  ProcessResult real = cairn({"gc", root()});
+  ASSERT_EQ(real.exit_code, 0) << real.err;
+  EXPECT_FALSE(fs::exists(root_ / "alpha/checkpoint_000007"));
+}
+
+TEST_F(CliTest, GcDryRunSkipsAnExperimentWithALiveWriter) {
+  make_experiment("alpha", 1);
+  CheckpointManager live((root_ / "alpha").string(), {});
+  ProcessResult r = cairn({"gc", "--dry-run", "--json", root()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["skipped"].size(), 1u) << r.out;
+}
+
+TEST_F(CliTest, NamesThatAreNotUtf8ArePrintedEscapedInValidJson) {
+  fs::path dir = root_ / "plain";
+  testing::write_text(dir / "caf\xe9.bin", "latin-1 name");
+  ProcessResult r = cairn({"show", "--json", dir.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  ASSERT_EQ(doc["files"].size(), 1u);
+  EXPECT_EQ(doc["files"][0]["path"], "caf\\xe9.bin");
+  fs::create_directories(root_ / "exp/checkpoint_000000");
+  testing::write_text(root_ / "exp/checkpoint_000000/caf\xe9.bin", "leftover");
+  ProcessResult gc = cairn({"gc", "--json", root()});
+  ASSERT_EQ(gc.exit_code, 0) << gc.err;
+  json removed = json::parse(gc.out)["removed"];
+  ASSERT_EQ(removed.size(), 1u) << gc.out;
+  EXPECT_NE(removed[0].get<std::string>().find("caf\\xe9.bin"), std::string::npos);
+  EXPECT_FALSE(fs::exists(root_ / "exp/checkpoint_000000"));
 }
 
 // ---- show ---------------------------------------------------------------
