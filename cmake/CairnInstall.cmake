@@ -137,8 +137,8 @@ set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
   "Crash-safe checkpoints for distributed model training, in C++: the cairn
- command (ls, show, verify, gc), the Cairn libraries (core, format, train),
- their headers, CMake package (find_package(Cairn)) and pkg-config files.")
+command (ls, show, verify, gc), the Cairn libraries (core, format, train),
+their headers, CMake package (find_package(Cairn)) and pkg-config files.")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(deb_depends "nlohmann-json3-dev (>= 3.11)")
 if(NOT CAIRN_SHARED)
