@@ -14,6 +14,9 @@ packages=(
   fio openmpi-bin libopenmpi-dev
   # tests: small tmpfs for disk-full tests, process tools
   util-linux procps
+  # package test (tests/package/run.sh): cpack -G DEB's dpkg-shlibdeps and file,
+  # nm/readelf, and ccache so its shared build reuses its static build's objects
+  dpkg-dev file binutils ccache
 )
 
 missing=()

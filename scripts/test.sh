@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the normal build (warnings as errors, LibTorch
-# adapter included), then the ASan+UBSan build of the tests, then the fuzzers
-# on their seed corpus, then the formatting check. Exits non-zero on the first
-# failure. Usage: scripts/test.sh            (from anywhere in the checkout)
+# adapter included), then the package test (Cairn installed and used as a
+# dependency: tests/package/run.sh, counted as one test), then the ASan+UBSan
+# build of the tests, then the fuzzers on their seed corpus, then the
+# formatting check. Exits non-zero on the first failure.
+# Usage: scripts/test.sh            (from anywhere in the checkout)
 # Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,16 @@ echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON >/dev/null
 ninja -C build -j "$jobs"
 run_ctest build "normal build"
+
+echo "== package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb)"
+if JOBS=$jobs bash tests/package/run.sh; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "test: package test failed"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
 
 echo "== build (ASan + UBSan)"
 # LibTorch is left out of the sanitizer build: Debian's libtorch is not built

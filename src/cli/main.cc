@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cairn/error.h"
+#include "cairn/version.h"
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "cli/views.h"
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
   CLI::App app{"cairn: list, inspect, verify and clean Cairn checkpoints", "cairn"};
   app.require_subcommand(1);
   app.footer(kFooter);
+  app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING,
+                       "Print the version (cairn <version>) and exit");
 
   bool json = false;
   bool dry_run = false;
