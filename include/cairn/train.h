@@ -136,7 +136,8 @@ struct Result {
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything. kNotFound if
-  // there is no experiment there.
+  // there is no experiment there; kCorruption naming the file if its trainer
+  // state is damaged.
   static Result from_path(std::string_view path);
 };
 
@@ -146,16 +147,27 @@ class Trainer {
           RunConfig run_config, std::optional<Checkpoint> resume_from_checkpoint = std::nullopt);
 
   // Runs the training to its end. Worker failures end up in Result::error;
-  // configuration and storage problems on the driver (a bad storage path, an
-  // experiment locked by another live driver) throw cairn::Error.
+  // configuration and storage problems on the driver throw cairn::Error: a
+  // bad storage path (kInvalidArgument, also when storage_path is itself an
+  // experiment folder), an experiment locked by another live driver
+  // (kLocked), or, for a new Trainer, a storage_path/name that already holds
+  // an experiment (kAlreadyExists, nothing there is changed) unless
+  // RunConfig::resume_existing is set. A Trainer from restore() continues
+  // its experiment.
   Result fit();
 
-  // True if `path` holds an experiment started by a Trainer.
+  // True if `path` holds an experiment started by a Trainer
+  // (trainer_state.json); false if it holds none. Throws kCorruption naming
+  // the file if the state is damaged, and other storage errors as they come.
   static bool can_restore(std::string_view path);
   // A Trainer that continues the experiment at `path` from its latest
   // checkpoint, with its stored configuration, checkpoint history and
-  // retention state. `train_loop_config`, if given, replaces the stored one.
-  // kNotFound if can_restore(path) is false.
+  // retention state. The experiment is the one at `path` (a leading "~" is
+  // the home directory), even if it was moved or copied there after it ran:
+  // RunConfig::storage_path and name are taken from `path`, not from the
+  // state. `train_loop_config`, if given, replaces the stored one.
+  // kNotFound if there is no trainer state at `path`; kCorruption if it is
+  // damaged.
   static Trainer restore(std::string_view path, TrainFn train_fn,
                          std::optional<nlohmann::json> train_loop_config = std::nullopt);
 
