@@ -34,8 +34,11 @@
 // Failures. A worker that throws, exits non-zero or is killed by a signal
 // stops the whole group (the other workers are killed). While
 // FailureConfig::max_failures allows, the group restarts and get_checkpoint()
-// returns the latest committed checkpoint. Unequal report counts and
-// conflicting file names are not retried (a restart would repeat them). When
+// returns the latest committed checkpoint. Unequal report counts,
+// conflicting file names and invalid reports (metrics that are not a JSON
+// object; with a checkpoint_score_attribute, a round with a checkpoint whose
+// rank 0 metrics hold it as a non-number, found before any rank uploads) are
+// not retried (a restart would repeat them). When
 // the run ends in failure, Result::error names the rank, the cause and the
 // tail of that rank's stderr; fit() does not throw for worker failures.
 //
@@ -99,7 +102,8 @@ const TrainContext& get_context();
 std::optional<Checkpoint> get_checkpoint();
 
 // Collective; see the top of this file. `metrics` must be a JSON object (or
-// null, meaning none).
+// null, meaning none) that can be stored (nesting within 128 levels, valid
+// UTF-8); otherwise throws kInvalidArgument and the run fails without retry.
 // Throws cairn::Error if this rank's upload fails or the group is being
 // stopped (let it propagate: the group restarts as configured).
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});

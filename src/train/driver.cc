@@ -256,7 +256,8 @@ class Driver {
     ScratchDir scratch;
     launch.scratch_dir = scratch.path().string();
 
-    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s);
+    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s,
+                      spec_.run.checkpoint_config.checkpoint_score_attribute);
     std::unique_ptr<Group> group = start_group_(launch);
     std::optional<Checkpoint> reserved;
     Outcome out;
@@ -313,6 +314,7 @@ class Driver {
                                  m.value("metadata", nlohmann::json()), now);
       }
       if (t == "error") return round.on_worker_error(e.rank, m.value("message", ""));
+      if (t == "invalid_report") return round.on_invalid_report(e.rank, m.value("message", ""));
       if (t == "done") return round.on_done(e.rank, m.at("count").get<int>());
     } catch (const nlohmann::json::exception& ex) {
       return round.fail({FailureKind::kWorkerFailed, e.rank,
