@@ -14,7 +14,11 @@
 // storage must be shared by every node (checked before training), and fit()
 // returns the same Result, or throws the same error, on every process.
 // Workers are killed when their parent dies (even by SIGKILL), so a dead
-// driver never leaves a group running. Because
+// driver never leaves a group running. Each worker leads a process group that
+// the processes it starts join; that group is killed with the worker (when it
+// exits, when the group stops, and, through a reaper process, when the driver
+// or MPI agent dies by SIGKILL). Processes that leave the group (setsid) are
+// not followed. Because
 // workers are forked, the driver should call fit() from the thread that will
 // live for the whole run, and not hold locks in other threads at that time.
 //
