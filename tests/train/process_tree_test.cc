@@ -113,8 +113,10 @@ TEST(TrainProcessTree, WorkersAndGrandchildrenDieWhenTheDriverIsSigkilled) {
   if (driver == 0) {
     auto fn = [&](const nlohmann::json&) {
       start_grandchild(out);
-      write_file(out / fmt::format("worker-{}", train::get_context().world_rank),
-                 std::to_string(::getpid()));
+      // Written whole, then renamed: the test reads it as soon as it exists.
+      const fs::path mine = out / fmt::format("worker-{}", train::get_context().world_rank);
+      write_file(fs::path(mine.string() + ".tmp"), std::to_string(::getpid()));
+      fs::rename(mine.string() + ".tmp", mine);
       for (int i = 0; i < 2000; ++i) {  // about 100 s; the driver is killed long before
         std::this_thread::sleep_for(50ms);
         train::report({{"i", i}});
