@@ -25,13 +25,28 @@ struct FailureConfig {
 };
 
 struct RunConfig {
-  // The experiment's name: its folder under storage_path. Empty: a name is
-  // made from the current time ("cairn_train_2024-05-01_12-00-00").
+  // The experiment's name: its folder directly under storage_path, so one
+  // folder name: not "", "." or "..", without '/', '\\' or NUL
+  // (kInvalidArgument naming RunConfig::name). Empty: a unique name is made
+  // from the current time and a random suffix
+  // ("cairn_train_2024-05-01_12-00-00.123456_1a2b3c").
   std::string name;
   // Where experiments are stored: a local path, file:// URI or any URI that
-  // cairn::open_storage accepts. Empty: $CAIRN_STORAGE_PATH, else
-  // ~/cairn_results. Multi-node runs need storage every node can reach.
+  // cairn::open_storage accepts. A leading "~" is the home directory, as in a
+  // shell. Empty: $CAIRN_STORAGE_PATH, else ~/cairn_results. Multi-node runs
+  // need storage every node can reach. It must not be an experiment folder
+  // itself.
   std::string storage_path;
+  // What Trainer::fit() does when storage_path/name already holds an
+  // experiment (a trainer_state.json, a checkpoint history or checkpoints):
+  //   false (default): fit() throws kAlreadyExists, pointing to
+  //     Trainer::restore, and changes nothing there;
+  //   true: fit() continues that experiment with this Trainer's
+  //     configuration: the first get_checkpoint() is its latest committed
+  //     checkpoint, numbering and retention history continue (as Ray Train v2
+  //     does when a run reuses a name). A name that holds nothing starts a new
+  //     experiment either way, so one program can both start and resume.
+  bool resume_existing = false;
   CheckpointConfig checkpoint_config;
   FailureConfig failure_config;
 

@@ -14,7 +14,11 @@
 // storage must be shared by every node (checked before training), and fit()
 // returns the same Result, or throws the same error, on every process.
 // Workers are killed when their parent dies (even by SIGKILL), so a dead
-// driver never leaves a group running. Because
+// driver never leaves a group running. Each worker leads a process group that
+// the processes it starts join; that group is killed with the worker (when it
+// exits, when the group stops, and, through a reaper process, when the driver
+// or MPI agent dies by SIGKILL). Processes that leave the group (setsid) are
+// not followed. Because
 // workers are forked, the driver should call fit() from the thread that will
 // live for the whole run, and not hold locks in other threads at that time.
 //
@@ -34,8 +38,11 @@
 // Failures. A worker that throws, exits non-zero or is killed by a signal
 // stops the whole group (the other workers are killed). While
 // FailureConfig::max_failures allows, the group restarts and get_checkpoint()
-// returns the latest committed checkpoint. Unequal report counts and
-// conflicting file names are not retried (a restart would repeat them). When
+// returns the latest committed checkpoint. Unequal report counts,
+// conflicting file names and invalid reports (metrics that are not a JSON
+// object; with a checkpoint_score_attribute, a round with a checkpoint whose
+// rank 0 metrics hold it as a non-number, found before any rank uploads) are
+// not retried (a restart would repeat them). When
 // the run ends in failure, Result::error names the rank, the cause and the
 // tail of that rank's stderr; fit() does not throw for worker failures.
 //
@@ -99,7 +106,8 @@ const TrainContext& get_context();
 std::optional<Checkpoint> get_checkpoint();
 
 // Collective; see the top of this file. `metrics` must be a JSON object (or
-// null, meaning none).
+// null, meaning none) that can be stored (nesting within 128 levels, valid
+// UTF-8); otherwise throws kInvalidArgument and the run fails without retry.
 // Throws cairn::Error if this rank's upload fails or the group is being
 // stopped (let it propagate: the group restarts as configured).
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});
@@ -136,7 +144,8 @@ struct Result {
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything. kNotFound if
-  // there is no experiment there.
+  // there is no experiment there; kCorruption naming the file if its trainer
+  // state is damaged.
   static Result from_path(std::string_view path);
 };
 
@@ -146,16 +155,27 @@ class Trainer {
           RunConfig run_config, std::optional<Checkpoint> resume_from_checkpoint = std::nullopt);
 
   // Runs the training to its end. Worker failures end up in Result::error;
-  // configuration and storage problems on the driver (a bad storage path, an
-  // experiment locked by another live driver) throw cairn::Error.
+  // configuration and storage problems on the driver throw cairn::Error: a
+  // bad storage path (kInvalidArgument, also when storage_path is itself an
+  // experiment folder), an experiment locked by another live driver
+  // (kLocked), or, for a new Trainer, a storage_path/name that already holds
+  // an experiment (kAlreadyExists, nothing there is changed) unless
+  // RunConfig::resume_existing is set. A Trainer from restore() continues
+  // its experiment.
   Result fit();
 
-  // True if `path` holds an experiment started by a Trainer.
+  // True if `path` holds an experiment started by a Trainer
+  // (trainer_state.json); false if it holds none. Throws kCorruption naming
+  // the file if the state is damaged, and other storage errors as they come.
   static bool can_restore(std::string_view path);
   // A Trainer that continues the experiment at `path` from its latest
   // checkpoint, with its stored configuration, checkpoint history and
-  // retention state. `train_loop_config`, if given, replaces the stored one.
-  // kNotFound if can_restore(path) is false.
+  // retention state. The experiment is the one at `path` (a leading "~" is
+  // the home directory), even if it was moved or copied there after it ran:
+  // RunConfig::storage_path and name are taken from `path`, not from the
+  // state. `train_loop_config`, if given, replaces the stored one.
+  // kNotFound if there is no trainer state at `path`; kCorruption if it is
+  // damaged.
   static Trainer restore(std::string_view path, TrainFn train_fn,
                          std::optional<nlohmann::json> train_loop_config = std::nullopt);
 

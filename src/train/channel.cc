@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/json.h"
 
 namespace cairn::train_internal {
 
@@ -61,13 +62,12 @@ bool Channel::take_message(nlohmann::json& out) {
                 fmt::format("message from {} claims {} bytes (protocol error)", peer_, n));
   }
   if (buffer_.size() < 4 + static_cast<size_t>(n)) return false;
-  try {
-    out = nlohmann::json::parse(buffer_.begin() + 4, buffer_.begin() + 4 + n);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("malformed message from {}: {}", peer_, e.what()));
-  }
+  // Bounded parse: a peer's message nested too deeply, holding a NUL byte or
+  // too large is kCorruption naming the peer, never a stack overflow.
+  const std::string_view body(buffer_.data() + 4, n);
+  nlohmann::json parsed = parse_json(body, fmt::format("message from {}", peer_));
   buffer_.erase(0, 4 + static_cast<size_t>(n));
+  out = std::move(parsed);
   return true;
 }
 

@@ -4,7 +4,11 @@
 // TCP.
 //
 // Thread-safety: none; a Channel belongs to one thread.
-// Failure: send/recv throw cairn::Error (kUnavailable when the peer is gone).
+// Failure: send/recv throw cairn::Error (kUnavailable when the peer is gone;
+// kCorruption naming the peer for a message that is malformed, nested too
+// deeply, holds a NUL byte or is too large: every message is parsed with
+// parse_json). A message that parses is JSON of any shape: readers check the
+// fields they use (nlohmann's value() and at() throw on a wrong type).
 #pragma once
 
 #include <optional>

@@ -10,12 +10,35 @@
 #include <fmt/ranges.h>
 
 #include "cairn/error.h"
+#include "manager/retention.h"
 #include "util/hash.h"
 
 namespace cairn::train_internal {
 
 bool is_retryable(FailureKind kind) {
-  return kind != FailureKind::kMismatch && kind != FailureKind::kConflict;
+  return kind != FailureKind::kMismatch && kind != FailureKind::kConflict &&
+         kind != FailureKind::kInvalidReport;
+}
+
+std::string ordinal(long long n) {
+  const unsigned long long a = n < 0 ? 0ULL - static_cast<unsigned long long>(n) : n;
+  const char* suffix = "th";
+  if (a % 100 < 11 || a % 100 > 13) {
+    switch (a % 10) {
+      case 1:
+        suffix = "st";
+        break;
+      case 2:
+        suffix = "nd";
+        break;
+      case 3:
+        suffix = "rd";
+        break;
+      default:
+        break;
+    }
+  }
+  return fmt::format("{}{}", n, suffix);
 }
 
 const char* failure_kind_name(FailureKind kind) {
@@ -30,6 +53,8 @@ const char* failure_kind_name(FailureKind kind) {
       return "file conflict";
     case FailureKind::kDriver:
       return "driver error";
+    case FailureKind::kInvalidReport:
+      return "invalid report";
   }
   return "unknown";
 }
@@ -63,8 +88,11 @@ std::vector<ManifestEntry> merge_rank_files(
   return out;  // std::map keeps them sorted by path
 }
 
-ReportRound::ReportRound(int world_size, double timeout_s)
-    : world_size_(world_size), timeout_s_(timeout_s), ranks_(world_size) {}
+ReportRound::ReportRound(int world_size, double timeout_s, std::string score_attribute)
+    : world_size_(world_size),
+      timeout_s_(timeout_s),
+      score_attribute_(std::move(score_attribute)),
+      ranks_(world_size) {}
 
 ReportRound::Action ReportRound::fail_with(FailureKind kind, int rank, std::string message) {
   return fail(Failure{kind, rank, std::move(message)});
@@ -89,9 +117,15 @@ ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::
         FailureKind::kWorkerFailed, rank,
         fmt::format("rank {} sent report #{} out of turn (protocol error)", rank, round));
   }
+  if (!metrics.is_object() && !metrics.is_null()) {  // null: no metrics
+    return fail_with(FailureKind::kInvalidReport, rank,
+                     fmt::format("rank {}'s report #{} has metrics that are not a JSON object "
+                                 "({}); report() takes an object such as {{\"loss\": 0.1}}",
+                                 rank, round, metrics.type_name()));
+  }
   r.state = State::kArrived;
   r.has_checkpoint = has_checkpoint;
-  if (rank == 0) rank0_metrics_ = metrics;
+  if (rank == 0) rank0_metrics_ = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (phase_ == Phase::kIdle) {
     phase_ = Phase::kCollecting;
     round_ = round;
@@ -109,10 +143,10 @@ ReportRound::Action ReportRound::check_mismatch() {
     for (int a = 0; a < world_size_; ++a) {
       if (ranks_[a].state != State::kArrived) continue;
       return fail_with(FailureKind::kMismatch, a,
-                       fmt::format("rank {} called report() a {}th time, but rank {} returned "
+                       fmt::format("rank {} called report() a {} time, but rank {} returned "
                                    "from train_fn after {} report() calls; every rank must call "
                                    "report() the same number of times",
-                                   a, round_, d, ranks_[d].done_count));
+                                   a, ordinal(round_), d, ranks_[d].done_count));
     }
   }
   return {};
@@ -136,6 +170,18 @@ ReportRound::Action ReportRound::maybe_advance(double now) {
       phase_ = Phase::kReleasing;
       a.type = Action::kAck;
       return a;
+    }
+    // The checkpoint would be ranked by the score: check it before any rank
+    // uploads, so a bad one costs nothing and is reported once.
+    if (!score_attribute_.empty()) {
+      retention::Score score = retention::extract_score(rank0_metrics_, score_attribute_);
+      if (score.kind == retention::ScoreKind::kNotNumber) {
+        return fail_with(FailureKind::kInvalidReport, 0,
+                         fmt::format("report #{}: the score attribute \"{}\" "
+                                     "(CheckpointConfig::checkpoint_score_attribute) in rank 0's "
+                                     "metrics is not a number: {}; checkpoints are ranked by it",
+                                     round_, score_attribute_, score.found));
+      }
     }
     phase_ = Phase::kUploading;
     deadline_ = now + timeout_s_;
@@ -197,6 +243,10 @@ void ReportRound::on_released() {
 ReportRound::Action ReportRound::on_worker_error(int rank, const std::string& message) {
   ranks_.at(rank).error = message;
   return {};
+}
+
+ReportRound::Action ReportRound::on_invalid_report(int rank, const std::string& message) {
+  return fail_with(FailureKind::kInvalidReport, rank, message);
 }
 
 ReportRound::Action ReportRound::on_done(int rank, int count) {

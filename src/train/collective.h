@@ -15,7 +15,11 @@
 // A rank that finishes train_fn sends Done(count). Failures: a rank exits
 // before Done or with a bad status (kWorkerFailed), ranks disagree on the
 // number of reports (kMismatch), a round times out (kTimeout), an upload
-// fails (kWorkerFailed) or two ranks write one name differently (kConflict).
+// fails (kWorkerFailed), two ranks write one name differently (kConflict),
+// or a report is unusable (kInvalidReport): metrics that are neither a JSON
+// object nor null (none) (any rank), or, in a round with a checkpoint, rank 0's score
+// attribute present but not a number. The last is found when every rank has
+// arrived and before any is told to upload, so nothing is written.
 // After a failure the machine stays failed; the driver stops the group.
 #pragma once
 
@@ -32,15 +36,16 @@
 namespace cairn::train_internal {
 
 enum class FailureKind {
-  kWorkerFailed,  // exception, non-zero exit, signal, failed upload
-  kTimeout,       // a collective round did not complete in time
-  kMismatch,      // ranks called report() different numbers of times
-  kConflict,      // two ranks wrote one file name with different contents
-  kDriver,        // the driver could not commit or reach storage
+  kWorkerFailed,   // exception, non-zero exit, signal, failed upload
+  kTimeout,        // a collective round did not complete in time
+  kMismatch,       // ranks called report() different numbers of times
+  kConflict,       // two ranks wrote one file name with different contents
+  kDriver,         // the driver could not commit or reach storage
+  kInvalidReport,  // metrics not an object, or a score attribute not a number
 };
 
-// Whether a restart could help. A mismatch or a conflict is in the program
-// and would happen again.
+// Whether a restart could help. A mismatch, a conflict or an invalid report
+// is in the program and would happen again.
 bool is_retryable(FailureKind kind);
 const char* failure_kind_name(FailureKind kind);
 
@@ -69,7 +74,9 @@ class ReportRound {
     Failure failure;                         // kFailed
   };
 
-  ReportRound(int world_size, double timeout_s);
+  // `score_attribute` is CheckpointConfig::checkpoint_score_attribute (empty:
+  // none); "a/b" reaches metrics["a"]["b"], as in retention.
+  ReportRound(int world_size, double timeout_s, std::string score_attribute = {});
 
   // Events. `now` is seconds on any monotonic clock. Each returns the action
   // the event completes (kNone if it completes nothing).
@@ -78,6 +85,8 @@ class ReportRound {
   Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files, nlohmann::json metadata,
                      double now);
   Action on_worker_error(int rank, const std::string& message);  // before its exit
+  // The rank's report() refused its own arguments (metrics it cannot send).
+  Action on_invalid_report(int rank, const std::string& message);
   Action on_done(int rank, int count);
   // `cause` describes how it ended ("exited with status 0", ...).
   Action on_exit(int rank, bool clean, const std::string& cause);
@@ -109,6 +118,7 @@ class ReportRound {
 
   int world_size_;
   double timeout_s_;
+  std::string score_attribute_;
   std::vector<RankState> ranks_;
   Phase phase_ = Phase::kIdle;
   int round_ = 0;      // the round being collected (completed_ + 1 while active)
@@ -121,6 +131,9 @@ class ReportRound {
 // Whether the group should restart after `failure`, given the restarts used
 // so far (`failures` counts this one) and the configured budget (-1: none).
 bool should_restart(const Failure& failure, int failures, int max_failures);
+
+// "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "101st", "111th".
+std::string ordinal(long long n);
 
 // "exited with status 3", "killed by signal 9 (SIGKILL)", from a wait status.
 std::string describe_wait_status(int status);

@@ -14,9 +14,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -26,6 +28,7 @@
 #include "train/collective.h"
 #include "train/scratch.h"
 #include "util/fs.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace cairn::train_internal {
@@ -48,6 +51,54 @@ ManifestEntry entry_from_json(const nlohmann::json& j) {
   return e;
 }
 
+constexpr std::string_view kManagerStateKey = "checkpoint_manager.json";
+constexpr std::string_view kLockKey = ".cairn.lock";
+
+// Whether the folder holds an experiment: a trainer state, a manager history,
+// or checkpoint folders (committed or not).
+bool holds_experiment(Storage& storage) {
+  if (storage.exists(kTrainerStateKey) || storage.exists(kManagerStateKey)) return true;
+  auto is_checkpoint = [](std::string_view key) {
+    const size_t slash = key.find('/');
+    return slash != std::string_view::npos &&
+           parse_checkpoint_name(key.substr(0, slash)).has_value();
+  };
+  for (const auto& o : storage.list("")) {
+    if (is_checkpoint(o.key)) return true;
+  }
+  for (const auto& id : storage.list_incomplete("")) {
+    if (is_checkpoint(id)) return true;
+  }
+  return false;
+}
+
+// Type of each trainer_state.json field that restore and the driver read.
+// A field may be absent (defaults apply) or null where noted.
+struct StateField {
+  std::string_view name;
+  nlohmann::json::value_t type;
+  bool nullable;
+};
+constexpr StateField kStateFields[] = {
+    {"name", nlohmann::json::value_t::string, false},
+    {"storage_path", nlohmann::json::value_t::string, false},
+    {"num_workers", nlohmann::json::value_t::number_unsigned, false},
+    {"driver_starts", nlohmann::json::value_t::number_unsigned, false},
+    {"failures", nlohmann::json::value_t::number_unsigned, false},
+    {"checkpoint_config", nlohmann::json::value_t::object, false},
+    {"failure_config", nlohmann::json::value_t::object, false},
+    {"resume_from_checkpoint", nlohmann::json::value_t::string, true},
+    {"error", nlohmann::json::value_t::string, true},
+    {"status", nlohmann::json::value_t::string, false},
+};
+
+bool has_type(const nlohmann::json& v, nlohmann::json::value_t type) {
+  if (type == nlohmann::json::value_t::number_unsigned) {
+    return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+  }
+  return v.type() == type;
+}
+
 struct Outcome {
   bool finished = false;
   std::optional<Failure> failure;
@@ -60,11 +111,19 @@ class Driver {
       : spec_(spec), start_group_(start_group) {}
 
   Result run() {
+    storage_ = open_storage(spec_.experiment_uri);
+    continuing_ = spec_.restoring;
+    // Before the manager opens the experiment: opening removes leftovers and
+    // applies this run's retention, which must not happen to an experiment
+    // this run has no business continuing.
+    if (!spec_.restoring) check_new_experiment();
     manager_ =
         std::make_unique<CheckpointManager>(spec_.experiment_uri, spec_.run.checkpoint_config);
-    storage_ = open_storage(spec_.experiment_uri);
-    state_ = read_trainer_state(spec_.experiment_uri);
-    if (!state_.is_object() || !spec_.restoring) state_ = nlohmann::json::object();
+    // Another new run may have started the experiment between the check and
+    // the lock; the lock makes this second look exact.
+    if (!continuing_ && storage_->exists(kTrainerStateKey)) throw already_exists();
+    state_ = continuing_ ? read_trainer_state(spec_.experiment_uri) : nlohmann::json();
+    if (!state_.is_object()) state_ = nlohmann::json::object();
     state_["format"] = "cairn-trainer-state";
     state_["version"] = 1;
     state_["name"] = spec_.run.name;
@@ -80,7 +139,7 @@ class Driver {
       state_["resume_from_checkpoint"] = nullptr;
     }
     state_["status"] = "running";
-    state_["driver_starts"] = state_.value("driver_starts", 0) + 1;
+    state_["driver_starts"] = state_.value("driver_starts", 0) + 1;  // checked: an integer
     state_["error"] = nullptr;
     save_state();
     if (spec_.before_start) spec_.before_start();
@@ -98,7 +157,7 @@ class Driver {
     for (int attempt = 0;; ++attempt) {
       std::optional<std::string> from = resume;
       // A restart, or a restored run, resumes from what this experiment committed.
-      if ((attempt > 0 || spec_.restoring) && manager_->latest()) {
+      if ((attempt > 0 || continuing_) && manager_->latest()) {
         from = manager_->latest()->checkpoint.uri();
       }
       Outcome out = run_attempt(attempt, from);
@@ -142,6 +201,40 @@ class Driver {
   }
 
  private:
+  // A new run (not Trainer::restore) refuses a name that already holds an
+  // experiment unless RunConfig::resume_existing says to continue it, and a
+  // storage_path that is itself an experiment (the new one would nest in it).
+  void check_new_experiment() {
+    auto parent = open_storage(spec_.run.storage_path);
+    for (std::string_view marker : {kTrainerStateKey, kManagerStateKey}) {
+      if (parent->exists(marker)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("RunConfig::storage_path {} is itself an experiment folder (it "
+                                "holds {}); experiment {} would nest inside it. Use the folder "
+                                "that holds the experiments, e.g. its parent",
+                                spec_.run.storage_path, marker, spec_.run.name));
+      }
+    }
+    if (!holds_experiment(*storage_)) return;
+    if (!spec_.run.resume_existing) {
+      // A live driver holds the experiment's lock: say that rather than "exists".
+      std::unique_ptr<Lock> probe = storage_->try_lock(kLockKey);
+      throw already_exists();
+    }
+    continuing_ = true;
+    log::info(fmt::format("continuing the experiment at {} (RunConfig::resume_existing)",
+                          spec_.experiment_path));
+  }
+
+  Error already_exists() const {
+    return Error(ErrorCode::kAlreadyExists,
+                 fmt::format("{}: an experiment already exists here; continue it with "
+                             "Trainer::restore(\"{}\", train_fn) (Trainer::can_restore tells "
+                             "whether it can), set RunConfig::resume_existing to continue it with "
+                             "this Trainer's configuration, or choose another RunConfig::name",
+                             spec_.experiment_path, spec_.experiment_path));
+  }
+
   void save_state() {
     state_["updated_at"] = wall_seconds();
     storage_->put(kTrainerStateKey, state_.dump(2));
@@ -163,7 +256,8 @@ class Driver {
     ScratchDir scratch;
     launch.scratch_dir = scratch.path().string();
 
-    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s);
+    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s,
+                      spec_.run.checkpoint_config.checkpoint_score_attribute);
     std::unique_ptr<Group> group = start_group_(launch);
     std::optional<Checkpoint> reserved;
     Outcome out;
@@ -220,6 +314,7 @@ class Driver {
                                  m.value("metadata", nlohmann::json()), now);
       }
       if (t == "error") return round.on_worker_error(e.rank, m.value("message", ""));
+      if (t == "invalid_report") return round.on_invalid_report(e.rank, m.value("message", ""));
       if (t == "done") return round.on_done(e.rank, m.at("count").get<int>());
     } catch (const nlohmann::json::exception& ex) {
       return round.fail({FailureKind::kWorkerFailed, e.rank,
@@ -305,6 +400,7 @@ class Driver {
   nlohmann::json last_metrics_ = nlohmann::json::object();
   std::optional<Failure> failure_;
   bool finished_ = false;
+  bool continuing_ = false;  // Trainer::restore, or resume_existing on an existing experiment
 };
 
 }  // namespace
@@ -314,29 +410,82 @@ Result run_driver(const DriverSpec& spec, const GroupFactory& start_group) {
   return d.run();
 }
 
+void check_experiment_name(std::string_view name, std::string_view field) {
+  const char* why = nullptr;
+  if (name.empty()) {
+    why = "it is empty";
+  } else if (name == "." || name == "..") {
+    why = "it names a relative folder";
+  } else if (name.find('/') != std::string_view::npos) {
+    why = "it contains '/'";
+  } else if (name.find('\\') != std::string_view::npos) {
+    why = "it contains a backslash";
+  } else if (name.find('\0') != std::string_view::npos) {
+    why = "it contains a NUL byte";
+  }
+  if (why == nullptr) return;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{} {} is not a valid experiment name: {}. The experiment is the "
+                          "folder <storage_path>/<name>, so the name must be one folder name "
+                          "(not \"\", \".\" or \"..\"; no '/', backslash or NUL)",
+                          field, dump_for_output(nlohmann::json(std::string(name))), why));
+}
+
+std::string default_run_name(std::chrono::system_clock::time_point now, uint32_t random) {
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
+                          now - std::chrono::system_clock::from_time_t(t))
+                          .count();
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "cairn_train_%Y-%m-%d_%H-%M-%S", &tm);
+  // from_time_t truncates toward the past only for times after 1970; clamp anyway.
+  const long long us = micros < 0 ? 0 : (micros > 999999 ? 999999 : micros);
+  return fmt::format("{}.{:06d}_{:06x}", buf, us, random & 0xffffffu);
+}
+
+ExperimentParts split_experiment_path(std::string_view path) {
+  std::string p(path);
+  const size_t scheme = p.find("://");
+  const bool is_uri = scheme != std::string::npos;
+  if (!is_uri) p = std::filesystem::absolute(expand_home(p)).lexically_normal().string();
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.rfind('/');
+  const size_t first = is_uri ? scheme + 3 : 0;  // where the path part starts
+  if (slash == std::string::npos || slash < first || slash + 1 >= p.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: not an experiment folder (a path or URI ending in the "
+                            "experiment's name)",
+                            path));
+  }
+  ExperimentParts parts;
+  parts.name = p.substr(slash + 1);
+  // Keep the root's '/' ("/exp" is in "/", "file:///exp" in "file:///").
+  parts.storage_path = p.substr(0, std::max(slash, first + (is_uri ? 0 : 1)));
+  if (is_uri && slash == first) parts.storage_path.push_back('/');
+  check_experiment_name(parts.name, fmt::format("the experiment folder of {}:", path));
+  return parts;
+}
+
 ExperimentLocation locate_experiment(const RunConfig& run) {
   ExperimentLocation loc;
   loc.storage_path = run.storage_path;
   if (loc.storage_path.empty()) {
     const char* env = std::getenv("CAIRN_STORAGE_PATH");
-    const char* home = std::getenv("HOME");
-    loc.storage_path = env && *env
-                           ? std::string(env)
-                           : (std::filesystem::path(home ? home : ".") / "cairn_results").string();
+    loc.storage_path = env && *env ? std::string(env) : std::string("~/cairn_results");
   }
   const bool is_uri = loc.storage_path.find("://") != std::string::npos;
-  if (!is_uri)
-    loc.storage_path = std::filesystem::absolute(loc.storage_path).lexically_normal().string();
+  if (!is_uri) {
+    loc.storage_path =
+        std::filesystem::absolute(expand_home(loc.storage_path)).lexically_normal().string();
+  }
   while (loc.storage_path.size() > 1 && loc.storage_path.back() == '/') loc.storage_path.pop_back();
   loc.name = run.name;
   if (loc.name.empty()) {
-    std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    ::localtime_r(&t, &tm);
-    char buf[64];
-    std::strftime(buf, sizeof buf, "cairn_train_%Y-%m-%d_%H-%M-%S", &tm);
-    loc.name = buf;
+    loc.name = default_run_name(std::chrono::system_clock::now(), std::random_device{}());
   }
+  check_experiment_name(loc.name, "RunConfig::name");
   validate_key(loc.name);
   loc.uri = open_storage(loc.storage_path)->child(loc.name)->uri();
   loc.path = is_uri ? loc.uri : (std::filesystem::path(loc.storage_path) / loc.name).string();
@@ -347,9 +496,16 @@ nlohmann::json read_trainer_state(std::string_view experiment_uri) {
   auto storage = open_storage(experiment_uri);
   if (!storage->exists(kTrainerStateKey)) return nullptr;
   const std::string where = storage->uri_of(kTrainerStateKey);
-  nlohmann::json j = nlohmann::json::parse(storage->get(kTrainerStateKey), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "cairn-trainer-state") {
+  nlohmann::json j = parse_json(storage->get(kTrainerStateKey), where);
+  if (!j.is_object() || j.value("format", nlohmann::json()) != "cairn-trainer-state") {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: not a Cairn trainer state file", where));
+  }
+  for (const StateField& f : kStateFields) {
+    auto it = j.find(f.name);
+    if (it == j.end() || (f.nullable && it->is_null()) || has_type(*it, f.type)) continue;
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: field \"{}\" is {} ({}), not what a trainer state holds there",
+                            where, f.name, it->type_name(), dump_for_output(*it).substr(0, 80)));
   }
   return j;
 }

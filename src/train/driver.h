@@ -3,10 +3,13 @@
 // trainer's state in the experiment folder.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -35,7 +38,31 @@ struct DriverSpec {
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);
 
-// Resolves RunConfig's defaults and the experiment's location.
+// Throws kInvalidArgument naming `field` unless `name` is one path component:
+// not "", "." or "..", without '/', '\\' or NUL. An experiment name is a
+// folder directly under storage_path; anything else could nest one experiment
+// inside another.
+void check_experiment_name(std::string_view name, std::string_view field);
+
+// The default RunConfig::name for a run started at `now`, with `random` as its
+// suffix: "cairn_train_2024-05-01_12-00-00.123456_1a2b3c" (local time,
+// microseconds, 24 random bits), so that runs started at once, or one right
+// after the other, never share a folder. Pure apart from the time zone.
+std::string default_run_name(std::chrono::system_clock::time_point now, uint32_t random);
+
+// Where Trainer::restore(path) finds the experiment: `path` itself, as the
+// storage path (its parent folder or URI prefix) and the name (its last
+// component). A leading "~" is the home directory; a relative path is made
+// absolute. kInvalidArgument when `path` has no last component.
+struct ExperimentParts {
+  std::string storage_path;
+  std::string name;
+};
+ExperimentParts split_experiment_path(std::string_view path);
+
+// Resolves RunConfig's defaults and the experiment's location: a leading "~"
+// in storage_path (or $CAIRN_STORAGE_PATH) is the home directory, a relative
+// path is made absolute, an empty name gets default_run_name().
 struct ExperimentLocation {
   std::string name;
   std::string storage_path;
@@ -44,7 +71,9 @@ struct ExperimentLocation {
 };
 ExperimentLocation locate_experiment(const RunConfig& run);
 
-// The trainer state file, for restore and Result::from_path.
-nlohmann::json read_trainer_state(std::string_view experiment_uri);  // null if absent
+// The trainer state file, for restore and Result::from_path: null if absent;
+// kCorruption naming the file if it is not a Cairn trainer state (malformed,
+// nested too deeply, not an object of the right format).
+nlohmann::json read_trainer_state(std::string_view experiment_uri);
 
 }  // namespace cairn::train_internal

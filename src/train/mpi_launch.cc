@@ -41,6 +41,7 @@
 #include "train/net.h"
 #include "train/scratch.h"
 #include "util/fs.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace cairn::train_internal {
@@ -127,6 +128,18 @@ Error error_from_json(const nlohmann::json& j, std::string_view prefix) {
   return Error(code, fmt::format("{}{}", prefix, j.value("message", std::string("unknown"))));
 }
 
+// The "t" of a message, "" when it has none or it is not a string (value()
+// would throw on a wrong type).
+std::string type_of(const nlohmann::json& m) {
+  auto it = m.is_object() ? m.find("t") : m.end();
+  return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+Error malformed(std::string_view from, const nlohmann::json::exception& e) {
+  return Error(ErrorCode::kCorruption,
+               fmt::format("malformed message from {}: {}", from, e.what()));
+}
+
 std::string random_token() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
@@ -190,7 +203,7 @@ std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::strin
         open = false;  // ignore-error: a broken agent is a gone agent
       }
       for (auto& m : messages) {
-        if (m.value("t", "") == type && !done[who[k]]) {
+        if (type_of(m) == type && !done[who[k]]) {
           replies[who[k]] = std::move(m);
           done[who[k]] = true;
         }
@@ -261,8 +274,10 @@ class MpiGroup final : public Group {
     for (Agent& a : agents_) a.send({{"t", "stop"}});
     std::vector<nlohmann::json> replies = collect(agents_, "stopped", kStopLimit);
     for (size_t i = 0; i < agents_.size(); ++i) {
-      const std::string tail = replies[i].is_object() ? replies[i].value("stderr_tail", "") : "";
-      if (!tail.empty()) tails_[agents_[i].rank] = tail;
+      const auto it = replies[i].is_object() ? replies[i].find("stderr_tail") : replies[i].end();
+      if (it != replies[i].end() && it->is_string() && !it->empty()) {
+        tails_[agents_[i].rank] = it->get<std::string>();
+      }
     }
   }
 
@@ -314,23 +329,11 @@ class MpiGroup final : public Group {
       open = false;
       broken = e.what();
     }
-    for (auto& m : messages) {
-      const std::string t = m.value("t", "");
-      if (t == "worker" && !exited_[a.rank]) {
-        GroupEvent e;
-        e.rank = a.rank;
-        e.message = m.value("message", nlohmann::json::object());
-        events.push_back(std::move(e));
-      } else if (t == "exit" && !exited_[a.rank]) {
-        exited_[a.rank] = true;
-        tails_[a.rank] = m.value("stderr_tail", "");
-        GroupEvent e;
-        e.type = GroupEvent::kExit;
-        e.rank = a.rank;
-        e.clean = m.value("clean", false);
-        e.cause = fmt::format("{} on host {}", m.value("cause", std::string("exited")), a.host);
-        events.push_back(std::move(e));
-      }
+    try {
+      for (auto& m : messages) read_agent_message(a, m, events);
+    } catch (const nlohmann::json::exception& e) {
+      open = false;  // an agent that sends nonsense is treated as lost, naming it
+      broken = malformed(a.name(), e).what();
     }
     if (!open) {
       a.gone = true;
@@ -344,6 +347,29 @@ class MpiGroup final : public Group {
                               a.name(), broken.empty() ? "" : ": " + broken);
         events.push_back(std::move(e));
       }
+    }
+  }
+
+  // One message of an agent; nlohmann's exceptions for a field of the wrong
+  // type reach read_agent, which treats the agent as lost.
+  void read_agent_message(const Agent& a, const nlohmann::json& m,
+                          std::vector<GroupEvent>& events) {
+    if (exited_[a.rank]) return;
+    const std::string t = type_of(m);
+    if (t == "worker") {
+      GroupEvent e;
+      e.rank = a.rank;
+      e.message = m.value("message", nlohmann::json::object());
+      events.push_back(std::move(e));
+    } else if (t == "exit") {
+      GroupEvent e;
+      e.type = GroupEvent::kExit;
+      e.rank = a.rank;
+      e.clean = m.value("clean", false);
+      e.cause = fmt::format("{} on host {}", m.value("cause", std::string("exited")), a.host);
+      tails_[a.rank] = m.value("stderr_tail", "");
+      exited_[a.rank] = true;
+      events.push_back(std::move(e));
     }
   }
 
@@ -372,11 +398,16 @@ std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const
       log::warn(fmt::format("driver: dropped a connection that did not say hello: {}", e.what()));
       continue;
     }
-    if (!hello || hello->value("t", "") != "hello" || hello->value("token", "") != token) {
+    const auto field = [&](const char* key) -> nlohmann::json {
+      if (!hello || !hello->is_object()) return nullptr;
+      auto it = hello->find(key);
+      return it == hello->end() ? nlohmann::json() : *it;
+    };
+    if (!hello || type_of(*hello) != "hello" || field("token") != token) {
       log::warn("driver: dropped a connection without this job's token");
       continue;
     }
-    const int rank = hello->value("rank", -1);
+    const int rank = field("rank").is_number_integer() ? field("rank").get<int>() : -1;
     if (rank < 1 || rank >= w.size || joined[static_cast<size_t>(rank - 1)]) {
       log::warn(fmt::format("driver: dropped a connection claiming MPI rank {}", rank));
       continue;
@@ -432,8 +463,10 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
       why[r] = "it did not answer";
       continue;
     }
-    seen[r] = replies[i].value("seen", false);
-    why[r] = replies[i].value("why", "");
+    const nlohmann::json& reply = replies[i];
+    seen[r] = reply.contains("seen") && reply["seen"].is_boolean() && reply["seen"].get<bool>();
+    why[r] = reply.contains("why") && reply["why"].is_string() ? reply["why"].get<std::string>()
+                                                               : std::string();
   }
   check_shared_storage(w.hosts, seen, spec.experiment_path, why);
 }
@@ -514,7 +547,16 @@ class AgentLoop {
   }
 
   std::optional<Result> handle(const nlohmann::json& m) {
-    const std::string t = m.value("t", "");
+    try {
+      return handle_message(m);
+    } catch (const nlohmann::json::exception& e) {
+      end_attempt();
+      throw malformed(driver_.peer(), e);
+    }
+  }
+
+  std::optional<Result> handle_message(const nlohmann::json& m) {
+    const std::string t = type_of(m);
     if (t == "launch") {
       end_attempt();
       launch(m);
@@ -607,13 +649,21 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
       boot = {{"error", error_to_json(e.code(), e.what())}};
     }
   }
-  boot = nlohmann::json::parse(mpi_broadcast(w.rank == 0 ? boot.dump() : std::string()));
-  if (boot.contains("error")) {
-    throw error_from_json(boot["error"], "the driver (MPI rank 0) could not listen: ");
+  const std::string boot_source = "the MPI boot message of MPI rank 0";
+  std::vector<std::string> addresses;
+  int port = 0;
+  std::string token;
+  try {
+    boot = parse_json(mpi_broadcast(w.rank == 0 ? boot.dump() : std::string()), boot_source);
+    if (boot.contains("error")) {
+      throw error_from_json(boot["error"], "the driver (MPI rank 0) could not listen: ");
+    }
+    addresses = boot.at("addresses").get<std::vector<std::string>>();
+    port = boot.at("port").get<int>();
+    token = boot.at("token").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw malformed(boot_source, e);
   }
-  const auto addresses = boot.at("addresses").get<std::vector<std::string>>();
-  const int port = boot.at("port").get<int>();
-  const std::string token = boot.at("token").get<std::string>();
   const std::string where = fmt::format("[{}] port {}", fmt::join(addresses, ", "), port);
 
   if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where);

@@ -26,7 +26,13 @@ void FailureConfig::validate() const {
 void RunConfig::validate() const {
   checkpoint_config.validate();
   failure_config.validate();
-  if (!name.empty()) validate_key(name);
+  if (name.empty()) return;  // a default name is made by fit()
+  train_internal::check_experiment_name(name, "RunConfig::name");
+  try {
+    validate_key(name);
+  } catch (const Error& e) {
+    throw with_context(e, "RunConfig::name");
+  }
 }
 
 void ScalingConfig::validate() const {
@@ -75,11 +81,7 @@ Result Trainer::fit() {
 }
 
 bool Trainer::can_restore(std::string_view path) {
-  try {
-    return train_internal::read_trainer_state(path).is_object();
-  } catch (const Error&) {
-    return false;  // ignore-error: a damaged or unreadable state cannot be restored
-  }
+  return train_internal::read_trainer_state(path).is_object();
 }
 
 Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
@@ -90,18 +92,28 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
         ErrorCode::kNotFound,
         fmt::format("{}: no trainer state here (trainer_state.json); nothing to restore", path));
   }
+  // The experiment is the one at `path`, wherever it was when it ran: the
+  // stored name and storage path are only where it used to be.
+  const train_internal::ExperimentParts where = train_internal::split_experiment_path(path);
   RunConfig run;
-  run.name = state.value("name", "");
-  run.storage_path = state.value("storage_path", "");
-  run.checkpoint_config = CheckpointConfig::from_json(state["checkpoint_config"]);
-  const nlohmann::json fc = state.value("failure_config", nlohmann::json::object());
-  run.failure_config.max_failures = fc.value("max_failures", 0);
-  run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
+  run.name = where.name;
+  run.storage_path = where.storage_path;
   ScalingConfig scaling;
-  scaling.num_workers = state.value("num_workers", 1);
   std::optional<Checkpoint> resume;
-  if (state.contains("resume_from_checkpoint") && state["resume_from_checkpoint"].is_string()) {
-    resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
+  try {
+    run.checkpoint_config =
+        CheckpointConfig::from_json(state.value("checkpoint_config", nlohmann::json::object()));
+    const nlohmann::json fc = state.value("failure_config", nlohmann::json::object());
+    run.failure_config.max_failures = fc.value("max_failures", 0);
+    run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
+    scaling.num_workers = state.value("num_workers", 1);
+    if (state.contains("resume_from_checkpoint") && state["resume_from_checkpoint"].is_string()) {
+      resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}/trainer_state.json: a stored setting has the wrong type: {}", path,
+                            e.what()));
   }
   Trainer t(std::move(train_fn),
             train_loop_config ? *train_loop_config

@@ -6,6 +6,8 @@
 //   driver -> worker  {"t":"release","round":n,"checkpoint":URI|null}
 //   driver -> worker  {"t":"abort","reason":"..."}             (group is stopping)
 //   worker -> driver  {"t":"done","count":n} | {"t":"error","message":"..."}
+//   worker -> driver  {"t":"invalid_report","message":"..."}  report() refused
+//                     its arguments (not retried: a restart would repeat it)
 //
 // A rank writes its own files straight into the reserved destination with a
 // CheckpointWriter (never committing it) and sends their sizes and checksums;
@@ -26,6 +28,7 @@
 #include "train/channel.h"
 #include "train/group.h"
 #include "util/fs.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -96,13 +99,22 @@ std::optional<Checkpoint> get_checkpoint() {
 
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint) {
   Session& s = session("report");
-  if (!metrics.is_object() && !metrics.is_null()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("rank {}: report() metrics must be a JSON object, got {}",
-                            s.context.world_rank, metrics.type_name()));
+  train_internal::Channel& ch = *s.channel;
+  try {
+    if (!metrics.is_object() && !metrics.is_null()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("rank {}: report() metrics must be a JSON object, got {}",
+                              s.context.world_rank, metrics.type_name()));
+    }
+    // Metrics go into manifests and trainer_state.json: they must read back.
+    check_storable_json(metrics, fmt::format("rank {}: report() metrics", s.context.world_rank));
+  } catch (const Error& e) {
+    // The driver fails the run once (a restart would repeat this); the
+    // exception tells train_fn why.
+    ch.send({{"t", "invalid_report"}, {"message", e.what()}});
+    throw;
   }
   const int round = ++s.reports;
-  train_internal::Channel& ch = *s.channel;
   ch.send({{"t", "report"},
            {"round", round},
            {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},

@@ -280,5 +280,62 @@ TEST(SharedStorage, WhyARankCouldNotLookIsPartOfTheError) {
   }
 }
 
+TEST(ReportRound, NonNumericScoreFailsWhenEveryRankArrivedBeforeAnyUploadAndIsNotRetried) {
+  ReportRound r(2, 10.0, "eval/loss");
+  EXPECT_EQ(r.on_report(0, 1, {{"eval", {{"loss", "low"}}}}, true, 0.0).type, Action::kNone);
+  Action a = r.on_report(1, 1, {{"eval", {{"loss", 0.5}}}}, true, 0.0);
+  ASSERT_EQ(a.type, Action::kFailed) << "no BeginUpload: nothing is written";
+  EXPECT_EQ(a.failure.kind, FailureKind::kInvalidReport);
+  EXPECT_NE(a.failure.message.find("score attribute \"eval/loss\""), std::string::npos)
+      << a.failure.message;
+  EXPECT_NE(a.failure.message.find("\"low\""), std::string::npos) << a.failure.message;
+  EXPECT_FALSE(should_restart(a.failure, 1, -1));
+}
+
+TEST(ReportRound, ScoreIsOnlyCheckedForRoundsWithACheckpointAndMayBeMissing) {
+  ReportRound r(1, 10.0, "loss");
+  EXPECT_EQ(r.on_report(0, 1, {{"loss", "n/a"}}, false, 0.0).type, Action::kAck);
+  r.on_released();
+  EXPECT_EQ(r.on_report(0, 2, {{"other", 1}}, true, 0.0).type, Action::kBeginUpload)
+      << "a missing score is a warning of the manager, not a failure";
+}
+
+TEST(ReportRound, MetricsThatAreNotAnObjectFailNamingTheRank) {
+  ReportRound r(2, 10.0);
+  Action a = r.on_report(1, 1, nlohmann::json::array({1}), false, 0.0);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kInvalidReport);
+  EXPECT_EQ(a.failure.rank, 1);
+  EXPECT_NE(a.failure.message.find("not a JSON object (array)"), std::string::npos)
+      << a.failure.message;
+  ReportRound w(2, 10.0);
+  Action b = w.on_invalid_report(0, "rank 0: report() metrics must be a JSON object, got string");
+  EXPECT_EQ(b.failure.kind, FailureKind::kInvalidReport);
+  EXPECT_FALSE(is_retryable(b.failure.kind));
+}
+
+TEST(Ordinal, EnglishSuffixes) {
+  const std::pair<long long, const char*> cases[] = {
+      {0, "0th"},       {1, "1st"},       {2, "2nd"},     {3, "3rd"},     {4, "4th"},
+      {11, "11th"},     {12, "12th"},     {13, "13th"},   {21, "21st"},   {22, "22nd"},
+      {23, "23rd"},     {101, "101st"},   {111, "111th"}, {112, "112th"}, {113, "113th"},
+      {1001, "1001st"}, {1011, "1011th"}, {-1, "-1st"},   {-12, "-12th"}, {100, "100th"},
+  };
+  for (const auto& [n, want] : cases) EXPECT_EQ(ordinal(n), want) << n;
+}
+
+TEST(ReportRound, MismatchMessageUsesOrdinals) {
+  ReportRound r(2, 10.0);
+  for (int round = 1; round <= 2; ++round) {
+    r.on_report(0, round, {}, false, 0.0);
+    r.on_report(1, round, {}, false, 0.0);
+    r.on_released();
+  }
+  r.on_done(0, 2);
+  Action a = r.on_report(1, 3, {}, false, 0.0);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_NE(a.failure.message.find("a 3rd time"), std::string::npos) << a.failure.message;
+}
+
 }  // namespace
 }  // namespace cairn::train_internal

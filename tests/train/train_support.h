@@ -52,11 +52,20 @@ inline void expect_no_children() {
   EXPECT_EQ(errno, ECHILD);
 }
 
-// Waits (bounded) until `pid` no longer exists.
+// Whether `pid` is dead: gone, or a zombie (an orphan's zombie waits for
+// init, which in a container may never reap it).
+inline bool is_dead(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
+}
+
+// Waits (bounded) until `pid` is dead (see is_dead).
 inline bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
   auto deadline = std::chrono::steady_clock::now() + limit;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+    if (is_dead(pid)) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;

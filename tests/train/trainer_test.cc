@@ -149,7 +149,7 @@ TEST(Trainer, RanksReportingDifferentNumbersOfTimesGetAClearErrorNotAHang) {
   Result r = Trainer(fn, {}, ScalingConfig{.num_workers = 2}, run).fit();
   ASSERT_TRUE(r.error);
   EXPECT_NE(r.error->find("report count mismatch"), std::string::npos) << *r.error;
-  EXPECT_NE(r.error->find("rank 1 called report() a 3th time, but rank 0 returned from train_fn "
+  EXPECT_NE(r.error->find("rank 1 called report() a 3rd time, but rank 0 returned from train_fn "
                           "after 2 report() calls"),
             std::string::npos)
       << *r.error;
@@ -293,6 +293,43 @@ TEST(Trainer, RetentionKeepsTheBestByScoreThroughTheManager) {
   ASSERT_EQ(stored.best_checkpoints.size(), 2u);
   EXPECT_EQ(stored.best_checkpoints[0].checkpoint.uri(), r.best_checkpoints[0].checkpoint.uri());
   EXPECT_EQ(stored.checkpoint->uri(), r.checkpoint->uri());
+}
+
+TEST(Trainer, NonNumericScoreAttributeFailsOnceBeforeAnyUpload) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.checkpoint_score_attribute = "loss";
+  run.failure_config.max_failures = 3;
+  auto fn = [](const nlohmann::json&) {
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / fmt::format("w-{}", train::get_context().world_rank), "w");
+    train::report({{"loss", "low"}}, Checkpoint::from_directory(tmp.path()));
+  };
+  Result r = Trainer(fn, {}, ScalingConfig{.num_workers = 2}, run).fit();
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("after 1 attempt(s)"), std::string::npos) << "not retried: " << *r.error;
+  EXPECT_NE(r.error->find("score attribute \"loss\""), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("\"low\""), std::string::npos) << *r.error;
+  ExperimentListing l = read_experiment(r.path);
+  EXPECT_TRUE(l.checkpoints.empty());
+  EXPECT_TRUE(l.uncommitted.empty()) << "no rank was told to upload";
+  expect_no_children();
+}
+
+TEST(Trainer, MetricsThatAreNotAnObjectFailOnceNamingTheRank) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 3;
+  auto fn = [](const nlohmann::json&) {
+    const int rank = train::get_context().world_rank;
+    train::report(rank == 1 ? nlohmann::json::array({1, 2}) : nlohmann::json{{"x", 1}});
+  };
+  Result r = Trainer(fn, {}, ScalingConfig{.num_workers = 2}, run).fit();
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("after 1 attempt(s)"), std::string::npos) << "not retried: " << *r.error;
+  EXPECT_NE(r.error->find("rank 1"), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("JSON object"), std::string::npos) << *r.error;
+  expect_no_children();
 }
 
 TEST(Trainer, LocalTemporaryDirectoriesAreRemovedEvenWhenAWorkerIsKilled) {
