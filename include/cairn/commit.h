@@ -31,10 +31,13 @@ class CheckpointWriter {
   ManifestEntry write_file(std::string_view path, std::string_view bytes);
   // Copies a local file in, in large blocks.
   ManifestEntry copy_local_file(std::string_view path, const std::filesystem::path& local);
-  // Copies every user file of `source` (a local or remote checkpoint). Files
-  // of a committed source are checked against its manifest while copied.
-  // Symbolic links whose target leaves `source` are refused (kInvalidArgument).
-  void copy_from(const Checkpoint& source);
+  // Copies every user file of `source` (a local or remote checkpoint) and
+  // returns their entries. Files of a committed source are checked against
+  // its manifest while copied. Before anything is written: a source that does
+  // not exist is kNotFound (a local path that is not a directory
+  // kInvalidArgument); a file name that is not valid UTF-8, or a symbolic
+  // link whose target leaves a local source, is kInvalidArgument naming it.
+  std::vector<ManifestEntry> copy_from(const Checkpoint& source);
   // Records a file already written by someone else (a worker process) into
   // the destination, after checking that it exists with the given size.
   void add_written(const ManifestEntry& entry);

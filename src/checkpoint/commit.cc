@@ -126,7 +126,7 @@ ManifestEntry CheckpointWriter::copy_local_file(std::string_view path,
   return record(std::move(e));
 }
 
-void CheckpointWriter::copy_from(const Checkpoint& source) {
+std::vector<ManifestEntry> CheckpointWriter::copy_from(const Checkpoint& source) {
   check_root_exists(source.storage());
   std::optional<Manifest> source_manifest;
   if (source.is_committed()) source_manifest = source.manifest();
@@ -145,6 +145,7 @@ void CheckpointWriter::copy_from(const Checkpoint& source) {
       throw with_context(e, fmt::format("copying {}", source.uri()));
     }
   }
+  std::vector<ManifestEntry> copied;
   for (const auto& want : expected) {
     auto w = dest_.storage().open_writer(want.path);
     ManifestEntry got;
@@ -162,8 +163,9 @@ void CheckpointWriter::copy_from(const Checkpoint& source) {
                       want.size, hash_to_hex(want.xxh3)));
     }
     w->commit();
-    record(std::move(got));
+    copied.push_back(record(std::move(got)));
   }
+  return copied;
 }
 
 void CheckpointWriter::add_written(const ManifestEntry& entry) {

@@ -59,17 +59,10 @@ nlohmann::json entry_to_json(const ManifestEntry& e) {
 }
 
 // Copies the rank's checkpoint files into `dest_uri`; returns their entries.
+// A source that does not exist fails here instead of adding nothing.
 std::vector<ManifestEntry> upload(const Checkpoint& source, const std::string& dest_uri) {
   CheckpointWriter writer(Checkpoint::from_directory(dest_uri));
-  std::vector<ManifestEntry> out;
-  for (const ObjectInfo& f : source.files()) {
-    if (auto local = source.storage().local_path(f.key)) {
-      out.push_back(writer.copy_local_file(f.key, *local));
-    } else {
-      out.push_back(writer.write_file(f.key, source.storage().get(f.key)));
-    }
-  }
-  return out;
+  return writer.copy_from(source);
 }
 
 std::string exception_type_name(const std::type_info& type) {

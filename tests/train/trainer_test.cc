@@ -332,6 +332,19 @@ TEST(Trainer, MetricsThatAreNotAnObjectFailOnceNamingTheRank) {
   expect_no_children();
 }
 
+TEST(Trainer, ACheckpointFolderThatDoesNotExistFailsTheReportNamingItInsteadOfSavingNothing) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  auto fn = [](const nlohmann::json&) {
+    train::report({{"x", 1}}, Checkpoint::from_directory("/nonexistent/typo-dir"));
+  };
+  Result r = Trainer(fn, {}, ScalingConfig{.num_workers = 1}, run).fit();
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("typo-dir"), std::string::npos) << *r.error;
+  EXPECT_FALSE(r.checkpoint) << "no empty checkpoint was committed";
+  expect_no_children();
+}
+
 TEST(Trainer, LocalTemporaryDirectoriesAreRemovedEvenWhenAWorkerIsKilled) {
   TempDir dir;
   auto fn = [&](const nlohmann::json&) {
