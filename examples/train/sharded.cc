@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "cairn/error.h"
 #include "cairn/state.h"
 #include "cairn/train.h"
 
@@ -73,7 +74,13 @@ int main(int argc, char** argv) {
   const int epochs = argc > 3 ? std::stoi(argv[3]) : 4;
   cairn::Trainer trainer(train_func, {{"num_epochs", epochs}, {"global_size", 4096}},
                          cairn::ScalingConfig{.num_workers = workers}, run);
-  cairn::Result result = trainer.fit();
+  cairn::Result result;
+  try {
+    result = trainer.fit();
+  } catch (const cairn::Error& e) {  // e.g. the experiment exists: see Trainer::restore
+    std::fprintf(stderr, "cannot train: %s\n", e.what());
+    return 1;
+  }
   if (result.error) {
     std::fprintf(stderr, "training failed: %s\n", result.error->c_str());
     return 1;

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "cairn/error.h"
 #include "cairn/torch.h"
 #include "cairn/train.h"
 
@@ -79,7 +80,13 @@ int main(int argc, char** argv) {
   run.failure_config.max_failures = 1;
   cairn::Trainer trainer(train_func, {{"num_epochs", num_epochs}},
                          cairn::ScalingConfig{.num_workers = 2}, run);
-  cairn::Result result = trainer.fit();
+  cairn::Result result;
+  try {
+    result = trainer.fit();
+  } catch (const cairn::Error& e) {  // e.g. the experiment exists: see Trainer::restore
+    std::fprintf(stderr, "cannot train: %s\n", e.what());
+    return 1;
+  }
   if (result.error) {
     std::fprintf(stderr, "training failed: %s\n", result.error->c_str());
     return 1;
