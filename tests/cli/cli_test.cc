@@ -69,7 +69,13 @@ class CliTest : public ::testing::Test {
     EXPECT_NE(r.err.find(must_name), std::string::npos) << r.err;
   }
 
+  // gc also sweeps this node's unused views of remote checkpoints: give each
+  // test its own view cache so that other tests' views are not counted.
+  void SetUp() override { setenv("CAIRN_CACHE_DIR", cache_.str().c_str(), 1); }
+  void TearDown() override { unsetenv("CAIRN_CACHE_DIR"); }
+
   TempDir root_;
+  TempDir cache_;
 };
 
 bool is_iso_utc(const std::string& s) {

@@ -2,6 +2,8 @@
 // refused with kCorruption naming the source, the tensor and a byte offset.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cstring>
 #include <string>
 
@@ -149,6 +151,17 @@ TEST(ParseMalformed, HeaderThatIsNotJson) {
   expect_corrupt(image(R"({"a": {"dtype": "F32",,})", 0), {"not valid JSON", "byte offset"});
   expect_corrupt(image("[1,2]", 0), {"does not start with '{'"});
   expect_corrupt(image("{\"a\":\xff}", 0), {"not valid JSON"});
+}
+
+TEST(ParseMalformed, ANulByteInTheHeaderIsRefusedNamingItsFileOffset) {
+  // NUL padding instead of spaces: the reference implementation refuses it.
+  std::string header = R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  std::string padded = header + std::string((8 - header.size() % 8) % 8 + 8, '\0');
+  expect_corrupt(image(padded, 1, /*pad=*/false),
+                 {"NUL byte", fmt::format("byte offset {}", 8 + header.size())});
+  // A valid object, a NUL, then anything at all.
+  expect_corrupt(image(header + std::string(1, '\0') + "{\"evil\": 1}", 1),
+                 {"NUL byte", fmt::format("byte offset {}", 8 + header.size())});
 }
 
 TEST(ParseMalformed, UnknownDtypeNamesTheTensor) {

@@ -85,6 +85,19 @@ TEST(SaveFile, RoundTripsTensorsAndMetadataThroughACopyingLoad) {
   EXPECT_EQ(t.string_metadata.at("format"), "pt");
 }
 
+TEST(SaveFile, TheEmptyTensorNameThatSafetensorsAllowsRoundTrips) {
+  TempDir dir;
+  std::vector<float> v = {1, 2, 3};
+  StateDict s;
+  s.add<float>("", {3}, v);
+  save_file(s, dir / "e.safetensors");
+  std::vector<float> out(3);
+  StateDict t;
+  t.add_mutable<float>("", {3}, out);
+  EXPECT_TRUE(load_into(dir / "e.safetensors", t).consumed());
+  EXPECT_EQ(out, v);
+}
+
 TEST(SaveFile, LeavesNoTempFileAndReplacesAnExistingFile) {
   TempDir dir;
   Source src;

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
@@ -34,11 +39,15 @@ class ManagerTest : public ::testing::Test {
   void SetUp() override {
     clear_memory_bucket("sources");
     clear_memory_bucket("exp");
+    // gc sweeps the node's unused views too: keep other tests' out of counts.
+    setenv("CAIRN_CACHE_DIR", cache_.str().c_str(), 1);
   }
   void TearDown() override {
     clear_memory_bucket("sources");
     clear_memory_bucket("exp");
+    unsetenv("CAIRN_CACHE_DIR");
   }
+  TempDir cache_;
   const std::string uri = "memory://exp/run";
   ManagerOptions quiet() {
     ManagerOptions o;
@@ -437,6 +446,256 @@ TEST_F(ManagerTest, ACorruptHistoryFileIsNamedAndNothingIsDeleted) {
   fs::remove(dir / "checkpoint_manager.json");
   CheckpointManager rebuilt(dir.str(), {}, quiet());
   EXPECT_EQ(rebuilt.history().size(), 1u);
+}
+
+std::string error_of(const std::function<void()>& fn, ErrorCode want) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+CheckpointConfig keep(int n) {
+  CheckpointConfig c;
+  c.num_to_keep = n;
+  return c;
+}
+
+TEST_F(ManagerTest, ASourceThatDoesNotExistOrIsAFileFailsAndChangesNothing) {
+  TempDir dir;
+  CheckpointManager m(uri, keep(1), quiet());
+  m.register_checkpoint({{"i", 0}}, source("good", "weights"));
+  std::string msg = error_of(
+      [&] { m.register_checkpoint({}, Checkpoint::from_directory((dir / "typo").string())); },
+      ErrorCode::kNotFound);
+  EXPECT_NE(msg.find("typo"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("registering"), std::string::npos) << msg;
+  write_text(dir / "file", "not a directory");
+  error_of([&] { m.register_checkpoint({}, Checkpoint::from_directory((dir / "file").string())); },
+           ErrorCode::kInvalidArgument);
+  error_of([&] { m.register_checkpoint({}, Checkpoint::from_directory("memory://sources/none")); },
+           ErrorCode::kNotFound);
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0})) << "retention deleted nothing";
+  EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
+  EXPECT_EQ(open_storage(uri)->list("").size(), 3u) << "model.bin, manifest, history";
+  EXPECT_EQ(m.register_checkpoint({}, source("next", "w")).index, 1u) << "no index was used";
+}
+
+// One register of a checkpoint on storage that fills up at some step: either
+// it throws and the new checkpoint is invisible (the old one intact), or it
+// returns and the new one is committed. Either way, once space is back, a
+// reopened manager's history agrees with storage and retention holds.
+struct FullDiskOutcome {
+  bool succeeded = false;
+  bool warned_about_history = false;
+};
+
+class FullDiskTest : public ManagerTest {
+ protected:
+  FullDiskOutcome register_on_full_storage(const std::string& experiment,
+                                           const CheckpointConfig& config,
+                                           const std::function<void()>& fill,
+                                           const std::function<void()>& unfill) {
+    {
+      CheckpointManager m(experiment, config, quiet());
+      m.register_checkpoint({{"i", 0}}, source("a", std::string(3000, 'a')));
+    }
+    fill();
+    FullDiskOutcome out;
+    warnings.clear();
+    {
+      CheckpointManager m(experiment, config, quiet());  // opening a full disk works too
+      try {
+        auto r = m.register_checkpoint({{"i", 1}}, source("b", std::string(3000, 'b')));
+        out.succeeded = true;
+        EXPECT_EQ(r.index, 1u);
+        EXPECT_EQ(m.latest()->index, 1u);
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kNoSpace) << e.what();
+        EXPECT_NE(std::string(e.what()).find("registering"), std::string::npos) << e.what();
+        EXPECT_EQ(m.latest()->index, 0u);
+      }
+      for (const auto& w : warnings) {
+        if (w.find("checkpoint_manager.json") != std::string::npos) out.warned_about_history = true;
+      }
+      unfill();
+    }
+    std::vector<uint64_t> want = {0};
+    if (out.succeeded)
+      want = config.num_to_keep ? std::vector<uint64_t>{1} : std::vector<uint64_t>{0, 1};
+    auto storage = open_storage(experiment);
+    for (uint64_t i : {0, 1}) {
+      const bool kept = std::find(want.begin(), want.end(), i) != want.end();
+      EXPECT_EQ(Checkpoint(storage->child(checkpoint_name(i))).is_committed(), kept) << i;
+    }
+    EXPECT_EQ(indices(read_experiment(experiment).checkpoints), want);
+    CheckpointManager reopened(experiment, config, quiet());
+    EXPECT_EQ(indices(reopened.history()), want);
+    EXPECT_TRUE(reopened.latest()->checkpoint.verify().empty());
+    return out;
+  }
+};
+
+TEST_F(FullDiskTest, EveryByteOfFreeSpaceGivesAnExactOutcomeOnMemoryStorage) {
+  for (const CheckpointConfig& config : {CheckpointConfig{}, keep(1)}) {
+    bool saw_failure = false, saw_success = false, saw_success_despite_history = false;
+    for (uint64_t extra = 0; extra <= 9000; extra += 5) {
+      clear_memory_bucket("exp");
+      auto out = register_on_full_storage(
+          uri, config,
+          [&] {
+            uint64_t used = 0;
+            for (const auto& o : open_storage("memory://exp")->list("")) used += o.size;
+            set_memory_faults("exp", MemoryFaults{used + extra, nullptr});
+          },
+          [] { set_memory_faults("exp", {}); });
+      if (HasFailure()) FAIL() << "with " << extra << " bytes free";
+      (out.succeeded ? saw_success : saw_failure) = true;
+      if (out.succeeded && out.warned_about_history) saw_success_despite_history = true;
+    }
+    EXPECT_TRUE(saw_failure);
+    EXPECT_TRUE(saw_success);
+    if (!config.num_to_keep) {
+      EXPECT_TRUE(saw_success_despite_history)
+          << "some free space lets the commit through but not the history write";
+    }
+  }
+}
+
+TEST_F(FullDiskTest, EveryPageOfFreeSpaceGivesAnExactOutcomeOnARealFileSystem) {
+  SmallTmpfs tmpfs(1024);
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  const fs::path exp = tmpfs.path() / "exp";
+  const fs::path filler = tmpfs.path() / "filler";
+  for (const CheckpointConfig& config : {CheckpointConfig{}, keep(1)}) {
+    bool saw_failure = false, saw_success = false;
+    for (uint64_t pages = 0; pages <= 8; ++pages) {
+      fs::remove_all(exp);
+      auto out = register_on_full_storage(
+          exp.string(), config,
+          [&] {
+            struct statvfs st;
+            ASSERT_EQ(::statvfs(tmpfs.path().c_str(), &st), 0);
+            const uint64_t free_bytes = uint64_t{st.f_bavail} * st.f_frsize;
+            ASSERT_GT(free_bytes, pages * 4096);
+            write_text(filler, std::string(free_bytes - pages * 4096, 'f'));
+          },
+          [&] { fs::remove(filler); });
+      if (HasFailure()) FAIL() << "with " << pages << " pages free";
+      (out.succeeded ? saw_success : saw_failure) = true;
+    }
+    EXPECT_TRUE(saw_failure);
+    EXPECT_TRUE(saw_success);
+  }
+}
+
+TEST_F(ManagerTest, EmptyFoldersLeftByACrashAreRemovedOnOpenAndTheirIndicesNeverReused) {
+  TempDir dir;
+  {
+    CheckpointManager m(dir.str(), keep(1), quiet());
+    m.register_checkpoint({}, source("s", "x"));
+    m.register_checkpoint({}, source("s", "y"));
+  }
+  EXPECT_FALSE(fs::exists(dir / "checkpoint_000000")) << "retention leaves no empty folder";
+  // A crash between mkdir and the first file, and one between unlink and rmdir.
+  fs::create_directories(dir / "checkpoint_000004");
+  fs::create_directories(dir / "checkpoint_000003" / "sub" / "deeper");
+  EXPECT_EQ(read_experiment(dir.str()).uncommitted,
+            (std::vector<std::string>{"checkpoint_000003", "checkpoint_000004"}));
+  CheckpointManager m(dir.str(), keep(1), quiet());
+  EXPECT_FALSE(fs::exists(dir / "checkpoint_000003"));
+  EXPECT_FALSE(fs::exists(dir / "checkpoint_000004"));
+  EXPECT_EQ(m.register_checkpoint({}, source("s", "z")).index, 5u);
+}
+
+TEST_F(ManagerTest, AReservedIndexIsNeverHandedOutAgainAfterACrash) {
+  {
+    CheckpointManager m(uri, {}, quiet());
+    EXPECT_EQ(m.reserve_next().uri(), uri + "/checkpoint_000000");
+    // The driver dies here, before any rank wrote a file.
+  }
+  CheckpointManager m(uri, {}, quiet());
+  EXPECT_EQ(m.reserve_next().uri(), uri + "/checkpoint_000001");
+}
+
+TEST_F(ManagerTest, TheLastIndexIsAnErrorNotAWrapToZero) {
+  {
+    CheckpointWriter w(Checkpoint(open_storage(uri)->child(checkpoint_name(UINT64_MAX - 1))));
+    w.write_file("model.bin", "last");
+    w.commit({}, 1.0);
+  }
+  CheckpointManager m(uri, {}, quiet());
+  ASSERT_EQ(m.latest()->index, UINT64_MAX - 1);
+  std::string msg = error_of([&] { m.register_checkpoint({}, source("s", "x")); },
+                             ErrorCode::kFailedPrecondition);
+  EXPECT_NE(msg.find("every checkpoint index"), std::string::npos) << msg;
+  error_of([&] { (void)m.reserve_next(); }, ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{UINT64_MAX - 1}));
+  EXPECT_FALSE(open_storage(uri)->exists("checkpoint_000000/model.bin"));
+}
+
+TEST_F(ManagerTest, ALeftoverAtTheLastIndexDoesNotWrapTheNextIndexToZero) {
+  open_storage(uri)->put(checkpoint_name(UINT64_MAX) + "/model.bin", "leftover");
+  CheckpointManager m(uri, {}, quiet());
+  error_of([&] { m.register_checkpoint({}, source("s", "x")); }, ErrorCode::kFailedPrecondition);
+}
+
+std::string deep_json(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST_F(ManagerTest, DeeplyNestedStoredJsonIsCorruptionOrNotAdoptedNeverACrash) {
+  TempDir dir;
+  {
+    CheckpointManager m(dir.str(), {}, quiet());
+    m.register_checkpoint({}, source("s", "x"));
+  }
+  write_text(dir / "checkpoint_manager.json", deep_json(100000));
+  std::string msg =
+      error_of([&] { CheckpointManager m(dir.str(), {}, quiet()); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("checkpoint_manager.json"), std::string::npos) << msg;
+  error_of([&] { (void)read_experiment(dir.str()); }, ErrorCode::kCorruption);
+
+  fs::remove(dir / "checkpoint_manager.json");
+  write_text(dir / "checkpoint_000000/.cairn/manifest.json",
+             R"({"format": "cairn-checkpoint", "version": 1, "created_at": 1, "metrics": )" +
+                 deep_json(100000) + R"(, "files": []})");
+  CheckpointManager m(dir.str(), {}, quiet());
+  EXPECT_TRUE(m.history().empty()) << "a damaged checkpoint is not adopted";
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings.back().find("nested deeper"), std::string::npos) << warnings.back();
+}
+
+TEST_F(ManagerTest, MetricsTooDeepOrNotUtf8AreRefusedBeforeAnythingIsWritten) {
+  CheckpointManager m(uri, {}, quiet());
+  json deep = 1;
+  for (int i = 0; i < 1000; ++i) deep = json{{"a", std::move(deep)}};
+  error_of(
+      [&] {
+        m.register_checkpoint({{"deep", deep}}, source("s", "x"));
+      },
+      ErrorCode::kInvalidArgument);
+  error_of(
+      [&] {
+        m.register_checkpoint({{"note", "\xff"}}, source("s", "x"));
+      },
+      ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(m.history().empty());
+  EXPECT_EQ(m.register_checkpoint({}, source("s", "x")).index, 0u);
+}
+
+TEST_F(ManagerTest, AFlatMetricKeyMatchesTheScoreAttributeAsANestedOneDoes) {
+  CheckpointConfig c = keep(1);
+  c.checkpoint_score_attribute = "eval/loss";
+  c.checkpoint_score_order = "min";
+  CheckpointManager m(uri, c, quiet());
+  m.register_checkpoint({{"eval/loss", 0.1}}, source("s", "best"));
+  m.register_checkpoint({{"eval", {{"loss", 0.5}}}}, source("s", "worse"));
+  m.register_checkpoint({{"eval/loss", 0.9}}, source("s", "latest"));
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  EXPECT_EQ(indices(m.best()), (std::vector<uint64_t>{0, 2})) << "the best and the latest";
 }
 
 }  // namespace

@@ -69,6 +69,18 @@ TEST(Retention, ScoresAreFoundByNestedKeysAndNonNumbersAreFlagged) {
   EXPECT_EQ(extract_score(m, "n").kind, ScoreKind::kMissing);
 }
 
+TEST(Retention, AFlatSlashKeyMatchesAsInRayAndWinsOverTheNestedOne) {
+  EXPECT_EQ(extract_score({{"eval/loss", 0.5}}, "eval/loss").value, 0.5);
+  nlohmann::json both = {{"eval/loss", 1.0}, {"eval", {{"loss", 2.0}}}};
+  EXPECT_EQ(extract_score(both, "eval/loss").value, 1.0);
+  EXPECT_EQ(extract_score({{"a/b", {{"c", 3.0}}}}, "a/b/c").value, 3.0);
+  EXPECT_EQ(extract_score({{"a", {{"b/c", 4.0}}}}, "a/b/c").value, 4.0);
+  EXPECT_EQ(extract_score({{"a", {{"b", 5.0}}}, {"a/b", "text"}}, "a/b").kind,
+            ScoreKind::kNotNumber)
+      << "the flat key wins even when it is not a number";
+  EXPECT_EQ(extract_score({{"a", 1}}, "a/b").kind, ScoreKind::kMissing);
+}
+
 TEST(Retention, PinsOncePerPeriod) {
   EXPECT_FALSE(should_pin(100, 0, std::nullopt));
   EXPECT_FALSE(should_pin(3599, 0, 1.0));
