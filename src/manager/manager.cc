@@ -109,8 +109,10 @@ StoredState read_state(Storage& storage) {
   try {
     j = parse_json(storage.get(kStateKey), where);
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kCorruption) throw;
-    throw corrupt(std::string_view(e.what()).substr(where.size() + 2));
+    // parse_json names `where` first; keep its reason, add the remedy.
+    std::string_view what = e.what();
+    if (e.code() != ErrorCode::kCorruption || what.rfind(where, 0) != 0) throw;
+    throw corrupt(what.substr(std::min(what.size(), where.size() + 2)));
   }
   if (!j.is_object()) throw corrupt("not a JSON object");
   try {
