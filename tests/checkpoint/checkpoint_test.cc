@@ -19,6 +19,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "storage/backends.h"
+#include "support/errors.h"
 #include "support/temp_dir.h"
 #include "util/hash.h"
 
@@ -28,17 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string message_of(const std::function<void()>& fn, ErrorCode want) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), want) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
-
 // A committed checkpoint in `dir` with two files.
 Checkpoint committed(const fs::path& dir) {
   auto cp = Checkpoint::from_directory(dir.string());
@@ -46,6 +36,16 @@ Checkpoint committed(const fs::path& dir) {
   w.write_file("model.bin", std::string(4096, 'm'));
   w.write_file("opt/state.bin", "optimizer");
   w.commit({{"loss", 0.1}}, 1.0);
+  return cp;
+}
+
+// A committed checkpoint at `uri` (a memory:// one: "remote") holding one file.
+Checkpoint committed_remote(const std::string& uri, const std::string& file,
+                            const std::string& contents) {
+  auto cp = Checkpoint::from_directory(uri);
+  CheckpointWriter w(cp);
+  w.write_file(file, contents);
+  w.commit({}, 1.0);
   return cp;
 }
 
@@ -61,10 +61,7 @@ TEST(Checkpoint, AsDirectoryOfARemoteCheckpointIsACopyRemovedWithTheLastView) {
   TempDir cache;
   setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("remote");
-  auto cp = Checkpoint::from_directory("memory://remote/ck");
-  CheckpointWriter w(cp);
-  w.write_file("a.txt", "A");
-  w.commit({}, 1.0);
+  auto cp = committed_remote("memory://remote/ck", "a.txt", "A");
   fs::path p;
   {
     auto view = cp.as_directory();
@@ -86,10 +83,7 @@ TEST(Checkpoint, ProcessesAskingForTheSameRemoteViewShareOneDownload) {
   TempDir cache;
   setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("viewshare");
-  auto cp = Checkpoint::from_directory("memory://viewshare/ck");
-  CheckpointWriter w(cp);
-  w.write_file("data.bin", std::string(1 << 20, 'd'));
-  w.commit({}, 1.0);
+  auto cp = committed_remote("memory://viewshare/ck", "data.bin", std::string(1 << 20, 'd'));
   set_memory_faults("viewshare",
                     MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
                                    if (op == "read" && key == "ck/data.bin") ++data_reads;
@@ -168,15 +162,8 @@ TEST(Checkpoint, AViewWhoseOnlyUserWasKilledIsRemovedByTheNextViewOrByGc) {
   TempDir cache;
   setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("killed");
-  auto make = [](const std::string& uri, const std::string& contents) {
-    auto cp = Checkpoint::from_directory(uri);
-    CheckpointWriter w(cp);
-    w.write_file("data.bin", contents);
-    w.commit({}, 1.0);
-    return cp;
-  };
-  auto first = make("memory://killed/a", "A");
-  auto second = make("memory://killed/b", "B");
+  auto first = committed_remote("memory://killed/a", "data.bin", "A");
+  auto second = committed_remote("memory://killed/b", "data.bin", "B");
   // Killed while holding a view: its copy stays until someone sweeps.
   in_process_killed_after([&] {
     static LocalDirectory held;  // never released: the process dies first
@@ -217,10 +204,7 @@ TEST(Checkpoint, AViewInUseIsNeverSweptByGc) {
   TempDir cache;
   setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("inuse");
-  auto cp = Checkpoint::from_directory("memory://inuse/a");
-  CheckpointWriter w(cp);
-  w.write_file("data.bin", "A");
-  w.commit({}, 1.0);
+  auto cp = committed_remote("memory://inuse/a", "data.bin", "A");
   auto view = cp.as_directory();
   TempDir empty_root;
   EXPECT_TRUE(collect_garbage(empty_root.str()).removed.empty());
@@ -232,17 +216,18 @@ TEST(Checkpoint, AViewInUseIsNeverSweptByGc) {
 TEST(Checkpoint, ViewsAndCopiesOfASourceThatDoesNotExistAreNotFound) {
   TempDir dir;
   clear_memory_bucket("nothing");
-  message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").as_directory(); },
-             ErrorCode::kNotFound);
-  message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").to_directory(); },
-             ErrorCode::kNotFound);
-  std::string msg =
-      message_of([&] { (void)Checkpoint::from_directory((dir / "typo").string()).to_directory(); },
-                 ErrorCode::kNotFound);
+  error_message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").as_directory(); },
+                   ErrorCode::kNotFound);
+  error_message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").to_directory(); },
+                   ErrorCode::kNotFound);
+  std::string msg = error_message_of(
+      [&] { (void)Checkpoint::from_directory((dir / "typo").string()).to_directory(); },
+      ErrorCode::kNotFound);
   EXPECT_NE(msg.find("typo"), std::string::npos) << msg;
   write_text(dir / "file", "x");
-  message_of([&] { (void)Checkpoint::from_directory((dir / "file").string()).to_directory(); },
-             ErrorCode::kInvalidArgument);
+  error_message_of(
+      [&] { (void)Checkpoint::from_directory((dir / "file").string()).to_directory(); },
+      ErrorCode::kInvalidArgument);
 }
 
 TEST(Checkpoint, ToDirectoryIsAFullPlainCopyWithMetadata) {
@@ -254,7 +239,7 @@ TEST(Checkpoint, ToDirectoryIsAFullPlainCopyWithMetadata) {
   EXPECT_EQ(read_text(out / "opt/state.bin"), "optimizer");
   EXPECT_FALSE(fs::exists(out / ".cairn/manifest.json")) << "a copy is not a committed checkpoint";
   EXPECT_EQ(Checkpoint::from_directory(out.string()).get_metadata()["epoch"], 7);
-  message_of([&] { cp.to_directory(dst.path() / "copy"); }, ErrorCode::kAlreadyExists);
+  error_message_of([&] { cp.to_directory(dst.path() / "copy"); }, ErrorCode::kAlreadyExists);
   fs::path temp = cp.to_directory();
   EXPECT_TRUE(fs::exists(temp / "model.bin"));
   fs::remove_all(temp);
@@ -267,16 +252,16 @@ TEST(Checkpoint, MetadataUpdatesMergeTopLevelKeys) {
   cp.set_metadata({{"a", 1}, {"b", {{"x", 1}}}});
   cp.update_metadata({{"b", {{"y", 2}}}, {"c", 3}});
   EXPECT_EQ(cp.get_metadata(), (json{{"a", 1}, {"b", {{"y", 2}}}, {"c", 3}}));
-  message_of([&] { cp.set_metadata(json::array()); }, ErrorCode::kInvalidArgument);
+  error_message_of([&] { cp.set_metadata(json::array()); }, ErrorCode::kInvalidArgument);
 }
 
 TEST(Checkpoint, MetadataThatIsNotJsonIsCorruptionNamingTheFile) {
   TempDir dir;
   write_text(dir / ".cairn/metadata.json", "{\"epoch\": 3,");
   auto cp = Checkpoint::from_directory(dir.str());
-  std::string msg = message_of([&] { cp.get_metadata(); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([&] { cp.get_metadata(); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find(".cairn/metadata.json"), std::string::npos) << msg;
-  message_of([&] { cp.update_metadata({{"x", 1}}); }, ErrorCode::kCorruption);
+  error_message_of([&] { cp.update_metadata({{"x", 1}}); }, ErrorCode::kCorruption);
   EXPECT_EQ(read_text(dir / ".cairn/metadata.json"), "{\"epoch\": 3,")
       << "a failed update changes nothing";
 }
@@ -312,11 +297,12 @@ TEST(Checkpoint, ACopyOfADamagedCheckpointFailsNamingTheFileAndLeavesNoTempDir) 
   std::string altered(4096, 'm');
   altered[0] = 'X';
   write_text(dir / "model.bin", altered);
-  std::string msg = message_of([&] { cp.to_directory(dst / "copy"); }, ErrorCode::kCorruption);
+  std::string msg =
+      error_message_of([&] { cp.to_directory(dst / "copy"); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("model.bin"), std::string::npos) << msg;
   clear_memory_bucket("dest");
   CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
-  msg = message_of([&] { w.copy_from(cp); }, ErrorCode::kCorruption);
+  msg = error_message_of([&] { w.copy_from(cp); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("model.bin"), std::string::npos) << msg;
   clear_memory_bucket("dest");
 }
@@ -326,7 +312,7 @@ TEST(Checkpoint, ATruncatedManifestIsCorruptionNamingIt) {
   auto cp = committed(dir.path());
   std::string text = read_text(dir / ".cairn/manifest.json");
   write_text(dir / ".cairn/manifest.json", text.substr(0, text.size() / 2));
-  std::string msg = message_of([&] { cp.verify(); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([&] { cp.verify(); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find(".cairn/manifest.json"), std::string::npos) << msg;
 }
 
@@ -351,7 +337,7 @@ TEST(Manifest, HostilePathsAreCorruptionNamingTheEntry) {
   };
   for (std::string bad : {"../escape", "a/../../b", "/etc/passwd", ".cairn/manifest.json", ""}) {
     std::string msg =
-        message_of([&] { Manifest::parse(manifest_with(bad), "M"); }, ErrorCode::kCorruption);
+        error_message_of([&] { Manifest::parse(manifest_with(bad), "M"); }, ErrorCode::kCorruption);
     EXPECT_NE(msg.find("manifest entry 0"), std::string::npos) << msg;
     EXPECT_EQ(msg.rfind("M: ", 0), 0u) << msg;
   }
@@ -365,7 +351,7 @@ TEST(Manifest, MalformedFieldsAreCorruption) {
        R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":-1,"xxh3":"0000000000000000"}]})",
        R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"zz"}]})",
        R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"a","size":1,"xxh3":"0000000000000000"},{"path":"a","size":1,"xxh3":"0000000000000000"}]})"}) {
-    message_of([&] { Manifest::parse(bad, "M"); }, ErrorCode::kCorruption);
+    error_message_of([&] { Manifest::parse(bad, "M"); }, ErrorCode::kCorruption);
   }
 }
 
@@ -403,8 +389,8 @@ TEST(Checkpoint, RegisteringASourceWithALinkLeavingItIsRefused) {
   fs::create_symlink(outside / "secret", src / "leak");
   clear_memory_bucket("dest");
   CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
-  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
-                               ErrorCode::kInvalidArgument);
+  std::string msg = error_message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
+                                     ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("leak"), std::string::npos) << msg;
   EXPECT_TRUE(open_storage("memory://dest/ck")->list("").empty()) << "nothing was copied";
   clear_memory_bucket("dest");
@@ -416,8 +402,8 @@ TEST(Checkpoint, AFileNameThatIsNotUtf8IsRefusedNamingItBeforeAnythingIsCopied) 
   write_text(src / "bad\xff.bin", "name is Latin-1");
   clear_memory_bucket("dest");
   CheckpointWriter w(Checkpoint::from_directory("memory://dest/ck"));
-  std::string msg = message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
-                               ErrorCode::kInvalidArgument);
+  std::string msg = error_message_of([&] { w.copy_from(Checkpoint::from_directory(src.str())); },
+                                     ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("bad\\xff.bin"), std::string::npos) << msg;
   EXPECT_NE(msg.find("UTF-8"), std::string::npos) << msg;
   EXPECT_TRUE(open_storage("memory://dest/ck")->list("").empty()) << "nothing was copied";
@@ -442,13 +428,13 @@ TEST(Checkpoint, DeeplyNestedStoredJsonIsCorruptionNotACrash) {
   ASSERT_NE(at, std::string::npos) << manifest;
   manifest.insert(at + metrics.size(), "\"deep\": " + deep_json(100000) + ", ");
   write_text(dir / ".cairn/manifest.json", manifest);
-  std::string msg = message_of([&] { (void)cp.manifest(); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([&] { (void)cp.manifest(); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("manifest.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("nested deeper"), std::string::npos) << msg;
-  message_of([&] { (void)cp.verify(); }, ErrorCode::kCorruption);
+  error_message_of([&] { (void)cp.verify(); }, ErrorCode::kCorruption);
 
   write_text(dir / ".cairn/metadata.json", deep_json(100000));
-  msg = message_of([&] { (void)cp.get_metadata(); }, ErrorCode::kCorruption);
+  msg = error_message_of([&] { (void)cp.get_metadata(); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("metadata.json"), std::string::npos) << msg;
 }
 
@@ -457,23 +443,24 @@ TEST(Checkpoint, MetadataOrMetricsTooDeepOrNotUtf8AreRefusedBeforeWriting) {
   auto cp = Checkpoint::from_directory(dir.str());
   json deep = 1;
   for (int i = 0; i < 1000; ++i) deep = json{{"a", std::move(deep)}};
-  message_of([&] { cp.set_metadata(deep); }, ErrorCode::kInvalidArgument);
-  message_of([&] { cp.set_metadata({{"name", "bad\xff"}}); }, ErrorCode::kInvalidArgument);
+  error_message_of([&] { cp.set_metadata(deep); }, ErrorCode::kInvalidArgument);
+  error_message_of([&] { cp.set_metadata({{"name", "bad\xff"}}); }, ErrorCode::kInvalidArgument);
   EXPECT_FALSE(fs::exists(dir / ".cairn/metadata.json"));
   CheckpointWriter w(cp);
   w.write_file("a.bin", "a");
-  message_of([&] { w.commit({{"deep", deep}}, 1.0); }, ErrorCode::kInvalidArgument);
+  error_message_of([&] { w.commit({{"deep", deep}}, 1.0); }, ErrorCode::kInvalidArgument);
   EXPECT_FALSE(cp.is_committed());
 }
 
 TEST(CheckpointWriter, RefusesToWriteIntoACommittedCheckpointOrUnderCairnsFolder) {
   TempDir dir;
   auto cp = committed(dir.path());
-  message_of([&] { CheckpointWriter w(cp); }, ErrorCode::kAlreadyExists);
+  error_message_of([&] { CheckpointWriter w(cp); }, ErrorCode::kAlreadyExists);
   TempDir fresh;
   CheckpointWriter w(Checkpoint::from_directory(fresh.str()));
-  message_of([&] { w.write_file(".cairn/manifest.json", "{}"); }, ErrorCode::kInvalidArgument);
-  message_of([&] { w.write_file("../x", "{}"); }, ErrorCode::kInvalidArgument);
+  error_message_of([&] { w.write_file(".cairn/manifest.json", "{}"); },
+                   ErrorCode::kInvalidArgument);
+  error_message_of([&] { w.write_file("../x", "{}"); }, ErrorCode::kInvalidArgument);
 }
 
 TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) {

@@ -11,6 +11,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "storage/backends.h"
+#include "support/errors.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"
 #include "util/hash.h"
@@ -448,17 +449,6 @@ TEST_F(ManagerTest, ACorruptHistoryFileIsNamedAndNothingIsDeleted) {
   EXPECT_EQ(rebuilt.history().size(), 1u);
 }
 
-std::string error_of(const std::function<void()>& fn, ErrorCode want) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), want) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
-
 CheckpointConfig keep(int n) {
   CheckpointConfig c;
   c.num_to_keep = n;
@@ -469,16 +459,18 @@ TEST_F(ManagerTest, ASourceThatDoesNotExistOrIsAFileFailsAndChangesNothing) {
   TempDir dir;
   CheckpointManager m(uri, keep(1), quiet());
   m.register_checkpoint({{"i", 0}}, source("good", "weights"));
-  std::string msg = error_of(
+  std::string msg = error_message_of(
       [&] { m.register_checkpoint({}, Checkpoint::from_directory((dir / "typo").string())); },
       ErrorCode::kNotFound);
   EXPECT_NE(msg.find("typo"), std::string::npos) << msg;
   EXPECT_NE(msg.find("registering"), std::string::npos) << msg;
   write_text(dir / "file", "not a directory");
-  error_of([&] { m.register_checkpoint({}, Checkpoint::from_directory((dir / "file").string())); },
-           ErrorCode::kInvalidArgument);
-  error_of([&] { m.register_checkpoint({}, Checkpoint::from_directory("memory://sources/none")); },
-           ErrorCode::kNotFound);
+  error_message_of(
+      [&] { m.register_checkpoint({}, Checkpoint::from_directory((dir / "file").string())); },
+      ErrorCode::kInvalidArgument);
+  error_message_of(
+      [&] { m.register_checkpoint({}, Checkpoint::from_directory("memory://sources/none")); },
+      ErrorCode::kNotFound);
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0})) << "retention deleted nothing";
   EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
   EXPECT_EQ(open_storage(uri)->list("").size(), 3u) << "model.bin, manifest, history";
@@ -630,10 +622,10 @@ TEST_F(ManagerTest, TheLastIndexIsAnErrorNotAWrapToZero) {
   }
   CheckpointManager m(uri, {}, quiet());
   ASSERT_EQ(m.latest()->index, UINT64_MAX - 1);
-  std::string msg = error_of([&] { m.register_checkpoint({}, source("s", "x")); },
-                             ErrorCode::kFailedPrecondition);
+  std::string msg = error_message_of([&] { m.register_checkpoint({}, source("s", "x")); },
+                                     ErrorCode::kFailedPrecondition);
   EXPECT_NE(msg.find("every checkpoint index"), std::string::npos) << msg;
-  error_of([&] { (void)m.reserve_next(); }, ErrorCode::kFailedPrecondition);
+  error_message_of([&] { (void)m.reserve_next(); }, ErrorCode::kFailedPrecondition);
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{UINT64_MAX - 1}));
   EXPECT_FALSE(open_storage(uri)->exists("checkpoint_000000/model.bin"));
 }
@@ -641,7 +633,8 @@ TEST_F(ManagerTest, TheLastIndexIsAnErrorNotAWrapToZero) {
 TEST_F(ManagerTest, ALeftoverAtTheLastIndexDoesNotWrapTheNextIndexToZero) {
   open_storage(uri)->put(checkpoint_name(UINT64_MAX) + "/model.bin", "leftover");
   CheckpointManager m(uri, {}, quiet());
-  error_of([&] { m.register_checkpoint({}, source("s", "x")); }, ErrorCode::kFailedPrecondition);
+  error_message_of([&] { m.register_checkpoint({}, source("s", "x")); },
+                   ErrorCode::kFailedPrecondition);
 }
 
 std::string deep_json(size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
@@ -653,10 +646,10 @@ TEST_F(ManagerTest, DeeplyNestedStoredJsonIsCorruptionOrNotAdoptedNeverACrash) {
     m.register_checkpoint({}, source("s", "x"));
   }
   write_text(dir / "checkpoint_manager.json", deep_json(100000));
-  std::string msg =
-      error_of([&] { CheckpointManager m(dir.str(), {}, quiet()); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([&] { CheckpointManager m(dir.str(), {}, quiet()); },
+                                     ErrorCode::kCorruption);
   EXPECT_NE(msg.find("checkpoint_manager.json"), std::string::npos) << msg;
-  error_of([&] { (void)read_experiment(dir.str()); }, ErrorCode::kCorruption);
+  error_message_of([&] { (void)read_experiment(dir.str()); }, ErrorCode::kCorruption);
 
   fs::remove(dir / "checkpoint_manager.json");
   write_text(dir / "checkpoint_000000/.cairn/manifest.json",
@@ -672,12 +665,12 @@ TEST_F(ManagerTest, MetricsTooDeepOrNotUtf8AreRefusedBeforeAnythingIsWritten) {
   CheckpointManager m(uri, {}, quiet());
   json deep = 1;
   for (int i = 0; i < 1000; ++i) deep = json{{"a", std::move(deep)}};
-  error_of(
+  error_message_of(
       [&] {
         m.register_checkpoint({{"deep", deep}}, source("s", "x"));
       },
       ErrorCode::kInvalidArgument);
-  error_of(
+  error_message_of(
       [&] {
         m.register_checkpoint({{"note", "\xff"}}, source("s", "x"));
       },

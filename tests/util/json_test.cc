@@ -5,22 +5,12 @@
 #include <string>
 
 #include "cairn/error.h"
+#include "support/errors.h"
 
 namespace cairn::testing {
 namespace {
 
 using nlohmann::json;
-
-std::string error_of(const std::function<void()>& fn, ErrorCode want) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), want) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return "";
-}
 
 std::string nested(size_t depth, char open = '[', char close = ']') {
   return std::string(depth, open) + std::string(depth, close);
@@ -32,12 +22,12 @@ TEST(ParseJson, ParsesWhatNlohmannParses) {
 }
 
 TEST(ParseJson, DeepNestingIsCorruptionNamingTheSourceAndOffset) {
-  std::string msg =
-      error_of([] { (void)parse_json(nested(100000), "file:///m.json"); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([] { (void)parse_json(nested(100000), "file:///m.json"); },
+                                     ErrorCode::kCorruption);
   EXPECT_NE(msg.find("file:///m.json"), std::string::npos) << msg;
   EXPECT_NE(msg.find("byte offset 128"), std::string::npos) << msg;
   EXPECT_NO_THROW((void)parse_json(nested(128), "x"));
-  error_of([] { (void)parse_json(nested(129, '{', '}'), "x"); }, ErrorCode::kCorruption);
+  error_message_of([] { (void)parse_json(nested(129, '{', '}'), "x"); }, ErrorCode::kCorruption);
 }
 
 TEST(ParseJson, BracketsInsideStringsDoNotCount) {
@@ -47,28 +37,30 @@ TEST(ParseJson, BracketsInsideStringsDoNotCount) {
 
 TEST(ParseJson, ANulByteAnywhereIsCorruptionNamingItsOffset) {
   std::string text = std::string("{}") + '\0' + "garbage";
-  std::string msg = error_of([&] { (void)parse_json(text, "x"); }, ErrorCode::kCorruption);
+  std::string msg = error_message_of([&] { (void)parse_json(text, "x"); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("NUL byte at byte offset 2"), std::string::npos) << msg;
   std::string in_string = std::string("{\"a\":\"b") + '\0' + "\"}";
-  error_of([&] { (void)parse_json(in_string, "x"); }, ErrorCode::kCorruption);
+  error_message_of([&] { (void)parse_json(in_string, "x"); }, ErrorCode::kCorruption);
 }
 
 TEST(ParseJson, SizeAndSyntaxErrorsAreCorruption) {
-  error_of([] { (void)parse_json("[1,2,3]", "x", JsonLimits{.max_depth = 8, .max_bytes = 4}); },
-           ErrorCode::kCorruption);
-  std::string msg = error_of([] { (void)parse_json("{\"a\": tru}", "x"); }, ErrorCode::kCorruption);
+  error_message_of(
+      [] { (void)parse_json("[1,2,3]", "x", JsonLimits{.max_depth = 8, .max_bytes = 4}); },
+      ErrorCode::kCorruption);
+  std::string msg =
+      error_message_of([] { (void)parse_json("{\"a\": tru}", "x"); }, ErrorCode::kCorruption);
   EXPECT_NE(msg.find("byte offset"), std::string::npos) << msg;
-  error_of([] { (void)parse_json("\"\xff\"", "x"); }, ErrorCode::kCorruption);
+  error_message_of([] { (void)parse_json("\"\xff\"", "x"); }, ErrorCode::kCorruption);
 }
 
 TEST(CheckStorableJson, RefusesDeepDocumentsAndInvalidUtf8) {
   json deep = 1;
   for (int i = 0; i < 1000; ++i) deep = json::array({std::move(deep)});
   std::string msg =
-      error_of([&] { check_storable_json(deep, "metrics"); }, ErrorCode::kInvalidArgument);
+      error_message_of([&] { check_storable_json(deep, "metrics"); }, ErrorCode::kInvalidArgument);
   EXPECT_NE(msg.find("metrics"), std::string::npos) << msg;
-  error_of([] { check_storable_json({{"k", "\xc3"}}, "m"); }, ErrorCode::kInvalidArgument);
-  error_of([] { check_storable_json({{"\xff", 1}}, "m"); }, ErrorCode::kInvalidArgument);
+  error_message_of([] { check_storable_json({{"k", "\xc3"}}, "m"); }, ErrorCode::kInvalidArgument);
+  error_message_of([] { check_storable_json({{"\xff", 1}}, "m"); }, ErrorCode::kInvalidArgument);
   EXPECT_NO_THROW(check_storable_json({{"caf\xc3\xa9", {1, 2, "\xe2\x82\xac"}}}, "m"));
 }
 

@@ -1,0 +1,26 @@
+// Test support: run a call that must throw cairn::Error with a given code.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "cairn/error.h"
+
+namespace cairn::testing {
+
+// Runs `fn`, expects a cairn::Error with code `want` (a test failure
+// otherwise) and returns its message, for checks of what it names.
+inline std::string error_message_of(const std::function<void()>& fn, ErrorCode want) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), want) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+}  // namespace cairn::testing
