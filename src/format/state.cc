@@ -238,12 +238,9 @@ FileLayout layout_state(const StateDict& state) {
                             kCairnMetadataKey));
   }
   if (!state.metadata.empty()) {
-    try {
-      meta[std::string(kCairnMetadataKey)] = state.metadata.dump();
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("state metadata cannot be encoded: {}", e.what()));
-    }
+    // Checked as a load will check it, so that what is saved can be loaded.
+    check_storable_json(state.metadata, "state metadata");
+    meta[std::string(kCairnMetadataKey)] = state.metadata.dump();
   }
   std::vector<TensorDescriptor> descriptors;
   descriptors.reserve(state.size());

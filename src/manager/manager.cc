@@ -222,6 +222,11 @@ void CheckpointConfig::validate() const {
             "CheckpointConfig.checkpoint_score_order must be \"max\" or \"min\", got \"{}\"",
             checkpoint_score_order));
   }
+  if (!is_valid_utf8(checkpoint_score_attribute)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CheckpointConfig.checkpoint_score_attribute \"{}\" is not valid UTF-8",
+                            printable(checkpoint_score_attribute)));
+  }
   if (keep_checkpoint_every_n_hours && !(*keep_checkpoint_every_n_hours > 0)) {
     throw Error(
         ErrorCode::kInvalidArgument,

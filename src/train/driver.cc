@@ -422,6 +422,8 @@ void check_experiment_name(std::string_view name, std::string_view field) {
     why = "it contains a backslash";
   } else if (name.find('\0') != std::string_view::npos) {
     why = "it contains a NUL byte";
+  } else if (!is_valid_utf8(name)) {
+    why = "it is not valid UTF-8";
   }
   if (why == nullptr) return;
   throw Error(ErrorCode::kInvalidArgument,

@@ -7,6 +7,7 @@
 #include "train/driver.h"
 #include "train/group.h"
 #include "train/mpi.h"
+#include "util/json.h"
 
 namespace cairn {
 
@@ -26,6 +27,12 @@ void FailureConfig::validate() const {
 void RunConfig::validate() const {
   checkpoint_config.validate();
   failure_config.validate();
+  // Stored in trainer_state.json, which is JSON: it cannot hold other bytes.
+  if (!is_valid_utf8(storage_path)) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("RunConfig::storage_path \"{}\" is not valid UTF-8", printable(storage_path)));
+  }
   if (name.empty()) return;  // a default name is made by fit()
   train_internal::check_experiment_name(name, "RunConfig::name");
   try {
@@ -52,6 +59,8 @@ Trainer::Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConf
   if (!train_fn_) throw Error(ErrorCode::kInvalidArgument, "Trainer: train_fn is empty");
   scaling_config_.validate();
   run_config_.validate();
+  // Stored with the experiment for Trainer::restore, and sent to every worker.
+  check_storable_json(train_loop_config_, "Trainer: train_loop_config");
 }
 
 Result Trainer::fit() {

@@ -282,6 +282,18 @@ TEST(StateDict, MetadataMustBeAnObjectAndNotShadowTheCairnKey) {
   EXPECT_THROW(save_file(s, dir / "x"), Error);
 }
 
+TEST(StateDict, MetadataALoadWouldRefuseIsRefusedAtSave) {
+  TempDir dir;
+  StateDict s;
+  nlohmann::json deep = 1;
+  for (int i = 0; i < 200; ++i) deep = nlohmann::json::array({std::move(deep)});
+  s.metadata = {{"deep", deep}};
+  EXPECT_THROW(save_file(s, dir / "x"), Error);
+  s.metadata = {{"note", "\xff"}};
+  EXPECT_THROW(save_file(s, dir / "x"), Error);
+  EXPECT_FALSE(fs::exists(dir / "x"));
+}
+
 TEST(MappedState, RefusesCairnMetadataThatIsNotAJsonObject) {
   TempDir dir;
   StateDict s;

@@ -679,6 +679,14 @@ TEST_F(ManagerTest, MetricsTooDeepOrNotUtf8AreRefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(m.register_checkpoint({}, source("s", "x")).index, 0u);
 }
 
+TEST_F(ManagerTest, AScoreAttributeThatIsNotUtf8IsRefusedNamingTheField) {
+  CheckpointConfig c;
+  c.checkpoint_score_attribute = "loss\xff";
+  std::string msg =
+      error_message_of([&] { CheckpointManager m(uri, c, quiet()); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("checkpoint_score_attribute"), std::string::npos) << msg;
+}
+
 TEST_F(ManagerTest, AFlatMetricKeyMatchesTheScoreAttributeAsANestedOneDoes) {
   CheckpointConfig c = keep(1);
   c.checkpoint_score_attribute = "eval/loss";

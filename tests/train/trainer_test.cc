@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -382,6 +383,36 @@ TEST(Trainer, BadConfigurationIsRefusedBeforeAnythingStarts) {
   EXPECT_THROW(Trainer(fn, {}, ScalingConfig{}, bad), Error);
   RunConfig traversal = run_in(dir, "../escape");
   EXPECT_THROW(Trainer(fn, {}, ScalingConfig{}, traversal), Error);
+}
+
+TEST(Trainer, WhatTheExperimentStoresMustBeStorableJsonAndIsRefusedNamingTheField) {
+  TempDir dir;
+  auto fn = [](const nlohmann::json&) {};
+  auto code_and_message = [&](const std::function<void()>& make) {
+    try {
+      make();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "accepted";
+    return std::string();
+  };
+  EXPECT_NE(code_and_message([&] {
+              Trainer(fn, {{"tag", "\xff"}}, ScalingConfig{}, run_in(dir));
+            }).find("train_loop_config"),
+            std::string::npos);
+  EXPECT_NE(code_and_message([&] {
+              Trainer(fn, {}, ScalingConfig{}, run_in(dir, "caf\xe9"));
+            }).find("RunConfig::name"),
+            std::string::npos);
+  RunConfig latin1 = run_in(dir);
+  latin1.storage_path = dir.str() + "/caf\xe9";
+  EXPECT_NE(code_and_message([&] {
+              Trainer(fn, {}, ScalingConfig{}, latin1);
+            }).find("RunConfig::storage_path"),
+            std::string::npos);
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "nothing was created";
 }
 
 TEST(Trainer, SecondDriverOnALiveExperimentIsRefusedByTheLock) {
