@@ -102,8 +102,19 @@ struct SafetensorsHeader {
   // Where the data buffer starts in the file: 8 + N.
   uint64_t data_start() const { return 8 + header_size; }
   uint64_t file_size() const { return data_start() + data_size; }
-  // The tensor named `name`, or nullptr.
+  // The tensor named `name`, or nullptr. O(log n) through `by_name`; a linear
+  // scan when `by_name` does not have one entry per tensor.
   const TensorInfo* find(std::string_view name) const;
+
+  // The name index find() searches: positions in `tensors`, ordered by name.
+  // parse_header(), parse_file_header() and layout_file() build it, once, in
+  // O(n log n). Positions rather than pointers, so a copy of the header stays
+  // valid. Code that fills or changes `tensors` itself calls reindex()
+  // afterwards (an index of the wrong size is ignored; one of the right size
+  // but stale may miss a name, never return a wrong tensor).
+  std::vector<size_t> by_name;
+  // Rebuilds `by_name` from `tensors`.
+  void reindex();
 };
 
 // Reads N from the first 8 bytes of a file of `file_size` bytes and checks it
