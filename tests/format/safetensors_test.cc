@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cairn/error.h"
 #include "cairn/safetensors.h"
@@ -243,6 +244,135 @@ TEST(ParseMalformed, DuplicateKeys) {
 TEST(ParseMalformed, NestingDeeperThanAHeaderNeeds) {
   expect_corrupt(image(R"({"x":{"dtype":"U8","shape":[[[1]]],"data_offsets":[0,1]}})", 1),
                  {"nests"});
+}
+
+// ---- many tensors: headers, layouts and lookups must not be quadratic ----
+//
+// 100,000 tensors would take minutes with per-entry linear work (a re-scan of
+// the header object, a linear find()); these tests only have to finish, and
+// take well under a second each, so they bound the cost without timing it.
+
+constexpr size_t kMany = 100'000;
+
+std::string many_name(size_t i) { return fmt::format("layer.{:06d}.w", i); }
+
+// A header of `n` one-byte U8 tensors listed in name order, with data offsets
+// in reverse name order (so header order and offset order differ), plus
+// `extra` appended verbatim before the closing brace.
+std::string many_header(size_t n, const std::string& extra = "") {
+  std::string h = "{";
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = n - 1 - i;
+    h += fmt::format(R"({}"{}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})", i ? "," : "",
+                     many_name(i), at, at + 1);
+  }
+  return h + extra + "}";
+}
+
+TEST(Parse, AHundredThousandTensorsParseAndAreEachFoundByName) {
+  const SafetensorsHeader h = parse(image(many_header(kMany), kMany));
+  ASSERT_EQ(h.tensors.size(), kMany);
+  EXPECT_EQ(h.data_size, kMany);
+  for (size_t i = 0; i < kMany; ++i) {
+    const TensorInfo* t = h.find(many_name(i));
+    ASSERT_NE(t, nullptr) << many_name(i);
+    EXPECT_EQ(t->begin, kMany - 1 - i);
+    EXPECT_EQ(t->name, many_name(i));
+  }
+  EXPECT_EQ(h.find("layer.w"), nullptr);
+  EXPECT_EQ(h.find(""), nullptr);
+  // A copy's index still points into the copy.
+  const SafetensorsHeader copy = h;
+  const TensorInfo* t = copy.find(many_name(7));
+  ASSERT_NE(t, nullptr);
+  EXPECT_GE(t, copy.tensors.data());
+  EXPECT_LT(t, copy.tensors.data() + copy.tensors.size());
+}
+
+TEST(ParseMalformed, ADuplicateAmongAHundredThousandTensorsIsNamed) {
+  const std::string dup =
+      fmt::format(R"(,"{}":{{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})", many_name(0));
+  expect_corrupt(image(many_header(kMany, dup), kMany),
+                 {fmt::format("duplicate key \"{}\"", many_name(0))});
+}
+
+TEST(ParseMalformed, AnOverlapAmongAHundredThousandTensorsNamesBothAndTheOffset) {
+  // Tensor "z" covers the byte of layer.099999.w (data offset 0).
+  const std::string file =
+      image(many_header(kMany, R"(,"z":{"dtype":"U8","shape":[1],"data_offsets":[0,1]})"), kMany);
+  const uint64_t data_start = file.size() - kMany;
+  expect_corrupt(
+      file, {"overlaps", "\"z\"", many_name(kMany - 1), fmt::format("byte offset {}", data_start)});
+}
+
+TEST(Layout, AHundredThousandTensorsLayOutAndParseBack) {
+  std::vector<TensorDescriptor> d;
+  d.reserve(kMany);
+  // Mixed element sizes, so the layout reorders them.
+  for (size_t i = 0; i < kMany; ++i) {
+    d.push_back({many_name(i), i % 3 == 0 ? DType::kF32 : DType::kU8, {1}});
+  }
+  const FileLayout l = layout_file(d, {{"format", "pt"}});
+  ASSERT_EQ(l.parsed.tensors.size(), kMany);
+  std::string file = l.header + std::string(l.parsed.data_size, '\0');
+  const SafetensorsHeader h = parse(file);
+  ASSERT_EQ(h.tensors.size(), kMany);
+  EXPECT_EQ(h.metadata, l.parsed.metadata);
+  for (const auto& t : d) {
+    const TensorInfo* a = l.parsed.find(t.name);
+    const TensorInfo* b = h.find(t.name);
+    ASSERT_NE(a, nullptr) << t.name;
+    ASSERT_NE(b, nullptr) << t.name;
+    EXPECT_EQ(a->begin, b->begin);
+    EXPECT_EQ(b->dtype, t.dtype);
+  }
+}
+
+TEST(Layout, RefusesADuplicateAmongAHundredThousandNamesNamingIt) {
+  std::vector<TensorDescriptor> d;
+  for (size_t i = 0; i < kMany; ++i) d.push_back({many_name(i), DType::kU8, {1}});
+  // Sorted by element size first, so the two are far apart in the layout.
+  d.push_back({many_name(kMany / 2), DType::kF64, {1}});
+  try {
+    layout_file(d, {});
+    FAIL() << "laid out a duplicate name";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(many_name(kMany / 2)), std::string::npos) << e.what();
+  }
+}
+
+TEST(Layout, WritesTheSameHeaderBytesAsBefore) {
+  // The exact text the writer has always produced (compact JSON, metadata
+  // first, then tensors by decreasing element size and name); checksums of
+  // committed checkpoints depend on it.
+  const FileLayout l =
+      layout_file({{"b", DType::kU8, {}}, {"a\"q", DType::kF32, {2, 3}}, {"c", DType::kI64, {0}}},
+                  {{"k", "v"}, {"a", "x\ty"}});
+  const std::string want = R"({"__metadata__":{"a":"x\ty","k":"v"},)"
+                           R"("c":{"dtype":"I64","shape":[0],"data_offsets":[0,0]},)"
+                           R"("a\"q":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                           R"("b":{"dtype":"U8","shape":[],"data_offsets":[24,25]}})";
+  ASSERT_GE(l.header.size(), 8 + want.size());
+  EXPECT_EQ(l.header.substr(8, want.size()), want);
+  EXPECT_EQ(l.header.find_first_not_of(' ', 8 + want.size()), std::string::npos);
+}
+
+TEST(Layout, RefusesANameThatIsNotUtf8) {
+  EXPECT_THROW(layout_file({{"\xff", DType::kU8, {1}}}, {}), Error);
+  EXPECT_THROW(layout_file({}, {{"k", "\xc3"}}), Error);
+}
+
+TEST(Parse, FindWorksOnAHeaderFilledInByHand) {
+  SafetensorsHeader h;
+  h.tensors.push_back({"b", DType::kU8, {1}, 0, 1});
+  h.tensors.push_back({"a", DType::kU8, {1}, 1, 2});
+  ASSERT_NE(h.find("a"), nullptr);  // no index yet: the linear scan
+  EXPECT_EQ(h.find("a")->begin, 1u);
+  h.reindex();
+  ASSERT_EQ(h.by_name.size(), 2u);
+  EXPECT_EQ(h.find("b")->begin, 0u);
+  EXPECT_EQ(h.find("c"), nullptr);
 }
 
 }  // namespace

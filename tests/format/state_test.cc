@@ -5,6 +5,9 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
@@ -309,6 +312,33 @@ TEST(MappedState, RefusesCairnMetadataThatIsNotAJsonObject) {
     EXPECT_EQ(e.code(), ErrorCode::kCorruption);
     EXPECT_NE(std::string(e.what()).find("cairn.metadata"), std::string::npos);
   }
+}
+
+TEST(LoadInto, AHundredThousandTensorsSaveLoadAndMapWithoutQuadraticWork) {
+  // Bounds the per-tensor cost of save, load_into (match_state, the reads)
+  // and the mapped open: with a linear lookup per tensor this takes minutes.
+  // Not timed; it only has to finish.
+  constexpr size_t kMany = 100'000;
+  auto name = [](size_t i) { return fmt::format("m.{:06d}", i); };
+  std::vector<uint8_t> src(kMany);
+  for (size_t i = 0; i < kMany; ++i) src[i] = static_cast<uint8_t>(i * 7);
+  StateDict s;
+  for (size_t i = 0; i < kMany; ++i) s.add<uint8_t>(name(i), {1}, {&src[i], 1});
+  TempDir dir;
+  save_file(s, dir / "many.safetensors");
+
+  std::vector<uint8_t> dst(kMany, 0);
+  StateDict t;
+  for (size_t i = 0; i < kMany; ++i) t.add_mutable<uint8_t>(name(i), {1}, {&dst[i], 1});
+  LoadReport r = load_into(dir / "many.safetensors", t);
+  EXPECT_TRUE(r.consumed()) << r.describe();
+  EXPECT_EQ(r.loaded.size(), kMany);
+  EXPECT_EQ(dst, src);
+
+  MappedState m = MappedState::open(dir / "many.safetensors");
+  EXPECT_EQ(m.header().tensors.size(), kMany);
+  EXPECT_EQ(m.tensor(name(kMany - 1)).bytes[0], std::byte{src[kMany - 1]});
+  EXPECT_EQ(match_state(m.header(), t).loaded.size(), kMany);
 }
 
 }  // namespace
