@@ -196,6 +196,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.out = value();
     } else if (a == "--workload") {
       o.workload_only = true;
+    } else if (a == "--many-tensors") {
+      o.many_tensors = std::stoull(value());
     } else {
       std::cerr << usage;
       std::exit(2);

@@ -104,13 +104,17 @@ Measurement measure(std::string name, std::string what, uint64_t bytes, int runs
   return m;
 }
 
-// Common command line: --size-mib N --runs N --dir PATH --out FILE.
+// Common command line: --size-mib N --runs N --dir PATH --out FILE
+// [--many-tensors N].
 struct Options {
   uint64_t size_mib = 2048;
   int runs = 3;
   std::filesystem::path dir = ".";
   std::string out;  // JSON output file; empty = stdout
   bool workload_only = false;
+  // --many-tensors N: instead of the transformer workload, N float32 tensors
+  // of 4 KiB against the same bytes in 10 tensors (cairn_bench only).
+  uint64_t many_tensors = 0;
 };
 Options parse_options(int argc, char** argv, const char* usage);
 

@@ -2,14 +2,19 @@
 //
 //   cairn_bench --size-mib N --runs N --dir DIR [--out FILE]
 //   cairn_bench --size-mib N --workload      (prints the workload as JSON)
+//   cairn_bench --many-tensors N --runs N --dir DIR [--out FILE]
+//                                            (tensor-count scaling, below)
 //
 // Run 0 of each measurement is the first run in this process (fresh memory
 // where the operation allocates); later runs are steady state. See
 // docs/benchmarks.md for what each figure means.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "bench_util.h"
 
@@ -169,13 +174,124 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
   std::filesystem::remove_all(exp);
 }
 
+// ---- tensor-count scaling: N tensors of 4 KiB vs the same bytes in 10 ----
+//
+// Per-tensor costs (header parsing, name lookups, layout) must stay small next
+// to the bytes moved: each operation is timed on N float32 tensors of 4 KiB
+// and on the same bytes in 10 tensors, in the same process, and reported as
+// the ratio of the medians (target: within 2x).
+
+std::vector<cb::TensorSpec> even_split(uint64_t total_floats, uint64_t count, const char* prefix) {
+  std::vector<cb::TensorSpec> out;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t n = total_floats / count + (i + 1 == count ? total_floats % count : 0);
+    out.push_back({fmt::format("{}.{:07d}", prefix, i), {static_cast<int64_t>(n)}});
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Times save, cold load_into, cold mapped open + read, and the async save's
+// stall for one layout of the state; names are prefixed with `tag`.
+std::vector<cb::Measurement> bench_layout(const cb::Options& opts, const std::string& tag,
+                                          const std::vector<cb::TensorSpec>& specs,
+                                          std::string& cache_drop) {
+  const uint64_t bytes = cb::total_bytes(specs);
+  const auto state = cb::make_state(specs, 1);
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto path = opts.dir / (tag + ".safetensors");
+  std::vector<cb::Measurement> out;
+  out.push_back(cb::measure(
+      tag + ".save", "save_file (durable)", bytes, opts.runs,
+      [&](int) {
+        std::filesystem::remove(path);
+        cb::sync_all();
+      },
+      [&](int) { cairn::save_file(sd, path); }));
+  auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
+  {
+    std::vector<cb::FloatBuffer> dst;
+    for (const auto& s : specs) {
+      dst.emplace_back(s.numel());
+      std::memset(dst.back().data(), 0, s.bytes());
+    }
+    cairn::StateDict target = view_state(specs, dst);
+    out.push_back(cb::measure(tag + ".load_copy", "load_into preallocated buffers, cold cache",
+                              bytes, opts.runs, cold,
+                              [&](int) { cairn::load_into(path, target); }));
+    check_same(specs, state, dst, "load_into");
+  }
+  {
+    uint64_t sum = 0;
+    out.push_back(cb::measure(tag + ".load_mmap",
+                              "MappedState::open + read every tensor by name, cold cache", bytes,
+                              opts.runs, cold, [&](int) {
+                                cairn::MappedState m = cairn::MappedState::open(path);
+                                sum = 0;
+                                for (const auto& s : specs)
+                                  sum += cb::touch_all(m.tensor(s.name).bytes);
+                              }));
+    (void)sum;
+  }
+  std::filesystem::remove(path);
+  const auto exp = opts.dir / (tag + "-exp");
+  {
+    cairn::StateCheckpointOptions o;
+    o.max_to_keep = 1;
+    cairn::StateCheckpointManager mgr(exp.string(), o);
+    cb::Measurement stall{tag + ".async_stall", "save_async until it returns", bytes, {}};
+    for (int run = 0; run < opts.runs; ++run) {
+      cb::sync_all();
+      const double t0 = cb::now_seconds();
+      auto h = mgr.save_async(sd, static_cast<uint64_t>(run));
+      stall.runs_s.push_back(cb::now_seconds() - t0);
+      if (!h) throw std::runtime_error("save_async skipped a save");
+      h->wait();
+    }
+    out.push_back(stall);
+  }
+  std::filesystem::remove_all(exp);
+  return out;
+}
+
+int bench_tensor_count(const cb::Options& opts) {
+  const uint64_t n = opts.many_tensors;
+  const uint64_t floats = n * 1024;  // 4 KiB each
+  const auto many = even_split(floats, n, "many");
+  const auto few = even_split(floats, 10, "few");
+  std::filesystem::create_directories(opts.dir);
+  std::string cache_drop = "none";
+  std::vector<cb::Measurement> results = bench_layout(opts, "many", many, cache_drop);
+  const auto base = bench_layout(opts, "few", few, cache_drop);
+  nlohmann::json ratios = nlohmann::json::object();
+  std::cerr << fmt::format("{} tensors of 4 KiB vs 10 tensors, {} MB, median of {} runs:\n", n,
+                           cb::total_bytes(many) / 1000000, opts.runs);
+  for (size_t i = 0; i < base.size(); ++i) {
+    const double a = median(results[i].runs_s), b = median(base[i].runs_s);
+    const std::string op = base[i].name.substr(base[i].name.find('.') + 1);
+    ratios[op] = b > 0 ? a / b : 0.0;
+    std::cerr << fmt::format("  {:12} {:9.4f} s  vs {:9.4f} s  ratio {:6.2f}\n", op, a, b,
+                             b > 0 ? a / b : 0.0);
+  }
+  results.insert(results.end(), base.begin(), base.end());
+  cb::write_report(opts, "cairn.tensor_count", many, cache_drop, results,
+                   {{"few_tensors", few.size()}, {"ratios", ratios}});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* usage =
-      "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n";
+      "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n"
+      "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n";
   cb::Options opts = cb::parse_options(argc, argv, usage);
   try {
+    if (opts.many_tensors > 0) return bench_tensor_count(opts);
     const auto specs = cb::transformer_workload(opts.size_mib);
     if (opts.workload_only) {
       std::cout << cb::workload_json(specs).dump() << "\n";
