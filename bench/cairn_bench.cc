@@ -64,15 +64,18 @@ void check_same(const std::vector<cb::TensorSpec>& specs, const std::vector<cb::
   }
 }
 
-void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
-                 const std::vector<cb::FloatBuffer>& state, std::string& cache_drop,
-                 std::vector<cb::Measurement>& results) {
+// Times a durable save of `state` to `path`, then cold loads of the file
+// into preallocated buffers and through a mapping, each checked against
+// `state`. Measurement names are "<prefix>.save", ".load_copy", ".load_mmap".
+void measure_save_and_cold_loads(const cb::Options& opts, const std::string& prefix,
+                                 const std::vector<cb::TensorSpec>& specs,
+                                 const std::vector<cb::FloatBuffer>& state,
+                                 const std::filesystem::path& path, std::string& cache_drop,
+                                 std::vector<cb::Measurement>& results) {
   const uint64_t bytes = cb::total_bytes(specs);
   const cairn::StateDict sd = view_state(specs, state);
-  const auto path = opts.dir / "cairn.safetensors";
-
   results.push_back(cb::measure(
-      "cairn.save", "save_file: parallel block writes, fsync file + directory, atomic rename",
+      prefix + ".save", "save_file: parallel block writes, fsync file + directory, atomic rename",
       bytes, opts.runs,
       [&](int) {
         std::filesystem::remove(path);
@@ -80,7 +83,6 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
       },
       [&](int) { cairn::save_file(sd, path); }));
 
-  // Loads of the file just saved, each from a cold page cache.
   auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
   {
     std::vector<cb::FloatBuffer> dst;
@@ -90,8 +92,8 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
     }
     cairn::StateDict target = view_state(specs, dst);
     results.push_back(cb::measure(
-        "cairn.load_copy", "load_into buffers allocated and touched beforehand, cold cache", bytes,
-        opts.runs, cold, [&](int) { cairn::load_into(path, target); }));
+        prefix + ".load_copy", "load_into buffers allocated and touched beforehand, cold cache",
+        bytes, opts.runs, cold, [&](int) { cairn::load_into(path, target); }));
     check_same(specs, state, dst, "load_into");
   }
   {
@@ -100,15 +102,28 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
       expected += cb::touch_all(std::as_bytes(state[i].span()));
     }
     uint64_t sum = 0;
-    results.push_back(cb::measure(
-        "cairn.load_mmap", "MappedState::open, then read every byte of every tensor, cold cache",
-        bytes, opts.runs, cold, [&](int) {
-          cairn::MappedState m = cairn::MappedState::open(path);
-          sum = 0;
-          for (const auto& s : specs) sum += cb::touch_all(m.tensor(s.name).bytes);
-        }));
+    results.push_back(
+        cb::measure(prefix + ".load_mmap",
+                    "MappedState::open, then read every byte of every tensor by name, cold cache",
+                    bytes, opts.runs, cold, [&](int) {
+                      cairn::MappedState m = cairn::MappedState::open(path);
+                      sum = 0;
+                      for (const auto& s : specs) sum += cb::touch_all(m.tensor(s.name).bytes);
+                    }));
     if (sum != expected) throw std::runtime_error("mmap load read different bytes");
   }
+}
+
+void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                 const std::vector<cb::FloatBuffer>& state, std::string& cache_drop,
+                 std::vector<cb::Measurement>& results) {
+  const uint64_t bytes = cb::total_bytes(specs);
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto path = opts.dir / "cairn.safetensors";
+
+  // A save, then loads of the file just saved, each from a cold page cache.
+  measure_save_and_cold_loads(opts, "cairn", specs, state, path, cache_drop, results);
+  auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
   {
     std::vector<cb::FloatBuffer> last;
     results.push_back(cb::measure(
@@ -205,38 +220,7 @@ std::vector<cb::Measurement> bench_layout(const cb::Options& opts, const std::st
   const cairn::StateDict sd = view_state(specs, state);
   const auto path = opts.dir / (tag + ".safetensors");
   std::vector<cb::Measurement> out;
-  out.push_back(cb::measure(
-      tag + ".save", "save_file (durable)", bytes, opts.runs,
-      [&](int) {
-        std::filesystem::remove(path);
-        cb::sync_all();
-      },
-      [&](int) { cairn::save_file(sd, path); }));
-  auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
-  {
-    std::vector<cb::FloatBuffer> dst;
-    for (const auto& s : specs) {
-      dst.emplace_back(s.numel());
-      std::memset(dst.back().data(), 0, s.bytes());
-    }
-    cairn::StateDict target = view_state(specs, dst);
-    out.push_back(cb::measure(tag + ".load_copy", "load_into preallocated buffers, cold cache",
-                              bytes, opts.runs, cold,
-                              [&](int) { cairn::load_into(path, target); }));
-    check_same(specs, state, dst, "load_into");
-  }
-  {
-    uint64_t sum = 0;
-    out.push_back(cb::measure(tag + ".load_mmap",
-                              "MappedState::open + read every tensor by name, cold cache", bytes,
-                              opts.runs, cold, [&](int) {
-                                cairn::MappedState m = cairn::MappedState::open(path);
-                                sum = 0;
-                                for (const auto& s : specs)
-                                  sum += cb::touch_all(m.tensor(s.name).bytes);
-                              }));
-    (void)sum;
-  }
+  measure_save_and_cold_loads(opts, tag, specs, state, path, cache_drop, out);
   std::filesystem::remove(path);
   const auto exp = opts.dir / (tag + "-exp");
   {
