@@ -46,7 +46,8 @@ LocalDirectory Checkpoint::as_directory() const {
     view.path_ = *local;
     return view;
   }
-  check_root_exists(*storage_);
+  // A source that does not exist fails in to_directory(), during the
+  // download: an empty listing never gets a complete view.
   view.owner_ = acquire_shared_view(*this, view.path_);
   return view;
 }

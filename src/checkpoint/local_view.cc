@@ -135,7 +135,12 @@ std::shared_ptr<void> acquire_shared_view(const Checkpoint& checkpoint, fs::path
     std::error_code ec;
     if (!fs::exists(p.done, ec)) {
       fs::remove_all(p.dir, ec);  // ignore-error: a partial download; to_directory needs it empty
-      checkpoint.to_directory(p.dir);
+      try {
+        checkpoint.to_directory(p.dir);
+      } catch (...) {
+        remove_view(p);  // no view without B.done has users; leave nothing behind
+        throw;
+      }
       UniqueFd marker = open_file(p.done, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC);
       marker.close(p.done.string());
     }

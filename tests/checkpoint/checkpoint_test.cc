@@ -214,10 +214,13 @@ TEST(Checkpoint, AViewInUseIsNeverSweptByGc) {
 }
 
 TEST(Checkpoint, ViewsAndCopiesOfASourceThatDoesNotExistAreNotFound) {
-  TempDir dir;
+  TempDir dir, cache;
+  setenv("CAIRN_CACHE_DIR", cache.str().c_str(), 1);
   clear_memory_bucket("nothing");
   error_message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").as_directory(); },
                    ErrorCode::kNotFound);
+  EXPECT_TRUE(fs::is_empty(cache.path())) << "a failed view leaves nothing in the cache";
+  unsetenv("CAIRN_CACHE_DIR");
   error_message_of([&] { (void)Checkpoint::from_directory("memory://nothing/x").to_directory(); },
                    ErrorCode::kNotFound);
   std::string msg = error_message_of(
