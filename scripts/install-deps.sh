@@ -8,6 +8,10 @@ packages=(
   build-essential g++ cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
   # libraries (see README, "Dependencies")
   libgtest-dev libgmock-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libxxhash-dev
+  # S3 backend: HTTP transport, SigV4 hashing, XML responses
+  libcurl4-openssl-dev libssl-dev libpugixml-dev
+  # S3 tests and benchmarks: the SigV4 oracle, aws-cli and rclone to measure against
+  python3-botocore awscli rclone
   # LibTorch adapter, torch baselines and interop tests
   libtorch-dev python3 python3-numpy python3-torch
   # benchmarks and multi-node runtime
@@ -19,16 +23,23 @@ packages=(
   dpkg-dev file binutils ccache
 )
 
+# Node.js and npm run the S3 server the tests start (s3rver, installed below
+# from npm). A machine that already has a Node.js with its own npm (NodeSource
+# packages conflict with Debian's npm) keeps it.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO=sudo
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The pinned S3 server (tests/support/s3rver), into a cache folder.
+bash "$(dirname "$0")/install-s3rver.sh" >/dev/null
