@@ -7,7 +7,7 @@
 namespace cairn {
 
 ManifestEntry stream_object(Storage& src, std::string_view key, Writer* dst) {
-  constexpr uint64_t kBlock = 8 << 20;
+  const uint64_t kBlock = src.preferred_read_size();
   auto reader = src.open_reader(key);
   const uint64_t size = reader->size();
   // Reused per thread: first touch of fresh pages is slow on virtual

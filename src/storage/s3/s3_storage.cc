@@ -547,16 +547,18 @@ std::string process_start_time(long pid) {
 }
 
 Holder this_process() {
-  static const Holder self = [] {
-    Holder h;
+  // Computed per process: a forked child must not claim its parent's pid.
+  static std::mutex mu;
+  static Holder self;
+  std::lock_guard<std::mutex> g(mu);
+  if (self.pid != static_cast<long>(::getpid())) {
     char name[256] = {};
     gethostname(name, sizeof(name) - 1);
-    h.host = name;
-    h.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
-    h.pid = static_cast<long>(::getpid());
-    h.start_time = process_start_time(h.pid);
-    return h;
-  }();
+    self.host = name;
+    self.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+    self.pid = static_cast<long>(::getpid());
+    self.start_time = process_start_time(self.pid);
+  }
   return self;
 }
 
@@ -876,6 +878,11 @@ class S3Storage final : public Storage {
 
   std::optional<std::filesystem::path> local_path(std::string_view) const override {
     return std::nullopt;
+  }
+
+  uint64_t preferred_read_size() const override {
+    const auto& o = ctx_->client->options();
+    return std::min<uint64_t>(o.part_size * static_cast<uint64_t>(o.concurrency), 256ull << 20);
   }
 
  private:

@@ -1,0 +1,260 @@
+// Everything that takes a path or URI, with s3:// storage: the manager and
+// its retention, views of remote checkpoints shared between processes, the
+// state engine, the Trainer (workers uploading straight to S3, a worker
+// failure, a killed driver and restore) and the CLI.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cairn/checkpoint.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "cairn/state_manager.h"
+#include "cairn/train.h"
+#include "cli/commands.h"
+#include "support/s3_server.h"
+#include "support/temp_dir.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::S3Server;
+using testing::TempDir;
+
+void write_file(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Views go to a cache folder of the test's own.
+class S3EndToEnd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root = S3Server::instance().fresh_uri("e2e");
+    ::setenv("CAIRN_CACHE_DIR", (cache.path() / "views").c_str(), 1);
+  }
+  void TearDown() override { ::unsetenv("CAIRN_CACHE_DIR"); }
+
+  TempDir cache;
+  std::string root;
+};
+
+TEST_F(S3EndToEnd, ManagerKeepsTheBestKAndAReopenedManagerSeesTheSameHistory) {
+  TempDir src;
+  const std::string exp = root + "/exp";
+  CheckpointConfig config;
+  config.num_to_keep = 2;
+  config.checkpoint_score_attribute = "acc";
+  {
+    CheckpointManager m(exp, config);
+    for (int i = 0; i < 5; ++i) {
+      fs::path d = src.path() / std::to_string(i);
+      write_file(d / "model.bin", std::string(300'000 + i, static_cast<char>('a' + i)));
+      write_file(d / "sub/opt.bin", std::to_string(i));
+      m.register_checkpoint({{"acc", i % 3}}, Checkpoint::from_directory(d.string()));
+    }
+    std::vector<std::string> best;
+    for (const auto& r : m.best()) best.push_back(r.name);
+    EXPECT_EQ(best, (std::vector<std::string>{"checkpoint_000002", "checkpoint_000004"}));
+  }
+  CheckpointManager again(exp, config);
+  ASSERT_EQ(again.best().size(), 2u);
+  ASSERT_TRUE(again.latest());
+  EXPECT_EQ(again.latest()->name, "checkpoint_000004");
+  EXPECT_TRUE(again.latest()->checkpoint.verify().empty());
+  // Retention removed the others' objects, not just their manifests.
+  auto storage = open_storage(exp);
+  EXPECT_TRUE(storage->list("checkpoint_000000").empty());
+  EXPECT_TRUE(storage->list("checkpoint_000003").empty());
+  fs::path view = again.latest()->checkpoint.to_directory(src.path() / "copy");
+  EXPECT_EQ(slurp(view / "model.bin"), std::string(300'004, 'e'));
+}
+
+TEST_F(S3EndToEnd, ManyProcessesAskingForOneViewGetOneDownloadWhichGoesWithTheLastUser) {
+  TempDir src;
+  write_file(src.path() / "w.bin", std::string(1'000'000, 'w'));
+  CheckpointManager m(root + "/exp", {});
+  auto rec = m.register_checkpoint({}, Checkpoint::from_directory(src.str()));
+  const std::string uri = rec.checkpoint.uri();
+  constexpr int kProcs = 4;
+  std::vector<pid_t> kids;
+  for (int i = 0; i < kProcs; ++i) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      bool ok = false;
+      {
+        auto dir = Checkpoint::from_directory(uri).as_directory();
+        ok = slurp(dir.path() / "w.bin") == std::string(1'000'000, 'w');
+        write_file(src.path() / fmt::format("seen-{}", i), dir.path().string());
+      }
+      ::_exit(ok ? 0 : 1);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  // Every process was handed a local copy under the cache; all are gone now.
+  for (int i = 0; i < kProcs; ++i) {
+    std::string seen = slurp(src.path() / fmt::format("seen-{}", i));
+    EXPECT_EQ(seen.rfind((cache.path() / "views").string(), 0), 0u) << seen;
+  }
+  size_t left = 0;
+  for (const auto& e : fs::directory_iterator(cache.path() / "views")) {
+    (void)e;
+    ++left;
+  }
+  EXPECT_EQ(left, 0u) << "views outlived their users";
+}
+
+TEST_F(S3EndToEnd, StateManagerSavesAndRestoresTensorsOnS3) {
+  std::vector<float> w(200'000);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
+  std::vector<int64_t> step(1, 9);
+  auto state = [&] {
+    StateDict s;
+    s.add_mutable<float>("layer/w", {400, 500}, w);
+    s.add_mutable<int64_t>("step", {}, step);
+    return s;
+  };
+  StateCheckpointOptions o;
+  o.max_to_keep = 2;
+  {
+    StateCheckpointManager m(root + "/state", o);
+    for (uint64_t s = 1; s <= 3; ++s) m.save(state(), s * 10, {{"loss", 1.0 / s}});
+    m.wait();
+    EXPECT_EQ(m.checkpoints().size(), 2u);
+  }
+  std::vector<float> saved = w;
+  std::fill(w.begin(), w.end(), 0.0f);
+  step[0] = 0;
+  StateDict target = state();
+  StateCheckpointManager reopened(root + "/state", o);
+  RestoreResult r = reopened.restore(target);
+  EXPECT_EQ(r.step, 30u);
+  EXPECT_EQ(w, saved);
+  EXPECT_EQ(step[0], 9);
+}
+
+void epoch_loop(const nlohmann::json& config) {
+  int start = 0;
+  if (auto ckpt = train::get_checkpoint()) {
+    start = std::stoi(slurp(ckpt->as_directory().path() / "epoch.txt")) + 1;
+  }
+  const auto& ctx = train::get_context();
+  for (int epoch = start; epoch < config.at("epochs").get<int>(); ++epoch) {
+    if (config.value("fail_at_epoch", -1) == epoch && ctx.attempt == 0 && ctx.world_rank == 1) {
+      throw std::runtime_error("intentional error");
+    }
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", ctx.world_rank),
+               std::string(200'000, static_cast<char>('0' + ctx.world_rank)));
+    if (ctx.world_rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    if (config.value("sleep_ms", 0) > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(config["sleep_ms"].get<int>()));
+    }
+    train::report({{"epoch", epoch}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST_F(S3EndToEnd, TrainerRanksUploadToS3AndAFailedWorkerRestartsFromTheLatestCheckpoint) {
+  RunConfig run;
+  run.name = "fit";
+  run.storage_path = root;
+  run.failure_config.max_failures = 1;
+  run.checkpoint_config.num_to_keep = 2;
+  Result r = Trainer(epoch_loop, {{"epochs", 4}, {"fail_at_epoch", 2}},
+                     ScalingConfig{.num_workers = 2}, run)
+                 .fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  EXPECT_EQ(r.metrics["epoch"], 3);
+  ASSERT_TRUE(r.checkpoint);
+  EXPECT_EQ(r.checkpoint->uri(), root + "/fit/checkpoint_000003");
+  std::vector<std::string> names;
+  for (const auto& f : r.checkpoint->manifest().files) names.push_back(f.path);
+  EXPECT_EQ(names, (std::vector<std::string>{"epoch.txt", "shard-0.bin", "shard-1.bin"}));
+  EXPECT_TRUE(r.checkpoint->verify().empty());
+  ExperimentListing listing = read_experiment(root + "/fit");
+  EXPECT_EQ(listing.checkpoints.size(), 2u);
+}
+
+TEST_F(S3EndToEnd, AKilledDriverIsRestoredFromS3AndContinues) {
+  RunConfig run;
+  run.name = "killed";
+  run.storage_path = root;
+  const std::string exp = root + "/killed";
+  pid_t driver = ::fork();
+  if (driver == 0) {
+    Trainer(epoch_loop, {{"epochs", 200}, {"sleep_ms", 100}}, ScalingConfig{.num_workers = 2}, run)
+        .fit();
+    ::_exit(0);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t committed = 0;
+  while (std::chrono::steady_clock::now() < deadline && committed < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    try {
+      committed = read_experiment(exp).checkpoints.size();
+    } catch (const Error&) {  // not created yet
+    }
+  }
+  ASSERT_EQ(::kill(driver, SIGKILL), 0);
+  ::waitpid(driver, nullptr, 0);
+  ASSERT_GE(committed, 2u) << "the driver made no progress";
+  ASSERT_TRUE(Trainer::can_restore(exp));
+  ExperimentListing before = read_experiment(exp);
+  const int last = std::stoi(Checkpoint::from_directory(before.checkpoints.back().checkpoint.uri())
+                                 .storage()
+                                 .get("epoch.txt"));
+  Result r =
+      Trainer::restore(exp, epoch_loop, nlohmann::json::object({{"epochs", last + 3}})).fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  EXPECT_EQ(r.metrics["epoch"], last + 2);
+  for (const auto& c : read_experiment(exp).checkpoints) EXPECT_TRUE(c.checkpoint.verify().empty());
+}
+
+TEST_F(S3EndToEnd, CliListsVerifiesAndCleansAnExperimentOnS3) {
+  TempDir src;
+  write_file(src.path() / "a.bin", "aaaa");
+  const std::string exp = root + "/cli";
+  {
+    CheckpointManager m(exp, {});
+    m.register_checkpoint({{"loss", 1}}, Checkpoint::from_directory(src.str()));
+    m.register_checkpoint({{"loss", 2}}, Checkpoint::from_directory(src.str()));
+  }
+  // A leftover: files of a save that never committed.
+  open_storage(exp)->put("checkpoint_000007/a.bin", "partial");
+  auto ls = cli::collect_ls(exp);
+  ASSERT_EQ(ls.experiments.size(), 1u);
+  EXPECT_EQ(ls.experiments[0].checkpoints.size(), 3u);
+  auto verify = cli::collect_verify(exp);
+  EXPECT_TRUE(verify.problems.empty());
+  open_storage(exp)->put("checkpoint_000001/a.bin", "tampered");
+  EXPECT_FALSE(cli::collect_verify(exp).problems.empty());
+  auto dry = cli::collect_gc(exp, /*dry_run=*/true);
+  EXPECT_FALSE(dry.removed.empty());
+  EXPECT_TRUE(open_storage(exp)->exists("checkpoint_000007/a.bin"));
+  cli::collect_gc(exp, /*dry_run=*/false);
+  EXPECT_FALSE(open_storage(exp)->exists("checkpoint_000007/a.bin"));
+  EXPECT_TRUE(open_storage(exp)->exists("checkpoint_000000/a.bin"));
+}
+
+}  // namespace
+}  // namespace cairn
