@@ -69,8 +69,9 @@ namespace cairn {
 enum class TransferKind { kCheckpoint, kExperiment };
 
 struct TransferProgress {
-  uint64_t bytes_done = 0;   // copied or found already in place, so far
-  uint64_t bytes_total = 0;  // of everything to be copied (known before the first byte)
+  uint64_t bytes_done = 0;     // copied or found already in place, so far
+  uint64_t bytes_total = 0;    // of everything to be copied (known before the first byte)
+  uint64_t bytes_skipped = 0;  // of bytes_done, found already in place (not transferred)
   uint64_t files_done = 0;
   uint64_t files_total = 0;
   // Set when a file has just been finished: its destination URI, and whether

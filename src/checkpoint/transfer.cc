@@ -75,7 +75,10 @@ class ProgressSink {
   // `skipped`: found in place, its bytes were not counted by chunk_done().
   void file_done(std::string uri, uint64_t size, bool skipped) {
     std::lock_guard<std::mutex> g(mu_);
-    if (skipped) state_.bytes_done += size;
+    if (skipped) {
+      state_.bytes_done += size;
+      state_.bytes_skipped += size;
+    }
     ++state_.files_done;
     state_.file = std::move(uri);
     state_.skipped = skipped;
