@@ -154,7 +154,13 @@ TEST_F(TransferTest, AResumedCopySkipsTheFilesAnInterruptedOneCompleted) {
   EXPECT_FALSE(dst.storage().exists("c.bin"));
 
   set_memory_faults("xfer-dst", {});
-  TransferReport r = copy_checkpoint(src.uri(), dst.uri());
+  TransferProgress last;
+  TransferOptions options;
+  options.progress = [&](const TransferProgress& p) { last = p; };
+  TransferReport r = copy_checkpoint(src.uri(), dst.uri(), options);
+  EXPECT_EQ(last.bytes_skipped, 2000u);
+  EXPECT_EQ(last.bytes_done, 4000u);
+  EXPECT_EQ(last.files_done, 4u);
   EXPECT_EQ(r.files_skipped, 2u);
   EXPECT_EQ(r.bytes_skipped, 2000u);
   EXPECT_EQ(r.files_copied, 2u);
