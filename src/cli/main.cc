@@ -1,4 +1,4 @@
-// The `cairn` command: list, inspect, verify and clean checkpoints.
+// The `cairn` command: list, inspect, verify, clean and copy checkpoints.
 // Usage and the --json schema: docs/cli.md. Exit codes: cli/exit_codes.h.
 #include <cstdio>
 #include <exception>
@@ -11,6 +11,7 @@
 #include "cairn/error.h"
 #include "cairn/version.h"
 #include "cli/commands.h"
+#include "cli/cp.h"
 #include "cli/exit_codes.h"
 #include "cli/views.h"
 
@@ -39,7 +40,7 @@ void print(const View& view, bool json) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"cairn: list, inspect, verify and clean Cairn checkpoints", "cairn"};
+  CLI::App app{"cairn: list, inspect, verify, clean and copy Cairn checkpoints", "cairn"};
   app.require_subcommand(1);
   app.footer(kFooter);
   app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING,
@@ -74,7 +75,25 @@ int main(int argc, char** argv) {
   gc->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
   gc->add_option("PATH", path, kRootHelp)->required();
 
-  for (CLI::App* sub : {ls, show, verify, gc}) sub->footer(kFooter);
+  int jobs = 8;
+  bool no_progress = false;
+  std::string destination;
+  CLI::App* cp = app.add_subcommand(
+      "cp",
+      "Copy a committed checkpoint, or an experiment's committed checkpoints and history, "
+      "between any two storages; verified, manifest last, resumable (a re-run skips files "
+      "already in place)");
+  cp->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
+  cp->add_option("--jobs,-j", jobs, "Parallel reads and writes (default 8)")
+      ->check(CLI::Range(1, 1024));
+  cp->add_flag("--no-progress", no_progress, "Do not report progress on stderr");
+  cp->add_option("SRC", path, "a committed checkpoint or an experiment (a path or URI)")
+      ->required();
+  cp->add_option("DST", destination,
+                 "where the checkpoint or experiment goes (a path or URI; it becomes the copy)")
+      ->required();
+
+  for (CLI::App* sub : {ls, show, verify, gc, cp}) sub->footer(kFooter);
 
   try {
     app.parse(argc, argv);
@@ -82,7 +101,7 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::string message = e.what();
     if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') {
-      message = fmt::format("unknown command \"{}\" (commands: ls, show, verify, gc)", argv[1]);
+      message = fmt::format("unknown command \"{}\" (commands: ls, show, verify, gc, cp)", argv[1]);
     }
     std::cerr << error_line(message + " (run `cairn --help` for usage)") << '\n';
     return kExitUsage;
@@ -103,6 +122,10 @@ int main(int argc, char** argv) {
       return view.ok() ? kExitOk : kExitProblems;
     } else if (gc->parsed()) {
       print(collect_gc(path, dry_run), json);
+    } else if (cp->parsed()) {
+      cairn::TransferReport report = run_cp(path, destination, jobs, !no_progress);
+      std::cout << (json ? render_json(cp_to_json(report)) : render_text(cp_to_text(report)));
+      std::cout.flush();
     }
     return kExitOk;
   } catch (const cairn::Error& e) {

@@ -526,7 +526,7 @@ TEST_F(CliTest, BadCommandLinesAreUsageErrorsOnOneLine) {
 TEST_F(CliTest, HelpOfEveryCommandDescribesItAndExitsZero) {
   ProcessResult top = cairn({"--help"});
   EXPECT_EQ(top.exit_code, 0);
-  for (std::string command : {"ls", "show", "verify", "gc"}) {
+  for (std::string command : {"ls", "show", "verify", "gc", "cp"}) {
     SCOPED_TRACE(command);
     EXPECT_NE(top.out.find(command), std::string::npos) << top.out;
     ProcessResult r = cairn({command, "--help"});
@@ -536,6 +536,95 @@ TEST_F(CliTest, HelpOfEveryCommandDescribesItAndExitsZero) {
   }
   EXPECT_NE(cairn({"gc", "--help"}).out.find("--dry-run"), std::string::npos);
   EXPECT_NE(cairn({"ls", "--help"}).out.find("--json"), std::string::npos);
+}
+
+// ---- cp -------------------------------------------------------------------
+
+TEST_F(CliTest, CpCopiesAnExperimentAndPrintsOneJsonResult) {
+  make_experiment("exp", 3);
+  make_leftover("exp", 3);
+  const std::string dst = (root_ / "copies/exp").string();
+  ProcessResult r =
+      cairn({"cp", "--json", "--no-progress", "--jobs", "3", (root_ / "exp").string(), dst});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["schema_version"], 1);
+  EXPECT_EQ(j["command"], "cp");
+  EXPECT_EQ(j["kind"], "experiment");
+  EXPECT_EQ(j["destination"], uri_of(dst));
+  EXPECT_EQ(j["files_copied"], 6);
+  EXPECT_EQ(j["bytes_copied"], 3 * (kModel.size() + kOptimizer.size()));
+  EXPECT_EQ(j["files_skipped"], 0);
+  EXPECT_EQ(j["checkpoints_copied"].size(), 3u);
+  ASSERT_EQ(j["uncommitted_skipped"].size(), 1u);
+  EXPECT_EQ(j["uncommitted_skipped"][0], uri_of(checkpoint_dir("exp", 3)));
+  EXPECT_TRUE(j["seconds"].is_number());
+  EXPECT_FALSE(fs::exists(fs::path(dst) / checkpoint_name(3)));
+  EXPECT_EQ(cairn({"verify", dst}).exit_code, 0);
+  EXPECT_EQ(testing::read_text(fs::path(dst) / "checkpoint_manager.json"),
+            testing::read_text(root_ / "exp/checkpoint_manager.json"));
+
+  ProcessResult again = cairn({"cp", "--json", "--no-progress", (root_ / "exp").string(), dst});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  json k = json::parse(again.out);
+  EXPECT_EQ(k["files_copied"], 0);
+  EXPECT_EQ(k["files_skipped"], 6);
+  EXPECT_EQ(k["checkpoints_unchanged"].size(), 3u);
+}
+
+TEST_F(CliTest, CpReportsProgressAsLinesWhenStderrIsNotATerminal) {
+  make_experiment("exp", 1);
+  const std::string dst = (root_ / "one").string();
+  ProcessResult r = cairn({"cp", checkpoint_dir("exp", 0).string(), dst});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;  // no bar outside a terminal
+  EXPECT_EQ(r.err.find("\x1b"), std::string::npos) << r.err;
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < r.err.size();) {
+    size_t end = r.err.find('\n', at);
+    ASSERT_NE(end, std::string::npos) << r.err;
+    lines.push_back(r.err.substr(at, end - at));
+    at = end + 1;
+  }
+  for (const auto& line : lines) EXPECT_EQ(line.rfind("cp: ", 0), 0u) << line;
+  EXPECT_EQ(lines.back().rfind("cp: 100% ", 0), 0u) << lines.back();
+  EXPECT_NE(lines.back().find("2/2 files"), std::string::npos) << lines.back();
+  EXPECT_NE(r.out.find("cp: copied 2 files"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(uri_of(dst)), std::string::npos) << r.out;
+  EXPECT_EQ(cairn({"verify", dst}).exit_code, 0);
+
+  ProcessResult quiet = cairn({"cp", "--no-progress", checkpoint_dir("exp", 0).string(), dst});
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_TRUE(quiet.err.empty()) << quiet.err;
+  EXPECT_NE(quiet.out.find("skipped 2 files"), std::string::npos) << quiet.out;
+}
+
+TEST_F(CliTest, CpRefusesUncommittedSourcesAndCommittedDestinationsOnOneLine) {
+  make_experiment("exp", 2);
+  const fs::path leftover = make_leftover("exp", 2);
+  ProcessResult uncommitted =
+      cairn({"cp", "--no-progress", leftover.string(), (root_ / "dst").string()});
+  EXPECT_EQ(uncommitted.exit_code, 5);
+  expect_one_line_error(uncommitted, leftover.string());
+  EXPECT_FALSE(fs::exists(root_ / "dst"));
+
+  const std::string other = checkpoint_dir("exp", 1).string();
+  const std::string manifest_before =
+      testing::read_text(checkpoint_dir("exp", 1) / ".cairn/manifest.json");
+  ProcessResult taken = cairn({"cp", "--no-progress", checkpoint_dir("exp", 0).string(), other});
+  EXPECT_EQ(taken.exit_code, 5);
+  expect_one_line_error(taken, other);
+  EXPECT_EQ(testing::read_text(checkpoint_dir("exp", 1) / ".cairn/manifest.json"), manifest_before);
+
+  ProcessResult missing = cairn({"cp", (root_ / "nope").string(), (root_ / "dst").string()});
+  EXPECT_EQ(missing.exit_code, 3);
+  expect_one_line_error(missing, (root_ / "nope").string());
+
+  ProcessResult bad_jobs = cairn({"cp", "--jobs", "0", other, (root_ / "dst").string()});
+  EXPECT_EQ(bad_jobs.exit_code, 2);
+  expect_one_line_error(bad_jobs, "--jobs");
 }
 
 }  // namespace

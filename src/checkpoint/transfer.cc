@@ -1,0 +1,745 @@
+// Copying checkpoints and experiments between storages (cairn/transfer.h).
+//
+// The order of writes is what makes an interrupted or failed copy harmless.
+// For one checkpoint:
+//   1. The source must be committed; its manifest's bytes are read once and
+//      are the copy's contract for the whole run.
+//   2. The destination is either committed (identical manifest: nothing to
+//      do; different: refused before anything is written) or an uncommitted
+//      location whose files are all named by the manifest (an earlier attempt
+//      of this copy). Anything else there is refused.
+//   3. Files already present with the manifest's size are hashed in place;
+//      those that match are kept (resume).
+//   4. Every other file is copied in ranged chunks by `jobs` threads; the
+//      chunks of a file are hashed in order as they are read and the file is
+//      committed only if its size and XXH3 match the manifest.
+//   5. Every copied file is read back from the destination and checked again.
+//   6. Metadata, then the manifest (the source's bytes) are written, last:
+//      only now is the destination a committed checkpoint.
+// For an experiment: take the destination's lock, copy each committed
+// checkpoint as above in index order, then the experiment's other files, then
+// the history, last, once every checkpoint it names is committed there.
+#include "cairn/transfer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cairn/checkpoint.h"
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "cairn/storage.h"
+#include "util/hash.h"
+#include "util/json.h"
+
+namespace cairn {
+
+namespace {
+
+constexpr std::string_view kLockKey = ".cairn.lock";
+constexpr std::string_view kHistoryKey = "checkpoint_manager.json";
+// Re-reads of a live source's history before giving up; see copy_history().
+constexpr int kHistoryRounds = 4;
+
+double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Counts for TransferProgress and calls the callback, one call at a time.
+class ProgressSink {
+ public:
+  explicit ProgressSink(const TransferOptions& options) : callback_(options.progress) {}
+
+  void add_total(uint64_t bytes, uint64_t files) {
+    std::lock_guard<std::mutex> g(mu_);
+    state_.bytes_total += bytes;
+    state_.files_total += files;
+  }
+  void chunk_done(uint64_t bytes) {
+    std::lock_guard<std::mutex> g(mu_);
+    state_.bytes_done += bytes;
+    state_.file.clear();
+    state_.skipped = false;
+    emit();
+  }
+  // `skipped`: found in place, its bytes were not counted by chunk_done().
+  void file_done(std::string uri, uint64_t size, bool skipped) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (skipped) {
+      state_.bytes_done += size;
+      state_.bytes_skipped += size;
+    }
+    ++state_.files_done;
+    state_.file = std::move(uri);
+    state_.skipped = skipped;
+    emit();
+  }
+  // A planned file that will not be copied after all (its checkpoint left
+  // the source during the copy).
+  void drop(uint64_t bytes, uint64_t files) {
+    std::lock_guard<std::mutex> g(mu_);
+    state_.bytes_total -= std::min(bytes, state_.bytes_total);
+    state_.files_total -= std::min(files, state_.files_total);
+  }
+
+ private:
+  void emit() {
+    if (callback_) callback_(state_);
+  }
+  std::function<void(const TransferProgress&)> callback_;
+  std::mutex mu_;
+  TransferProgress state_;
+};
+
+// What one pass over a list of files does with each.
+enum class Pass {
+  kHash,    // read from `from` and record the size and checksum in `want`
+  kProbe,   // read from `from` (the destination): does it match `want`?
+  kCopy,    // read from `from`, write to `to`; must match `want`
+  kVerify,  // read back from `from` (the destination); must match `want`
+};
+
+struct Item {
+  ManifestEntry want;
+  bool matched = false;  // kProbe: found in place with the expected size and checksum
+};
+
+// One file's chunks, shared by the threads that copy them. The chunks are
+// read and written in parallel but hashed in order (XXH3 is a stream), each
+// thread waiting for its predecessor: a thread holds one chunk, so memory
+// stays within jobs x chunk_size.
+struct FileState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool opened = false;
+  bool abandoned = false;  // kProbe: not in place; or the file failed
+  uint64_t chunks = 0;
+  uint64_t next_to_hash = 0;
+  std::unique_ptr<Reader> reader;
+  std::unique_ptr<Writer> writer;
+  Hasher hasher;
+};
+
+class FilePass {
+ public:
+  FilePass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
+           const TransferOptions& options, ProgressSink* progress)
+      : pass_(pass),
+        from_(from),
+        to_(to),
+        items_(items),
+        chunk_size_(options.chunk_size),
+        jobs_(static_cast<size_t>(options.jobs)),
+        progress_(progress),
+        states_(items.size()) {}
+
+  void run() {
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const uint64_t size = items_[i].want.size;
+      states_[i].chunks = std::max<uint64_t>(1, (size + chunk_size_ - 1) / chunk_size_);
+      for (uint64_t c = 0; c < states_[i].chunks; ++c) tasks_.push_back({i, c});
+    }
+    const size_t threads = std::min(jobs_, tasks_.size());
+    if (threads == 0) return;
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back([this] { work(); });
+    work();
+    for (auto& t : pool) t.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Task {
+    size_t item;
+    uint64_t chunk;
+  };
+
+  void work() {
+    std::vector<std::byte> buf;
+    try {
+      while (!stop_.load()) {
+        const size_t t = next_.fetch_add(1);
+        if (t >= tasks_.size()) return;
+        step(tasks_[t], buf);
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  void step(const Task& task, std::vector<std::byte>& buf) {
+    Item& item = items_[task.item];
+    FileState& f = states_[task.item];
+    const uint64_t offset = task.chunk * chunk_size_;
+    const uint64_t length = std::min(chunk_size_, item.want.size - offset);
+    {
+      std::lock_guard<std::mutex> g(f.mu);
+      if (f.abandoned) return;
+      if (!f.opened) {
+        f.opened = true;
+        try {
+          if (!open(item, f)) {
+            abandon(f);
+            return;
+          }
+        } catch (...) {
+          f.abandoned = true;
+          throw;
+        }
+      }
+    }
+    if (buf.size() < length) buf.resize(static_cast<size_t>(length));
+    std::span<std::byte> block(buf.data(), static_cast<size_t>(length));
+    if (length > 0) {
+      f.reader->read_at(offset, block);
+      if (f.writer) f.writer->write_at(offset, block);
+    }
+    std::unique_lock<std::mutex> lk(f.mu);
+    f.cv.wait(lk, [&] { return f.next_to_hash == task.chunk || f.abandoned || stop_.load(); });
+    if (f.next_to_hash != task.chunk || f.abandoned) return;
+    f.hasher.update(block);
+    const bool last = ++f.next_to_hash == f.chunks;
+    lk.unlock();
+    f.cv.notify_all();
+    if (pass_ == Pass::kCopy && progress_ && length > 0) progress_->chunk_done(length);
+    if (last) finish(item, f);
+  }
+
+  // Opens the file's reader (and writer); false when a probed file is not in
+  // place after all. Called once per file, under its mutex.
+  bool open(Item& item, FileState& f) {
+    const std::string where = from_.uri_of(item.want.path);
+    try {
+      f.reader = from_.open_reader(item.want.path);
+    } catch (const Error& e) {
+      if (pass_ == Pass::kProbe && e.code() == ErrorCode::kNotFound) return false;
+      throw;
+    }
+    const uint64_t size = f.reader->size();
+    if (size != item.want.size) {
+      switch (pass_) {
+        case Pass::kProbe:
+          return false;
+        case Pass::kHash:
+          throw Error(ErrorCode::kFailedPrecondition,
+                      fmt::format("{}: changed while being copied (size {}, listed as {}); run "
+                                  "the copy again",
+                                  where, size, item.want.size),
+                      /*retryable=*/true);
+        case Pass::kCopy:
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: size {}, the manifest says {}; the source checkpoint is "
+                                  "damaged, nothing was committed at the destination",
+                                  where, size, item.want.size));
+        case Pass::kVerify:
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: read back after copying: size {}, the manifest says {}",
+                                  where, size, item.want.size));
+      }
+    }
+    if (pass_ == Pass::kCopy) f.writer = to_->open_writer(item.want.path);
+    return true;
+  }
+
+  void finish(Item& item, FileState& f) {
+    const uint64_t got = f.hasher.digest();
+    f.reader.reset();
+    const std::string where = from_.uri_of(item.want.path);
+    switch (pass_) {
+      case Pass::kHash:
+        item.want.xxh3 = got;
+        break;
+      case Pass::kProbe:
+        item.matched = got == item.want.xxh3;
+        if (item.matched && progress_) progress_->file_done(where, item.want.size, true);
+        break;
+      case Pass::kCopy:
+        if (got != item.want.xxh3) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: checksum {}, the manifest says {}; the source checkpoint "
+                                  "is damaged (or the file changed), nothing was committed at "
+                                  "the destination",
+                                  where, hash_to_hex(got), hash_to_hex(item.want.xxh3)));
+        }
+        f.writer->commit();
+        f.writer.reset();
+        if (progress_) progress_->file_done(to_->uri_of(item.want.path), item.want.size, false);
+        break;
+      case Pass::kVerify:
+        if (got != item.want.xxh3) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: read back after copying: checksum {}, the manifest says {}",
+                                  where, hash_to_hex(got), hash_to_hex(item.want.xxh3)));
+        }
+        break;
+    }
+  }
+
+  void abandon(FileState& f) {
+    // Under f.mu (the caller holds it).
+    f.abandoned = true;
+    f.reader.reset();
+    f.cv.notify_all();
+  }
+
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> g(error_mu_);
+      if (!error_) error_ = e;
+    }
+    stop_.store(true);
+    // Wake threads waiting for a predecessor chunk that will never be hashed.
+    for (auto& f : states_) {
+      std::lock_guard<std::mutex> g(f.mu);
+      f.abandoned = true;
+      f.cv.notify_all();
+    }
+  }
+
+  const Pass pass_;
+  Storage& from_;
+  Storage* to_;
+  std::vector<Item>& items_;
+  const uint64_t chunk_size_;
+  const size_t jobs_;
+  ProgressSink* progress_;
+  std::vector<FileState> states_;
+  std::vector<Task> tasks_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+void run_pass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
+              const TransferOptions& options, ProgressSink* progress) {
+  FilePass(pass, from, to, items, options, progress).run();
+}
+
+std::vector<Item> items_of(const std::vector<ManifestEntry>& entries) {
+  std::vector<Item> items;
+  items.reserve(entries.size());
+  for (const auto& e : entries) items.push_back({e, false});
+  return items;
+}
+
+struct Context {
+  const TransferOptions& options;
+  ProgressSink& progress;
+  TransferReport& report;
+};
+
+// Brings `files` (sizes and checksums known) from `src` to `dst`: keeps those
+// in place, copies and reads back the rest. Nothing is committed beyond the
+// files themselves.
+void sync_files(Storage& src, Storage& dst, const std::vector<ManifestEntry>& files, Context& ctx) {
+  std::map<std::string, uint64_t, std::less<>> present;
+  for (const auto& o : dst.list("")) present[o.key] = o.size;
+  std::vector<Item> probe;
+  for (const auto& f : files) {
+    auto it = present.find(f.path);
+    if (it != present.end() && it->second == f.size) probe.push_back({f, false});
+  }
+  run_pass(Pass::kProbe, dst, nullptr, probe, ctx.options, &ctx.progress);
+  std::set<std::string, std::less<>> in_place;
+  for (const auto& p : probe) {
+    if (!p.matched) continue;
+    in_place.insert(p.want.path);
+    ++ctx.report.files_skipped;
+    ctx.report.bytes_skipped += p.want.size;
+  }
+  std::vector<Item> todo;
+  for (const auto& f : files) {
+    if (!in_place.count(f.path)) todo.push_back({f, false});
+  }
+  run_pass(Pass::kCopy, src, &dst, todo, ctx.options, &ctx.progress);
+  run_pass(Pass::kVerify, dst, nullptr, todo, ctx.options, nullptr);
+  for (const auto& t : todo) {
+    ++ctx.report.files_copied;
+    ctx.report.bytes_copied += t.want.size;
+  }
+}
+
+std::optional<std::string> get_if_exists(Storage& storage, std::string_view key) {
+  if (!storage.exists(key)) return std::nullopt;
+  try {
+    return storage.get(key);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound) return std::nullopt;  // removed since the stat
+    throw;
+  }
+}
+
+// Metadata may change after a commit (update_metadata), so a re-run brings
+// it up to date; it is never removed at the destination.
+void copy_metadata(Storage& src, Storage& dst) {
+  std::optional<std::string> metadata = get_if_exists(src, kMetadataKey);
+  if (!metadata) return;
+  if (get_if_exists(dst, kMetadataKey) == metadata) return;
+  dst.put(kMetadataKey, *metadata);
+}
+
+// Steps 2-6 of the protocol at the top of this file for one committed
+// checkpoint whose manifest (`text`, parsed as `manifest`) was read from `src`.
+void copy_committed(Storage& src, Storage& dst, const std::string& text, const Manifest& manifest,
+                    Context& ctx) {
+  if (std::optional<std::string> existing = get_if_exists(dst, kManifestKey)) {
+    bool same = *existing == text;
+    if (!same) {
+      try {
+        same = Manifest::parse(*existing, dst.uri_of(kManifestKey)).to_json() == manifest.to_json();
+      } catch (const Error&) {
+        same = false;  // ignore-error: an unreadable manifest is not the same one; refused below
+      }
+    }
+    if (!same) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  fmt::format("{}: already a committed checkpoint with a different manifest than "
+                              "{}; refusing to overwrite it (copy to a new location, or delete "
+                              "it first)",
+                              dst.uri(), src.uri()));
+    }
+    copy_metadata(src, dst);
+    for (const auto& f : manifest.files) {
+      ctx.progress.file_done(dst.uri_of(f.path), f.size, true);
+      ++ctx.report.files_skipped;
+      ctx.report.bytes_skipped += f.size;
+    }
+    ctx.report.checkpoints_unchanged.push_back(dst.uri());
+    return;
+  }
+  std::set<std::string, std::less<>> listed;
+  for (const auto& f : manifest.files) listed.insert(f.path);
+  for (const auto& o : dst.list("")) {
+    if (o.key == kMetadataKey || listed.count(o.key)) continue;
+    throw Error(ErrorCode::kAlreadyExists,
+                fmt::format("{}: the destination holds a file that {}'s manifest does not list; "
+                            "refusing to mix it into the copy (choose an empty destination)",
+                            dst.uri_of(o.key), src.uri()));
+  }
+  sync_files(src, dst, manifest.files, ctx);
+  copy_metadata(src, dst);
+  dst.put(kManifestKey, text);
+  ctx.report.checkpoints_copied.push_back(dst.uri());
+}
+
+void check_options(const TransferOptions& options) {
+  if (options.jobs < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("jobs must be at least 1, got {}", options.jobs));
+  }
+  if (options.chunk_size < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "chunk size must be at least 1 byte");
+  }
+}
+
+// A copy into itself, or into or out of its own subfolder, would read what it
+// writes.
+void check_disjoint(const Storage& src, const Storage& dst) {
+  const std::string a = src.uri();
+  const std::string b = dst.uri();
+  auto inside = [](const std::string& outer, const std::string& inner) {
+    return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+           (outer.back() == '/' || inner[outer.size()] == '/');
+  };
+  if (a == b || inside(a, b) || inside(b, a)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("cannot copy {} to {}: the source and the destination overlap", a, b));
+  }
+}
+
+// The source checkpoint's manifest text; kFailedPrecondition if it has none.
+std::string committed_manifest(Storage& src) {
+  std::optional<std::string> text = get_if_exists(src, kManifestKey);
+  if (!text) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: not a committed checkpoint (no {}; an interrupted or "
+                            "unfinished save?); only committed checkpoints are copied",
+                            src.uri(), kManifestKey));
+  }
+  return *text;
+}
+
+TransferOptions with_defaults(const TransferOptions& options) {
+  TransferOptions o = options;
+  if (!o.clock) o.clock = steady_seconds;
+  return o;
+}
+
+// The names of the checkpoints a history lists.
+std::vector<std::string> history_names(std::string_view text, std::string_view where) {
+  nlohmann::json j = parse_json(text, where);
+  const nlohmann::json* list = nullptr;
+  if (j.is_object()) {
+    auto it = j.find("checkpoints");
+    if (it != j.end() && it->is_array()) list = &*it;
+  }
+  if (!list) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: history has no \"checkpoints\" array", where));
+  }
+  std::vector<std::string> names;
+  for (const auto& r : *list) {
+    auto it = r.is_object() ? r.find("name") : r.end();
+    if (!r.is_object() || it == r.end() || !it->is_string() ||
+        !parse_checkpoint_name(it->get<std::string>())) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: history entry {} has no checkpoint \"name\"", where, r.dump()));
+    }
+    names.push_back(it->get<std::string>());
+  }
+  return names;
+}
+
+struct ExperimentScan {
+  std::map<uint64_t, std::string> committed;    // index -> name
+  std::map<uint64_t, std::string> uncommitted;  // index -> name
+  std::vector<ManifestEntry> other;  // experiment files outside checkpoints (no checksum)
+  bool has_history = false;
+};
+
+ExperimentScan scan_experiment(Storage& src) {
+  ExperimentScan scan;
+  std::map<uint64_t, std::string> folders;
+  std::set<std::string, std::less<>> with_manifest;
+  for (const auto& o : src.list("")) {
+    const size_t slash = o.key.find('/');
+    if (slash != std::string::npos) {
+      std::string_view first = std::string_view(o.key).substr(0, slash);
+      if (auto index = parse_checkpoint_name(first)) {
+        folders.emplace(*index, std::string(first));
+        if (std::string_view(o.key).substr(slash + 1) == kManifestKey) {
+          with_manifest.insert(std::string(first));
+        }
+        continue;
+      }
+    }
+    if (o.key == kLockKey) continue;
+    if (o.key == kHistoryKey) {
+      scan.has_history = true;
+      continue;
+    }
+    scan.other.push_back({o.key, o.size, 0});
+  }
+  for (auto& [index, name] : folders) {
+    (with_manifest.count(name) ? scan.committed : scan.uncommitted).emplace(index, name);
+  }
+  return scan;
+}
+
+// One planned checkpoint of an experiment copy.
+struct Planned {
+  std::string name;
+  std::string text;  // its manifest
+  Manifest manifest;
+};
+
+std::optional<Planned> plan_checkpoint(Storage& src, const std::string& name) {
+  std::optional<std::string> text = get_if_exists(src, join_key(name, kManifestKey));
+  if (!text) return std::nullopt;
+  Manifest m = Manifest::parse(*text, src.uri_of(join_key(name, kManifestKey)));
+  return Planned{name, std::move(*text), std::move(m)};
+}
+
+// Copies a planned checkpoint of an experiment. A checkpoint that the source's
+// retention deleted meanwhile is skipped with a warning (and what was copied
+// of it removed: the destination's lock is held, so it is this copy's own
+// leftover).
+void copy_planned(Storage& src, Storage& dst, const Planned& p, Context& ctx) {
+  auto from = src.child(p.name);
+  auto to = dst.child(p.name);
+  try {
+    copy_committed(*from, *to, p.text, p.manifest, ctx);
+  } catch (const Error&) {
+    if (from->exists(kManifestKey)) throw;
+    ctx.report.warnings.push_back(
+        fmt::format("{}: deleted from the source during the copy (by its retention?); not copied",
+                    from->uri()));
+    ctx.progress.drop(p.manifest.total_bytes(), p.manifest.files.size());
+    Checkpoint leftover(to);
+    if (!leftover.is_committed()) remove_uncommitted(leftover);
+  }
+}
+
+// Writes the source's history last, once every checkpoint it names is
+// committed at the destination. A live source may have committed more
+// checkpoints since they were planned: those are copied first, and the
+// history read again, a few times at most.
+void copy_history(Storage& src, Storage& dst, Context& ctx) {
+  const std::string where = src.uri_of(kHistoryKey);
+  for (int round = 0;; ++round) {
+    std::optional<std::string> text = get_if_exists(src, kHistoryKey);
+    if (!text) {
+      ctx.report.warnings.push_back(
+          fmt::format("{}: removed from the source during the copy; not copied", where));
+      return;
+    }
+    std::vector<std::string> missing;
+    std::vector<std::string> notes;
+    for (const auto& name : history_names(*text, where)) {
+      if (dst.exists(join_key(name, kManifestKey))) continue;
+      if (src.exists(join_key(name, kManifestKey))) {
+        missing.push_back(name);
+      } else {
+        notes.push_back(
+            fmt::format("{}: names {}, which is not a committed checkpoint at the source either; a "
+                        "manager opening the copy drops it from the history",
+                        where, name));
+      }
+    }
+    if (missing.empty()) {
+      dst.put(kHistoryKey, *text);
+      for (auto& n : notes) ctx.report.warnings.push_back(std::move(n));
+      return;
+    }
+    if (round + 1 == kHistoryRounds) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  fmt::format("{}: the experiment kept changing during the copy ({} is not "
+                              "copied yet); run the copy again",
+                              src.uri(), src.uri_of(missing.front())),
+                  /*retryable=*/true);
+    }
+    for (const auto& name : missing) {
+      std::optional<Planned> p = plan_checkpoint(src, name);
+      if (!p) continue;  // deleted again meanwhile; the next round sees it
+      ctx.progress.add_total(p->manifest.total_bytes(), p->manifest.files.size());
+      copy_planned(src, dst, *p, ctx);
+    }
+  }
+}
+
+}  // namespace
+
+TransferKind detect_transfer_kind(std::string_view uri) {
+  auto storage = open_storage(uri);
+  check_root_exists(*storage);
+  if (storage->exists(kManifestKey)) return TransferKind::kCheckpoint;
+  std::vector<std::string> experiments = find_experiments(uri);
+  if (std::find(experiments.begin(), experiments.end(), "") != experiments.end()) {
+    return TransferKind::kExperiment;
+  }
+  if (!experiments.empty()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: a storage root holding {} experiment(s) ({}, ...); copy one "
+                            "experiment or one checkpoint at a time",
+                            storage->uri(), experiments.size(), experiments.front()));
+  }
+  if (!storage->list("").empty()) committed_manifest(*storage);  // throws kFailedPrecondition
+  throw Error(ErrorCode::kNotFound,
+              fmt::format("{}: holds no checkpoint and no experiment to copy", storage->uri()));
+}
+
+TransferReport copy_checkpoint(std::string_view src_uri, std::string_view dst_uri,
+                               const TransferOptions& user_options) {
+  check_options(user_options);
+  const TransferOptions options = with_defaults(user_options);
+  const double start = options.clock();
+  auto src = open_storage(src_uri);
+  auto dst = open_storage(dst_uri);
+  check_disjoint(*src, *dst);
+  check_root_exists(*src);
+  const std::string text = committed_manifest(*src);
+  const Manifest manifest = Manifest::parse(text, src->uri_of(kManifestKey));
+
+  TransferReport report;
+  report.kind = TransferKind::kCheckpoint;
+  report.source = src->uri();
+  report.destination = dst->uri();
+  ProgressSink progress(options);
+  progress.add_total(manifest.total_bytes(), manifest.files.size());
+  Context ctx{options, progress, report};
+  copy_committed(*src, *dst, text, manifest, ctx);
+  report.seconds = options.clock() - start;
+  return report;
+}
+
+TransferReport copy_experiment(std::string_view src_uri, std::string_view dst_uri,
+                               const TransferOptions& user_options) {
+  check_options(user_options);
+  const TransferOptions options = with_defaults(user_options);
+  const double start = options.clock();
+  auto src = open_storage(src_uri);
+  auto dst = open_storage(dst_uri);
+  check_disjoint(*src, *dst);
+  check_root_exists(*src);
+  ExperimentScan scan = scan_experiment(*src);
+  if (!scan.has_history && scan.committed.empty() && scan.uncommitted.empty()) {
+    if (src->exists(kManifestKey)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: is a checkpoint, not an experiment", src->uri()));
+    }
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: not an experiment (no {} and no checkpoint_* folders)", src->uri(),
+                            kHistoryKey));
+  }
+  // A malformed history fails the copy before anything is written.
+  if (scan.has_history) {
+    if (auto text = get_if_exists(*src, kHistoryKey)) {
+      history_names(*text, src->uri_of(kHistoryKey));
+    }
+  }
+
+  TransferReport report;
+  report.kind = TransferKind::kExperiment;
+  report.source = src->uri();
+  report.destination = dst->uri();
+  for (const auto& [index, name] : scan.uncommitted) {
+    report.uncommitted_skipped.push_back(src->uri_of(name));
+  }
+  ProgressSink progress(options);
+  Context ctx{options, progress, report};
+
+  std::unique_ptr<Lock> lock = dst->try_lock(kLockKey);
+
+  std::vector<Planned> plan;
+  for (const auto& [index, name] : scan.committed) {
+    std::optional<Planned> p = plan_checkpoint(*src, name);
+    if (!p) {
+      report.warnings.push_back(
+          fmt::format("{}: deleted from the source during the copy (by its retention?); not copied",
+                      src->uri_of(name)));
+      continue;
+    }
+    progress.add_total(p->manifest.total_bytes(), p->manifest.files.size());
+    plan.push_back(std::move(*p));
+  }
+  uint64_t other_bytes = 0;
+  for (const auto& f : scan.other) other_bytes += f.size;
+  progress.add_total(other_bytes, scan.other.size());
+
+  for (const auto& p : plan) copy_planned(*src, *dst, p, ctx);
+
+  // The experiment's own files (trainer state, ...) have no manifest: their
+  // checksums are taken from the source first, then they are synced like a
+  // checkpoint's files.
+  std::vector<Item> other = items_of(scan.other);
+  run_pass(Pass::kHash, *src, nullptr, other, options, nullptr);
+  std::vector<ManifestEntry> other_files;
+  for (const auto& o : other) other_files.push_back(o.want);
+  sync_files(*src, *dst, other_files, ctx);
+
+  if (scan.has_history) copy_history(*src, *dst, ctx);
+  report.seconds = options.clock() - start;
+  return report;
+}
+
+TransferReport transfer(std::string_view src_uri, std::string_view dst_uri,
+                        const TransferOptions& options) {
+  check_options(options);
+  return detect_transfer_kind(src_uri) == TransferKind::kCheckpoint
+             ? copy_checkpoint(src_uri, dst_uri, options)
+             : copy_experiment(src_uri, dst_uri, options);
+}
+
+}  // namespace cairn
