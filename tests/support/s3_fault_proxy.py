@@ -434,7 +434,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
         try:
             resp = self.forward(body_length)
-        except (OSError, http.client.HTTPException) as e:
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            # ValueError: http.client refused a header of the request.
             self.faults.count("upstream_errors")
             self.close_upstream()
             # The request body may be partly unread: this connection is done.

@@ -58,7 +58,7 @@ class ProxyTest(unittest.TestCase):
         for c in self.conns:
             c.close()
 
-    # --- helpers ------------------------------------------------------------
+    # --- requests -----------------------------------------------------------
 
     def conn(self, port=None):
         c = http.client.HTTPConnection("127.0.0.1", port or self.proxy.port, timeout=10)
