@@ -5,8 +5,13 @@
 # then prints one table with the targets (PASS/MISS and the ratio) and writes
 # the full report to build-bench/bench-results.json.
 #
-# Usage: scripts/bench.sh [--size-mib N] [--runs N] [--no-hugetlb] [--dir DIR]
+# Usage: scripts/bench.sh [--size-mib N] [--runs N] [--no-hugetlb] [--dir DIR] [--s3]
 #   --size-mib 64 --runs 1   a quick run (the default is 2048 MiB, 3 runs)
+#   --s3                     then also the S3 benchmark (bench/s3_bench.py:
+#                            aws-cli, rclone, `cairn cp` and the server's
+#                            ceiling against one local s3rver), with the same
+#                            size and runs; its report goes to
+#                            build-bench/s3-bench-results.json
 # Benchmark files go to a new directory under build-bench (or DIR) and are
 # removed after.
 # Run as root to drop the page cache between runs (otherwise the benchmarks
@@ -17,13 +22,19 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAIRN_TORCH=ON >/dev/null
-ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench
+ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench cairn
 
 base=build-bench
 args=()
+s3=0
+s3args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --dir) base="$2"; shift 2 ;;
+    --s3) s3=1; shift ;;
+    --size-mib) args+=("$1" "$2")
+                s3args+=(--size-gib "$(awk -v m="$2" 'BEGIN { print m / 1024 }')"); shift 2 ;;
+    --runs) args+=("$1" "$2"); s3args+=("$1" "$2"); shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -36,3 +47,8 @@ trap 'rm -rf "$dir"' EXIT
 /usr/bin/python3 bench/run.py --cairn build-bench/bench/cairn_bench \
   --libtorch build-bench/bench/torch_bench --dir "$dir" \
   --json build-bench/bench-results.json "${args[@]}"
+
+if [ "$s3" = 1 ]; then
+  /usr/bin/python3 bench/s3_bench.py --cairn build-bench/src/cli/cairn --dir "$dir" \
+    --json build-bench/s3-bench-results.json "${s3args[@]}"
+fi

@@ -12,6 +12,8 @@ packages=(
   libcurl4-openssl-dev libssl-dev libpugixml-dev
   # S3 tests and benchmarks: the SigV4 oracle, aws-cli and rclone to measure against
   python3-botocore awscli rclone
+  # S3 benchmark: XXH3-64 for the manifest of the checkpoint it writes
+  python3-xxhash
   # LibTorch adapter, torch baselines and interop tests
   libtorch-dev python3 python3-numpy python3-torch
   # benchmarks and multi-node runtime
