@@ -16,7 +16,10 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include "storage/s3/http.h"
 
 #ifndef CAIRN_SOURCE_DIR
 #error "CAIRN_SOURCE_DIR must name the source tree"
@@ -132,5 +135,77 @@ std::string S3Server::fresh_uri(const std::string& tag) {
   static std::atomic<int> counter{0};
   return fmt::format("s3://{}/{}-{}-{}", bucket_, tag, ::getpid(), counter++);
 }
+
+}  // namespace cairn::testing
+
+
+namespace cairn::testing {
+
+FaultProxy::FaultProxy() {
+  const std::string upstream = S3Server::instance().endpoint();
+  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/tests/support/s3_fault_proxy.py";
+  int in[2], out[2];
+  if (::pipe(in) != 0 || ::pipe(out) != 0) throw std::runtime_error("pipe failed");
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::close(in[1]);
+    ::close(out[0]);
+    ::execlp("python3", "python3", script.c_str(), "--upstream", upstream.c_str(), "--port", "0",
+             "--fault-rate", "0", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  pid_ = pid;
+  stdin_fd_ = in[1];
+  ::fcntl(stdin_fd_, F_SETFD, FD_CLOEXEC);
+  std::string line;
+  char c;
+  while (line.size() < 64 && ::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  ::close(out[0]);
+  if (line.rfind("port=", 0) != 0) {
+    throw std::runtime_error("the fault proxy did not start (said \"" + line + "\")");
+  }
+  endpoint_ = "http://127.0.0.1:" + line.substr(5);
+}
+
+FaultProxy::~FaultProxy() {
+  if (stdin_fd_ >= 0) ::close(stdin_fd_);
+  if (pid_ > 0) {
+    for (int i = 0; i < 50; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+std::string FaultProxy::control(const std::string& method, const std::string& path,
+                                const std::string& body) {
+  static auto http = s3::make_http_client(2);
+  s3::HttpRequest r;
+  r.method = method;
+  r.url = endpoint_ + path;
+  r.body = std::as_bytes(std::span(body.data(), body.size()));
+  r.headers = {{"content-type", "application/json"}};
+  s3::HttpResponse resp = http->send(r);
+  if (resp.status != 200) {
+    throw std::runtime_error(fmt::format("fault proxy {} {}: HTTP {} {}", method, path,
+                                         resp.status, resp.body));
+  }
+  return resp.body;
+}
+
+void FaultProxy::configure(const std::string& json_config) {
+  control("POST", "/__fault__/config", json_config);
+}
+
+std::string FaultProxy::stats() { return control("GET", "/__fault__/stats", ""); }
 
 }  // namespace cairn::testing

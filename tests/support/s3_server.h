@@ -44,3 +44,33 @@ bool wait_for_port(int port, int timeout_ms);
 std::string s3rver_entry();
 
 }  // namespace cairn::testing
+
+namespace cairn::testing {
+
+// tests/support/s3_fault_proxy.py in front of the test server, for one test:
+// started by the constructor, gone when destroyed (its stdin is a pipe held
+// here, and it exits when that closes). Faults start off; configure() sets
+// them at run time.
+class FaultProxy {
+ public:
+  FaultProxy();
+  ~FaultProxy();
+  FaultProxy(const FaultProxy&) = delete;
+  FaultProxy& operator=(const FaultProxy&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  // POSTs `json_config` ({"rate":0.1,"faults":[...],"seed":1,...}) to the
+  // proxy's control endpoint; throws if it is refused.
+  void configure(const std::string& json_config);
+  // The proxy's counters ({"requests":..,"faults":{kind:n}}) as JSON text.
+  std::string stats();
+
+ private:
+  std::string control(const std::string& method, const std::string& path,
+                      const std::string& body);
+  std::string endpoint_;
+  int pid_ = -1;
+  int stdin_fd_ = -1;
+};
+
+}  // namespace cairn::testing

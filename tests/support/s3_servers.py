@@ -43,6 +43,10 @@ def _die_with_parent():
         pass
 
 
+# s3rver makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
+# keeps in its legacy provider: without it, a listing of more than one page
+# fails with 500 InternalError.
+
 def install_s3rver():
     """Path of s3rver's entry script (installs the pinned version once)."""
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install-s3rver.sh")],
@@ -88,7 +92,7 @@ class S3rver:
         try:
             with open(log_path, "wb") as log:
                 self.proc = subprocess.Popen(
-                    [self.node, entry, "-d", data, "-a", "127.0.0.1", "-p", "0",
+                    [self.node, "--openssl-legacy-provider", entry, "-d", data, "-a", "127.0.0.1", "-p", "0",
                      "--configure-bucket", self.bucket, "--silent"],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent)

@@ -1,0 +1,211 @@
+// S3 under faults: a fault-injecting proxy (tests/support/s3_fault_proxy.py)
+// between Cairn and the server, and SIGKILL in the middle of uploads and
+// retention deletes.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "cairn/state_manager.h"
+#include "cairn/train.h"
+#include "support/s3_server.h"
+#include "support/temp_dir.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::FaultProxy;
+using testing::S3Server;
+using testing::TempDir;
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+void write_file(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+std::string pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  std::mt19937 rng(seed);
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// A checkpoint folder whose model takes the multipart path (256 KiB parts).
+fs::path make_source(const fs::path& dir, int i) {
+  fs::path d = dir / fmt::format("src-{}", i);
+  write_file(d / "model.bin", pattern(700'000 + i, i));
+  write_file(d / "meta/step.txt", std::to_string(i));
+  return d;
+}
+
+void epoch_loop(const nlohmann::json& config) {
+  const auto& ctx = train::get_context();
+  int start = 0;
+  if (auto ckpt = train::get_checkpoint()) {
+    start = std::stoi(ckpt->storage().get("epoch.txt")) + 1;
+  }
+  for (int epoch = start; epoch < config.at("epochs").get<int>(); ++epoch) {
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", ctx.world_rank),
+               pattern(300'000, ctx.world_rank + epoch));
+    if (ctx.world_rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    train::report({{"epoch", epoch}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+class S3Faults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ::setenv("CAIRN_CACHE_DIR", (dir.path() / "views").c_str(), 1);
+  }
+  void TearDown() override { ::unsetenv("CAIRN_CACHE_DIR"); }
+
+  TempDir dir;
+  FaultProxy proxy;
+  std::string root = S3Server::instance().fresh_uri("faults");
+};
+
+TEST_F(S3Faults, AtTenPercentFaultsSavesLoadsRetentionAndAFitStillCommitEverything) {
+  ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
+  ScopedEnv attempts("CAIRN_S3_MAX_ATTEMPTS", "10");
+  proxy.configure(R"({"rate": 0.1, "seed": 7, "delay_ms": 30,
+    "faults": ["500", "503", "slowdown", "reset", "reset-request", "lost-reply", "delay"]})");
+
+  CheckpointConfig config;
+  config.num_to_keep = 2;
+  {
+    CheckpointManager m(root + "/exp", config);
+    for (int i = 0; i < 6; ++i) {
+      m.register_checkpoint({{"i", i}}, Checkpoint::from_directory(make_source(dir.path(), i).string()));
+    }
+  }
+  CheckpointManager m(root + "/exp", config);
+  auto history = m.history();
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history.back().name, "checkpoint_000005");
+  for (const auto& r : history) EXPECT_TRUE(r.checkpoint.verify().empty()) << r.name;
+  fs::path copy = history.back().checkpoint.to_directory(dir.path() / "copy");
+  std::ifstream in(copy / "model.bin", std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), pattern(700'005, 5));
+  EXPECT_TRUE(open_storage(root + "/exp")->list("checkpoint_000001").empty());
+
+  RunConfig run;
+  run.name = "fit";
+  run.storage_path = root;
+  Result r = Trainer(epoch_loop, {{"epochs", 3}}, ScalingConfig{.num_workers = 2}, run).fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  ASSERT_TRUE(r.checkpoint);
+  EXPECT_TRUE(r.checkpoint->verify().empty());
+  EXPECT_EQ(read_experiment(root + "/fit").checkpoints.size(), 3u);
+
+  auto stats = nlohmann::json::parse(proxy.stats());
+  int injected = 0;
+  for (const auto& [kind, n] : stats["faults"].items()) injected += n.get<int>();
+  EXPECT_GT(injected, 10) << stats.dump();
+}
+
+TEST_F(S3Faults, WhenEveryRequestFailsTheErrorIsClearAndNothingPartialIsVisible) {
+  ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
+  ScopedEnv attempts("CAIRN_S3_MAX_ATTEMPTS", "3");
+  CheckpointManager m(root + "/exp", {});
+  m.register_checkpoint({{"i", 0}}, Checkpoint::from_directory(make_source(dir.path(), 0).string()));
+  // Every write fails from now on; reads still work, so what is visible can
+  // be checked through the same proxy.
+  proxy.configure(R"({"rate": 1.0, "faults": ["503", "slowdown", "reset-request"],
+    "methods": ["PUT", "POST"]})");
+  try {
+    m.register_checkpoint({{"i", 1}},
+                          Checkpoint::from_directory(make_source(dir.path(), 1).string()));
+    FAIL() << "a save succeeded with every write failing";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_TRUE(e.retryable()) << what;
+    EXPECT_NE(what.find(root + "/exp/checkpoint_000001"), std::string::npos) << what;
+    EXPECT_NE(what.find("3 attempts"), std::string::npos) << what;
+  }
+  ExperimentListing listing = read_experiment(root + "/exp");
+  ASSERT_EQ(listing.checkpoints.size(), 1u);
+  EXPECT_EQ(listing.checkpoints[0].name, "checkpoint_000000");
+  EXPECT_FALSE(Checkpoint::from_directory(root + "/exp/checkpoint_000001").is_committed());
+  EXPECT_TRUE(listing.checkpoints[0].checkpoint.verify().empty());
+}
+
+// Kills a process saving checkpoints (each through a multipart upload, with
+// retention deleting the old ones) at random moments; after each kill,
+// reopening the experiment finds every committed checkpoint whole and
+// cleans up what the killed process left.
+TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNothing) {
+  const std::string exp = root + "/crash";
+  CheckpointConfig config;
+  config.num_to_keep = 2;
+  std::mt19937 rng(42);
+  int kills = 0;
+  for (int round = 0; round < 12; ++round) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      CheckpointManager m(exp, config);
+      for (int i = 0;; ++i) {
+        m.register_checkpoint({{"i", i}},
+                              Checkpoint::from_directory(make_source(dir.path(), i % 3).string()));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 400));
+    if (::kill(pid, SIGKILL) == 0) ++kills;
+    ::waitpid(pid, nullptr, 0);
+    // What the killed process committed is whole, and nothing partial shows.
+    CheckpointManager m(exp, config);
+    for (const auto& r : m.history()) {
+      auto problems = r.checkpoint.verify();
+      EXPECT_TRUE(problems.empty()) << "round " << round << ": " << r.name << " "
+                                    << (problems.empty() ? "" : problems[0].reason);
+    }
+    // Opening removed the leftovers: no folder without a manifest, no
+    // unfinished upload.
+    auto storage = open_storage(exp);
+    EXPECT_TRUE(storage->list_incomplete("").empty()) << "round " << round;
+    std::set<std::string> folders;
+    for (const auto& o : storage->list("")) {
+      if (o.key.find('/') != std::string::npos) folders.insert(o.key.substr(0, o.key.find('/')));
+    }
+    for (const auto& f : folders) {
+      EXPECT_TRUE(Checkpoint(storage->child(f)).is_committed()) << "round " << round << ": " << f;
+    }
+  }
+  EXPECT_EQ(kills, 12);
+}
+
+}  // namespace
+}  // namespace cairn
