@@ -8,6 +8,8 @@
 //
 //   /plain/path, file:///abs/path   local or shared file system
 //   memory://NAME/prefix            process-wide in-memory store, for tests
+//   s3://BUCKET/prefix              Amazon S3 or an S3-compatible server
+//                                   (configured as aws-cli is: docs/s3.md)
 //
 // Keys are relative, '/'-separated and never contain "", ".", ".." or a
 // backslash as a component; validate_key() enforces this on every call, so a
@@ -105,6 +107,10 @@ class Storage {
 
   // Removes the object durably. Removing a missing object is not an error.
   virtual void remove(std::string_view key) = 0;
+  // Removes every key in `keys`, as remove() would, in as few requests as the
+  // backend allows (S3: DeleteObjects, 1,000 keys a request). On failure some
+  // of the keys may be gone and the others not.
+  virtual void remove_many(const std::vector<std::string>& keys);
 
   // Takes an exclusive lock on `key` or throws kLocked naming it.
   virtual std::unique_ptr<Lock> try_lock(std::string_view key) = 0;
@@ -132,7 +138,8 @@ class Storage {
 };
 
 // Opens the storage rooted at `uri`. Throws kInvalidArgument for an unknown
-// scheme or a malformed URI.
+// scheme or a malformed URI. Opening sends no request: an s3:// root that
+// cannot be reached fails on first use.
 std::shared_ptr<Storage> open_storage(std::string_view uri);
 
 // Throws kNotFound naming the URI when nothing is stored at `storage`'s root:

@@ -217,7 +217,7 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
 void delete_checkpoint(const Checkpoint& checkpoint) {
   Storage& s = checkpoint.storage();
   s.remove(kManifestKey);
-  for (const auto& o : s.list("")) s.remove(o.key);
+  s.remove_prefix("");
   for (const auto& id : s.list_incomplete("")) s.discard_incomplete(id);
 }
 
@@ -227,11 +227,12 @@ std::vector<std::string> remove_uncommitted(const Checkpoint& leftover) {
     throw Error(ErrorCode::kFailedPrecondition,
                 fmt::format("{}: is a committed checkpoint, not a leftover", leftover.uri()));
   }
-  std::vector<std::string> removed;
+  std::vector<std::string> removed, keys;
   for (const auto& o : s.list("")) {
-    s.remove(o.key);
+    keys.push_back(o.key);
     removed.push_back(s.uri_of(o.key));
   }
+  s.remove_many(keys);
   for (const auto& id : s.list_incomplete("")) {
     s.discard_incomplete(id);
     removed.push_back(s.uri_of(id));

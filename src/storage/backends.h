@@ -14,6 +14,8 @@
 namespace cairn {
 
 std::shared_ptr<Storage> open_file_storage(const std::filesystem::path& root);
+// An S3 bucket (or a prefix in it), configured from the AWS environment.
+std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_view prefix);
 // `bucket` names a process-wide store created on first use; `prefix` is a key.
 std::shared_ptr<Storage> open_memory_storage(std::string_view bucket, std::string_view prefix);
 

@@ -70,8 +70,14 @@ void check_root_exists(Storage& storage) {
   }
 }
 
+void Storage::remove_many(const std::vector<std::string>& keys) {
+  for (const std::string& k : keys) remove(k);
+}
+
 void Storage::remove_prefix(std::string_view prefix) {
-  for (const ObjectInfo& o : list(prefix)) remove(o.key);
+  std::vector<std::string> keys;
+  for (ObjectInfo& o : list(prefix)) keys.push_back(std::move(o.key));
+  remove_many(keys);
 }
 
 }  // namespace cairn
@@ -103,10 +109,21 @@ std::shared_ptr<Storage> open_storage(std::string_view uri) {
     std::string_view prefix = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
     return open_memory_storage(bucket, prefix);
   }
-  throw Error(
-      ErrorCode::kInvalidArgument,
-      fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, memory://)",
-                  uri, scheme));
+  if (scheme == "s3") {
+    while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+    size_t slash = rest.find('/');
+    std::string_view bucket = rest.substr(0, slash);
+    std::string_view prefix = slash == std::string_view::npos ? "" : rest.substr(slash + 1);
+    if (bucket.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: an s3:// URI needs a bucket (s3://bucket/prefix)", uri));
+    }
+    return open_s3_storage(bucket, prefix);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, "
+                          "s3://, memory://)",
+                          uri, scheme));
 }
 
 }  // namespace cairn

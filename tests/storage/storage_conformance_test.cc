@@ -7,6 +7,7 @@
 #include "cairn/error.h"
 #include "storage/backends.h"
 #include "storage/conformance.h"
+#include "support/s3_server.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -34,6 +35,9 @@ std::vector<BackendUnderTest> backends() {
          return open_storage("memory://" + bucket + "/root");
        },
        false},
+      // A real S3-compatible server on 127.0.0.1, with 256 KiB parts so
+      // that objects of a few hundred KiB take the multipart path.
+      {"s3", [] { return open_storage(S3Server::instance().fresh_uri("conformance")); }, false},
   };
 }
 

@@ -105,7 +105,7 @@ Credentials credentials_from_json(const nlohmann::json& j, const char* token_nam
   }
   if (const auto e = j.find("Expiration"); e != j.end() && !e->is_null()) {
     const auto when =
-        e->is_string() ? parse_iso8601(e->get_ref<const std::string&>()) : std::nullopt;
+        e->is_string() ? parse_aws_time(e->get_ref<const std::string&>()) : std::nullopt;
     if (!when) {
       fail(ErrorCode::kFailedPrecondition,
            fmt::format("{}: Expiration {} is not an ISO 8601 time", where, e->dump()));
@@ -178,7 +178,7 @@ class ChainLookup {
       c.session_token = *legacy;
     }
     if (auto e = env_value(env_, "AWS_CREDENTIAL_EXPIRATION")) {
-      c.expiration = parse_iso8601(*e);
+      c.expiration = parse_aws_time(*e);
       if (!c.expiration) {
         fail(ErrorCode::kInvalidArgument,
              fmt::format("AWS_CREDENTIAL_EXPIRATION \"{}\" is not an ISO 8601 time", *e));
@@ -524,7 +524,7 @@ bool digits(std::string_view s, size_t at, size_t n, int& out) {
 
 }  // namespace
 
-std::optional<system_clock::time_point> parse_iso8601(std::string_view s) {
+std::optional<system_clock::time_point> parse_aws_time(std::string_view s) {
   using namespace std::chrono;
   s = trim(s);
   int y, mo, d, h, mi, sec;

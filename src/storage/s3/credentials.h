@@ -76,6 +76,6 @@ std::shared_ptr<CredentialsProvider> static_credentials(Credentials c);
 
 // "2026-11-23T12:00:00Z", also with fractional seconds or a "+hh:mm" /
 // "-hh:mm" offset; nullopt when `s` is not such a time.
-std::optional<std::chrono::system_clock::time_point> parse_iso8601(std::string_view s);
+std::optional<std::chrono::system_clock::time_point> parse_aws_time(std::string_view s);
 
 }  // namespace cairn::s3

@@ -128,7 +128,7 @@ TEST(CredentialsHttp, InstanceMetadataOverRealHttp) {
   EXPECT_EQ(c.access_key_id, "IMDSAKID");
   EXPECT_EQ(c.secret_access_key, "IMDSSECRET");
   EXPECT_EQ(c.session_token, "IMDSTOKEN");
-  EXPECT_EQ(c.expiration, parse_iso8601(kExpiration));
+  EXPECT_EQ(c.expiration, parse_aws_time(kExpiration));
   EXPECT_EQ(c.source, "EC2 instance metadata " + endpoint + " (role e2e-role)");
   EXPECT_EQ(p->refresh().access_key_id, "IMDSAKID");
 }

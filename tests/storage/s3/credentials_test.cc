@@ -149,7 +149,7 @@ TEST(Credentials, EnvironmentTokenAndExpirationAreRead) {
   w.vars["AWS_CREDENTIAL_EXPIRATION"] = "2026-11-23T12:00:00Z";
   const Credentials c = default_credentials(w.env())->get();
   EXPECT_EQ(c.session_token, "T");
-  EXPECT_EQ(c.expiration, parse_iso8601("2026-11-23T12:00:00+00:00"));
+  EXPECT_EQ(c.expiration, parse_aws_time("2026-11-23T12:00:00+00:00"));
 }
 
 TEST(Credentials, AKeyIdWithoutASecretIsAnErrorNotAFallThrough) {
@@ -531,19 +531,19 @@ TEST(Credentials, StaticCredentialsAreReturnedAsGiven) {
   EXPECT_EQ(p->refresh().secret_access_key, "S");
 }
 
-TEST(Credentials, Iso8601Times) {
+TEST(Credentials, AwsTimesAreIso8601) {
   const auto base = system_clock::from_time_t(1795435200);  // 2026-11-23T12:00:00Z
-  EXPECT_EQ(parse_iso8601("2026-11-23T12:00:00Z"), base);
-  EXPECT_EQ(parse_iso8601(" 2026-11-23T12:00:00z\n"), base);
-  EXPECT_EQ(parse_iso8601("2026-11-23T12:00:00.250Z"), base + std::chrono::milliseconds(250));
-  EXPECT_EQ(parse_iso8601("2026-11-23T14:30:00+02:30"), base);
-  EXPECT_EQ(parse_iso8601("2026-11-23T07:00:00-0500"), base);
-  EXPECT_EQ(parse_iso8601("2024-02-29T00:00:00Z"), system_clock::from_time_t(1709164800));
+  EXPECT_EQ(parse_aws_time("2026-11-23T12:00:00Z"), base);
+  EXPECT_EQ(parse_aws_time(" 2026-11-23T12:00:00z\n"), base);
+  EXPECT_EQ(parse_aws_time("2026-11-23T12:00:00.250Z"), base + std::chrono::milliseconds(250));
+  EXPECT_EQ(parse_aws_time("2026-11-23T14:30:00+02:30"), base);
+  EXPECT_EQ(parse_aws_time("2026-11-23T07:00:00-0500"), base);
+  EXPECT_EQ(parse_aws_time("2024-02-29T00:00:00Z"), system_clock::from_time_t(1709164800));
   for (const char* bad :
        {"", "2026-11-23", "2026-11-23T12:00:00", "2026-02-30T00:00:00Z", "2026-11-23T25:00:00Z",
         "2026-11-23T12:00:00Zjunk", "2026/11/23T12:00:00Z", "2026-11-23T12:00:00.Z",
         "2026-11-23T12:00:00+5"}) {
-    EXPECT_FALSE(parse_iso8601(bad)) << bad;
+    EXPECT_FALSE(parse_aws_time(bad)) << bad;
   }
 }
 

@@ -1,0 +1,96 @@
+// S3's REST operations on one endpoint: each call is addressed (path-style or
+// virtual-hosted), signed with SigV4, sent, retried under the RetryPolicy
+// when the failure is transient, and its failure mapped to a cairn::Error.
+//
+// Error mapping (every message names s3://bucket/key, the operation, the HTTP
+// status, S3's error code and the request id):
+//   404                      -> kNotFound (NoSuchBucket says the bucket is missing)
+//   403                      -> kPermissionDenied
+//   ExpiredToken & co.       -> credentials re-read once, the request repeated
+//   5xx, SlowDown, timeouts,
+//   connection resets        -> retried; then kUnavailable / kTimeout, retryable()
+//   501, 405                 -> kFailedPrecondition (the server lacks the feature)
+//   other 4xx                -> kInvalidArgument
+//
+// Thread-safety: every method may be called from many threads at once.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cairn/error.h"
+#include "storage/s3/aws_config.h"
+#include "storage/s3/credentials.h"
+#include "storage/s3/http.h"
+#include "storage/s3/retry.h"
+
+namespace cairn::s3 {
+
+// Tunables, from the environment by default (docs/s3.md).
+struct S3Options {
+  uint64_t part_size = 16ull << 20;   // CAIRN_S3_PART_SIZE: multipart part and ranged-GET size
+  int concurrency = 8;                // CAIRN_S3_CONCURRENCY: parallel parts / ranges per object
+  std::chrono::seconds lock_ttl{30};  // CAIRN_S3_LOCK_TTL: lease lifetime without heartbeat
+  RetryPolicy retry;                  // CAIRN_S3_MAX_ATTEMPTS sets retry.max_attempts
+  std::chrono::milliseconds request_timeout{std::chrono::minutes(5)};
+  static S3Options from_environment(const AwsEnvironment& env);
+};
+
+struct S3Request {
+  std::string method = "GET";
+  std::string key;  // object key in the bucket; empty for bucket-level calls
+  std::vector<std::pair<std::string, std::string>> query;  // raw names and values
+  Headers headers;
+  std::span<const std::byte> body;
+  bool sign_body = false;  // sign the body's SHA-256 (small XML bodies) or send UNSIGNED-PAYLOAD
+  std::span<std::byte> response_buffer;
+  // Statuses returned to the caller instead of thrown (e.g. 404 for stat).
+  std::vector<int> accept;
+};
+
+class S3Client {
+ public:
+  S3Client(S3Settings settings, std::shared_ptr<CredentialsProvider> credentials,
+           std::shared_ptr<HttpClient> http, S3Options options,
+           std::function<std::chrono::system_clock::time_point()> now = nullptr);
+
+  const S3Settings& settings() const { return settings_; }
+  const S3Options& options() const { return options_; }
+
+  // Sends `request` to `bucket`, retrying transient failures. Returns the
+  // response when its status is 2xx or listed in request.accept.
+  HttpResponse call(const std::string& bucket, const S3Request& request);
+
+  // The error for a failed response, for callers that accepted a status and
+  // then decided it is a failure after all.
+  Error error_for(const std::string& bucket, const S3Request& request, const HttpResponse& response,
+                  int attempts) const;
+
+  // s3://bucket/key, for messages.
+  static std::string object_uri(std::string_view bucket, std::string_view key);
+
+ private:
+  std::string url_for(const std::string& bucket, const S3Request& request, std::string& host,
+                      std::string& path) const;
+  double uniform();
+
+  S3Settings settings_;
+  std::shared_ptr<CredentialsProvider> credentials_;
+  std::shared_ptr<HttpClient> http_;
+  S3Options options_;
+  std::function<std::chrono::system_clock::time_point()> now_;
+  std::string scheme_;
+  std::string endpoint_host_;  // host[:port] of the endpoint
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace cairn::s3

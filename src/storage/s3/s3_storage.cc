@@ -1,0 +1,978 @@
+// The S3 backend: Storage over an S3-compatible object store.
+//
+//   objects        one S3 object per key, under "<prefix>/" in the bucket.
+//   writes         one PUT when the object fits in a part; otherwise a
+//                  multipart upload with parts sent in parallel as they fill,
+//                  completed by commit(). Every body carries Content-MD5.
+//   incomplete     a multipart upload in progress is announced by a marker
+//                  object next to its key, ".<name>.cairn-upload-<h>" (h: the
+//                  XXH3 of the upload id), holding the key and upload id. It
+//                  is written before the first part and removed after the
+//                  upload completes or is aborted, so a crash leaves the marker
+//                  behind: list_incomplete() reports it (and, where the server
+//                  has ListMultipartUploads, uploads that have none), and
+//                  discard_incomplete() aborts the upload and removes it.
+//                  list() never shows markers.
+//   reads          ranged GETs of up to part_size bytes, in parallel for large
+//                  reads, each pinned to the ETag seen when the reader opened.
+//   locks          a lease object; see S3Lock below and docs/s3.md.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "storage/backends.h"
+#include "storage/s3/client.h"
+#include "storage/s3/sigv4.h"
+#include "storage/s3/xml.h"
+#include "util/hash.h"
+#include "util/json.h"
+#include "util/log.h"
+
+namespace cairn {
+namespace {
+
+using s3::HttpResponse;
+using s3::S3Client;
+using s3::S3Request;
+
+constexpr std::string_view kUploadMarker = ".cairn-upload-";
+
+std::span<const std::byte> bytes_of(std::string_view s) { return as_bytes(s); }
+
+std::pair<std::string_view, std::string_view> split_dir(std::string_view key) {
+  size_t slash = key.rfind('/');
+  if (slash == std::string_view::npos) return {"", key};
+  return {key.substr(0, slash), key.substr(slash + 1)};
+}
+
+bool is_marker_name(std::string_view name) {
+  return name.size() > 1 && name.front() == '.' &&
+         name.find(kUploadMarker) != std::string_view::npos;
+}
+
+bool is_marker_key(std::string_view key) { return is_marker_name(split_dir(key).second); }
+
+// The marker key for an upload of `key` with `upload_id`.
+std::string marker_key(std::string_view key, std::string_view upload_id) {
+  auto [dir, name] = split_dir(key);
+  return join_key(dir,
+                  fmt::format(".{}{}{}", name, kUploadMarker, hash_to_hex(xxh3_64(upload_id))));
+}
+
+// The key a marker stands for.
+std::string key_of_marker(std::string_view marker) {
+  auto [dir, name] = split_dir(marker);
+  std::string_view target = name.substr(1, name.find(kUploadMarker) - 1);
+  return join_key(dir, target);
+}
+
+std::string etag_of(const HttpResponse& r, std::string_view what) {
+  std::optional<std::string> etag = r.header("etag");
+  if (!etag || etag->empty()) {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: the server sent no ETag", what));
+  }
+  return *etag;
+}
+
+uint64_t content_length(const HttpResponse& r, std::string_view what) {
+  std::optional<std::string> v = r.header("content-length");
+  uint64_t n = 0;
+  if (!v || std::from_chars(v->data(), v->data() + v->size(), n).ec != std::errc()) {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: no valid Content-Length", what));
+  }
+  return n;
+}
+
+double last_modified(const HttpResponse& r) {
+  std::optional<std::string> v = r.header("last-modified");
+  return v ? s3::parse_http_date(*v).value_or(0.0) : 0.0;
+}
+
+// Runs tasks on up to `workers` threads; submit() blocks while `workers`
+// tasks are already waiting, so memory in flight stays bounded. The first
+// task failure is kept and rethrown by wait() and later submits.
+class TaskPool {
+ public:
+  explicit TaskPool(int workers) : workers_(std::max(1, workers)) {}
+  ~TaskPool() {
+    {
+      std::unique_lock<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void submit(std::function<void()> task) {
+    std::unique_lock<std::mutex> g(mu_);
+    space_.wait(g, [&] { return queue_.size() < static_cast<size_t>(workers_) || failure_; });
+    if (failure_) std::rethrow_exception(failure_);
+    queue_.push_back(std::move(task));
+    if (threads_.size() < static_cast<size_t>(workers_) && idle_ == 0) {
+      threads_.emplace_back([this] { run(); });
+    }
+    cv_.notify_one();
+  }
+
+  void wait() {
+    std::unique_lock<std::mutex> g(mu_);
+    done_.wait(g, [&] { return (queue_.empty() && busy_ == 0) || failure_; });
+    if (failure_) {
+      done_.wait(g, [&] { return busy_ == 0; });
+      std::rethrow_exception(failure_);
+    }
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> g(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+      --idle_;
+      if (queue_.empty()) return;
+      auto task = std::move(queue_.front());
+      queue_.pop_front();
+      ++busy_;
+      space_.notify_one();
+      g.unlock();
+      std::exception_ptr error;
+      if (!failure_flag_.load()) {
+        try {
+          task();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      g.lock();
+      --busy_;
+      if (error && !failure_) {
+        failure_ = error;
+        failure_flag_ = true;
+        queue_.clear();
+        space_.notify_all();
+      }
+      done_.notify_all();
+    }
+  }
+
+  const int workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, space_, done_;
+  std::deque<std::function<void()>> queue_;
+  std::vector<std::thread> threads_;
+  int idle_ = 0;
+  int busy_ = 0;
+  bool stop_ = false;
+  std::exception_ptr failure_;
+  std::atomic<bool> failure_flag_{false};
+};
+
+// What every S3 storage handle of one open_storage() call shares.
+struct Context {
+  std::shared_ptr<S3Client> client;
+  std::string bucket;
+  // Learned once per process: the server answers ListMultipartUploads /
+  // AbortMultipartUpload with "not implemented".
+  std::atomic<bool> no_list_uploads{false};
+  std::atomic<bool> no_abort{false};
+
+  std::string uri(std::string_view key) const { return S3Client::object_uri(bucket, key); }
+  HttpResponse call(const S3Request& r) { return client->call(bucket, r); }
+
+  void abort_upload(const std::string& key, const std::string& upload_id) {
+    if (no_abort) return;
+    S3Request r;
+    r.method = "DELETE";
+    r.key = key;
+    r.query = {{"uploadId", upload_id}};
+    r.accept = {404, 405, 501};
+    HttpResponse resp = call(r);
+    // A server without AbortMultipartUpload keeps unfinished parts out of
+    // sight; nothing more can be done about them from here.
+    if (resp.status == 405 || resp.status == 501) no_abort = true;
+  }
+};
+
+class S3Reader final : public Reader {
+ public:
+  S3Reader(std::shared_ptr<Context> ctx, std::string key, uint64_t size, std::string etag)
+      : ctx_(std::move(ctx)), key_(std::move(key)), size_(size), etag_(std::move(etag)) {}
+
+  uint64_t size() const override { return size_; }
+
+  void read_at(uint64_t offset, std::span<std::byte> out) override {
+    if (offset > size_ || out.size() > size_ - offset) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: read of {} bytes at byte offset {} is past the end ({} bytes)",
+                              ctx_->uri(key_), out.size(), offset, size_));
+    }
+    if (out.empty()) return;
+    const uint64_t part = ctx_->client->options().part_size;
+    const size_t ranges = static_cast<size_t>((out.size() + part - 1) / part);
+    auto fetch = [&](size_t i) {
+      uint64_t begin = i * part;
+      uint64_t len = std::min<uint64_t>(part, out.size() - begin);
+      get_range(offset + begin, out.subspan(begin, len));
+    };
+    if (ranges == 1) return fetch(0);
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    std::exception_ptr failure;
+    auto worker = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < ranges;) {
+        try {
+          fetch(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> g(mu);
+          if (!failure) failure = std::current_exception();
+          next = ranges;
+        }
+      }
+    };
+    size_t n = std::min<size_t>(ranges, ctx_->client->options().concurrency);
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < n; ++t) threads.emplace_back(worker);
+    worker();
+    for (auto& t : threads) t.join();
+    if (failure) std::rethrow_exception(failure);
+  }
+
+ private:
+  void get_range(uint64_t offset, std::span<std::byte> out) {
+    if (offset == 0 && out.size() == 1 && size_ > 1) {
+      // "bytes=0-0" is read as "bytes=0-" by some servers (s3rver among
+      // them), which then send the whole object: ask for two bytes instead.
+      std::array<std::byte, 2> two;
+      get_range(0, two);
+      out[0] = two[0];
+      return;
+    }
+    S3Request r;
+    r.key = key_;
+    r.headers = {{"range", fmt::format("bytes={}-{}", offset, offset + out.size() - 1)},
+                 {"if-match", etag_}};
+    r.response_buffer = out;
+    r.accept = {412};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 412) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: the object was replaced while being read (ETag {} is gone)",
+                              ctx_->uri(key_), etag_));
+    }
+    if (resp.body_bytes != out.size()) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: asked for {} bytes at byte offset {}, the server sent {}",
+                              ctx_->uri(key_), out.size(), offset, resp.body_bytes));
+    }
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::string key_;
+  uint64_t size_;
+  std::string etag_;
+};
+
+class S3Writer final : public Writer {
+ public:
+  S3Writer(std::shared_ptr<Context> ctx, std::string key)
+      : ctx_(std::move(ctx)),
+        key_(std::move(key)),
+        part_size_(ctx_->client->options().part_size),
+        pool_(ctx_->client->options().concurrency) {}
+
+  ~S3Writer() override {
+    if (committed_) return;
+    try {
+      pool_.wait();
+    } catch (const std::exception&) {  // ignore-error: the write is being discarded
+    }
+    if (!upload_id_.empty()) discard_upload();
+  }
+
+  void append(std::span<const std::byte> data) override { write_at(size_, data); }
+
+  void write_at(uint64_t offset, std::span<const std::byte> data) override {
+    if (committed_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  fmt::format("{}: write after commit", ctx_->uri(key_)));
+    }
+    std::vector<std::pair<int, std::vector<std::byte>>> full;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      size_ = std::max<uint64_t>(size_, offset + data.size());
+      uint64_t at = offset;
+      while (!data.empty()) {
+        uint64_t index = at / part_size_;
+        uint64_t in_part = at % part_size_;
+        size_t n = static_cast<size_t>(std::min<uint64_t>(data.size(), part_size_ - in_part));
+        if (sent_.count(index)) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      fmt::format("{}: write of byte offset {} overlaps a part already uploaded",
+                                  ctx_->uri(key_), at));
+        }
+        Slot& slot = slots_[index];
+        if (slot.data.empty()) slot.data.resize(static_cast<size_t>(part_size_));
+        std::copy(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(n),
+                  slot.data.begin() + static_cast<std::ptrdiff_t>(in_part));
+        slot.filled += n;
+        if (slot.filled >= part_size_) {
+          full.emplace_back(static_cast<int>(index) + 1, std::move(slot.data));
+          slots_.erase(index);
+          sent_.insert(index);
+        }
+        data = data.subspan(n);
+        at += n;
+      }
+    }
+    for (auto& [number, bytes] : full) send_part(number, std::move(bytes));
+  }
+
+  void commit() override {
+    if (committed_) return;
+    std::unique_lock<std::mutex> g(mu_);
+    if (upload_id_.empty() && sent_.empty() && size_ <= part_size_) {
+      // Small object: one PUT.
+      std::vector<std::byte> bytes;
+      if (auto it = slots_.find(0); it != slots_.end()) bytes = std::move(it->second.data);
+      bytes.resize(static_cast<size_t>(size_));
+      g.unlock();
+      put_whole(bytes);
+      committed_ = true;
+      return;
+    }
+    // The rest of the parts: partly written ones, and holes (zeros).
+    uint64_t last = (size_ + part_size_ - 1) / part_size_;
+    std::vector<uint64_t> rest;
+    for (uint64_t i = 0; i < last; ++i) {
+      if (!sent_.count(i)) rest.push_back(i);
+    }
+    std::map<uint64_t, Slot> slots = std::move(slots_);
+    slots_.clear();
+    for (uint64_t i : rest) sent_.insert(i);
+    g.unlock();
+    for (uint64_t i : rest) {
+      std::vector<std::byte> bytes;
+      if (auto it = slots.find(i); it != slots.end()) bytes = std::move(it->second.data);
+      bytes.resize(static_cast<size_t>(std::min(part_size_, size_ - i * part_size_)));
+      send_part(static_cast<int>(i) + 1, std::move(bytes));
+    }
+    pool_.wait();
+    complete();
+    committed_ = true;
+  }
+
+  uint64_t bytes_written() const override { return size_; }
+
+ private:
+  struct Slot {
+    std::vector<std::byte> data;
+    uint64_t filled = 0;
+  };
+
+  void put_whole(std::span<const std::byte> bytes) {
+    S3Request r;
+    r.method = "PUT";
+    r.key = key_;
+    r.body = bytes;
+    r.headers = {{"content-md5", s3::md5_base64(bytes)}};
+    ctx_->call(r);
+  }
+
+  void start_upload() {
+    std::lock_guard<std::mutex> g(start_mu_);
+    if (!upload_id_.empty()) return;
+    S3Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = {{"uploads", ""}};
+    std::string id = s3::parse_initiate_multipart(ctx_->call(r).body);
+    // The marker goes first, so a crash after any part leaves a trace.
+    nlohmann::json marker = {{"key", key_}, {"upload_id", id}};
+    std::string text = marker.dump();
+    S3Request m;
+    m.method = "PUT";
+    m.key = marker_key(key_, id);
+    m.body = bytes_of(text);
+    m.headers = {{"content-md5", s3::md5_base64(m.body)}};
+    try {
+      ctx_->call(m);
+    } catch (...) {
+      upload_id_ = id;
+      throw;
+    }
+    upload_id_ = id;
+  }
+
+  void send_part(int number, std::vector<std::byte> bytes) {
+    start_upload();
+    pool_.submit([this, number, bytes = std::move(bytes)] {
+      S3Request r;
+      r.method = "PUT";
+      r.key = key_;
+      r.query = {{"partNumber", std::to_string(number)}, {"uploadId", upload_id_}};
+      r.body = bytes;
+      r.headers = {{"content-md5", s3::md5_base64(bytes)}};
+      std::string etag = etag_of(ctx_->call(r), ctx_->uri(key_));
+      std::lock_guard<std::mutex> g(mu_);
+      parts_.push_back({number, etag});
+    });
+  }
+
+  void complete() {
+    std::sort(parts_.begin(), parts_.end(),
+              [](const auto& a, const auto& b) { return a.number < b.number; });
+    std::string body = s3::complete_multipart_body(parts_);
+    S3Request r;
+    r.method = "POST";
+    r.key = key_;
+    r.query = {{"uploadId", upload_id_}};
+    r.body = bytes_of(body);
+    r.sign_body = true;
+    r.headers = {{"content-type", "application/xml"}};
+    r.accept = {404};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 404) {
+      // A retried Complete whose first answer was lost finds the upload gone:
+      // the object is whole if it has the size written.
+      std::optional<ObjectInfo> info = stat_object();
+      if (!info || info->size != size_) throw ctx_->client->error_for(ctx_->bucket, r, resp, 1);
+    } else if (auto error = s3::parse_complete_multipart(resp.body)) {
+      throw Error(
+          s3::is_retryable_status(500, error->code) ? ErrorCode::kUnavailable : ErrorCode::kIO,
+          fmt::format("{}: completing the multipart upload failed: {}: {} (request id {})",
+                      ctx_->uri(key_), error->code, error->message, error->request_id),
+          s3::is_retryable_status(500, error->code));
+    }
+    remove_marker();
+  }
+
+  std::optional<ObjectInfo> stat_object() {
+    S3Request r;
+    r.method = "HEAD";
+    r.key = key_;
+    r.accept = {404};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 404) return std::nullopt;
+    return ObjectInfo{key_, content_length(resp, ctx_->uri(key_)), last_modified(resp)};
+  }
+
+  void remove_marker() {
+    S3Request r;
+    r.method = "DELETE";
+    r.key = marker_key(key_, upload_id_);
+    r.accept = {404};
+    try {
+      ctx_->call(r);
+    } catch (const Error& e) {  // ignore-error: a stale marker is cleaned up by gc
+      log::warn(
+          fmt::format("{}: could not remove the upload marker: {}", ctx_->uri(key_), e.what()));
+    }
+  }
+
+  void discard_upload() {
+    try {
+      ctx_->abort_upload(key_, upload_id_);
+    } catch (const Error& e) {  // ignore-error: the marker still names the upload for gc
+      log::warn(
+          fmt::format("{}: could not abort the multipart upload: {}", ctx_->uri(key_), e.what()));
+      return;
+    }
+    remove_marker();
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::string key_;
+  const uint64_t part_size_;
+  std::mutex mu_;
+  std::mutex start_mu_;
+  uint64_t size_ = 0;
+  std::map<uint64_t, Slot> slots_;  // parts being filled, by index
+  std::set<uint64_t> sent_;         // parts handed to the uploader
+  std::string upload_id_;
+  std::vector<s3::CompletedPart> parts_;
+  bool committed_ = false;
+  TaskPool pool_;  // last: its workers use the members above until joined
+};
+
+// Who holds a lease: enough to tell, on the holder's own machine, that the
+// holding process is gone.
+struct Holder {
+  std::string host;
+  std::string boot_id;
+  long pid = 0;
+  std::string start_time;  // the process's start time in clock ticks since boot
+  std::string token;       // unique per lease taken
+
+  nlohmann::json to_json(long long ttl) const {
+    return {{"host", host},   {"boot_id", boot_id}, {"pid", pid}, {"start_time", start_time},
+            {"token", token}, {"ttl_seconds", ttl}};
+  }
+};
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// Field 22 of /proc/<pid>/stat, or "" when the process does not exist.
+std::string process_start_time(long pid) {
+  std::string stat = read_first_line(fmt::format("/proc/{}/stat", pid));
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+  }
+  return field;
+}
+
+Holder this_process() {
+  static const Holder self = [] {
+    Holder h;
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    h.host = name;
+    h.boot_id = read_first_line("/proc/sys/kernel/random/boot_id");
+    h.pid = static_cast<long>(::getpid());
+    h.start_time = process_start_time(h.pid);
+    return h;
+  }();
+  return self;
+}
+
+std::string random_token() {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t seed = std::random_device{}() ^ (uint64_t{std::random_device{}()} << 32);
+  return fmt::format("{:016x}-{}", seed, counter.fetch_add(1));
+}
+
+// The lease as read from the store, and whether it is still in force.
+struct LeaseState {
+  bool exists = false;
+  bool live = false;
+  std::string etag;
+  std::string token;        // empty when the lease could not be read
+  std::string description;  // for kLocked messages
+};
+
+LeaseState read_lease(Context& ctx, const std::string& key) {
+  S3Request r;
+  r.key = key;
+  r.accept = {404};
+  HttpResponse resp = ctx.call(r);
+  LeaseState s;
+  if (resp.status == 404) return s;
+  s.exists = true;
+  s.etag = resp.header("etag").value_or("");
+  double modified = last_modified(resp);
+  double server_now = s3::parse_http_date(resp.header("date").value_or("")).value_or(0.0);
+  if (server_now == 0.0) {
+    server_now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  }
+  nlohmann::json body;
+  try {
+    body = parse_json(resp.body, ctx.uri(key));
+  } catch (const Error&) {  // ignore-error: an unreadable lease lives out its default term
+    body = nlohmann::json::object();
+  }
+  auto str = [&](const char* k) {
+    return body.is_object() && body.contains(k) && body[k].is_string() ? body[k].get<std::string>()
+                                                                       : std::string();
+  };
+  long long ttl =
+      body.is_object() && body.contains("ttl_seconds") && body["ttl_seconds"].is_number_integer()
+          ? body["ttl_seconds"].get<long long>()
+          : ctx.client->options().lock_ttl.count();
+  long pid = body.is_object() && body.contains("pid") && body["pid"].is_number_integer()
+                 ? body["pid"].get<long>()
+                 : 0;
+  s.token = str("token");
+  double age = server_now - modified;
+  s.live = age < static_cast<double>(ttl);
+  // On the holder's own machine a dead holder is known at once.
+  Holder self = this_process();
+  bool same_machine =
+      !self.boot_id.empty() && str("host") == self.host && str("boot_id") == self.boot_id;
+  if (s.live && same_machine && pid > 0 && process_start_time(pid) != str("start_time")) {
+    s.live = false;
+  }
+  s.description =
+      fmt::format("held by pid {} on {} (lease renewed {:.0f} s ago, expires after {} s)", pid,
+                  str("host").empty() ? "an unknown host" : str("host"), age, ttl);
+  return s;
+}
+
+// A lease on a key: an object naming its holder, renewed by a heartbeat
+// thread every third of its lifetime and deleted on release. A holder that
+// dies stops renewing, so the lease lapses after lock_ttl (at once when the
+// next taker runs on the same machine and sees the holder's process gone).
+class S3Lock final : public Lock {
+ public:
+  S3Lock(std::shared_ptr<Context> ctx, std::string key, std::string body, std::string token)
+      : ctx_(std::move(ctx)),
+        key_(std::move(key)),
+        body_(std::move(body)),
+        token_(std::move(token)) {
+    heartbeat_ = std::thread([this] { beat(); });
+  }
+  ~S3Lock() override {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    heartbeat_.join();
+    try {
+      LeaseState s = read_lease(*ctx_, key_);
+      if (s.exists && s.token == token_) {
+        S3Request r;
+        r.method = "DELETE";
+        r.key = key_;
+        r.accept = {404};
+        ctx_->call(r);
+      }
+    } catch (const Error& e) {  // ignore-error: an unreleased lease lapses after its TTL
+      log::warn(fmt::format("{}: could not release the lock: {}", ctx_->uri(key_), e.what()));
+    }
+  }
+
+ private:
+  void beat() {
+    const auto period = ctx_->client->options().lock_ttl / 3;
+    std::unique_lock<std::mutex> g(mu_);
+    while (!cv_.wait_for(g, period, [&] { return stop_; })) {
+      g.unlock();
+      try {
+        LeaseState s = read_lease(*ctx_, key_);
+        // A lease read mid-write (some servers let that happen) has no
+        // token: only another holder's token means the lease was lost.
+        if (s.exists && !s.token.empty() && s.token != token_) {
+          log::error(fmt::format("{}: the lock was taken over by another process ({})",
+                                 ctx_->uri(key_), s.description));
+          g.lock();
+          return;
+        }
+        S3Request r;
+        r.method = "PUT";
+        r.key = key_;
+        r.body = bytes_of(body_);
+        r.headers = {{"content-md5", s3::md5_base64(r.body)}};
+        ctx_->call(r);
+      } catch (const Error& e) {  // ignore-error: the next beat tries again
+        log::warn(fmt::format("{}: renewing the lock failed: {}", ctx_->uri(key_), e.what()));
+      }
+      g.lock();
+    }
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::string key_;
+  std::string body_;
+  std::string token_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread heartbeat_;
+};
+
+class S3Storage final : public Storage {
+ public:
+  S3Storage(std::shared_ptr<Context> ctx, std::string prefix)
+      : ctx_(std::move(ctx)), prefix_(std::move(prefix)) {}
+
+  std::string uri() const override { return ctx_->uri(prefix_); }
+
+  std::shared_ptr<Storage> child(std::string_view prefix) const override {
+    if (!prefix.empty()) validate_key(prefix);
+    return std::make_shared<S3Storage>(ctx_, join_key(prefix_, prefix));
+  }
+
+  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+    return std::make_unique<S3Writer>(ctx_, full(key));
+  }
+
+  std::unique_ptr<Reader> open_reader(std::string_view key) override {
+    std::string k = full(key);
+    S3Request r;
+    r.method = "HEAD";
+    r.key = k;
+    r.accept = {404};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 404) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object", ctx_->uri(k)));
+    }
+    return std::make_unique<S3Reader>(ctx_, k, content_length(resp, ctx_->uri(k)),
+                                      etag_of(resp, ctx_->uri(k)));
+  }
+
+  std::optional<ObjectInfo> stat(std::string_view key) override {
+    std::string k = full(key);
+    S3Request r;
+    r.method = "HEAD";
+    r.key = k;
+    r.accept = {404};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 404) return std::nullopt;
+    return ObjectInfo{std::string(key), content_length(resp, ctx_->uri(k)), last_modified(resp)};
+  }
+
+  std::vector<ObjectInfo> list(std::string_view prefix) override {
+    std::vector<ObjectInfo> out;
+    for (ObjectInfo& o : list_raw(prefix)) {
+      if (!is_marker_key(o.key)) out.push_back(std::move(o));
+    }
+    return out;
+  }
+
+  void remove(std::string_view key) override {
+    S3Request r;
+    r.method = "DELETE";
+    r.key = full(key);
+    r.accept = {404};
+    ctx_->call(r);
+  }
+
+  void remove_many(const std::vector<std::string>& keys) override {
+    constexpr size_t kBatch = 1000;  // S3's limit per DeleteObjects
+    for (size_t at = 0; at < keys.size(); at += kBatch) {
+      std::vector<std::string> batch;
+      for (size_t i = at; i < std::min(keys.size(), at + kBatch); ++i)
+        batch.push_back(full(keys[i]));
+      std::string body = s3::delete_objects_body(batch);
+      S3Request r;
+      r.method = "POST";
+      r.query = {{"delete", ""}};
+      r.body = bytes_of(body);
+      r.sign_body = true;
+      r.headers = {{"content-md5", s3::md5_base64(r.body)}, {"content-type", "application/xml"}};
+      auto failures = s3::parse_delete_result(ctx_->call(r).body);
+      if (!failures.empty()) {
+        const auto& f = failures.front();
+        throw Error(
+            ErrorCode::kIO,
+            fmt::format("{}: delete failed: {}: {} ({} of {} keys not deleted)", ctx_->uri(f.key),
+                        f.code, f.message, failures.size(), batch.size()));
+      }
+    }
+  }
+
+  std::unique_ptr<Lock> try_lock(std::string_view key) override {
+    std::string k = full(key);
+    LeaseState s = read_lease(*ctx_, k);
+    if (s.exists && s.live) {
+      throw Error(ErrorCode::kLocked, fmt::format("{}: locked, {}", ctx_->uri(k), s.description),
+                  /*retryable=*/true);
+    }
+    Holder h = this_process();
+    h.token = random_token();
+    std::string body = h.to_json(ctx_->client->options().lock_ttl.count()).dump();
+    S3Request r;
+    r.method = "PUT";
+    r.key = k;
+    r.body = bytes_of(body);
+    r.headers = {{"content-md5", s3::md5_base64(r.body)}};
+    // Where the server has conditional writes (AWS S3 does) taking the lease
+    // is atomic: only one of several racing takers succeeds.
+    if (s.exists) {
+      r.headers.emplace_back("if-match", s.etag);
+    } else {
+      r.headers.emplace_back("if-none-match", "*");
+    }
+    r.accept = {409, 412};
+    HttpResponse resp = ctx_->call(r);
+    if (resp.status == 409 || resp.status == 412) {
+      throw Error(ErrorCode::kLocked,
+                  fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
+                  /*retryable=*/true);
+    }
+    // Elsewhere the last writer wins: read back to see who did.
+    LeaseState after = read_lease(*ctx_, k);
+    if (!after.exists || after.token != h.token) {
+      throw Error(ErrorCode::kLocked,
+                  fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
+                  /*retryable=*/true);
+    }
+    return std::make_unique<S3Lock>(ctx_, k, body, h.token);
+  }
+
+  bool is_locked(std::string_view key) override {
+    LeaseState s = read_lease(*ctx_, full(key));
+    return s.exists && s.live;
+  }
+
+  std::vector<std::string> list_incomplete(std::string_view prefix) override {
+    std::set<std::string> ids;
+    for (const ObjectInfo& o : list_raw(prefix)) {
+      if (is_marker_key(o.key)) ids.insert(o.key);
+    }
+    if (!ctx_->no_list_uploads) {
+      std::string p = prefix.empty() ? prefix_ : full(prefix);
+      for (const auto& [key, upload_id] : list_uploads(p.empty() ? "" : p + "/")) {
+        if (!prefix_.empty() && !key.starts_with(prefix_ + "/")) continue;
+        ids.insert(marker_key(relative(key), upload_id));
+      }
+    }
+    return {ids.begin(), ids.end()};
+  }
+
+  void discard_incomplete(std::string_view id) override {
+    validate_key(id);
+    if (!is_marker_key(id)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: not an incomplete write", uri_of(id)));
+    }
+    std::string marker = full(id);
+    std::string key = key_of_marker(marker);
+    std::string hash = std::string(split_dir(marker).second.substr(
+        split_dir(marker).second.find(kUploadMarker) + kUploadMarker.size()));
+    std::vector<std::string> uploads;
+    S3Request get;
+    get.key = marker;
+    get.accept = {404};
+    HttpResponse resp = ctx_->call(get);
+    if (resp.status != 404) {
+      try {
+        nlohmann::json m = parse_json(resp.body, ctx_->uri(marker));
+        if (m.is_object() && m.contains("upload_id") && m["upload_id"].is_string()) {
+          uploads.push_back(m["upload_id"].get<std::string>());
+        }
+      } catch (const Error& e) {  // ignore-error: the listing below finds the upload
+        log::warn(e.what());
+      }
+    }
+    if (uploads.empty() && !ctx_->no_list_uploads) {
+      for (const auto& [k, upload_id] : list_uploads(key)) {
+        if (k == key && hash_to_hex(xxh3_64(upload_id)) == hash) uploads.push_back(upload_id);
+      }
+    }
+    for (const std::string& upload_id : uploads) ctx_->abort_upload(key, upload_id);
+    S3Request del;
+    del.method = "DELETE";
+    del.key = marker;
+    del.accept = {404};
+    ctx_->call(del);
+  }
+
+  std::optional<std::filesystem::path> local_path(std::string_view) const override {
+    return std::nullopt;
+  }
+
+ private:
+  std::string full(std::string_view key) const {
+    validate_key(key);
+    return join_key(prefix_, key);
+  }
+
+  std::string relative(std::string_view key) const {
+    return prefix_.empty() ? std::string(key) : std::string(key.substr(prefix_.size() + 1));
+  }
+
+  // Every object under `prefix` (markers included), keys relative to the root.
+  std::vector<ObjectInfo> list_raw(std::string_view prefix) {
+    std::string p = prefix.empty() ? prefix_ : full(prefix);
+    std::string dir = p.empty() ? "" : p + "/";
+    std::vector<ObjectInfo> out;
+    std::string token;
+    do {
+      S3Request r;
+      r.query = {{"list-type", "2"}, {"prefix", dir}, {"encoding-type", "url"}};
+      if (!token.empty()) r.query.emplace_back("continuation-token", token);
+      s3::ListPage page = s3::parse_list_objects_v2(ctx_->call(r).body);
+      for (auto& o : page.objects) {
+        if (!o.key.starts_with(dir)) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: the listing returned key \"{}\" outside the prefix",
+                                  ctx_->uri(p), o.key));
+        }
+        std::string rel = relative(o.key);
+        try {
+          validate_key(rel, /*is_stored=*/true);
+        } catch (const Error&) {  // ignore-error: not a key Cairn wrote; never reachable
+          continue;
+        }
+        out.push_back({std::move(rel), o.size, o.modified});
+      }
+      token = page.truncated ? page.next_token : "";
+    } while (!token.empty());
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    return out;
+  }
+
+  std::vector<std::pair<std::string, std::string>> list_uploads(const std::string& prefix) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::string key_marker, id_marker;
+    for (;;) {
+      S3Request r;
+      r.query = {{"uploads", ""}, {"prefix", prefix}, {"encoding-type", "url"}};
+      if (!key_marker.empty()) r.query.emplace_back("key-marker", key_marker);
+      if (!id_marker.empty()) r.query.emplace_back("upload-id-marker", id_marker);
+      r.accept = {405, 501};
+      HttpResponse resp = ctx_->call(r);
+      if (resp.status == 405 || resp.status == 501) {
+        ctx_->no_list_uploads = true;
+        return out;
+      }
+      s3::UploadsPage page = s3::parse_list_multipart_uploads(resp.body);
+      for (auto& u : page.uploads) out.emplace_back(std::move(u.key), std::move(u.upload_id));
+      if (!page.truncated) return out;
+      key_marker = page.next_key_marker;
+      id_marker = page.next_upload_id_marker;
+    }
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::string prefix_;
+};
+
+bool valid_bucket_name(std::string_view b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_view prefix) {
+  if (!valid_bucket_name(bucket)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("s3://{}: not a valid bucket name (3 to 63 characters: lowercase "
+                            "letters, digits, '.', '-')",
+                            bucket));
+  }
+  if (!prefix.empty()) validate_key(prefix);
+  s3::AwsEnvironment env = s3::AwsEnvironment::process();
+  auto ctx = std::make_shared<Context>();
+  ctx->bucket = std::string(bucket);
+  s3::S3Options options = s3::S3Options::from_environment(env);
+  static std::shared_ptr<s3::HttpClient> http = s3::make_http_client();
+  ctx->client = std::make_shared<S3Client>(s3::resolve_s3_settings(env),
+                                           s3::default_credentials(env), http, options);
+  return std::make_shared<S3Storage>(ctx, std::string(prefix));
+}
+
+}  // namespace cairn

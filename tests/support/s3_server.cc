@@ -1,0 +1,136 @@
+#include "support/s3_server.h"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef CAIRN_SOURCE_DIR
+#error "CAIRN_SOURCE_DIR must name the source tree"
+#endif
+
+namespace cairn::testing {
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    throw std::runtime_error("free_port: cannot bind 127.0.0.1:0");
+  }
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool wait_for_port(int port, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string s3rver_entry() {
+  if (const char* e = std::getenv("CAIRN_S3RVER")) return e;
+  std::string cmd = fmt::format("bash '{}/scripts/install-s3rver.sh'", CAIRN_SOURCE_DIR);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("cannot run " + cmd);
+  std::string out;
+  std::array<char, 512> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int rc = ::pclose(p);
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  if (rc != 0 || out.empty() || !std::filesystem::exists(out)) {
+    throw std::runtime_error(fmt::format("{} failed (exit {}): s3rver is not installed", cmd, rc));
+  }
+  return out;
+}
+
+S3Server& S3Server::instance() {
+  static S3Server server;
+  return server;
+}
+
+S3Server::S3Server() {
+  std::string entry = s3rver_entry();
+  char tmpl[] = "/tmp/cairn-s3rver-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  for (int attempt = 0; attempt < 5 && pid_ < 0; ++attempt) {
+    port_ = free_port();
+    std::string port = std::to_string(port_);
+    pid_t parent = ::getpid();
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(1);
+      // s3rver makes continuation tokens with DES, which OpenSSL 3 keeps in
+      // its legacy provider.
+      ::execlp("node", "node", "--openssl-legacy-provider", entry.c_str(), "-d", dir_.c_str(), "-a",
+               "127.0.0.1", "-p", port.c_str(), "--silent", "--configure-bucket", bucket_.c_str(),
+               static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    if (wait_for_port(port_, 20000)) {
+      pid_ = pid;
+    } else {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  if (pid_ < 0) throw std::runtime_error("s3rver did not start on 127.0.0.1");
+  endpoint_ = fmt::format("http://127.0.0.1:{}", port_);
+  ::setenv("AWS_ENDPOINT_URL_S3", endpoint_.c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  ::unsetenv("AWS_PROFILE");
+  ::setenv("AWS_REGION", "us-east-1", 1);
+  ::setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+  ::setenv("AWS_CONFIG_FILE", "/dev/null", 1);
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
+  ::setenv("CAIRN_S3_PART_SIZE", "262144", 0);
+  ::setenv("CAIRN_S3_MAX_ATTEMPTS", "4", 0);
+  ::setenv("CAIRN_S3_LOCK_TTL", "6", 0);
+}
+
+S3Server::~S3Server() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+std::string S3Server::fresh_uri(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  return fmt::format("s3://{}/{}-{}-{}", bucket_, tag, ::getpid(), counter++);
+}
+
+}  // namespace cairn::testing
