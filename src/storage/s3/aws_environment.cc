@@ -1,0 +1,26 @@
+// AwsEnvironment::process(): the real environment, clock, HTTP client and
+// process runner. Apart from the rest of aws_config.cc because it is the one
+// piece that needs the libcurl client.
+#include <cstdlib>
+#include <string>
+
+#include "storage/s3/aws_config.h"
+
+namespace cairn::s3 {
+
+AwsEnvironment AwsEnvironment::process() {
+  AwsEnvironment env;
+  env.getenv = [](std::string_view name) -> std::optional<std::string> {
+    // std::getenv is safe to call from many threads as long as nothing
+    // modifies the environment, which Cairn never does.
+    const char* v = std::getenv(std::string(name).c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+  env.now = [] { return std::chrono::system_clock::now(); };
+  env.http = make_http_client(8);
+  env.run_process = [](const std::string& command) { return run_shell_command(command); };
+  return env;
+}
+
+}  // namespace cairn::s3
