@@ -20,6 +20,7 @@
 #include "cairn/manager.h"
 #include "cairn/state_manager.h"
 #include "cairn/train.h"
+#include "cairn/transfer.h"
 #include "cli/commands.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
@@ -254,6 +255,36 @@ TEST_F(S3EndToEnd, CliListsVerifiesAndCleansAnExperimentOnS3) {
   cli::collect_gc(exp, /*dry_run=*/false);
   EXPECT_FALSE(open_storage(exp)->exists("checkpoint_000007/a.bin"));
   EXPECT_TRUE(open_storage(exp)->exists("checkpoint_000000/a.bin"));
+}
+
+TEST_F(S3EndToEnd, CpCopiesAnExperimentToS3AndBackAndAReRunCopiesNothing) {
+  TempDir src;
+  const std::string local = (src.path() / "exp").string();
+  {
+    CheckpointManager m(local, {});
+    for (int i = 0; i < 3; ++i) {
+      fs::path d = src.path() / fmt::format("in-{}", i);
+      write_file(d / "model.bin", std::string(600'000 + i, static_cast<char>('m' + i)));
+      m.register_checkpoint({{"i", i}}, Checkpoint::from_directory(d.string()));
+    }
+  }
+  TransferOptions o;
+  o.chunk_size = 256 * 1024;
+  TransferReport up = transfer(local, root + "/copied", o);
+  EXPECT_EQ(up.kind, TransferKind::kExperiment);
+  EXPECT_EQ(up.checkpoints_copied.size(), 3u);
+  {
+    CheckpointManager remote(root + "/copied", {});
+    ASSERT_EQ(remote.history().size(), 3u);
+    for (const auto& r : remote.history()) EXPECT_TRUE(r.checkpoint.verify().empty());
+  }
+  TransferReport again = transfer(local, root + "/copied", o);
+  EXPECT_EQ(again.files_copied, 0u);
+  TransferReport down =
+      transfer(root + "/copied/checkpoint_000002", (src.path() / "back").string(), o);
+  EXPECT_EQ(down.kind, TransferKind::kCheckpoint);
+  EXPECT_EQ(slurp(src.path() / "back" / "model.bin"), std::string(600'002, 'o'));
+  EXPECT_TRUE(Checkpoint::from_directory((src.path() / "back").string()).verify().empty());
 }
 
 }  // namespace

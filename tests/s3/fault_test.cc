@@ -88,9 +88,7 @@ void epoch_loop(const nlohmann::json& config) {
 
 class S3Faults : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ::setenv("CAIRN_CACHE_DIR", (dir.path() / "views").c_str(), 1);
-  }
+  void SetUp() override { ::setenv("CAIRN_CACHE_DIR", (dir.path() / "views").c_str(), 1); }
   void TearDown() override { ::unsetenv("CAIRN_CACHE_DIR"); }
 
   TempDir dir;
@@ -109,7 +107,8 @@ TEST_F(S3Faults, AtTenPercentFaultsSavesLoadsRetentionAndAFitStillCommitEverythi
   {
     CheckpointManager m(root + "/exp", config);
     for (int i = 0; i < 6; ++i) {
-      m.register_checkpoint({{"i", i}}, Checkpoint::from_directory(make_source(dir.path(), i).string()));
+      m.register_checkpoint({{"i", i}},
+                            Checkpoint::from_directory(make_source(dir.path(), i).string()));
     }
   }
   CheckpointManager m(root + "/exp", config);
@@ -141,7 +140,8 @@ TEST_F(S3Faults, WhenEveryRequestFailsTheErrorIsClearAndNothingPartialIsVisible)
   ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
   ScopedEnv attempts("CAIRN_S3_MAX_ATTEMPTS", "3");
   CheckpointManager m(root + "/exp", {});
-  m.register_checkpoint({{"i", 0}}, Checkpoint::from_directory(make_source(dir.path(), 0).string()));
+  m.register_checkpoint({{"i", 0}},
+                        Checkpoint::from_directory(make_source(dir.path(), 0).string()));
   // Every write fails from now on; reads still work, so what is visible can
   // be checked through the same proxy.
   proxy.configure(R"({"rate": 1.0, "faults": ["503", "slowdown", "reset-request"],

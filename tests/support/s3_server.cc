@@ -10,13 +10,13 @@
 #include <thread>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "storage/s3/http.h"
@@ -138,7 +138,6 @@ std::string S3Server::fresh_uri(const std::string& tag) {
 
 }  // namespace cairn::testing
 
-
 namespace cairn::testing {
 
 FaultProxy::FaultProxy() {
@@ -196,8 +195,8 @@ std::string FaultProxy::control(const std::string& method, const std::string& pa
   r.headers = {{"content-type", "application/json"}};
   s3::HttpResponse resp = http->send(r);
   if (resp.status != 200) {
-    throw std::runtime_error(fmt::format("fault proxy {} {}: HTTP {} {}", method, path,
-                                         resp.status, resp.body));
+    throw std::runtime_error(
+        fmt::format("fault proxy {} {}: HTTP {} {}", method, path, resp.status, resp.body));
   }
   return resp.body;
 }

@@ -66,8 +66,7 @@ class FaultProxy {
   std::string stats();
 
  private:
-  std::string control(const std::string& method, const std::string& path,
-                      const std::string& body);
+  std::string control(const std::string& method, const std::string& path, const std::string& body);
   std::string endpoint_;
   int pid_ = -1;
   int stdin_fd_ = -1;

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/manager.h"
+#include "support/s3_server.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
 
@@ -376,6 +377,48 @@ TEST_F(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
       << errors;
   EXPECT_TRUE(has(errors, "2 host(s)")) << errors;
   EXPECT_FALSE(worker_context(out_, 0, 0).is_object()) << "training started";
+}
+
+// S3 is storage every node reaches: the same run on s3://, first on one
+// host, then with every process on its own host with node-local scratch.
+TEST_F(MpiLauncher, TwoProcessesTrainOnS3Storage) {
+  const std::string root = testing::S3Server::instance().fresh_uri("mpi");
+  Launch l = mpirun("basic", root, out_);
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out_, l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["path"], root + "/mpi_exp");
+  EXPECT_EQ(expect_all_verify(root + "/mpi_exp"), 2u);
+}
+
+TEST_F(MpiLauncher, RanksOnDistinctHostsWithNodeLocalMountsTrainOnS3) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  const std::string root = testing::S3Server::instance().fresh_uri("mpi-nodes");
+  const fs::path local = dir_ / "node-local";
+  fs::create_directories(local);
+  const std::vector<std::string> wrapper = {
+      "unshare",
+      "--uts",
+      "--mount",
+      "sh",
+      "-c",
+      fmt::format("hostname cairn-node$OMPI_COMM_WORLD_RANK && mount -t tmpfs cairn-local {} && "
+                  "exec \"$@\"",
+                  local.string()),
+      "sh"};
+  Launch l = mpirun("basic", root, out_, wrapper,
+                    {"CAIRN_MPI_ADDRESS=127.0.0.1", "TMPDIR=" + local.string()});
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out_, l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    nlohmann::json c = worker_context(out_, rank, 0);
+    ASSERT_TRUE(c.is_object()) << l.log;
+    EXPECT_EQ(c["node_rank"], rank);
+  }
+  EXPECT_EQ(expect_all_verify(root + "/mpi_exp"), 2u);
 }
 
 }  // namespace

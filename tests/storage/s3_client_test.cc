@@ -1,0 +1,205 @@
+// S3Client's request loop with a scripted HTTP client: retries, credential
+// re-reads on ExpiredToken, error mapping and addressing.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <mutex>
+
+#include "cairn/error.h"
+#include "storage/s3/client.h"
+
+namespace cairn::s3 {
+namespace {
+
+class ScriptedHttp final : public HttpClient {
+ public:
+  std::deque<HttpResponse> replies;
+  std::vector<HttpRequest> seen;
+  HttpResponse send(const HttpRequest& r) override {
+    std::lock_guard<std::mutex> g(mu);
+    seen.push_back(r);
+    if (replies.empty()) throw Error(ErrorCode::kUnavailable, "no scripted reply", true);
+    HttpResponse out = replies.front();
+    replies.pop_front();
+    if (out.status == 0) throw Error(ErrorCode::kUnavailable, r.url + ": connection reset", true);
+    return out;
+  }
+  std::mutex mu;
+};
+
+class CountingCredentials final : public CredentialsProvider {
+ public:
+  int gets = 0, refreshes = 0;
+  Credentials get() override {
+    ++gets;
+    return {"AKID" + std::to_string(refreshes), "secret", "", std::nullopt, "test"};
+  }
+  Credentials refresh() override {
+    ++refreshes;
+    return get();
+  }
+};
+
+HttpResponse reply(int status, std::string body = "", Headers headers = {}) {
+  HttpResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  r.headers = std::move(headers);
+  return r;
+}
+
+std::string error_xml(const std::string& code) {
+  return "<Error><Code>" + code + "</Code><Message>m</Message><RequestId>RID</RequestId></Error>";
+}
+
+struct Fixture {
+  explicit Fixture(bool custom = true, S3Settings::Addressing a = S3Settings::Addressing::kAuto) {
+    S3Settings s;
+    s.region = "us-east-1";
+    s.custom_endpoint = custom;
+    s.endpoint = custom ? "http://127.0.0.1:9000" : "https://s3.us-east-1.amazonaws.com";
+    s.addressing = a;
+    S3Options o;
+    o.retry.base = std::chrono::milliseconds(1);
+    o.retry.max_attempts = 3;
+    client = std::make_unique<S3Client>(s, creds, http, o);
+  }
+  std::shared_ptr<ScriptedHttp> http = std::make_shared<ScriptedHttp>();
+  std::shared_ptr<CountingCredentials> creds = std::make_shared<CountingCredentials>();
+  std::unique_ptr<S3Client> client;
+};
+
+std::string header_of(const HttpRequest& r, const std::string& name) {
+  for (const auto& [k, v] : r.headers)
+    if (k == name) return v;
+  return "";
+}
+
+TEST(S3Client, ExpiredTokenReReadsCredentialsOnceAndRepeatsTheRequest) {
+  Fixture f;
+  f.http->replies = {reply(400, error_xml("ExpiredToken")), reply(200)};
+  S3Request r;
+  r.key = "k";
+  f.client->call("b", r);
+  EXPECT_EQ(f.creds->refreshes, 1);
+  ASSERT_EQ(f.http->seen.size(), 2u);
+  EXPECT_NE(header_of(f.http->seen[1], "authorization").find("Credential=AKID1/"),
+            std::string::npos);
+}
+
+TEST(S3Client, ASecondExpiredTokenIsNotRetriedForever) {
+  Fixture f;
+  f.http->replies = {reply(400, error_xml("ExpiredToken")), reply(400, error_xml("ExpiredToken"))};
+  S3Request r;
+  r.key = "k";
+  EXPECT_THROW(f.client->call("b", r), Error);
+  EXPECT_EQ(f.creds->refreshes, 1);
+  EXPECT_EQ(f.http->seen.size(), 2u);
+}
+
+TEST(S3Client, ThrottlingAndResetsAreRetriedThenSucceed) {
+  Fixture f;
+  f.http->replies = {reply(503, error_xml("SlowDown")), reply(0), reply(200, "ok")};
+  S3Request r;
+  r.key = "k";
+  EXPECT_EQ(f.client->call("b", r).body, "ok");
+  EXPECT_EQ(f.http->seen.size(), 3u);
+}
+
+TEST(S3Client, ExhaustedRetriesNameObjectStatusCodeRequestIdAndAttempts) {
+  Fixture f;
+  for (int i = 0; i < 3; ++i) f.http->replies.push_back(reply(503, error_xml("SlowDown")));
+  S3Request r;
+  r.method = "PUT";
+  r.key = "exp/a.bin";
+  try {
+    f.client->call("bucket", r);
+    FAIL();
+  } catch (const Error& e) {
+    std::string w = e.what();
+    EXPECT_TRUE(e.retryable());
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    for (const char* part :
+         {"s3://bucket/exp/a.bin", "PUT", "HTTP 503", "SlowDown", "RID", "3 attempts"}) {
+      EXPECT_NE(w.find(part), std::string::npos) << part << " in " << w;
+    }
+  }
+}
+
+TEST(S3Client, ForbiddenAndMissingAreNotRetried) {
+  Fixture f;
+  f.http->replies = {reply(403, error_xml("AccessDenied"))};
+  S3Request r;
+  r.key = "k";
+  try {
+    f.client->call("b", r);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+    EXPECT_FALSE(e.retryable());
+  }
+  EXPECT_EQ(f.http->seen.size(), 1u);
+  f.http->replies = {reply(404, error_xml("NoSuchBucket"))};
+  try {
+    f.client->call("b", r);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find("bucket does not exist"), std::string::npos);
+  }
+}
+
+TEST(S3Client, AWrongRegionIsReportedWithTheBucketsRegion) {
+  Fixture f;
+  f.http->replies = {
+      reply(301, error_xml("PermanentRedirect"), {{"x-amz-bucket-region", "eu-west-1"}})};
+  S3Request r;
+  r.key = "k";
+  try {
+    f.client->call("b", r);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("AWS_REGION=eu-west-1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(S3Client, AddressingIsVirtualOnAwsAndPathStyleOnCustomEndpoints) {
+  Fixture aws(/*custom=*/false);
+  aws.http->replies = {reply(200), reply(200)};
+  S3Request r;
+  r.key = "dir/a b+c";
+  r.query = {{"partNumber", "1"}, {"uploadId", "u/1"}};
+  aws.client->call("my-bucket", r);
+  EXPECT_EQ(
+      aws.http->seen[0].url,
+      "https://my-bucket.s3.us-east-1.amazonaws.com/dir/a%20b%2Bc?partNumber=1&uploadId=u%2F1");
+  aws.client->call("dotted.bucket", r);  // not a DNS label: path-style
+  EXPECT_EQ(aws.http->seen[1].url.rfind("https://s3.us-east-1.amazonaws.com/dotted.bucket/dir/", 0),
+            0u);
+  Fixture local(/*custom=*/true);
+  local.http->replies = {reply(200)};
+  local.client->call("my-bucket", r);
+  EXPECT_EQ(local.http->seen[0].url.rfind("http://127.0.0.1:9000/my-bucket/dir/a%20b%2Bc?", 0), 0u);
+  Fixture forced(/*custom=*/true, S3Settings::Addressing::kVirtual);
+  forced.http->replies = {reply(200)};
+  forced.client->call("my-bucket", r);
+  EXPECT_EQ(forced.http->seen[0].url.rfind("http://my-bucket.127.0.0.1:9000/dir/", 0), 0u);
+}
+
+TEST(S3Client, BadTunablesAreRefusedNamingTheVariable) {
+  AwsEnvironment env;
+  env.getenv = [](std::string_view name) -> std::optional<std::string> {
+    if (name == "CAIRN_S3_PART_SIZE") return "12x";
+    return std::nullopt;
+  };
+  try {
+    S3Options::from_environment(env);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("CAIRN_S3_PART_SIZE"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace cairn::s3
