@@ -126,6 +126,11 @@ class Storage {
   virtual std::vector<std::string> list_incomplete(std::string_view prefix) = 0;
   virtual void discard_incomplete(std::string_view id) = 0;
 
+  // Whether the backend has the store check every upload's bytes against a
+  // digest Cairn computed from them (S3: Content-MD5), so that reading an
+  // object back right after writing it proves nothing more.
+  virtual bool verifies_uploads() const { return false; }
+
   // How many bytes one read_at should ask for to run at full speed: 8 MiB for
   // local files; on S3 enough ranges to keep every parallel request busy.
   virtual uint64_t preferred_read_size() const { return 8ull << 20; }

@@ -80,6 +80,19 @@ struct TransferProgress {
   bool skipped = false;
 };
 
+// How a copy checks what landed at the destination before it writes the
+// manifest there.
+enum class TransferVerify {
+  // kSize where the destination checks every upload's integrity itself (S3:
+  // Content-MD5 on every PUT and part, so the server refuses bytes that
+  // differ from the ones Cairn checksummed), kChecksum elsewhere.
+  kAuto,
+  // Read every copied file back and compare its size and XXH3-64.
+  kChecksum,
+  // Compare every copied file's size as stored (one stat each).
+  kSize,
+};
+
 struct TransferOptions {
   // Threads reading and writing at once; >= 1.
   int jobs = 8;
@@ -92,6 +105,7 @@ struct TransferOptions {
   // Seconds on a monotonic clock, for TransferReport::seconds. Default: the
   // steady clock.
   std::function<double()> clock;
+  TransferVerify verify = TransferVerify::kAuto;
 };
 
 struct TransferReport {

@@ -13,7 +13,10 @@
 //   4. Every other file is copied in ranged chunks by `jobs` threads; the
 //      chunks of a file are hashed in order as they are read and the file is
 //      committed only if its size and XXH3 match the manifest.
-//   5. Every copied file is read back from the destination and checked again.
+//   5. Every copied file is checked at the destination: read back and
+//      checksummed, or (TransferVerify::kSize, the default where the
+//      destination verifies uploads itself, as S3 does with Content-MD5) its
+//      stored size compared.
 //   6. Metadata, then the manifest (the source's bytes) are written, last:
 //      only now is the destination a committed checkpoint.
 // For an experiment: take the destination's lock, copy each committed
@@ -364,7 +367,22 @@ void sync_files(Storage& src, Storage& dst, const std::vector<ManifestEntry>& fi
     if (!in_place.count(f.path)) todo.push_back({f, false});
   }
   run_pass(Pass::kCopy, src, &dst, todo, ctx.options, &ctx.progress);
-  run_pass(Pass::kVerify, dst, nullptr, todo, ctx.options, nullptr);
+  const bool read_back = ctx.options.verify == TransferVerify::kChecksum ||
+                         (ctx.options.verify == TransferVerify::kAuto && !dst.verifies_uploads());
+  if (read_back) {
+    run_pass(Pass::kVerify, dst, nullptr, todo, ctx.options, nullptr);
+  } else {
+    for (const auto& t : todo) {
+      std::optional<ObjectInfo> got = dst.stat(t.want.path);
+      if (!got || got->size != t.want.size) {
+        throw Error(
+            ErrorCode::kCorruption,
+            fmt::format("{}: after copying: {}, the manifest says {}", dst.uri_of(t.want.path),
+                        got ? fmt::format("size {}", got->size) : std::string("missing"),
+                        t.want.size));
+      }
+    }
+  }
   for (const auto& t : todo) {
     ++ctx.report.files_copied;
     ctx.report.bytes_copied += t.want.size;

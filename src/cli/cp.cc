@@ -153,7 +153,8 @@ std::string cp_to_text(const TransferReport& r) {
   return out;
 }
 
-TransferReport run_cp(std::string_view src, std::string_view dst, int jobs, bool progress) {
+TransferReport run_cp(std::string_view src, std::string_view dst, int jobs, bool progress,
+                      TransferVerify verify) {
   using Mode = ProgressReporter::Mode;
   Mode mode = Mode::kOff;
   size_t width = 80;
@@ -178,6 +179,7 @@ TransferReport run_cp(std::string_view src, std::string_view dst, int jobs, bool
   TransferOptions options;
   options.jobs = jobs;
   options.clock = clock;
+  options.verify = verify;
   if (mode != Mode::kOff) options.progress = [&](const TransferProgress& p) { reporter.update(p); };
   try {
     TransferReport report = transfer(src, dst, options);

@@ -87,6 +87,7 @@ std::string cp_to_text(const TransferReport& report);
 // Copies SRC to DST (cairn::transfer) with `jobs` threads, reporting progress
 // on stderr (a bar when stderr is a terminal, lines otherwise) unless
 // `progress` is false. Throws cairn::Error as transfer() does.
-TransferReport run_cp(std::string_view src, std::string_view dst, int jobs, bool progress);
+TransferReport run_cp(std::string_view src, std::string_view dst, int jobs, bool progress,
+                      TransferVerify verify = TransferVerify::kAuto);
 
 }  // namespace cairn::cli

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -87,6 +88,15 @@ int main(int argc, char** argv) {
   cp->add_option("--jobs,-j", jobs, "Parallel reads and writes (default 8)")
       ->check(CLI::Range(1, 1024));
   cp->add_flag("--no-progress", no_progress, "Do not report progress on stderr");
+  cairn::TransferVerify verify_mode = cairn::TransferVerify::kAuto;
+  cp->add_option("--verify", verify_mode,
+                 "How copied files are checked before the manifest is written: checksum (read "
+                 "back), size, or auto (size where the destination checks uploads itself, as S3 "
+                 "does; checksum elsewhere)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, cairn::TransferVerify>{
+          {"auto", cairn::TransferVerify::kAuto},
+          {"checksum", cairn::TransferVerify::kChecksum},
+          {"size", cairn::TransferVerify::kSize}}));
   cp->add_option("SRC", path, "a committed checkpoint or an experiment (a path or URI)")
       ->required();
   cp->add_option("DST", destination,
@@ -123,7 +133,7 @@ int main(int argc, char** argv) {
     } else if (gc->parsed()) {
       print(collect_gc(path, dry_run), json);
     } else if (cp->parsed()) {
-      cairn::TransferReport report = run_cp(path, destination, jobs, !no_progress);
+      cairn::TransferReport report = run_cp(path, destination, jobs, !no_progress, verify_mode);
       std::cout << (json ? render_json(cp_to_json(report)) : render_text(cp_to_text(report)));
       std::cout.flush();
     }

@@ -573,6 +573,22 @@ TEST_F(CliTest, CpCopiesAnExperimentAndPrintsOneJsonResult) {
   EXPECT_EQ(k["checkpoints_unchanged"].size(), 3u);
 }
 
+TEST_F(CliTest, CpVerifiesBySizeOrChecksumAsAskedAndRefusesOtherModes) {
+  make_experiment("exp", 1);
+  for (const char* mode : {"size", "checksum", "auto"}) {
+    const std::string dst = (root_ / "copies" / mode).string();
+    ProcessResult r =
+        cairn({"cp", "--no-progress", "--verify", mode, checkpoint_dir("exp", 0).string(), dst});
+    ASSERT_EQ(r.exit_code, 0) << mode << ": " << r.err;
+    EXPECT_EQ(cairn({"verify", dst}).exit_code, 0) << mode;
+  }
+  ProcessResult bad = cairn({"cp", "--verify", "sometimes", checkpoint_dir("exp", 0).string(),
+                             (root_ / "copies/bad").string()});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--verify"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(root_ / "copies/bad"));
+}
+
 TEST_F(CliTest, CpReportsProgressAsLinesWhenStderrIsNotATerminal) {
   make_experiment("exp", 1);
   const std::string dst = (root_ / "one").string();

@@ -21,6 +21,7 @@
 #include "cairn/manager.h"
 #include "cairn/state_manager.h"
 #include "cairn/train.h"
+#include "support/env.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -30,26 +31,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::FaultProxy;
 using testing::S3Server;
+using testing::ScopedEnv;
 using testing::TempDir;
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 void write_file(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());

@@ -14,6 +14,7 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
+#include "support/env.h"
 #include "support/errors.h"
 #include "support/s3_server.h"
 
@@ -21,34 +22,6 @@ namespace cairn::testing {
 namespace {
 
 // Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-ErrorCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return ErrorCode::kInternal;
-}
 
 std::string random_bytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -7,6 +7,7 @@
 #include "cairn/error.h"
 #include "storage/backends.h"
 #include "storage/conformance.h"
+#include "support/errors.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -45,16 +46,6 @@ class StorageConformance : public ::testing::TestWithParam<BackendUnderTest> {
  protected:
   std::shared_ptr<Storage> s = GetParam().make();
 };
-
-ErrorCode code_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  ADD_FAILURE() << "no error thrown";
-  return ErrorCode::kInternal;
-}
 
 TEST_P(StorageConformance, PutThenGetReturnsTheBytes) {
   s->put("a/b.bin", std::string("hello\0world", 11));

@@ -23,4 +23,15 @@ inline std::string error_message_of(const std::function<void()>& fn, ErrorCode w
   return "";
 }
 
+// The code of the cairn::Error `fn` throws (a test failure if it throws none).
+inline ErrorCode code_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return ErrorCode::kInternal;
+}
+
 }  // namespace cairn::testing

@@ -14,6 +14,7 @@
 
 #include "cairn/error.h"
 #include "cairn/train.h"
+#include "support/env.h"
 #include "support/temp_dir.h"
 #include "train/driver.h"
 #include "train/train_support.h"
@@ -24,6 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_all_verify;
 using testing::expect_no_children;
+using testing::ScopedEnv;
 using testing::slurp;
 using testing::TempDir;
 using testing::write_file;
@@ -64,24 +66,6 @@ void logged_loop(const nlohmann::json& config) {
 }
 
 // Sets an environment variable for the scope of a test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // ------------------------------------------------------------ restore(path)
 

@@ -23,24 +23,6 @@ namespace {
 constexpr size_t kMaxFileBytes = size_t{16} << 20;
 constexpr size_t kMaxProcessOutput = size_t{1} << 20;
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f';
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::string lowercase(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 [[noreturn]] void malformed(std::string_view path, int line, std::string_view why) {
   throw Error(ErrorCode::kInvalidArgument,
               fmt::format("AWS shared file {} line {}: {}", path, line, why));
@@ -115,6 +97,24 @@ std::string checked_endpoint(std::string url, std::string_view where) {
 }
 
 }  // namespace
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f';
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+std::string lowercase(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
 
 // ---- INI files ----
 

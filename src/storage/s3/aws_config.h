@@ -71,6 +71,12 @@ struct S3Settings {
 // that is not a region name), naming where the value came from.
 S3Settings resolve_s3_settings(const AwsEnvironment& env);
 
+// Text helpers shared by the configuration and credential parsers (ASCII
+// whitespace and case, as the AWS file formats define them).
+bool is_space(char c);
+std::string_view trim(std::string_view s);
+std::string lowercase(std::string_view s);
+
 // ---- The shared files, for the credential providers and tests ----
 
 // One [section] of an AWS INI file.

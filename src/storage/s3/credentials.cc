@@ -27,22 +27,6 @@ constexpr std::string_view kContainerHost = "http://169.254.170.2";
 constexpr std::string_view kMetadataHost = "http://169.254.169.254";
 constexpr std::string_view kMetadataTokenTtl = "21600";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-std::string lowercase(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  }
-  return out;
-}
-
 std::optional<std::string> env_value(const AwsEnvironment& env, std::string_view name) {
   auto v = env.getenv(name);
   if (v && v->empty()) v.reset();

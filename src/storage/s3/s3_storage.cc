@@ -197,6 +197,13 @@ struct Context {
   std::string uri(std::string_view key) const { return S3Client::object_uri(bucket, key); }
   HttpResponse call(const S3Request& r) { return client->call(bucket, r); }
 
+  // HEAD of `key`: its size, time and ETag, or nothing when it is missing.
+  struct Head {
+    ObjectInfo info;
+    std::string etag;
+  };
+  std::optional<Head> head(const std::string& key);
+
   void abort_upload(const std::string& key, const std::string& upload_id) {
     if (no_abort) return;
     S3Request r;
@@ -210,6 +217,17 @@ struct Context {
     if (resp.status == 405 || resp.status == 501) no_abort = true;
   }
 };
+
+std::optional<Context::Head> Context::head(const std::string& key) {
+  S3Request r;
+  r.method = "HEAD";
+  r.key = key;
+  r.accept = {404};
+  HttpResponse resp = call(r);
+  if (resp.status == 404) return std::nullopt;
+  return Head{ObjectInfo{key, content_length(resp, uri(key)), last_modified(resp)},
+              etag_of(resp, uri(key))};
+}
 
 class S3Reader final : public Reader {
  public:
@@ -465,13 +483,9 @@ class S3Writer final : public Writer {
   }
 
   std::optional<ObjectInfo> stat_object() {
-    S3Request r;
-    r.method = "HEAD";
-    r.key = key_;
-    r.accept = {404};
-    HttpResponse resp = ctx_->call(r);
-    if (resp.status == 404) return std::nullopt;
-    return ObjectInfo{key_, content_length(resp, ctx_->uri(key_)), last_modified(resp)};
+    auto h = ctx_->head(key_);
+    if (!h) return std::nullopt;
+    return h->info;
   }
 
   void remove_marker() {
@@ -716,27 +730,16 @@ class S3Storage final : public Storage {
 
   std::unique_ptr<Reader> open_reader(std::string_view key) override {
     std::string k = full(key);
-    S3Request r;
-    r.method = "HEAD";
-    r.key = k;
-    r.accept = {404};
-    HttpResponse resp = ctx_->call(r);
-    if (resp.status == 404) {
-      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object", ctx_->uri(k)));
-    }
-    return std::make_unique<S3Reader>(ctx_, k, content_length(resp, ctx_->uri(k)),
-                                      etag_of(resp, ctx_->uri(k)));
+    auto h = ctx_->head(k);
+    if (!h) throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object", ctx_->uri(k)));
+    return std::make_unique<S3Reader>(ctx_, k, h->info.size, h->etag);
   }
 
   std::optional<ObjectInfo> stat(std::string_view key) override {
-    std::string k = full(key);
-    S3Request r;
-    r.method = "HEAD";
-    r.key = k;
-    r.accept = {404};
-    HttpResponse resp = ctx_->call(r);
-    if (resp.status == 404) return std::nullopt;
-    return ObjectInfo{std::string(key), content_length(resp, ctx_->uri(k)), last_modified(resp)};
+    auto h = ctx_->head(full(key));
+    if (!h) return std::nullopt;
+    h->info.key = std::string(key);
+    return h->info;
   }
 
   std::vector<ObjectInfo> list(std::string_view prefix) override {
@@ -879,6 +882,8 @@ class S3Storage final : public Storage {
   std::optional<std::filesystem::path> local_path(std::string_view) const override {
     return std::nullopt;
   }
+
+  bool verifies_uploads() const override { return true; }
 
   uint64_t preferred_read_size() const override {
     const auto& o = ctx_->client->options();
