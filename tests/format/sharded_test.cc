@@ -13,6 +13,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/sharded.h"
+#include "support/s3_server.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -251,6 +252,14 @@ TEST_F(ShardedTest, SavedByThreeRanksLoadsIntoFour) {
   CheckpointManager m(dir.str(), {}, quiet());
   CheckpointRecord rec = save_with_threads(m, 3);
   expect_loads_into(rec.checkpoint, 4);
+}
+
+TEST_F(ShardedTest, OnS3SavedByFourRanksLoadsIntoThreeAndOne) {
+  CheckpointManager m(S3Server::instance().fresh_uri("sharded"), {}, quiet());
+  CheckpointRecord rec = save_with_threads(m, 4);
+  EXPECT_EQ(rec.checkpoint.uri().rfind("s3://", 0), 0u);
+  EXPECT_TRUE(rec.checkpoint.verify().empty());
+  for (int world : {3, 1}) expect_loads_into(rec.checkpoint, world);
 }
 
 TEST_F(ShardedTest, ReadsAnyBoxAcrossASplitInTheOtherDirection) {
