@@ -198,8 +198,10 @@ HttpResponse S3Client::call(const std::string& bucket, const S3Request& request)
           std::chrono::steady_clock::now() - start);
     };
     auto retry_after = [&](std::string_view why) {
-      auto delay = backoff_delay(options_.retry, attempt, uniform());
-      if (!should_retry(options_.retry, attempt, elapsed(), delay)) return false;
+      RetryPolicy policy = options_.retry;
+      if (request.max_attempts > 0) policy.max_attempts = request.max_attempts;
+      auto delay = backoff_delay(policy, attempt, uniform());
+      if (!should_retry(policy, attempt, elapsed(), delay)) return false;
       log::debug(fmt::format("{}: {} attempt {} failed ({}), retrying in {} ms",
                              object_uri(bucket, request.key), request.method, attempt, why,
                              delay.count()));

@@ -54,6 +54,8 @@ struct S3Request {
   std::span<std::byte> response_buffer;
   // Statuses returned to the caller instead of thrown (e.g. 404 for stat).
   std::vector<int> accept;
+  // Tries for this request, the first included; 0: the client's RetryPolicy.
+  int max_attempts = 0;
 };
 
 class S3Client {

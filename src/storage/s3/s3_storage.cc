@@ -421,7 +421,9 @@ class S3Writer final : public Writer {
     r.method = "POST";
     r.key = key_;
     r.query = {{"uploads", ""}};
-    std::string id = s3::parse_initiate_multipart(ctx_->call(r).body);
+    HttpResponse created = ctx_->call(r);
+    std::string id = s3::parse_initiate_multipart(created.body);
+    started_at_ = s3::parse_http_date(created.header("date").value_or("")).value_or(0.0);
     // The marker goes first, so a crash after any part leaves a trace.
     nlohmann::json marker = {{"key", key_}, {"upload_id", id}};
     std::string text = marker.dump();
@@ -454,6 +456,11 @@ class S3Writer final : public Writer {
     });
   }
 
+  // Completes the upload. A Complete whose answer was lost has already
+  // happened: its retry finds the upload gone (404 NoSuchUpload on S3; some
+  // servers answer 500). So each failed try first checks whether the object
+  // has landed (the size written, modified since the upload started) before
+  // it tries again.
   void complete() {
     std::sort(parts_.begin(), parts_.end(),
               [](const auto& a, const auto& b) { return a.number < b.number; });
@@ -466,18 +473,38 @@ class S3Writer final : public Writer {
     r.sign_body = true;
     r.headers = {{"content-type", "application/xml"}};
     r.accept = {404};
-    HttpResponse resp = ctx_->call(r);
-    if (resp.status == 404) {
-      // A retried Complete whose first answer was lost finds the upload gone:
-      // the object is whole if it has the size written.
-      std::optional<ObjectInfo> info = stat_object();
-      if (!info || info->size != size_) throw ctx_->client->error_for(ctx_->bucket, r, resp, 1);
-    } else if (auto error = s3::parse_complete_multipart(resp.body)) {
-      throw Error(
-          s3::is_retryable_status(500, error->code) ? ErrorCode::kUnavailable : ErrorCode::kIO,
-          fmt::format("{}: completing the multipart upload failed: {}: {} (request id {})",
-                      ctx_->uri(key_), error->code, error->message, error->request_id),
-          s3::is_retryable_status(500, error->code));
+    r.max_attempts = 1;
+    const s3::RetryPolicy& policy = ctx_->client->options().retry;
+    for (int attempt = 1;; ++attempt) {
+      std::optional<Error> failure;
+      try {
+        HttpResponse resp = ctx_->call(r);
+        if (resp.status == 404) {
+          failure = ctx_->client->error_for(ctx_->bucket, r, resp, attempt);
+        } else if (auto error = s3::parse_complete_multipart(resp.body)) {
+          const bool retryable = s3::is_retryable_status(500, error->code);
+          failure =
+              Error(retryable ? ErrorCode::kUnavailable : ErrorCode::kIO,
+                    fmt::format("{}: completing the multipart upload failed: {}: {} "
+                                "(request id {})",
+                                ctx_->uri(key_), error->code, error->message, error->request_id),
+                    retryable);
+        } else {
+          break;
+        }
+      } catch (const Error& e) {
+        if (!e.retryable()) throw;
+        failure = e;
+      }
+      if (attempt > 1 || failure->code() == ErrorCode::kNotFound) {
+        std::optional<ObjectInfo> info = stat_object();
+        if (info && info->size == size_ && info->modified + 1.0 >= started_at_) break;
+      }
+      if (failure->code() == ErrorCode::kNotFound || !failure->retryable() ||
+          attempt >= policy.max_attempts) {
+        throw *failure;
+      }
+      std::this_thread::sleep_for(s3::backoff_delay(policy, attempt, 0.5));
     }
     remove_marker();
   }
@@ -521,6 +548,7 @@ class S3Writer final : public Writer {
   std::map<uint64_t, Slot> slots_;  // parts being filled, by index
   std::set<uint64_t> sent_;         // parts handed to the uploader
   std::string upload_id_;
+  double started_at_ = 0.0;  // the server's time when the upload was created
   std::vector<s3::CompletedPart> parts_;
   bool committed_ = false;
   TaskPool pool_;  // last: its workers use the members above until joined
