@@ -658,15 +658,27 @@ TransferKind detect_transfer_kind(std::string_view uri) {
               fmt::format("{}: holds no checkpoint and no experiment to copy", storage->uri()));
 }
 
+namespace {
+
+// The source and destination of a copy, checked to be apart and the source
+// to exist.
+std::pair<std::shared_ptr<Storage>, std::shared_ptr<Storage>> open_ends(std::string_view src_uri,
+                                                                        std::string_view dst_uri) {
+  auto src = open_storage(src_uri);
+  auto dst = open_storage(dst_uri);
+  check_disjoint(*src, *dst);
+  check_root_exists(*src);
+  return {src, dst};
+}
+
+}  // namespace
+
 TransferReport copy_checkpoint(std::string_view src_uri, std::string_view dst_uri,
                                const TransferOptions& user_options) {
   check_options(user_options);
   const TransferOptions options = with_defaults(user_options);
   const double start = options.clock();
-  auto src = open_storage(src_uri);
-  auto dst = open_storage(dst_uri);
-  check_disjoint(*src, *dst);
-  check_root_exists(*src);
+  auto [src, dst] = open_ends(src_uri, dst_uri);
   const std::string text = committed_manifest(*src);
   const Manifest manifest = Manifest::parse(text, src->uri_of(kManifestKey));
 
@@ -687,10 +699,7 @@ TransferReport copy_experiment(std::string_view src_uri, std::string_view dst_ur
   check_options(user_options);
   const TransferOptions options = with_defaults(user_options);
   const double start = options.clock();
-  auto src = open_storage(src_uri);
-  auto dst = open_storage(dst_uri);
-  check_disjoint(*src, *dst);
-  check_root_exists(*src);
+  auto [src, dst] = open_ends(src_uri, dst_uri);
   ExperimentScan scan = scan_experiment(*src);
   if (!scan.has_history && scan.committed.empty() && scan.uncommitted.empty()) {
     if (src->exists(kManifestKey)) {

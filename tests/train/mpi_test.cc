@@ -335,6 +335,21 @@ std::string root_only() {
   return "";
 }
 
+// An mpirun wrapper giving each process its own host name and its own tmpfs
+// mounted on `local`: node-local storage, as on separate nodes.
+std::vector<std::string> own_host_and_local_mount(const fs::path& local) {
+  return {
+      "unshare",
+      "--uts",
+      "--mount",
+      "sh",
+      "-c",
+      fmt::format("hostname cairn-node$OMPI_COMM_WORLD_RANK && mount -t tmpfs cairn-local {} && "
+                  "exec \"$@\"",
+                  local.string()),
+      "sh"};
+}
+
 TEST_F(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
   const std::vector<std::string> wrapper = {
@@ -358,17 +373,7 @@ TEST_F(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
   const fs::path local = dir_ / "node-local";
   fs::create_directories(local);
-  // Each process mounts its own tmpfs on the same path: node-local storage.
-  const std::vector<std::string> wrapper = {
-      "unshare",
-      "--uts",
-      "--mount",
-      "sh",
-      "-c",
-      fmt::format("hostname cairn-node$OMPI_COMM_WORLD_RANK && mount -t tmpfs cairn-local {} && "
-                  "exec \"$@\"",
-                  local.string()),
-      "sh"};
+  const std::vector<std::string> wrapper = own_host_and_local_mount(local);
   Launch l = mpirun("basic", local.string(), out_, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
   const std::string errors = same_error_everywhere(out_, l, "invalid_argument");
   EXPECT_TRUE(has(errors,
@@ -397,16 +402,7 @@ TEST_F(MpiLauncher, RanksOnDistinctHostsWithNodeLocalMountsTrainOnS3) {
   const std::string root = testing::S3Server::instance().fresh_uri("mpi-nodes");
   const fs::path local = dir_ / "node-local";
   fs::create_directories(local);
-  const std::vector<std::string> wrapper = {
-      "unshare",
-      "--uts",
-      "--mount",
-      "sh",
-      "-c",
-      fmt::format("hostname cairn-node$OMPI_COMM_WORLD_RANK && mount -t tmpfs cairn-local {} && "
-                  "exec \"$@\"",
-                  local.string()),
-      "sh"};
+  const std::vector<std::string> wrapper = own_host_and_local_mount(local);
   Launch l = mpirun("basic", root, out_, wrapper,
                     {"CAIRN_MPI_ADDRESS=127.0.0.1", "TMPDIR=" + local.string()});
   EXPECT_EQ(l.exit_status, 0) << l.log;
