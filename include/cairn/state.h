@@ -126,6 +126,29 @@ class StateDict {
 // The descriptors and "__metadata__" a save of `state` writes (pure).
 FileLayout layout_state(const StateDict& state);
 
+// How a file's bytes move between memory and a local disk.
+//   kAuto      direct for a file of at least kDirectIoMinBytes where the
+//              storage supports it and, when loading, where the file is not
+//              mostly in the page cache already; buffered otherwise. The
+//              environment variable CAIRN_DIRECT_IO=off makes kAuto buffered.
+//   kDirect    O_DIRECT through aligned staging buffers that are allocated
+//              once per process and reused (threads x block_size bytes):
+//              fresh page-cache pages are never touched, which is what makes
+//              buffered writes slow on virtual machines. kFailedPrecondition
+//              naming the file where the storage or file system cannot.
+//   kBuffered  through the page cache.
+// Durability is the same either way: fsync of the file and its directory,
+// manifest last. Only local files (file://, save_file, load_into of a path)
+// have a direct path; memory:// and s3:// are always buffered.
+enum class IoPath : uint8_t { kAuto, kDirect, kBuffered };
+inline constexpr uint64_t kDirectIoMinBytes = uint64_t{8} << 20;
+
+// What a save or load did, filled in when the options point at one.
+struct IoReport {
+  IoPath path = IoPath::kBuffered;  // kDirect or kBuffered, never kAuto
+  std::string reason;               // why that path, for logs and benchmarks
+};
+
 struct SaveOptions {
   // fsync the file and its directory (save_file). Saves to a Storage are
   // always durable on return, whatever this says.
@@ -134,6 +157,9 @@ struct SaveOptions {
   unsigned threads = 0;
   // Bytes per write call (large blocks; also the unit of parallelism).
   size_t block_size = size_t{16} << 20;
+  // Direct or buffered writes (see IoPath), and where to say which was used.
+  IoPath io = IoPath::kAuto;
+  IoReport* report = nullptr;
 };
 
 // Writes `state` as a safetensors file at the local `path`, atomically: a temp
@@ -199,6 +225,9 @@ struct LoadOptions {
   // The whole file's XXH3-64 (from a manifest): checked after reading;
   // kCorruption naming the file if it differs.
   std::optional<uint64_t> expected_xxh3 = std::nullopt;
+  // Direct or buffered reads (see IoPath), and where to say which was used.
+  IoPath io = IoPath::kAuto;
+  IoReport* report = nullptr;
 };
 
 struct LoadReport {

@@ -72,6 +72,21 @@ class Writer {
   // Makes the object durable and visible, replacing any object with that key.
   virtual void commit() = 0;
   virtual uint64_t bytes_written() const = 0;
+
+  // Direct I/O: writes that bypass the page cache (O_DIRECT on a local file).
+  // The alignment write_direct() needs for offsets, addresses and lengths, or
+  // 0 when this Writer has no direct path (the default; the file system may
+  // refuse O_DIRECT, as tmpfs does). May open a second descriptor the first
+  // time it is called; never throws for lack of support.
+  virtual size_t direct_alignment() { return 0; }
+  // Writes `data` at `offset` without the page cache; offset, data.data() and
+  // data.size() are multiples of direct_alignment(). Only the first `valid`
+  // bytes are content: the object's size becomes at least offset + valid, and
+  // the padding after them is cut off by commit(). Thread-safe like
+  // write_at(), and may be mixed with it on disjoint ranges. Durability is
+  // unchanged: nothing is durable before commit(). kFailedPrecondition when
+  // direct_alignment() is 0 or the arguments are not aligned.
+  virtual void write_direct(uint64_t offset, std::span<const std::byte> data, size_t valid);
 };
 
 // An exclusive lock on a key, held until destroyed. It is released by the

@@ -185,9 +185,12 @@ struct AsyncSaver::Impl {
     try {
       auto writer = job.dest.storage().open_writer(job.file);
       std::vector<format::Piece> image{{0, {slots[job.slot].data(), job.size}}};
-      uint64_t hash = format::write_pieces(
-          image, [&](uint64_t off, std::span<const std::byte> d) { writer->write_at(off, d); },
-          options.write.block_size, format::pick_threads(options.write.threads));
+      // The staging buffer is 2 MiB-aligned and rounded up to 2 MiB, so a
+      // direct write takes the image as it is, padding included.
+      uint64_t hash = format::write_file(
+          image, job.size,
+          format::sink_of(*writer, format::wants_direct(options.write, job.size)), options.write,
+          job.dest.storage().uri_of(job.file), slots[job.slot].size());
       writer->commit();
       ManifestEntry entry{job.file, job.size, hash};
       if (job.manager) {

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "cairn/error.h"
 #include "util/hash.h"
@@ -20,6 +23,64 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 // Pieces smaller than this are gathered into one write with their neighbours.
 constexpr size_t kSmallPiece = size_t{256} << 10;
+// Neighbouring ranges of a direct read closer than this are read as one.
+constexpr uint64_t kMergeGap = uint64_t{1} << 20;
+// Direct I/O blocks in the kernel without using a core, so more requests in
+// flight than cores pays off: the default thread count of direct transfers.
+constexpr unsigned kDirectThreads = 4;
+// Staging buffers kept for reuse after a transfer (each block_size bytes).
+constexpr size_t kMaxPooledBuffers = 8;
+
+uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+
+// Aligned staging buffers for direct transfers, allocated once and reused:
+// first touch of fresh memory is what makes fresh buffers slow here.
+class StagingPool {
+ public:
+  HugeBuffer take(size_t size) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->size() >= size) {
+          HugeBuffer b = std::move(*it);
+          free_.erase(it);
+          return b;
+        }
+      }
+    }
+    return HugeBuffer(size);
+  }
+  void give(HugeBuffer b) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (free_.size() < kMaxPooledBuffers) free_.push_back(std::move(b));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<HugeBuffer> free_;
+};
+
+StagingPool& staging_pool() {
+  static StagingPool pool;
+  return pool;
+}
+
+// A staging buffer borrowed from the pool for one window.
+class Staging {
+ public:
+  explicit Staging(size_t size) : buffer_(staging_pool().take(size)) {}
+  ~Staging() { staging_pool().give(std::move(buffer_)); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  std::byte* data() const { return buffer_.data(); }
+
+ private:
+  HugeBuffer buffer_;
+};
+
+unsigned direct_threads(unsigned requested) {
+  return requested > 0 ? requested : kDirectThreads;
+}
 }  // namespace
 
 unsigned pick_threads(unsigned requested) {
@@ -192,6 +253,200 @@ void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, un
   }
   run_parallel(chunks.size(), threads, [&](size_t i) {
     std::memcpy(dest.data() + chunks[i].offset, chunks[i].data.data(), chunks[i].data.size());
+  });
+}
+
+std::string direct_io_env() {
+  const char* v = std::getenv("CAIRN_DIRECT_IO");
+  return v ? v : "";
+}
+
+namespace {
+bool env_says_off(std::string_view env) {
+  return env == "off" || env == "0" || env == "false" || env == "no";
+}
+}  // namespace
+
+IoReport choose_write_path(IoPath requested, uint64_t file_size, size_t alignment,
+                           std::string_view env, std::string_view source) {
+  switch (requested) {
+    case IoPath::kBuffered:
+      return {IoPath::kBuffered, "buffered I/O was asked for"};
+    case IoPath::kDirect:
+      if (alignment == 0) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    fmt::format("{}: direct I/O was asked for, but the storage has no direct path "
+                                "(not a local file, or the file system refuses O_DIRECT)",
+                                source));
+      }
+      return {IoPath::kDirect, "direct I/O was asked for"};
+    case IoPath::kAuto:
+      break;
+  }
+  if (env_says_off(env)) return {IoPath::kBuffered, "CAIRN_DIRECT_IO=off"};
+  if (file_size < kDirectIoMinBytes) {
+    return {IoPath::kBuffered, fmt::format("a small file ({} bytes)", file_size)};
+  }
+  if (alignment == 0) {
+    return {IoPath::kBuffered,
+            "no direct path (not a local file, or the file system refuses O_DIRECT)"};
+  }
+  return {IoPath::kDirect, "a large file on a file system with O_DIRECT"};
+}
+
+IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible,
+                          double cached, std::string_view env, std::string_view source) {
+  IoReport r = choose_write_path(requested, file_size, direct_possible ? 1 : 0, env, source);
+  if (requested == IoPath::kAuto && r.path == IoPath::kDirect && cached >= 0.5) {
+    return {IoPath::kBuffered,
+            fmt::format("{:.0f}% of the file is in the page cache already", cached * 100)};
+  }
+  return r;
+}
+
+bool wants_direct(const SaveOptions& options, uint64_t file_size) {
+  return options.io == IoPath::kDirect ||
+         (options.io == IoPath::kAuto && file_size >= kDirectIoMinBytes);
+}
+
+Sink sink_of(Writer& writer, bool direct_wanted) {
+  Sink sink;
+  sink.write_at = [&writer](uint64_t off, std::span<const std::byte> d) { writer.write_at(off, d); };
+  sink.alignment = direct_wanted ? writer.direct_alignment() : 0;
+  sink.write_direct = [&writer](uint64_t off, std::span<const std::byte> d, size_t valid) {
+    writer.write_direct(off, d, valid);
+  };
+  return sink;
+}
+
+uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
+                    const SaveOptions& options, std::string_view source, size_t readable) {
+  const IoReport report =
+      choose_write_path(options.io, file_size, sink.alignment, direct_io_env(), source);
+  if (options.report) *options.report = report;
+  if (report.path == IoPath::kBuffered) {
+    return write_pieces(pieces, sink.write_at, options.block_size, pick_threads(options.threads));
+  }
+  uint64_t total = 0;
+  for (const auto& p : pieces) total += p.data.size();
+  if (total != file_size) {
+    throw Error(ErrorCode::kInternal, fmt::format("{}: the pieces hold {} bytes of a {}-byte file",
+                                                  source, total, file_size));
+  }
+  const size_t align = sink.alignment;
+  const size_t chunk = round_up(std::max(options.block_size, align), align);
+  const uint64_t padded = round_up(file_size, align);
+  const size_t windows = (file_size + chunk - 1) / chunk;
+  Hasher hasher;
+  auto hash_all = [&] {
+    for (const auto& p : pieces) hasher.update(p.data);
+  };
+  const bool whole_image = pieces.size() == 1 && pieces[0].offset == 0 && readable >= padded &&
+                           reinterpret_cast<uintptr_t>(pieces[0].data.data()) % align == 0;
+  if (whole_image) {
+    const std::byte* image = pieces[0].data.data();
+    run_parallel(
+        windows, direct_threads(options.threads),
+        [&](size_t i) {
+          const uint64_t begin = i * chunk;
+          const uint64_t end = std::min<uint64_t>(begin + chunk, padded);
+          sink.write_direct(begin, {image + begin, end - begin},
+                            std::min<uint64_t>(end, file_size) - begin);
+        },
+        hash_all);
+    return hasher.digest();
+  }
+  run_parallel(
+      windows, direct_threads(options.threads),
+      [&](size_t i) {
+        const uint64_t begin = i * chunk;
+        const uint64_t end = std::min<uint64_t>(begin + chunk, file_size);
+        Staging staging(chunk);
+        // The first piece that ends after `begin`, then every one that starts
+        // before `end`.
+        auto it = std::partition_point(pieces.begin(), pieces.end(), [&](const Piece& p) {
+          return p.offset + p.data.size() <= begin;
+        });
+        for (; it != pieces.end() && it->offset < end; ++it) {
+          const uint64_t from = std::max(it->offset, begin);
+          const uint64_t to = std::min(it->offset + it->data.size(), end);
+          if (to > from) {
+            std::memcpy(staging.data() + (from - begin), it->data.data() + (from - it->offset),
+                        to - from);
+          }
+        }
+        const uint64_t length = round_up(end - begin, align);
+        std::memset(staging.data() + (end - begin), 0, length - (end - begin));
+        sink.write_direct(begin, {staging.data(), length}, end - begin);
+      },
+      hash_all);
+  return hasher.digest();
+}
+
+std::vector<Window> plan_windows(const std::vector<ReadJob>& jobs, size_t align, size_t max_window,
+                                 uint64_t merge_gap) {
+  std::vector<Window> ranges;
+  ranges.reserve(jobs.size());
+  for (const auto& j : jobs) {
+    if (j.out.empty()) continue;
+    ranges.push_back({j.offset / align * align, round_up(j.offset + j.out.size(), align)});
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Window& a, const Window& b) { return a.begin < b.begin; });
+  std::vector<Window> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.begin <= merged.back().end + merge_gap) {
+      merged.back().end = std::max(merged.back().end, r.end);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  const uint64_t cap = std::max<uint64_t>(max_window / align * align, align);
+  std::vector<Window> out;
+  for (const auto& m : merged) {
+    for (uint64_t b = m.begin; b < m.end; b += cap) out.push_back({b, std::min(b + cap, m.end)});
+  }
+  return out;
+}
+
+void read_direct(const std::vector<ReadJob>& jobs, uint64_t file_size, size_t align,
+                 const std::function<size_t(uint64_t offset, std::span<std::byte> out)>& read,
+                 size_t block_size, unsigned threads, std::string_view source) {
+  const size_t chunk = round_up(std::max(block_size, align), align);
+  const std::vector<Window> windows = plan_windows(jobs, align, chunk, kMergeGap);
+  std::vector<ReadJob> sorted;
+  sorted.reserve(jobs.size());
+  for (const auto& j : jobs) {
+    if (!j.out.empty()) sorted.push_back(j);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [](const ReadJob& a, const ReadJob& b) { return a.offset < b.offset; });
+  run_parallel(windows.size(), direct_threads(threads), [&](size_t i) {
+    const Window w = windows[i];
+    const uint64_t need = std::min(w.end, file_size) - std::min(w.begin, file_size);
+    Staging staging(chunk);
+    uint64_t got = 0;
+    while (got < w.end - w.begin) {
+      const size_t n = read(w.begin + got, {staging.data() + got, w.end - w.begin - got});
+      got += n;
+      if (n == 0 || n % align != 0) break;  // the end of the file
+    }
+    if (got < need) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: the file ends at byte offset {}, before byte offset {}",
+                              source, w.begin + got, w.begin + need));
+    }
+    auto it = std::partition_point(sorted.begin(), sorted.end(), [&](const ReadJob& j) {
+      return j.offset + j.out.size() <= w.begin;
+    });
+    for (; it != sorted.end() && it->offset < w.end; ++it) {
+      const uint64_t from = std::max(it->offset, w.begin);
+      const uint64_t to = std::min(it->offset + it->out.size(), w.end);
+      if (to > from) {
+        std::memcpy(it->out.data() + (from - it->offset), staging.data() + (from - w.begin),
+                    to - from);
+      }
+    }
   });
 }
 

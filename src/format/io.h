@@ -73,4 +73,70 @@ class HugeBuffer {
 // Copies `pieces` into `dest` (a whole file image) on `threads` threads.
 void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, unsigned threads);
 
+// ---- direct I/O (O_DIRECT) ----
+
+// The value of CAIRN_DIRECT_IO ("" when unset).
+std::string direct_io_env();
+
+// Which path a write of `file_size` bytes to `source` takes (pure).
+// `alignment` is the sink's direct alignment (0: none); `env` the value of
+// CAIRN_DIRECT_IO. Throws kFailedPrecondition naming `source` for kDirect
+// without a direct path.
+IoReport choose_write_path(IoPath requested, uint64_t file_size, size_t alignment,
+                           std::string_view env, std::string_view source);
+// Which path a read of `file_size` bytes takes (pure); `cached` is the
+// fraction of the file already in the page cache.
+IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible,
+                          double cached, std::string_view env, std::string_view source);
+
+// The alignment of direct transfers of local files: 4 KiB covers the logical
+// block size of every common device and the memory alignment O_DIRECT needs.
+inline constexpr size_t kDirectAlignment = 4096;
+
+// Where write_file() puts bytes.
+struct Sink {
+  WriteAt write_at;
+  size_t alignment = 0;  // of write_direct; 0 when there is no direct path
+  std::function<void(uint64_t offset, std::span<const std::byte> data, size_t valid)> write_direct;
+};
+// A Sink writing through a storage Writer; its direct path is looked up (a
+// second open of the file) only when `direct_wanted`, see wants_direct().
+Sink sink_of(Writer& writer, bool direct_wanted);
+// Whether a write of `file_size` bytes with `options` may take a direct path.
+bool wants_direct(const SaveOptions& options, uint64_t file_size);
+
+// Reads a list of jobs some other way than read_blocks() (direct reads).
+using ReadJobs = std::function<void(const std::vector<ReadJob>& jobs)>;
+
+// Writes a file whose `pieces` tile [0, file_size) in order, directly or
+// buffered as `options` say (filling options.report). On the direct path,
+// aligned windows of the file are assembled in reused staging buffers; when
+// `pieces` is one image at offset 0 that may be read `readable` bytes from
+// its start (its staging buffer) and is aligned, it is written without a
+// copy. Returns the XXH3-64 of the pieces in order.
+uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
+                    const SaveOptions& options, std::string_view source, size_t readable = 0);
+
+// An aligned range of a file that one direct read covers.
+struct Window {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  bool operator==(const Window&) const = default;
+};
+// The windows that cover every job (pure): job ranges rounded out to
+// `align`, neighbours at most `merge_gap` bytes apart read as one, each
+// window at most `max_window` bytes (a multiple of `align`). Jobs may come in
+// any order and must not overlap.
+std::vector<Window> plan_windows(const std::vector<ReadJob>& jobs, size_t align, size_t max_window,
+                                 uint64_t merge_gap);
+
+// Reads every job's bytes from a file of `file_size` bytes opened for direct
+// reads: each window of plan_windows() is read by `read` into a reused
+// aligned staging buffer and copied to the jobs it covers. `read` returns
+// the bytes it read (short only at the end of the file). kCorruption naming
+// `source` and the offset if the file ends early.
+void read_direct(const std::vector<ReadJob>& jobs, uint64_t file_size, size_t align,
+                 const std::function<size_t(uint64_t offset, std::span<std::byte> out)>& read,
+                 size_t block_size, unsigned threads, std::string_view source);
+
 }  // namespace cairn::format

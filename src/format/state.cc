@@ -69,7 +69,7 @@ std::map<std::string, std::string> other_metadata(const std::map<std::string, st
 // The loading path shared by files and storage objects.
 LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
                        const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
-                       const std::string& source) {
+                       const std::string& source, const format::ReadJobs& read_jobs) {
   LoadReport report = match_state(header, state);
   if (!report.mismatched.empty() || (options.strict && !report.consumed())) {
     throw Error(
@@ -82,7 +82,11 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
     const TensorInfo* t = header.find(name);
     jobs.push_back({header.data_start() + t->begin, state.mutable_bytes(name)});
   }
-  format::read_blocks(jobs, read_at, options.block_size, format::pick_threads(options.threads));
+  if (read_jobs) {
+    read_jobs(jobs);
+  } else {
+    format::read_blocks(jobs, read_at, options.block_size, format::pick_threads(options.threads));
+  }
   if (options.expected_xxh3) {
     Hasher h;
     h.update(as_bytes(header_bytes));
@@ -115,7 +119,8 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
 
 // Reads and validates the header through `read_at`, then loads the tensors.
 LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& state,
-                     const LoadOptions& options, const std::string& source) {
+                     const LoadOptions& options, const std::string& source,
+                     const format::ReadJobs& read_jobs = {}) {
   if (size < 8) {
     throw Error(
         ErrorCode::kCorruption,
@@ -128,7 +133,7 @@ LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& st
   std::memcpy(bytes.data(), prefix.data(), 8);
   read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
   SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
-  return load_common(header, bytes, read_at, state, options, source);
+  return load_common(header, bytes, read_at, state, options, source, read_jobs);
 }
 
 LoadReport load_local(const std::filesystem::path& path, StateDict& state,
@@ -136,9 +141,35 @@ LoadReport load_local(const std::filesystem::path& path, StateDict& state,
   UniqueFd fd = open_file(path, O_RDONLY);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
-  return load_from(
-      [&](uint64_t off, std::span<std::byte> out) { pread_all(fd.get(), out, off, source); },
-      static_cast<uint64_t>(st.st_size), state, options, source);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const format::ReadAt buffered = [&](uint64_t off, std::span<std::byte> out) {
+    pread_all(fd.get(), out, off, source);
+  };
+  // Direct reads only pay off for a cold file: one the page cache holds is
+  // copied from memory faster than any disk reads it.
+  UniqueFd direct;
+  if (options.io != IoPath::kBuffered && size >= kDirectIoMinBytes) {
+    int d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (d >= 0) direct = UniqueFd(d);  // ignore-error: no O_DIRECT means buffered reads
+  }
+  const double cached =
+      direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
+  const IoReport io =
+      format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
+                               format::direct_io_env(), source);
+  if (options.report) *options.report = io;
+  format::ReadJobs read_jobs;
+  if (io.path == IoPath::kDirect) {
+    read_jobs = [&](const std::vector<format::ReadJob>& jobs) {
+      format::read_direct(
+          jobs, size, format::kDirectAlignment,
+          [&](uint64_t off, std::span<std::byte> out) {
+            return pread_some(direct.get(), out, off, source);
+          },
+          options.block_size, options.threads, source);
+    };
+  }
+  return load_from(buffered, size, state, options, source, read_jobs);
 }
 
 }  // namespace
@@ -264,13 +295,28 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
       throw errno_error(errno, "truncate", name);
     }
     WritebackHint writeback;
-    format::write_pieces(
-        pieces,
-        [&](uint64_t off, std::span<const std::byte> d) {
-          pwrite_all(fd.get(), d, off, name);
-          if (options.durable) writeback.wrote(fd.get(), d.size());
-        },
-        options.block_size, format::pick_threads(options.threads));
+    format::Sink sink;
+    sink.write_at = [&](uint64_t off, std::span<const std::byte> d) {
+      pwrite_all(fd.get(), d, off, name);
+      if (options.durable) writeback.wrote(fd.get(), d.size());
+    };
+    UniqueFd direct;
+    if (format::wants_direct(options, layout.parsed.file_size())) {
+      int d = ::open(temp.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+      if (d >= 0) {  // ignore-error: no O_DIRECT means buffered writes
+        direct = UniqueFd(d);
+        sink.alignment = format::kDirectAlignment;
+        sink.write_direct = [&](uint64_t off, std::span<const std::byte> d, size_t) {
+          pwrite_all(direct.get(), d, off, name);
+        };
+      }
+    }
+    format::write_file(pieces, layout.parsed.file_size(), sink, options, name);
+    // The last direct write is padded to the alignment; cut the padding off.
+    if (direct && ::ftruncate(fd.get(), static_cast<off_t>(layout.parsed.file_size())) != 0) {
+      throw errno_error(errno, "truncate", name);
+    }
+    direct = UniqueFd();
     if (options.durable) fsync_fd(fd.get(), name);
     fd.close(name);
     if (::rename(temp.c_str(), path.c_str()) != 0) throw errno_error(errno, "rename", name);
@@ -289,9 +335,10 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
   auto writer = storage.open_writer(key);
-  uint64_t hash = format::write_pieces(
-      pieces, [&](uint64_t off, std::span<const std::byte> d) { writer->write_at(off, d); },
-      options.block_size, format::pick_threads(options.threads));
+  const uint64_t size = layout.parsed.file_size();
+  uint64_t hash = format::write_file(pieces, size,
+                                     format::sink_of(*writer, format::wants_direct(options, size)),
+                                     options, storage.uri_of(key));
   writer->commit();
   return ManifestEntry{std::string(key), layout.parsed.file_size(), hash};
 }

@@ -70,6 +70,10 @@ void check_root_exists(Storage& storage) {
   }
 }
 
+void Writer::write_direct(uint64_t, std::span<const std::byte>, size_t) {
+  throw Error(ErrorCode::kFailedPrecondition, "this storage has no direct I/O path");
+}
+
 void Storage::remove_many(const std::vector<std::string>& keys) {
   for (const std::string& k : keys) remove(k);
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,6 +86,31 @@ void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_vi
     }
     done += static_cast<size_t>(n);
   }
+}
+
+size_t pread_some(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path) {
+  for (;;) {
+    ssize_t n = ::pread(fd, out.data(), out.size(), static_cast<off_t>(offset));
+    if (n >= 0) return static_cast<size_t>(n);
+    if (errno != EINTR) throw errno_error(errno, "read", path);
+  }
+}
+
+double cached_fraction(int fd, uint64_t size) {
+  if (size == 0) return 0.0;
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return 0.0;  // ignore-error: only a hint for choosing a read path
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const size_t pages = (size + static_cast<uint64_t>(page) - 1) / static_cast<uint64_t>(page);
+  std::vector<unsigned char> resident(pages);
+  double out = 0.0;
+  if (::mincore(m, size, resident.data()) == 0) {
+    size_t in = 0;
+    for (unsigned char r : resident) in += r & 1;
+    out = static_cast<double>(in) / static_cast<double>(pages);
+  }
+  ::munmap(m, size);  // ignore-error: nothing to do if unmapping fails
+  return out;
 }
 
 void fsync_fd(int fd, std::string_view path) {

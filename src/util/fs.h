@@ -42,6 +42,12 @@ void write_all(int fd, std::span<const std::byte> data, std::string_view path);
 void pwrite_all(int fd, std::span<const std::byte> data, uint64_t offset, std::string_view path);
 // Reads exactly out.size() bytes at `offset`; kCorruption on a short read.
 void pread_all(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path);
+// One pread(2) (retried on EINTR); returns the bytes read, short only at the
+// end of the file. For direct reads, whose windows may run past the end.
+size_t pread_some(int fd, std::span<std::byte> out, uint64_t offset, std::string_view path);
+// The fraction of a file's pages in the page cache (mincore over a mapping);
+// 0 when it cannot tell. Costs one mapping and a walk of the page cache.
+double cached_fraction(int fd, uint64_t size);
 void fsync_fd(int fd, std::string_view path);
 // fsyncs a directory so that entries created, renamed or removed in it last.
 void fsync_dir(const std::filesystem::path& dir);
