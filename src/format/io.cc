@@ -78,9 +78,7 @@ class Staging {
   HugeBuffer buffer_;
 };
 
-unsigned direct_threads(unsigned requested) {
-  return requested > 0 ? requested : kDirectThreads;
-}
+unsigned direct_threads(unsigned requested) { return requested > 0 ? requested : kDirectThreads; }
 }  // namespace
 
 unsigned pick_threads(unsigned requested) {
@@ -294,8 +292,8 @@ IoReport choose_write_path(IoPath requested, uint64_t file_size, size_t alignmen
   return {IoPath::kDirect, "a large file on a file system with O_DIRECT"};
 }
 
-IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible,
-                          double cached, std::string_view env, std::string_view source) {
+IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible, double cached,
+                          std::string_view env, std::string_view source) {
   IoReport r = choose_write_path(requested, file_size, direct_possible ? 1 : 0, env, source);
   if (requested == IoPath::kAuto && r.path == IoPath::kDirect && cached >= 0.5) {
     return {IoPath::kBuffered,
@@ -311,7 +309,9 @@ bool wants_direct(const SaveOptions& options, uint64_t file_size) {
 
 Sink sink_of(Writer& writer, bool direct_wanted) {
   Sink sink;
-  sink.write_at = [&writer](uint64_t off, std::span<const std::byte> d) { writer.write_at(off, d); };
+  sink.write_at = [&writer](uint64_t off, std::span<const std::byte> d) {
+    writer.write_at(off, d);
+  };
   sink.alignment = direct_wanted ? writer.direct_alignment() : 0;
   sink.write_direct = [&writer](uint64_t off, std::span<const std::byte> d, size_t valid) {
     writer.write_direct(off, d, valid);
@@ -433,8 +433,8 @@ void read_direct(const std::vector<ReadJob>& jobs, uint64_t file_size, size_t al
     }
     if (got < need) {
       throw Error(ErrorCode::kCorruption,
-                  fmt::format("{}: the file ends at byte offset {}, before byte offset {}",
-                              source, w.begin + got, w.begin + need));
+                  fmt::format("{}: the file ends at byte offset {}, before byte offset {}", source,
+                              w.begin + got, w.begin + need));
     }
     auto it = std::partition_point(sorted.begin(), sorted.end(), [&](const ReadJob& j) {
       return j.offset + j.out.size() <= w.begin;

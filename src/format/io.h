@@ -86,8 +86,8 @@ IoReport choose_write_path(IoPath requested, uint64_t file_size, size_t alignmen
                            std::string_view env, std::string_view source);
 // Which path a read of `file_size` bytes takes (pure); `cached` is the
 // fraction of the file already in the page cache.
-IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible,
-                          double cached, std::string_view env, std::string_view source);
+IoReport choose_read_path(IoPath requested, uint64_t file_size, bool direct_possible, double cached,
+                          std::string_view env, std::string_view source);
 
 // The alignment of direct transfers of local files: 4 KiB covers the logical
 // block size of every common device and the memory alignment O_DIRECT needs.

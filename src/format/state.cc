@@ -154,9 +154,8 @@ LoadReport load_local(const std::filesystem::path& path, StateDict& state,
   }
   const double cached =
       direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
-  const IoReport io =
-      format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
-                               format::direct_io_env(), source);
+  const IoReport io = format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
+                                               format::direct_io_env(), source);
   if (options.report) *options.report = io;
   format::ReadJobs read_jobs;
   if (io.path == IoPath::kDirect) {

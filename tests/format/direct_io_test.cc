@@ -35,7 +35,8 @@ struct Odd {
   std::vector<uint8_t> odd;
   std::vector<double> small;
   std::vector<int32_t> empty;
-  explicit Odd(size_t big_floats = (size_t{9} << 20) / 4 + 3) : big(big_floats), odd(12345), small(7) {
+  explicit Odd(size_t big_floats = (size_t{9} << 20) / 4 + 3)
+      : big(big_floats), odd(12345), small(7) {
     for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) * 0.5f;
     for (size_t i = 0; i < odd.size(); ++i) odd[i] = static_cast<uint8_t>(i * 31);
     std::iota(small.begin(), small.end(), -3.0);
