@@ -18,6 +18,8 @@
 
 #include "bench_util.h"
 
+#include "cairn/async_save.h"
+#include "cairn/manager.h"
 #include "cairn/state.h"
 #include "cairn/state_manager.h"
 
@@ -189,6 +191,141 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
   std::filesystem::remove_all(exp);
 }
 
+// ---- async saves: staging reserved ahead, and saves issued while one writes ----
+//
+// AsyncSaver directly (AsyncSaver::reserve is not reachable through
+// StateCheckpointManager), into a CheckpointManager keeping one checkpoint.
+//   cairn.async_reserved: save + wait on a saver whose staging reserve()
+//     allocated and touched beforehand; run 0 is the first save after
+//     reserve(), later runs are steady state. cairn.async_reserve times the
+//     reserve() calls themselves (fresh memory each run).
+//   cairn.async_busy_{wait,extra,skip}: a save issued right after another,
+//     while that one is writing, under each WhenBusy policy (staging reserved
+//     for every buffer the policy may use); the stall of the second save.
+// Peak memory: the state plus two staging buffers of its size (kExtraBuffer).
+void bench_async_policies(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                          const std::vector<cb::FloatBuffer>& state,
+                          std::vector<cb::Measurement>& results) {
+  const uint64_t bytes = cb::total_bytes(specs);
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto exp = opts.dir / "cairn-async-exp";
+  cairn::CheckpointConfig config;
+  config.num_to_keep = 1;
+  auto seconds_since = [](double t0) { return cb::now_seconds() - t0; };
+  {
+    cb::Measurement reserve{"cairn.async_reserve",
+                            "AsyncSaver::reserve(state): allocate staging and write every page "
+                            "(fresh memory each run)",
+                            bytes,
+                            {}};
+    cb::Measurement first{"cairn.async_reserved",
+                          "AsyncSaver::save stall after reserve(): run 1 is the first save "
+                          "after reserve(), later runs steady state",
+                          bytes,
+                          {}};
+    {
+      cairn::CheckpointManager manager(exp.string(), config);
+      cairn::AsyncSaver saver;
+      for (int run = 0; run < opts.runs; ++run) {
+        cb::sync_all();
+        if (run == 0) {
+          const double t0 = cb::now_seconds();
+          saver.reserve(sd);
+          reserve.runs_s.push_back(seconds_since(t0));
+        }
+        const double t0 = cb::now_seconds();
+        cairn::SaveHandle h = saver.save(sd, manager);
+        first.runs_s.push_back(seconds_since(t0));
+        h.wait();
+      }
+      if (saver.stats().staging_allocations != 1) {
+        throw std::runtime_error("a save after reserve() allocated staging");
+      }
+    }
+    // reserve() again on fresh savers: its own cost, run after run.
+    for (int run = 1; run < opts.runs; ++run) {
+      cairn::AsyncSaver saver;
+      const double t0 = cb::now_seconds();
+      saver.reserve(sd);
+      reserve.runs_s.push_back(seconds_since(t0));
+    }
+    results.push_back(reserve);
+    results.push_back(first);
+  }
+  std::filesystem::remove_all(exp);
+
+  struct Policy {
+    const char* name;
+    cairn::WhenBusy when_busy;
+    unsigned buffers;
+  };
+  for (const Policy& p : {Policy{"wait", cairn::WhenBusy::kWait, 1},
+                          Policy{"extra", cairn::WhenBusy::kExtraBuffer, 2},
+                          Policy{"skip", cairn::WhenBusy::kSkip, 1}}) {
+    cb::Measurement busy{
+        std::string("cairn.async_busy_") + p.name,
+        fmt::format("stall of a save issued while the previous one writes, when_busy = {}", p.name),
+        bytes,
+        {}};
+    {
+      cairn::CheckpointManager manager(exp.string(), config);
+      cairn::AsyncSaveOptions o;
+      o.when_busy = p.when_busy;
+      cairn::AsyncSaver saver(o);
+      saver.reserve(sd, p.buffers);
+      for (int run = 0; run < opts.runs; ++run) {
+        cb::sync_all();
+        cairn::SaveHandle a = saver.save(sd, manager);
+        const double t0 = cb::now_seconds();
+        cairn::SaveHandle b = saver.save(sd, manager);
+        busy.runs_s.push_back(seconds_since(t0));
+        if (b.skipped() != (p.when_busy == cairn::WhenBusy::kSkip)) {
+          throw std::runtime_error(fmt::format("when_busy = {}: unexpected skip", p.name));
+        }
+        saver.wait_all();
+      }
+      if (saver.stats().staging_allocations != p.buffers) {
+        throw std::runtime_error(
+            fmt::format("when_busy = {}: staging allocated after reserve()", p.name));
+      }
+    }
+    std::filesystem::remove_all(exp);
+    results.push_back(busy);
+  }
+}
+
+// Stall figures of the async saves as ratios to the memcpy reference (both
+// first run and steady state), printed and returned for the report.
+nlohmann::json async_ratios(const std::vector<cb::Measurement>& results) {
+  auto find = [&](const std::string& name) -> const cb::Measurement* {
+    for (const auto& m : results) {
+      if (m.name == name) return &m;
+    }
+    return nullptr;
+  };
+  auto steady = [](const cb::Measurement& m) {
+    std::vector<double> later(m.runs_s.begin() + (m.runs_s.size() > 1 ? 1 : 0), m.runs_s.end());
+    std::sort(later.begin(), later.end());
+    return later.empty() ? 0.0 : later[later.size() / 2];
+  };
+  const cb::Measurement* memcpy_ref = find("memcpy");
+  nlohmann::json out = nlohmann::json::object();
+  if (!memcpy_ref || memcpy_ref->runs_s.empty()) return out;
+  const double ref = steady(*memcpy_ref);
+  if (ref <= 0) return out;
+  std::cerr << fmt::format("async stalls vs memcpy of the state ({:.3f} s, steady):\n", ref);
+  for (const char* name :
+       {"cairn.async_stall", "cairn.async_reserve", "cairn.async_reserved", "cairn.async_busy_wait",
+        "cairn.async_busy_extra", "cairn.async_busy_skip"}) {
+    const cb::Measurement* m = find(name);
+    if (!m || m->runs_s.empty()) continue;
+    const double first = m->runs_s.front() / ref, later = steady(*m) / ref;
+    out[name] = {{"first", first}, {"steady", later}};
+    std::cerr << fmt::format("  {:24} first {:8.2f}x  steady {:8.3f}x\n", name, first, later);
+  }
+  return out;
+}
+
 // ---- tensor-count scaling: N tensors of 4 KiB vs the same bytes in 10 ----
 //
 // Per-tensor costs (header parsing, name lookups, layout) must stay small next
@@ -287,7 +424,9 @@ int main(int argc, char** argv) {
     std::vector<cb::Measurement> results;
     results.push_back(bench_memcpy(specs, state, opts.runs));
     bench_cairn(opts, specs, state, cache_drop, results);
-    cb::write_report(opts, "cairn", specs, cache_drop, results);
+    bench_async_policies(opts, specs, state, results);
+    cb::write_report(opts, "cairn", specs, cache_drop, results,
+                     {{"async_ratios", async_ratios(results)}});
   } catch (const std::exception& e) {
     std::cerr << "cairn_bench: " << e.what() << "\n";
     return 1;

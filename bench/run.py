@@ -193,6 +193,13 @@ def print_table(report):
                 v["measured"], v["reference"], v.get("runs", v.get("note"))))
         print()
         print("ratio: bandwidth ratio for '>=' targets, time ratio for the stall target.")
+    if report.get("async_ratios"):
+        print()
+        print("async save stalls as multiples of a memcpy of the state (steady memcpy):")
+        print("{:<24} {:>9} {:>9}".format("measurement", "first", "steady"))
+        for name, r in report["async_ratios"].items():
+            print("{:<24} {:>9} {:>9}".format(name, fmt(r["first"], "{:.2f}x"),
+                                              fmt(r["steady"], "{:.3f}x")))
 
 
 def main():
@@ -235,6 +242,7 @@ def main():
             args.dir, free / 1e9, (2 * nbytes + (1 << 30)) / 1e9))
 
     tools, results, cache_drops = {}, [], set()
+    async_ratios = {}
     scratch = tempfile.mkdtemp(prefix="cairn-bench-json-")
     try:
         fio_before = fio(args, nbytes, env)
@@ -250,6 +258,7 @@ def main():
             tools[name] = r["tool"]
             cache_drops.add(r["cache_drop"])
             results += r["results"]
+            async_ratios.update(r.get("async_ratios", {}))
 
         if not args.no_torch_python:
             wl_path = os.path.join(scratch, "workload.json")
@@ -284,6 +293,7 @@ def main():
         "tools": tools,
         "results": results,
         "targets": [] if args.smoke else judge(results),
+        "async_ratios": async_ratios,
     }
     print_table(report)
     if args.json:
@@ -294,7 +304,9 @@ def main():
         names = {r["name"] for r in results}
         expected = {"fio.write", "fio.read", "memcpy", "cairn.save", "cairn.load_copy",
                     "cairn.load_mmap", "cairn.load_fresh", "cairn.save_checkpoint",
-                    "cairn.async_stall", "cairn.async_total"}
+                    "cairn.async_stall", "cairn.async_total", "cairn.async_reserve",
+                    "cairn.async_reserved", "cairn.async_busy_wait", "cairn.async_busy_extra",
+                    "cairn.async_busy_skip"}
         if args.libtorch:
             expected |= {"libtorch.save", "libtorch.load"}
         if not args.no_torch_python:
@@ -302,6 +314,8 @@ def main():
         missing = expected - names
         if missing:
             raise SystemExit("run.py --smoke: missing results: " + ", ".join(sorted(missing)))
+        if "cairn.async_busy_skip" not in async_ratios:
+            raise SystemExit("run.py --smoke: cairn_bench reported no async_ratios")
 
 
 if __name__ == "__main__":

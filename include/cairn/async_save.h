@@ -17,8 +17,26 @@
 //     for) and reused: after the first save of a state, later saves of a
 //     state of the same or smaller size allocate nothing. stats() shows it.
 //   - At most `max_in_flight` saves (default 1) are snapshotted but not yet
-//     committed. save() blocks until one finishes when that many are pending.
-//     Saves commit in the order save() was called.
+//     committed ("pending"). What a save() called while that many are
+//     pending does is AsyncSaveOptions::when_busy:
+//       kWait (default): blocks until the oldest pending save commits or
+//         fails, then snapshots as usual.
+//       kExtraBuffer: snapshots into another staging buffer at once, so the
+//         caller is not blocked by the write in progress; at most
+//         `max_staging_buffers` buffers exist in all (allocated on first use,
+//         then reused), and when every one holds a pending save, save()
+//         blocks as under kWait. More than max_in_flight saves may then be
+//         pending.
+//       kSkip: takes no snapshot, writes nothing and (for a manager save)
+//         reserves no index; returns at once a handle whose skipped() is
+//         true, done() true and error() null. stats().skipped counts them.
+//     Saves that are taken commit in the order save() was called, under
+//     every policy.
+//   - reserve() allocates staging ahead of the first save and writes every
+//     page of it, so that the first save's stall is a plain copy rather than
+//     the much slower first touch of fresh memory (page faults: a first
+//     save without it stalled 10-14x as long as a memcpy of the state on
+//     the virtual machines the project measures on).
 //   - Persisting goes through the commit protocol (commit.h): the file is
 //     written durably in parallel blocks, then the manifest; with a
 //     CheckpointManager, reserve_next() happens in save() and
@@ -27,10 +45,18 @@
 //     handle's wait() (and returned by error()); if no one has looked at it
 //     that way, the next save(), wait_all() or close() throws it instead
 //     (once), before doing anything else. A failed save commits nothing and
-//     leaves earlier checkpoints intact.
+//     leaves earlier checkpoints intact. This holds under every policy: a
+//     skipped save, too, first throws an error not yet seen; a save blocked
+//     by kWait (or by a full kExtraBuffer) throws the error of a save that
+//     failed while it waited.
+//   - A save() that throws (bad arguments, an unseen error, allocation
+//     failure) has taken no snapshot and reserved nothing.
 //
-// Thread-safety: one AsyncSaver may be called from several threads; calls
-// are serialized. SaveHandle copies may be used from any thread.
+// Thread-safety: one AsyncSaver may be called from several threads; save(),
+// reserve(), wait_all() and close() are serialized (a save() blocked under
+// kWait holds the others back). stats() may be called at any time, also
+// while another thread is blocked in save(). SaveHandle copies may be used
+// from any thread.
 #pragma once
 
 #include <cstdint>
@@ -47,9 +73,22 @@
 
 namespace cairn {
 
+// What save() does when max_in_flight saves are pending (see above).
+enum class WhenBusy {
+  kWait,         // block until a pending save finishes
+  kExtraBuffer,  // snapshot into another staging buffer, up to max_staging_buffers
+  kSkip,         // take no snapshot; return a skipped handle at once
+};
+
 struct AsyncSaveOptions {
   unsigned max_in_flight = 1;  // >= 1
-  SaveOptions write = {};      // threads and block size of the background writes
+  WhenBusy when_busy = WhenBusy::kWait;
+  // kExtraBuffer only: the most staging buffers that may exist, in all
+  // (>= max_in_flight; 0: max_in_flight + 1). Each is the size of the file
+  // image, so this bounds the staging memory. Ignored by other policies,
+  // which hold max_in_flight buffers at most.
+  unsigned max_staging_buffers = 0;
+  SaveOptions write = {};  // threads and block size of the background writes
   // Threads copying into staging (0: min(2, hardware threads)).
   unsigned snapshot_threads = 0;
 };
@@ -60,12 +99,16 @@ class [[nodiscard]] SaveHandle {
   SaveHandle() = default;
   // Blocks until the save is committed or failed; rethrows its error.
   void wait() const;
-  // True once the save has committed or failed; never blocks.
+  // True once the save has committed or failed (or was skipped); never blocks.
   bool done() const;
+  // True when save() skipped this save (WhenBusy::kSkip): nothing was or
+  // will be written; wait() returns at once and error() is null.
+  bool skipped() const;
   // The error of a failed save (null while pending or after success). Looking
   // counts as seeing it: it will not be rethrown by the saver.
   std::exception_ptr error() const;
   // Where the save goes (the reserved checkpoint for a manager save).
+  // kFailedPrecondition for a skipped save, which goes nowhere.
   Checkpoint checkpoint() const;
   // The manager's record of a committed manager save (after wait()).
   std::optional<CheckpointRecord> record() const;
@@ -89,6 +132,10 @@ class AsyncSaver {
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
+  // Each save() first throws an error not yet seen (see above) and
+  // kFailedPrecondition after close(); then, when max_in_flight saves are
+  // pending, applies options' when_busy.
+  //
   // Snapshots `state`, then in the background writes it as `file` into the
   // uncommitted checkpoint `dest` and commits it with `metrics` (the state's
   // metadata also becomes the checkpoint's metadata.json).
@@ -102,6 +149,23 @@ class AsyncSaver {
                   nlohmann::json metrics = nlohmann::json::object(),
                   std::string file = std::string(kStateFileName));
 
+  // Allocates staging for `buffers` saves of `bytes` (the file image size;
+  // see the StateDict overload) and writes every page of it now, so that
+  // later saves of up to that size allocate nothing and do not pay the
+  // first touch of fresh memory. Buffers already large enough are kept as
+  // they are; a smaller one still holding a pending save is replaced once
+  // that save finishes (this call waits for it). `buffers` is at most the
+  // number of buffers the policy allows (max_in_flight, or
+  // max_staging_buffers under kExtraBuffer), else kInvalidArgument.
+  // Throws an error not yet seen first, as save() does; kFailedPrecondition
+  // after close(); kIO when the memory cannot be had (mmap, or the kernel
+  // failing to populate the pages). Counted in stats().staging_allocations. Pages are written with
+  // MADV_POPULATE_WRITE where the kernel has it, else by writing zeros, on
+  // snapshot_threads threads.
+  void reserve(uint64_t bytes, unsigned buffers = 1);
+  // reserve() for the file image of `state` (its header and tensors).
+  void reserve(const StateDict& state, unsigned buffers = 1);
+
   // Waits for every pending save; throws the first error not yet seen.
   void wait_all();
   // wait_all(), then stops the background thread. Later saves are
@@ -110,8 +174,18 @@ class AsyncSaver {
 
   struct Stats {
     uint64_t saves = 0;                // snapshots taken
+    uint64_t skipped = 0;              // saves skipped by WhenBusy::kSkip
+    uint64_t waits = 0;                // saves that blocked for a pending save to finish
+    uint64_t extra_buffer_saves = 0;   // kExtraBuffer saves taken beyond max_in_flight
     uint64_t staging_allocations = 0;  // times a staging buffer was (re)allocated
     uint64_t staging_bytes = 0;        // bytes of staging memory held now
+    // The caller's stall: how long save() blocked, from the call to its
+    // return (waiting for a slot, allocating, copying, reserving the
+    // manager's index), for saves taken or skipped; save() calls that threw
+    // are not counted.
+    double last_stall_seconds = 0;
+    double max_stall_seconds = 0;
+    double total_stall_seconds = 0;
   };
   Stats stats() const;
 

@@ -89,7 +89,11 @@ class StateCheckpointManager {
                                        const nlohmann::json& metrics = nlohmann::json::object(),
                                        bool force = false);
   // As save(), but returns after snapshotting (async_save.h); nullopt when
-  // skipped. Errors surface on the handle, or on the next save/wait.
+  // skipped by checkpoint_interval. With StateCheckpointOptions::async's
+  // when_busy = WhenBusy::kSkip, a save issued while the previous one is
+  // still writing returns a handle whose skipped() is true; it does not
+  // count as the last step saved. Errors surface on the handle, or on the
+  // next save/wait.
   std::optional<SaveHandle> save_async(const StateDict& state,
                                        std::optional<uint64_t> step = std::nullopt,
                                        const nlohmann::json& metrics = nlohmann::json::object(),

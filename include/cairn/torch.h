@@ -115,7 +115,9 @@ nlohmann::json restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Modul
 // Through a StateCheckpointManager (state_manager.h): save() and
 // save_async() save the state as the manager's next checkpoint (subject to
 // its checkpoint_interval; nullopt when skipped). save_async() returns once
-// the module's and optimizer's tensors are copied, so training may go on.
+// the module's and optimizer's tensors are copied, so training may go on;
+// with the manager's async.when_busy = WhenBusy::kSkip its handle may report
+// skipped() instead (async_save.h).
 // restore() loads the latest checkpoint (or `which`) with the manager's
 // checksum and assert_consumed checks, and returns its metadata (with the
 // manager's "step").

@@ -4,11 +4,23 @@
 // the storage Writer (durable on commit), then the commit protocol
 // (CheckpointWriter, or CheckpointManager::commit_reserved). Errors are kept
 // on the job's shared state until someone sees them (see async_save.h).
+//
+// Staging: `slots` has a fixed number of entries (max_in_flight, or
+// max_staging_buffers under kExtraBuffer), each an empty or allocated
+// buffer. A slot is busy from the save() that claims it until the
+// background finishes its job; only the slot's owner (the claiming save()
+// or reserve(), then the background) touches its buffer, and a buffer is
+// replaced only under `mu` so that stats() may read the sizes.
 #include "cairn/async_save.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -26,6 +38,7 @@ struct SaveHandle::State {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  bool skipped = false;  // WhenBusy::kSkip: nothing taken, nothing to wait for
   std::exception_ptr error;
   bool seen = false;  // the error was rethrown or handed out once
   std::optional<Checkpoint> dest;
@@ -42,6 +55,31 @@ double now_seconds() {
 SaveHandle::State& checked(const std::shared_ptr<SaveHandle::State>& s) {
   if (!s) throw Error(ErrorCode::kFailedPrecondition, "empty SaveHandle (not returned by a save)");
   return *s;
+}
+
+// Writes every page of [data, data + size) now, so that a later copy into it
+// does not pay the first touch of fresh memory: MADV_POPULATE_WRITE (Linux
+// 5.14) where the kernel has it, else zeros written by hand. `data` is
+// page-aligned. Runs on `threads` threads in 64 MiB pieces.
+void prefault(std::byte* data, size_t size, unsigned threads) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  const size_t pieces = (size + kPiece - 1) / kPiece;
+  std::atomic<bool> populate{true};
+  format::run_parallel(pieces, threads, [&](size_t i) {
+    std::byte* p = data + i * kPiece;
+    const size_t n = std::min(kPiece, size - i * kPiece);
+#ifdef MADV_POPULATE_WRITE
+    if (populate.load(std::memory_order_relaxed)) {
+      if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+      // EINVAL: a kernel without MADV_POPULATE_WRITE; write by hand. Any
+      // other error (ENOMEM) would fail the same way when written by hand.
+      if (errno != EINVAL)
+        throw errno_error(errno, "madvise(MADV_POPULATE_WRITE)", "staging memory");
+      populate.store(false, std::memory_order_relaxed);
+    }
+#endif
+    std::memset(p, 0, n);
+  });
 }
 
 }  // namespace
@@ -62,6 +100,12 @@ bool SaveHandle::done() const {
   return s.done;
 }
 
+bool SaveHandle::skipped() const {
+  auto& s = checked(state_);
+  std::lock_guard<std::mutex> g(s.mu);
+  return s.skipped;
+}
+
 std::exception_ptr SaveHandle::error() const {
   auto& s = checked(state_);
   std::lock_guard<std::mutex> g(s.mu);
@@ -72,6 +116,7 @@ std::exception_ptr SaveHandle::error() const {
 Checkpoint SaveHandle::checkpoint() const {
   auto& s = checked(state_);
   std::lock_guard<std::mutex> g(s.mu);
+  if (!s.dest) throw Error(ErrorCode::kFailedPrecondition, "the save was skipped: no checkpoint");
   return *s.dest;
 }
 
@@ -117,9 +162,73 @@ struct AsyncSaver::Impl {
     if (options.max_in_flight == 0) {
       throw Error(ErrorCode::kInvalidArgument, "AsyncSaveOptions::max_in_flight must be >= 1");
     }
-    slots.resize(options.max_in_flight);
-    slot_busy.assign(options.max_in_flight, false);
+    size_t count = options.max_in_flight;
+    if (options.when_busy == WhenBusy::kExtraBuffer) {
+      if (options.max_staging_buffers == 0) {
+        options.max_staging_buffers = options.max_in_flight + 1;
+      }
+      if (options.max_staging_buffers < options.max_in_flight) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("AsyncSaveOptions::max_staging_buffers ({}) is below "
+                                "max_in_flight ({})",
+                                options.max_staging_buffers, options.max_in_flight));
+      }
+      count = options.max_staging_buffers;
+    }
+    slots.resize(count);
+    slot_busy.assign(count, false);
     worker = std::thread([this] { run(); });
+  }
+
+  unsigned snapshot_threads() const {
+    return options.snapshot_threads != 0 ? options.snapshot_threads
+                                         : std::min(2u, format::pick_threads(0));
+  }
+
+  bool any_free_locked() const {
+    return std::find(slot_busy.begin(), slot_busy.end(), false) != slot_busy.end();
+  }
+
+  // A free slot for an image of `size` bytes: one whose buffer is large
+  // enough, else one holding a buffer (replaced, so the count of buffers
+  // does not grow), else an empty one. Call with mu, with a slot free.
+  size_t pick_slot_locked(uint64_t size) const {
+    std::optional<size_t> held, empty;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slot_busy[i]) continue;
+      if (slots[i].size() >= size) return i;
+      if (slots[i].size() > 0) {
+        if (!held) held = i;
+      } else if (!empty) {
+        empty = i;
+      }
+    }
+    return held ? *held : *empty;
+  }
+
+  // Makes the buffer of `slot` (owned by the caller: busy, or free while
+  // call_mu is held) at least `size` bytes; pre-faults a new one when asked.
+  void ensure_buffer(size_t slot, uint64_t size, bool prefault_pages) {
+    if (slots[slot].size() >= size) return;
+    format::HugeBuffer old;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      old = std::move(slots[slot]);
+    }
+    old = format::HugeBuffer();  // release before allocating the larger one
+    format::HugeBuffer fresh(size);
+    if (prefault_pages) prefault(fresh.data(), fresh.size(), snapshot_threads());
+    std::lock_guard<std::mutex> g(mu);
+    slots[slot] = std::move(fresh);
+    ++stats.staging_allocations;
+  }
+
+  // Records the stall of a save() that started at `t0`. Call with mu.
+  void record_stall_locked(std::chrono::steady_clock::time_point t0) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.last_stall_seconds = s;
+    stats.max_stall_seconds = std::max(stats.max_stall_seconds, s);
+    stats.total_stall_seconds += s;
   }
 
   // Throws the first failed save's error that no one has seen. Call with mu.
@@ -221,6 +330,7 @@ struct AsyncSaver::Impl {
   // `dest` is empty for a manager save: it is reserved after the snapshot.
   SaveHandle save(const StateDict& state, std::optional<Checkpoint> target,
                   CheckpointManager* manager, nlohmann::json metrics, std::string file) {
+    const auto t0 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> call(call_mu);
     {
       std::lock_guard<std::mutex> g(mu);
@@ -232,32 +342,44 @@ struct AsyncSaver::Impl {
       throw Error(ErrorCode::kAlreadyExists,
                   fmt::format("{}: already a committed checkpoint", target->uri()));
     }
+    if (options.when_busy == WhenBusy::kSkip) {
+      // Slots are claimed only under call_mu, which this call holds: one free
+      // now stays free until this save claims it below.
+      std::lock_guard<std::mutex> g(mu);
+      if (!any_free_locked()) {
+        ++stats.skipped;
+        record_stall_locked(t0);
+        auto st = std::make_shared<SaveHandle::State>();
+        st->done = true;
+        st->skipped = true;
+        return SaveHandle(st);
+      }
+    }
     FileLayout layout = layout_state(state);
     auto pieces = format::file_pieces(layout, state);
     const uint64_t size = layout.parsed.file_size();
 
     size_t slot = 0;
+    bool extra = false;  // taken beyond max_in_flight (kExtraBuffer)
     {
       std::unique_lock<std::mutex> g(mu);
-      cv.wait(g, [&] {
-        return std::find(slot_busy.begin(), slot_busy.end(), false) != slot_busy.end();
-      });
+      if (!any_free_locked()) {
+        ++stats.waits;
+        cv.wait(g, [&] { return any_free_locked(); });
+      }
       // A save that failed while we waited surfaces now, not one call later.
       surface_unseen_locked();
-      slot = static_cast<size_t>(std::find(slot_busy.begin(), slot_busy.end(), false) -
-                                 slot_busy.begin());
+      const auto pending =
+          static_cast<size_t>(std::count(slot_busy.begin(), slot_busy.end(), true));
+      extra = pending >= options.max_in_flight;
+      slot = pick_slot_locked(size);
       slot_busy[slot] = true;
     }
     try {
-      if (slots[slot].size() < size) {
-        slots[slot] = format::HugeBuffer();  // release before allocating the larger one
-        slots[slot] = format::HugeBuffer(size);
-        std::lock_guard<std::mutex> g(mu);
-        ++stats.staging_allocations;
-      }
-      unsigned threads = options.snapshot_threads;
-      if (threads == 0) threads = std::min(2u, format::pick_threads(0));
-      format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, threads);
+      // No separate pre-fault here: the copy below writes every page of the
+      // image on snapshot_threads threads, which is the touch itself.
+      ensure_buffer(slot, size, /*prefault_pages=*/false);
+      format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, snapshot_threads());
       if (manager) target = manager->reserve_next();
     } catch (...) {
       std::lock_guard<std::mutex> g(mu);
@@ -272,10 +394,37 @@ struct AsyncSaver::Impl {
     {
       std::lock_guard<std::mutex> g(mu);
       ++stats.saves;
+      if (extra) ++stats.extra_buffer_saves;
       queue.push_back(std::move(job));
+      record_stall_locked(t0);
     }
     cv.notify_all();
     return SaveHandle(st);
+  }
+
+  void reserve(uint64_t bytes, unsigned buffers) {
+    std::lock_guard<std::mutex> call(call_mu);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (closed) throw Error(ErrorCode::kFailedPrecondition, "AsyncSaver is closed");
+      surface_unseen_locked();
+    }
+    if (buffers == 0 || buffers > slots.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("AsyncSaver::reserve: {} buffers asked for; this saver holds 1 to {}",
+                              buffers, slots.size()));
+    }
+    if (bytes == 0) return;
+    for (size_t i = 0; i < buffers; ++i) {
+      {
+        // Only a too small buffer still holding a pending save is waited for.
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait(g, [&] { return !slot_busy[i] || slots[i].size() >= bytes; });
+        if (slots[i].size() >= bytes) continue;
+      }
+      // Free, and no save() can claim it while this call holds call_mu.
+      ensure_buffer(i, bytes, /*prefault_pages=*/true);
+    }
   }
 
   void wait_idle() {
@@ -320,6 +469,12 @@ SaveHandle AsyncSaver::save(const StateDict& state, Checkpoint dest, nlohmann::j
 SaveHandle AsyncSaver::save(const StateDict& state, CheckpointManager& manager,
                             nlohmann::json metrics, std::string file) {
   return impl_->save(state, std::nullopt, &manager, std::move(metrics), std::move(file));
+}
+
+void AsyncSaver::reserve(uint64_t bytes, unsigned buffers) { impl_->reserve(bytes, buffers); }
+
+void AsyncSaver::reserve(const StateDict& state, unsigned buffers) {
+  impl_->reserve(layout_state(state).parsed.file_size(), buffers);
 }
 
 void AsyncSaver::wait_all() {

@@ -155,7 +155,9 @@ std::optional<SaveHandle> StateCheckpointManager::save_async(const StateDict& st
   StateDict copy = Impl::with_step(state, *s);
   if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>(impl_->options.async);
   SaveHandle h = impl_->saver->save(copy, *impl_->base, std::move(m));
-  impl_->last_step = *s;
+  // A save skipped by WhenBusy::kSkip saved nothing: the interval still
+  // counts from the last step taken.
+  if (!h.skipped()) impl_->last_step = *s;
   return h;
 }
 

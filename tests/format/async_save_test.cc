@@ -5,11 +5,15 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "cairn/async_save.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/state.h"
+#include "cairn/state_manager.h"
 #include "storage/backends.h"
 
 namespace cairn::testing {
@@ -37,6 +41,19 @@ class Gate {
 };
 
 bool is_state_file(std::string_view key) { return key.ends_with(".safetensors"); }
+
+// Spins (yielding) until `cond` holds: orders the test after an event of
+// another thread without guessing how long it takes.
+template <class F>
+void spin_until(F cond) {
+  while (!cond()) std::this_thread::yield();
+}
+
+// The last path component of a checkpoint's URI (its directory name).
+std::string dir_name(const Checkpoint& cp) {
+  const std::string uri = cp.uri();
+  return uri.substr(uri.find_last_of('/') + 1);
+}
 
 class AsyncSaveTest : public ::testing::Test {
  protected:
@@ -67,6 +84,36 @@ class AsyncSaveTest : public ::testing::Test {
     };
     set_memory_faults("async", f);
   }
+  // Every write of a state file waits at `gate`; the first one then fails
+  // with "injected write failure". Each state file's commit is logged in
+  // `commits` (keys, in order).
+  void hold_state_writes_fail_first(Gate& gate) {
+    MemoryFaults f;
+    f.before = [this, &gate](std::string_view op, std::string_view key) {
+      if (op == "write" && is_state_file(key)) {
+        gate.wait();
+        if (writes_seen.fetch_add(1) == 0) throw Error(ErrorCode::kIO, "injected write failure");
+      }
+    };
+    set_memory_faults("async", f);
+  }
+  // Every write of a state file waits at `gate`; state file commits are
+  // logged in `commits`.
+  void hold_and_log_state_writes(Gate& gate) {
+    MemoryFaults f;
+    f.before = [this, &gate](std::string_view op, std::string_view key) {
+      if (op == "write" && is_state_file(key)) gate.wait();
+      if (op == "commit" && is_state_file(key)) {
+        std::lock_guard<std::mutex> g(commits_mu);
+        commits.emplace_back(key);
+      }
+    };
+    set_memory_faults("async", f);
+  }
+  std::atomic<int> writes_seen{0};
+  std::mutex commits_mu;
+  std::vector<std::string> commits;
+
   ManagerOptions quiet() {
     ManagerOptions o;
     o.warn = [](const std::string&) {};
@@ -221,6 +268,289 @@ TEST_F(AsyncSaveTest, RefusesACommittedDestinationBeforeSnapshotting) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists);
   }
+}
+
+TEST_F(AsyncSaveTest, WhenBusyWaitBlocksUntilThePendingSaveCommits) {
+  Gate gate;
+  hold_state_writes(gate);
+  CheckpointManager manager("memory://async/exp", {}, quiet());
+  AsyncSaver saver;  // kWait, max_in_flight 1
+  SaveHandle first = saver.save(state(), manager);
+  std::atomic<bool> returned{false};
+  bool first_done_on_return = false;
+  SaveHandle second;
+  std::thread t([&] {
+    second = saver.save(state(), manager);
+    first_done_on_return = first.done();
+    returned = true;
+  });
+  spin_until([&] { return saver.stats().waits == 1; });  // blocked in save()
+  EXPECT_FALSE(returned);
+  EXPECT_FALSE(first.done());
+  gate.open();
+  t.join();
+  EXPECT_TRUE(first_done_on_return) << "save() returned before the pending save finished";
+  saver.wait_all();
+  ASSERT_TRUE(first.record() && second.record());
+  EXPECT_EQ(first.record()->index, 0u);
+  EXPECT_EQ(second.record()->index, 1u);
+  auto st = saver.stats();
+  EXPECT_EQ(st.saves, 2u);
+  EXPECT_EQ(st.waits, 1u);
+  EXPECT_EQ(st.skipped, 0u);
+  EXPECT_EQ(st.extra_buffer_saves, 0u);
+  EXPECT_EQ(st.staging_allocations, 1u);
+  EXPECT_GE(st.max_stall_seconds, st.last_stall_seconds);
+  EXPECT_GT(st.total_stall_seconds, 0.0);
+}
+
+TEST_F(AsyncSaveTest, WhenBusyExtraBufferSnapshotsAtOnceUpToTheCapAndCommitsInOrder) {
+  Gate gate;
+  hold_and_log_state_writes(gate);
+  CheckpointManager manager("memory://async/exp", {}, quiet());
+  AsyncSaver saver(AsyncSaveOptions{
+      .max_in_flight = 1, .when_busy = WhenBusy::kExtraBuffer, .max_staging_buffers = 2});
+  std::vector<SaveHandle> h;
+  std::fill(w.begin(), w.end(), 0.0f);
+  h.push_back(saver.save(state(), manager));
+  std::fill(w.begin(), w.end(), 1.0f);
+  // The first save is held writing: this one snapshots into a second buffer.
+  h.push_back(saver.save(state(), manager));
+  EXPECT_FALSE(h[0].done());
+  EXPECT_FALSE(h[1].done());
+  auto st = saver.stats();
+  EXPECT_EQ(st.waits, 0u);
+  EXPECT_EQ(st.extra_buffer_saves, 1u);
+  EXPECT_EQ(st.staging_allocations, 2u);
+  // Both buffers hold pending saves: the cap makes a third save wait.
+  std::fill(w.begin(), w.end(), 2.0f);
+  std::atomic<bool> returned{false};
+  SaveHandle third;
+  std::thread t([&] {
+    third = saver.save(state(), manager);
+    returned = true;
+  });
+  spin_until([&] { return saver.stats().waits == 1; });
+  EXPECT_FALSE(returned);
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  gate.open();
+  t.join();
+  h.push_back(third);
+  saver.wait_all();
+  EXPECT_EQ(saver.stats().staging_allocations, 2u) << "more buffers than max_staging_buffers";
+  EXPECT_EQ(saver.stats().saves, 3u);
+  auto history = manager.history();
+  ASSERT_EQ(history.size(), 3u);
+  ASSERT_EQ(commits.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(h[i].record());
+    EXPECT_EQ(h[i].record()->index, i);
+    EXPECT_EQ(history[i].index, i);
+    EXPECT_NE(commits[i].find(dir_name(h[i].checkpoint())), std::string::npos)
+        << "commit " << i << " was " << commits[i];
+    EXPECT_EQ(load(history[i].checkpoint), std::vector<float>(1000, static_cast<float>(i)));
+  }
+}
+
+TEST_F(AsyncSaveTest, ExtraBuffersMustBeAtLeastMaxInFlight) {
+  EXPECT_THROW(
+      AsyncSaver(AsyncSaveOptions{
+          .max_in_flight = 3, .when_busy = WhenBusy::kExtraBuffer, .max_staging_buffers = 2}),
+      Error);
+}
+
+TEST_F(AsyncSaveTest, WhenBusySkipReturnsASkippedHandleAndReservesNothing) {
+  Gate gate;
+  hold_state_writes(gate);
+  CheckpointManager manager("memory://async/exp", {}, quiet());
+  AsyncSaver saver(AsyncSaveOptions{.when_busy = WhenBusy::kSkip});
+  SaveHandle first = saver.save(state(), manager);
+  SaveHandle skipped = saver.save(state(), manager);  // the first is held writing
+  EXPECT_TRUE(skipped.skipped());
+  EXPECT_TRUE(skipped.done());
+  EXPECT_EQ(skipped.error(), nullptr);
+  EXPECT_NO_THROW(skipped.wait());
+  EXPECT_FALSE(skipped.record());
+  EXPECT_FALSE(skipped.manifest());
+  try {
+    (void)skipped.checkpoint();
+    FAIL() << "a skipped save has a checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+  }
+  EXPECT_FALSE(first.skipped());
+  EXPECT_FALSE(first.done());
+  auto st = saver.stats();
+  EXPECT_EQ(st.saves, 1u);
+  EXPECT_EQ(st.skipped, 1u);
+  EXPECT_EQ(st.waits, 0u);
+  gate.open();
+  first.wait();
+  SaveHandle next = saver.save(state(), manager);
+  EXPECT_FALSE(next.skipped());
+  next.wait();
+  ASSERT_TRUE(next.record());
+  EXPECT_EQ(next.record()->index, 1u) << "the skipped save reserved an index";
+  auto history = manager.history();
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].index, 0u);
+  EXPECT_EQ(history[1].index, 1u);
+  EXPECT_EQ(saver.stats().skipped, 1u);
+  EXPECT_EQ(saver.stats().saves, 2u);
+}
+
+TEST_F(AsyncSaveTest, StateManagerSkipDoesNotCountAsTheLastStep) {
+  Gate gate;
+  hold_state_writes(gate);
+  StateCheckpointOptions o;
+  o.async.when_busy = WhenBusy::kSkip;
+  o.manager = quiet();
+  StateCheckpointManager mgr("memory://async/sm", o);
+  auto a = mgr.save_async(state(), 10);
+  auto b = mgr.save_async(state(), 11);
+  ASSERT_TRUE(a && b);
+  EXPECT_FALSE(a->skipped());
+  EXPECT_TRUE(b->skipped());
+  EXPECT_EQ(mgr.last_step(), 10u);
+  gate.open();
+  mgr.wait();
+  auto c = mgr.save_async(state());
+  ASSERT_TRUE(c);
+  c->wait();
+  EXPECT_EQ(mgr.last_step(), 11u);
+  EXPECT_EQ(mgr.checkpoints().size(), 2u);
+}
+
+TEST_F(AsyncSaveTest, ReserveAllocatesAheadSoTheFirstSaveAllocatesNothing) {
+  AsyncSaver saver;
+  saver.reserve(state());
+  auto st = saver.stats();
+  EXPECT_EQ(st.staging_allocations, 1u);
+  EXPECT_GE(st.staging_bytes, 4000u);
+  EXPECT_EQ(st.saves, 0u);
+  saver.save(state(), Checkpoint::from_directory("memory://async/a")).wait();
+  saver.save(state(), Checkpoint::from_directory("memory://async/b")).wait();
+  EXPECT_EQ(saver.stats().staging_allocations, 1u);
+  EXPECT_EQ(load(Checkpoint::from_directory("memory://async/b")), w);
+  // Reserving what is held already allocates nothing; more does.
+  saver.reserve(4000);
+  EXPECT_EQ(saver.stats().staging_allocations, 1u);
+  saver.reserve(uint64_t{5} << 20);
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  EXPECT_GE(saver.stats().staging_bytes, uint64_t{5} << 20);
+  // kWait with max_in_flight 1 holds one buffer.
+  EXPECT_THROW(saver.reserve(4000, 2), Error);
+  EXPECT_THROW(saver.reserve(4000, 0), Error);
+  saver.close();
+  EXPECT_THROW(saver.reserve(4000), Error);
+}
+
+TEST_F(AsyncSaveTest, ReserveCoversTheExtraBuffers) {
+  Gate gate;
+  hold_state_writes(gate);
+  AsyncSaver saver(AsyncSaveOptions{.when_busy = WhenBusy::kExtraBuffer});  // 2 buffers
+  saver.reserve(state(), 2);
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  SaveHandle a = saver.save(state(), Checkpoint::from_directory("memory://async/a"));
+  SaveHandle b = saver.save(state(), Checkpoint::from_directory("memory://async/b"));
+  EXPECT_FALSE(a.done());
+  EXPECT_EQ(saver.stats().extra_buffer_saves, 1u);
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  gate.open();
+  saver.wait_all();
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+}
+
+TEST_F(AsyncSaveTest, ReserveWaitsForATooSmallBufferHoldingAPendingSave) {
+  Gate gate;
+  hold_state_writes(gate);
+  AsyncSaver saver;
+  SaveHandle a = saver.save(state(), Checkpoint::from_directory("memory://async/a"));
+  std::atomic<bool> returned{false};
+  std::thread t([&] {
+    saver.reserve(uint64_t{4} << 20);
+    returned = true;
+  });
+  EXPECT_FALSE(returned);
+  gate.open();
+  t.join();
+  EXPECT_TRUE(a.done());
+  a.wait();
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  EXPECT_EQ(load(Checkpoint::from_directory("memory://async/a")), w);
+}
+
+// A failed background save's error reaches the caller under every policy:
+// the first save's write is held, a second save is issued while it is
+// pending, then the first fails.
+TEST_F(AsyncSaveTest, AFailedSavesErrorSurfacesUnderWait) {
+  Gate gate;
+  hold_state_writes_fail_first(gate);
+  AsyncSaver saver;
+  SaveHandle first = saver.save(state(), Checkpoint::from_directory("memory://async/x"));
+  std::string thrown;
+  std::thread t([&] {
+    try {
+      (void)saver.save(state(), Checkpoint::from_directory("memory://async/y"));
+    } catch (const Error& e) {
+      thrown = e.what();
+    }
+  });
+  spin_until([&] { return saver.stats().waits == 1; });
+  gate.open();
+  t.join();
+  // The blocked save threw the error of the save it waited for.
+  EXPECT_NE(thrown.find("injected write failure"), std::string::npos) << thrown;
+  EXPECT_THROW(first.wait(), Error);
+  EXPECT_NO_THROW(saver.wait_all());
+  EXPECT_EQ(saver.stats().saves, 1u);
+  EXPECT_FALSE(Checkpoint::from_directory("memory://async/x").is_committed());
+  EXPECT_FALSE(Checkpoint::from_directory("memory://async/y").is_committed());
+}
+
+TEST_F(AsyncSaveTest, AFailedSavesErrorSurfacesUnderExtraBuffer) {
+  Gate gate;
+  hold_state_writes_fail_first(gate);
+  CheckpointManager manager("memory://async/exp", {}, quiet());
+  AsyncSaver saver(AsyncSaveOptions{.when_busy = WhenBusy::kExtraBuffer});
+  (void)saver.save(state(), manager);  // fails; no one looks at its handle
+  SaveHandle second = saver.save(state(), manager);
+  gate.open();
+  second.wait();  // the later save commits although the earlier failed
+  try {
+    saver.wait_all();
+    FAIL() << "the failed save's error was lost";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected write failure"), std::string::npos);
+  }
+  EXPECT_NO_THROW(saver.wait_all());
+  auto history = manager.history();
+  ASSERT_EQ(history.size(), 1u);
+  EXPECT_EQ(history[0].index, 1u);
+}
+
+TEST_F(AsyncSaveTest, AFailedSavesErrorSurfacesUnderSkip) {
+  Gate gate;
+  hold_state_writes_fail_first(gate);
+  CheckpointManager manager("memory://async/exp", {}, quiet());
+  AsyncSaver saver(AsyncSaveOptions{.when_busy = WhenBusy::kSkip});
+  (void)saver.save(state(), manager);  // fails; no one looks at its handle
+  SaveHandle skipped = saver.save(state(), manager);
+  EXPECT_TRUE(skipped.skipped());
+  gate.open();
+  EXPECT_EQ(skipped.error(), nullptr);
+  try {
+    saver.wait_all();
+    FAIL() << "the failed save's error was lost";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected write failure"), std::string::npos);
+  }
+  SaveHandle ok = saver.save(state(), manager);
+  EXPECT_FALSE(ok.skipped());
+  ok.wait();
+  ASSERT_TRUE(ok.record());
+  EXPECT_EQ(ok.record()->index, 1u);
+  EXPECT_EQ(manager.history().size(), 1u);
 }
 
 }  // namespace
