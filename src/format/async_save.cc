@@ -297,9 +297,8 @@ struct AsyncSaver::Impl {
       // The staging buffer is 2 MiB-aligned and rounded up to 2 MiB, so a
       // direct write takes the image as it is, padding included.
       uint64_t hash = format::write_file(
-          image, job.size,
-          format::sink_of(*writer, format::wants_direct(options.write, job.size)), options.write,
-          job.dest.storage().uri_of(job.file), slots[job.slot].size());
+          image, job.size, format::sink_of(*writer, format::wants_direct(options.write, job.size)),
+          options.write, job.dest.storage().uri_of(job.file), slots[job.slot].size());
       writer->commit();
       ManifestEntry entry{job.file, job.size, hash};
       if (job.manager) {
