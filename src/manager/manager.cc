@@ -55,9 +55,10 @@ struct Scan {
   std::optional<uint64_t> max_index;
 };
 
-// `listing` is a list("") of the experiment: one listing tells which
-// checkpoints are committed, with no request per checkpoint.
-Scan scan_experiment(Storage& storage, const std::vector<ObjectInfo>& listing) {
+// `listing` and `incomplete` are list_with_incomplete("") of the experiment:
+// one listing tells which checkpoints are committed, with no request per
+// checkpoint.
+Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::string> incomplete) {
   Scan scan;
   std::map<uint64_t, std::string> all;
   std::set<uint64_t> with_manifest;
@@ -70,7 +71,7 @@ Scan scan_experiment(Storage& storage, const std::vector<ObjectInfo>& listing) {
     all[*index] = top;
     if (o.key.substr(slash + 1) == kManifestKey) with_manifest.insert(*index);
   }
-  scan.incomplete = storage.list_incomplete("");
+  scan.incomplete = std::move(incomplete);
   for (const auto& id : scan.incomplete) {
     // A temp file inside a checkpoint folder, or (file systems) an empty
     // folder a crash left: either way that index was used.
@@ -207,11 +208,12 @@ void CheckpointManager::warn(const std::string& message) const {
 }
 
 void CheckpointManager::open() {
-  const std::vector<ObjectInfo> listing = storage_->list("");
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> listing = storage_->list_with_incomplete("", incomplete);
   history::Loaded loaded =
       history::load_history(*storage_, listing, [this](const std::string& m) { warn(m); });
   const history::State& stored = loaded.state;
-  Scan scan = scan_experiment(*storage_, listing);
+  Scan scan = scan_experiment(listing, std::move(incomplete));
   created_at_ = stored.present ? stored.created_at : now();
   last_pinned_at_ = stored.last_pinned_at;
   // The log goes on after the highest seq ever used, so that no object left
@@ -547,11 +549,12 @@ ExperimentListing read_experiment(std::string_view experiment_uri) {
   ExperimentListing out;
   auto storage = open_storage(experiment_uri);
   out.uri = storage->uri();
-  const std::vector<ObjectInfo> listing = storage->list("");
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
   history::State stored =
       history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); }).state;
   out.config = stored.config;
-  Scan scan = scan_experiment(*storage, listing);
+  Scan scan = scan_experiment(listing, std::move(incomplete));
   for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
   for (const auto& [index, name] : scan.committed) {
     CheckpointRecord r(index, Checkpoint(storage->child(name)));
@@ -602,8 +605,9 @@ std::vector<std::string> find_experiments(std::string_view uri) {
       found.insert(std::string(first));
     }
   };
-  for (const auto& o : storage->list("")) consider(o.key, false);
-  for (const auto& id : storage->list_incomplete("")) consider(id, true);
+  std::vector<std::string> incomplete;
+  for (const auto& o : storage->list_with_incomplete("", incomplete)) consider(o.key, false);
+  for (const auto& id : incomplete) consider(id, true);
   return {found.begin(), found.end()};
 }
 
@@ -630,7 +634,9 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
           fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
       continue;
     }
-    Scan scan = scan_experiment(*storage, storage->list(""));
+    std::vector<std::string> incomplete;
+    std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+    Scan scan = scan_experiment(listing, std::move(incomplete));
     for (const auto& id : scan.incomplete) {
       if (!dry_run) storage->discard_incomplete(id);
       report.removed.push_back(storage->uri_of(id));

@@ -265,6 +265,22 @@ class FileStorage final : public Storage {
     return out;
   }
 
+  std::vector<ObjectInfo> list_with_incomplete(std::string_view prefix,
+                                               std::vector<std::string>& incomplete) override {
+    std::vector<ObjectInfo> out;
+    incomplete.clear();
+    walk(prefix, [&](const std::string& key, const struct stat& st, Entry kind) {
+      if (kind == Entry::kObject) {
+        out.push_back({key, static_cast<uint64_t>(st.st_size), mtime_of(st)});
+      } else {
+        incomplete.push_back(key);
+      }
+    });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    std::sort(incomplete.begin(), incomplete.end());
+    return out;
+  }
+
   void remove(std::string_view key) override {
     fs::path p = path_of(key);
     if (::unlink(p.c_str()) != 0) {
