@@ -5,7 +5,8 @@
 // the time to open the experiment and to run `cairn ls` and `cairn verify`'s
 // code paths at that size.
 //
-// Usage: history_bench [--n N] [--dir DIR]   (N defaults to 10000)
+// Usage: history_bench [--n N] [--dir DIR] [--keep]   (N defaults to 10000;
+// --keep leaves the experiment in DIR/exp for profiling)
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -42,6 +43,7 @@ double mean(const std::vector<double>& v) {
 
 int main(int argc, char** argv) {
   uint64_t n = 10000;
+  bool keep = false;
   std::filesystem::path dir = std::filesystem::temp_directory_path() / "cairn-history-bench";
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -49,8 +51,10 @@ int main(int argc, char** argv) {
       n = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
+    } else if (a == "--keep") {
+      keep = true;
     } else {
-      std::cerr << "usage: history_bench [--n N] [--dir DIR]\n";
+      std::cerr << "usage: history_bench [--n N] [--dir DIR] [--keep]\n";
       return 2;
     }
   }
@@ -106,7 +110,7 @@ int main(int argc, char** argv) {
     fmt::print("open (warm)               {:.3f} s\n", open_s);
     fmt::print("ls (warm)                 {:.3f} s\n", ls_s);
     fmt::print("verify (warm)             {:.3f} s\n", verify_s);
-    std::filesystem::remove_all(dir);
+    if (!keep) std::filesystem::remove_all(dir);
   } catch (const std::exception& e) {
     std::cerr << "history_bench: " << e.what() << "\n";
     return 1;
