@@ -1,12 +1,15 @@
 // The experiment's checkpoint manager. Ordering that keeps history and
 // storage in agreement across crashes:
-//   register: commit the checkpoint (commit.cc), then persist the history
-//             with its record, then apply retention (delete each checkpoint
-//             manifest-first, then persist the history without them).
-//   open:     take the lock, then reconcile: committed checkpoints missing
-//             from the history are adopted from their manifests, records whose
+//   register: commit the checkpoint (commit.cc), then append its record to
+//             the history's log, then apply retention (delete each checkpoint
+//             manifest-first, then append one record removing them).
+//   open:     take the lock, list the experiment once, read the history
+//             (snapshot plus log, manager/history.h), then reconcile:
+//             committed checkpoints missing from the history are adopted from
+//             their manifests (the only manifests read), records whose
 //             checkpoint is gone are dropped, uncommitted leftovers and
-//             incomplete writes are removed; then apply retention.
+//             incomplete writes are removed; then apply retention. If that
+//             changed anything, the history is rewritten as a new snapshot.
 // So after any crash the history on storage differs from the committed set
 // by at most the operation that was in flight, and the next open repairs it.
 //
@@ -14,8 +17,9 @@
 // manifests that open() can always rebuild. So once a checkpoint is
 // committed, register succeeds: a history write or retention step that fails
 // afterwards (a full disk) is a warning, retention runs anyway to free space,
-// the history write is retried after it, and again by every later call and by
-// the next open. Before the commit, any failure fails the call and leaves
+// the history is then rewritten whole (a new snapshot, covering whatever log
+// records did or did not land), and again by every later call and by the
+// next open. Before the commit, any failure fails the call and leaves
 // nothing visible.
 #include "cairn/manager.h"
 
@@ -360,6 +364,8 @@ nlohmann::json CheckpointManager::add_change(const CheckpointRecord& r) const {
 }
 
 void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
+  // Keep-all deletes nothing: skip ranking the whole history on every save.
+  if (!config_.num_to_keep) return;
   std::vector<uint64_t> doomed =
       retention::to_delete(candidates_of(records_, config_), policy_of(config_));
   for (uint64_t index : doomed) {
