@@ -114,6 +114,8 @@ class Checkpoint {
   Manifest manifest() const;
   // Checks every file in the manifest. Empty result: the checkpoint is whole.
   std::vector<VerifyProblem> verify() const;
+  // The same against `manifest`, already read by the caller (manifest()).
+  std::vector<VerifyProblem> verify(const Manifest& manifest) const;
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -4,6 +4,10 @@
 //
 //   <experiment>/.cairn.lock               held by the one manager writing it
 //   <experiment>/checkpoint_manager.json   history and retention bookkeeping
+//                                          (snapshot; JSON, readable by older
+//                                          versions)
+//   <experiment>/checkpoint_manager.log/   changes since the snapshot, one
+//                                          small checksummed object each
 //   <experiment>/checkpoint_000000/ ...    committed checkpoints (see commit.h)
 //
 // Checkpoint names sort in index order forever: six zero-padded digits up to
@@ -23,6 +27,14 @@
 //     the clock) are never deleted; they still count toward the K while they
 //     rank among the K best;
 //   - the most recent checkpoint is never deleted.
+//
+// Durability and cost: registering a checkpoint appends one small record to
+// the history's log (one object write, fsync'd on file systems), whatever the
+// number of checkpoints kept; the log is folded into a new snapshot (atomic
+// replace) once it holds more than max(64, kept / 8) records, so the cost is
+// O(1) amortized and opening reads a bounded log. Opening lists the
+// experiment once and reads a manifest only for a checkpoint the history
+// does not hold.
 //
 // Crash safety: opening a manager takes the experiment lock, removes the
 // leftovers of interrupted saves and deletions, and reconciles the persisted
@@ -145,11 +157,20 @@ class CheckpointManager {
 
   void open();
   uint64_t take_index();
-  void persist_state();
-  void apply_retention();
-  // Bookkeeping after a commit (or open): history and retention, failing
-  // only into warnings. See register_checkpoint.
-  void settle(std::string_view subject);
+  // Writes the whole history as a new snapshot and removes the log objects
+  // it folds in (src/manager/history.h).
+  void compact();
+  // Appends one change to the history's log (or compacts, when the log has
+  // grown past its bound or an earlier write failed). Throws on failure,
+  // leaving the history marked stale for the next call to rewrite.
+  void append_change(nlohmann::json change);
+  nlohmann::json add_change(const CheckpointRecord& record) const;
+  // Deletes what the policy says; `removed` gets each index deleted, also
+  // when a later deletion throws.
+  void apply_retention(std::vector<uint64_t>& removed);
+  // Bookkeeping after a commit (or open): records `change`, applies
+  // retention, failing only into warnings. See register_checkpoint.
+  void settle(std::string_view subject, const std::optional<nlohmann::json>& change);
   void check_score(const nlohmann::json& metrics, std::string_view subject) const;
   void discard_failed(const Checkpoint& dest);
   CheckpointRecord add_record(uint64_t index, const Checkpoint& where, const Manifest& manifest);
@@ -165,7 +186,10 @@ class CheckpointManager {
   uint64_t next_index_ = 0;
   double created_at_ = 0.0;  // the experiment's start, the first pin's reference
   std::optional<double> last_pinned_at_;
-  bool history_stale_ = false;                // records_ differ from what storage holds
+  bool history_stale_ = false;      // storage's history must be rewritten whole (compact())
+  uint64_t next_seq_ = 1;           // the next log record's sequence number
+  uint64_t log_records_ = 0;        // log records after the snapshot
+  std::vector<uint64_t> log_seqs_;  // log objects on storage (to remove on compaction)
   std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
 };
 

@@ -151,8 +151,9 @@ Manifest Checkpoint::manifest() const {
   return Manifest::parse(text, storage_->uri_of(kManifestKey));
 }
 
-std::vector<VerifyProblem> Checkpoint::verify() const {
-  Manifest m = manifest();
+std::vector<VerifyProblem> Checkpoint::verify() const { return verify(manifest()); }
+
+std::vector<VerifyProblem> Checkpoint::verify(const Manifest& m) const {
   std::vector<VerifyProblem> problems;
   for (const auto& f : m.files) {
     try {

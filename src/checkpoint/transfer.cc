@@ -42,6 +42,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/storage.h"
+#include "manager/history_store.h"
 #include "util/hash.h"
 #include "util/json.h"
 
@@ -548,6 +549,8 @@ ExperimentScan scan_experiment(Storage& src) {
       scan.has_history = true;
       continue;
     }
+    // The history's log is folded into the snapshot copy_history() writes.
+    if (history::parse_log_key(o.key)) continue;
     scan.other.push_back({o.key, o.size, 0});
   }
   for (auto& [index, name] : folders) {
@@ -597,7 +600,9 @@ void copy_planned(Storage& src, Storage& dst, const Planned& p, Context& ctx) {
 void copy_history(Storage& src, Storage& dst, Context& ctx) {
   const std::string where = src.uri_of(kHistoryKey);
   for (int round = 0;; ++round) {
-    std::optional<std::string> text = get_if_exists(src, kHistoryKey);
+    // The snapshot with its log applied: the copy gets one whole snapshot.
+    std::optional<std::string> text =
+        history::read_folded(src, [&](const std::string& m) { ctx.report.warnings.push_back(m); });
     if (!text) {
       ctx.report.warnings.push_back(
           fmt::format("{}: removed from the source during the copy; not copied", where));

@@ -9,6 +9,8 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
+#include "manager/history_store.h"
+#include "util/log.h"
 
 namespace cairn::cli {
 
@@ -35,7 +37,9 @@ std::shared_ptr<Storage> open_existing(std::string_view path) {
 
 // The checkpoint folders of one experiment, from a listing of its storage:
 // name -> whether it holds a manifest (is committed).
-std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(Storage& experiment) {
+// `listing` and `incomplete`: the experiment's list_with_incomplete("").
+std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(
+    const std::vector<ObjectInfo>& listing, const std::vector<std::string>& incomplete) {
   std::map<uint64_t, std::pair<std::string, bool>> out;
   auto note = [&](const std::string& key, bool is_object) {
     size_t slash = key.find('/');
@@ -49,9 +53,15 @@ std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(Storage& experi
     entry.first = top;
     if (is_object && std::string_view(key).substr(slash + 1) == kManifestKey) entry.second = true;
   };
-  for (const auto& o : experiment.list("")) note(o.key, true);
-  for (const auto& id : experiment.list_incomplete("")) note(id, false);
+  for (const auto& o : listing) note(o.key, true);
+  for (const auto& id : incomplete) note(id, false);
   return out;
+}
+
+std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(Storage& experiment) {
+  std::vector<std::string> incomplete;
+  std::vector<ObjectInfo> listing = experiment.list_with_incomplete("", incomplete);
+  return checkpoint_dirs(listing, incomplete);
 }
 
 CheckpointRow committed_row(const CheckpointRecord& r) {
@@ -103,7 +113,7 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view) {
     Manifest m = cp.manifest();
     checked.files = m.files.size();
     checked.bytes = m.total_bytes();
-    auto problems = cp.verify();
+    auto problems = cp.verify(m);
     for (const auto& p : problems) view.problems.push_back({cp.uri(), p.path, p.reason});
     checked.ok = problems.empty();
   } catch (const Error& e) {
@@ -206,15 +216,18 @@ VerifyView collect_verify(std::string_view path) {
   }
   for (const auto& name : names) {
     auto storage = name.empty() ? root : root->child(name);
+    // One listing serves the history's check and the checkpoints' list.
+    std::vector<std::string> incomplete;
+    std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
     try {
-      (void)read_experiment(storage->uri());
+      (void)history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); });
     } catch (const Error& e) {
       // A damaged history is a problem to report; the checkpoints are still
       // verified from their own manifests below.
       if (e.code() != ErrorCode::kCorruption) throw;
       view.problems.push_back({storage->uri(), std::string(kHistoryKey), e.what()});
     }
-    for (const auto& [index, entry] : checkpoint_dirs(*storage)) {
+    for (const auto& [index, entry] : checkpoint_dirs(listing, incomplete)) {
       const auto& [dir, committed] = entry;
       if (committed) {
         verify_checkpoint(Checkpoint(storage->child(dir)), view);

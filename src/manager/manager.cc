@@ -1,12 +1,15 @@
 // The experiment's checkpoint manager. Ordering that keeps history and
 // storage in agreement across crashes:
-//   register: commit the checkpoint (commit.cc), then persist the history
-//             with its record, then apply retention (delete each checkpoint
-//             manifest-first, then persist the history without them).
-//   open:     take the lock, then reconcile: committed checkpoints missing
-//             from the history are adopted from their manifests, records whose
+//   register: commit the checkpoint (commit.cc), then append its record to
+//             the history's log, then apply retention (delete each checkpoint
+//             manifest-first, then append one record removing them).
+//   open:     take the lock, list the experiment once, read the history
+//             (snapshot plus log, manager/history.h), then reconcile:
+//             committed checkpoints missing from the history are adopted from
+//             their manifests (the only manifests read), records whose
 //             checkpoint is gone are dropped, uncommitted leftovers and
-//             incomplete writes are removed; then apply retention.
+//             incomplete writes are removed; then apply retention. If that
+//             changed anything, the history is rewritten as a new snapshot.
 // So after any crash the history on storage differs from the committed set
 // by at most the operation that was in flight, and the next open repairs it.
 //
@@ -14,13 +17,15 @@
 // manifests that open() can always rebuild. So once a checkpoint is
 // committed, register succeeds: a history write or retention step that fails
 // afterwards (a full disk) is a warning, retention runs anyway to free space,
-// the history write is retried after it, and again by every later call and by
-// the next open. Before the commit, any failure fails the call and leaves
+// the history is then rewritten whole (a new snapshot, covering whatever log
+// records did or did not land), and again by every later call and by the
+// next open. Before the commit, any failure fails the call and leaves
 // nothing visible.
 #include "cairn/manager.h"
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -29,6 +34,8 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "checkpoint/local_view.h"
+#include "manager/history.h"
+#include "manager/history_store.h"
 #include "manager/retention.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -38,8 +45,7 @@ namespace cairn {
 namespace {
 
 constexpr std::string_view kLockKey = ".cairn.lock";
-constexpr std::string_view kStateKey = "checkpoint_manager.json";
-constexpr std::string_view kStateFormat = "cairn-manager";
+constexpr std::string_view kStateKey = history::kSnapshotKey;
 
 double system_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -53,11 +59,14 @@ struct Scan {
   std::optional<uint64_t> max_index;
 };
 
-Scan scan_experiment(Storage& storage) {
+// `listing` and `incomplete` are list_with_incomplete("") of the experiment:
+// one listing tells which checkpoints are committed, with no request per
+// checkpoint.
+Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::string> incomplete) {
   Scan scan;
   std::map<uint64_t, std::string> all;
   std::set<uint64_t> with_manifest;
-  for (const auto& o : storage.list("")) {
+  for (const auto& o : listing) {
     size_t slash = o.key.find('/');
     if (slash == std::string::npos) continue;
     std::string top = o.key.substr(0, slash);
@@ -66,7 +75,7 @@ Scan scan_experiment(Storage& storage) {
     all[*index] = top;
     if (o.key.substr(slash + 1) == kManifestKey) with_manifest.insert(*index);
   }
-  scan.incomplete = storage.list_incomplete("");
+  scan.incomplete = std::move(incomplete);
   for (const auto& id : scan.incomplete) {
     // A temp file inside a checkpoint folder, or (file systems) an empty
     // folder a crash left: either way that index was used.
@@ -78,70 +87,6 @@ Scan scan_experiment(Storage& storage) {
     scan.max_index = std::max(scan.max_index.value_or(0), index);
   }
   return scan;
-}
-
-// The persisted history, as read from checkpoint_manager.json.
-struct StoredState {
-  bool present = false;
-  double created_at = 0.0;
-  uint64_t next_index = 0;
-  std::optional<double> last_pinned_at;
-  CheckpointConfig config;
-  struct Entry {
-    nlohmann::json metrics;
-    double created_at = 0.0;
-    bool pinned = false;
-  };
-  std::map<uint64_t, Entry> records;
-};
-
-StoredState read_state(Storage& storage) {
-  StoredState s;
-  if (!storage.exists(kStateKey)) return s;
-  const std::string where = storage.uri_of(kStateKey);
-  auto corrupt = [&](std::string_view why) {
-    return Error(ErrorCode::kCorruption,
-                 fmt::format("{}: {} (delete this file to rebuild the history from the "
-                             "checkpoints' manifests)",
-                             where, why));
-  };
-  nlohmann::json j;
-  try {
-    j = parse_json(storage.get(kStateKey), where);
-  } catch (const Error& e) {
-    // parse_json names `where` first; keep its reason, add the remedy.
-    std::string_view what = e.what();
-    if (e.code() != ErrorCode::kCorruption || what.rfind(where, 0) != 0) throw;
-    throw corrupt(what.substr(std::min(what.size(), where.size() + 2)));
-  }
-  if (!j.is_object()) throw corrupt("not a JSON object");
-  try {
-    if (j.value("format", "") != kStateFormat) throw corrupt("not a Cairn manager state file");
-    if (!j.contains("checkpoints") || !j["checkpoints"].is_array()) {
-      throw corrupt("\"checkpoints\" is not an array");
-    }
-    s.present = true;
-    s.created_at = j.value("created_at", 0.0);
-    s.next_index = j.value("next_index", uint64_t{0});
-    if (j.contains("last_pinned_at") && j["last_pinned_at"].is_number()) {
-      s.last_pinned_at = j["last_pinned_at"].get<double>();
-    }
-    s.config = CheckpointConfig::from_json(j.contains("config") ? j["config"] : nlohmann::json());
-    for (const auto& r : j["checkpoints"]) {
-      if (!r.is_object() || !r.contains("index") || !r["index"].is_number_unsigned()) {
-        throw corrupt("a checkpoint record has no index");
-      }
-      StoredState::Entry e;
-      e.metrics = r.value("metrics", nlohmann::json::object());
-      e.created_at = r.value("created_at", 0.0);
-      e.pinned = r.value("pinned", false);
-      s.records[r["index"].get<uint64_t>()] = std::move(e);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    // A field of the wrong type (value() throws type_error).
-    throw corrupt(fmt::format("malformed field: {}", e.what()));
-  }
-  return s;
 }
 
 retention::Policy policy_of(const CheckpointConfig& c) {
@@ -247,7 +192,7 @@ CheckpointManager::CheckpointManager(std::string_view experiment_uri, Checkpoint
 CheckpointManager::~CheckpointManager() {
   if (!history_stale_) return;
   try {
-    persist_state();
+    compact();
   } catch (const Error& e) {
     // ignore-error: a destructor cannot throw; the next open rebuilds the
     // history from the committed manifests.
@@ -267,10 +212,24 @@ void CheckpointManager::warn(const std::string& message) const {
 }
 
 void CheckpointManager::open() {
-  StoredState stored = read_state(*storage_);
-  Scan scan = scan_experiment(*storage_);
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> listing = storage_->list_with_incomplete("", incomplete);
+  history::Loaded loaded =
+      history::load_history(*storage_, listing, [this](const std::string& m) { warn(m); });
+  const history::State& stored = loaded.state;
+  Scan scan = scan_experiment(listing, std::move(incomplete));
   created_at_ = stored.present ? stored.created_at : now();
   last_pinned_at_ = stored.last_pinned_at;
+  // The log goes on after the highest seq ever used, so that no object left
+  // on storage is mistaken for a newer record.
+  next_seq_ = std::max(loaded.max_seq, stored.log_seq) + 1;
+  log_seqs_ = loaded.log_seqs;
+  log_records_ = loaded.applied;
+  // Anything the reconciliation below changes, an older snapshot, damaged or
+  // already-folded log objects: write a new snapshot (compaction) at once.
+  bool changed = !stored.present || loaded.legacy || loaded.damaged ||
+                 loaded.log_seqs.size() != loaded.applied ||
+                 stored.config.to_json() != config_.to_json();
 
   for (const auto& id : scan.incomplete) {
     log::info(fmt::format("removing incomplete write {}", storage_->uri_of(id)));
@@ -286,8 +245,10 @@ void CheckpointManager::open() {
       log::info(fmt::format(
           "{}: {} is no longer on storage (deleted before a crash); dropping its record", uri(),
           checkpoint_name(index)));
+      changed = true;
     }
   }
+  records_.reserve(scan.committed.size());
   for (const auto& [index, name] : scan.committed) {
     Checkpoint where(storage_->child(name));
     auto it = stored.records.find(index);
@@ -299,6 +260,7 @@ void CheckpointManager::open() {
       records_.push_back(std::move(r));
       continue;
     }
+    changed = true;
     Manifest m;
     try {
       m = where.manifest();
@@ -316,9 +278,11 @@ void CheckpointManager::open() {
                               : *scan.max_index == kNoMoreIndex ? kNoMoreIndex
                                                                 : *scan.max_index + 1;
   next_index_ = std::max(stored.next_index, after_scan);
+  if (next_index_ != stored.next_index || last_pinned_at_ != stored.last_pinned_at) changed = true;
+  history_stale_ = changed;
   // A crash between a commit and its retention step leaves one extra; apply
   // the policy now, so that repeated crashes never accumulate them.
-  settle(uri());
+  settle(uri(), std::nullopt);
 }
 
 uint64_t CheckpointManager::take_index() {
@@ -347,29 +311,61 @@ CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint&
   return r;
 }
 
-void CheckpointManager::persist_state() {
-  nlohmann::json j;
-  j["format"] = kStateFormat;
-  j["version"] = 1;
-  j["created_at"] = created_at_;
-  j["next_index"] = next_index_;
-  j["last_pinned_at"] =
-      last_pinned_at_ ? nlohmann::json(*last_pinned_at_) : nlohmann::json(nullptr);
-  j["config"] = config_.to_json();
-  nlohmann::json list = nlohmann::json::array();
-  for (const auto& r : records_) {
-    list.push_back({{"index", r.index},
-                    {"name", r.name},
-                    {"metrics", r.metrics},
-                    {"created_at", r.created_at},
-                    {"pinned", r.pinned}});
-  }
-  j["checkpoints"] = std::move(list);
-  storage_->put(kStateKey, j.dump(1));
+void CheckpointManager::compact() {
+  history::State state;
+  state.present = true;
+  state.created_at = created_at_;
+  state.next_index = next_index_;
+  state.last_pinned_at = last_pinned_at_;
+  state.config = config_;
+  state.log_seq = next_seq_ - 1;  // covers every log object written so far
+  for (const auto& r : records_) state.records[r.index] = {r.metrics, r.created_at, r.pinned};
+  // The snapshot is replaced atomically; a crash before the removals below
+  // leaves log objects at or below its log_seq, which readers ignore.
+  storage_->put(kStateKey, history::snapshot_json(state).dump(1));
   history_stale_ = false;
+  log_records_ = 0;
+  if (log_seqs_.empty()) return;
+  std::vector<std::string> keys;
+  keys.reserve(log_seqs_.size());
+  for (uint64_t seq : log_seqs_) keys.push_back(history::log_key(seq));
+  try {
+    storage_->remove_many(keys);
+    log_seqs_.clear();
+  } catch (const Error& e) {
+    // ignore-error: the snapshot covers them; the next compaction or open
+    // removes them.
+    log::warn(fmt::format("{}: removing folded history records failed: {}", uri(), e.what()));
+  }
 }
 
-void CheckpointManager::apply_retention() {
+void CheckpointManager::append_change(nlohmann::json change) {
+  if (history_stale_ || history::should_compact(log_records_ + 1, records_.size())) {
+    compact();
+    return;
+  }
+  const uint64_t seq = next_seq_++;
+  change["seq"] = seq;
+  // The seq is used even if the write fails (the object may exist): the
+  // compaction that then follows covers it.
+  log_seqs_.push_back(seq);
+  try {
+    storage_->put(history::log_key(seq), history::encode_record(change));
+  } catch (const Error&) {
+    history_stale_ = true;
+    throw;
+  }
+  ++log_records_;
+}
+
+nlohmann::json CheckpointManager::add_change(const CheckpointRecord& r) const {
+  return history::add_record(0, r.index, {r.metrics, r.created_at, r.pinned}, next_index_,
+                             last_pinned_at_);
+}
+
+void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
+  // Keep-all deletes nothing: skip ranking the whole history on every save.
+  if (!config_.num_to_keep) return;
   std::vector<uint64_t> doomed =
       retention::to_delete(candidates_of(records_, config_), policy_of(config_));
   for (uint64_t index : doomed) {
@@ -377,20 +373,23 @@ void CheckpointManager::apply_retention() {
                            [&](const auto& r) { return r.index == index; });
     delete_checkpoint(it->checkpoint);
     records_.erase(it);
-    history_stale_ = true;
+    removed.push_back(index);
   }
 }
 
-void CheckpointManager::settle(std::string_view subject) {
-  history_stale_ = true;
+void CheckpointManager::settle(std::string_view subject,
+                               const std::optional<nlohmann::json>& change) {
   std::optional<Error> history_error;
-  try {
-    persist_state();
-  } catch (const Error& e) {
-    history_error = e;  // retried below, once retention has freed what it can
+  if (change) {
+    try {
+      append_change(*change);
+    } catch (const Error& e) {
+      history_error = e;  // retried below, once retention has freed what it can
+    }
   }
+  std::vector<uint64_t> removed;
   try {
-    apply_retention();
+    apply_retention(removed);
   } catch (const Error& e) {
     // ignore-error: the checkpoints are committed; retention runs again on
     // the next save and on open, and the caller must not see a committed
@@ -398,9 +397,16 @@ void CheckpointManager::settle(std::string_view subject) {
     warn(fmt::format("{}: applying retention failed, retried on the next save or open: {}", subject,
                      e.what()));
   }
+  if (!removed.empty()) {
+    try {
+      append_change(history::remove_record(0, removed));
+    } catch (const Error& e) {
+      history_error = e;
+    }
+  }
   if (history_stale_) {
     try {
-      persist_state();
+      compact();
       history_error.reset();
     } catch (const Error& e) {
       history_error = e;
@@ -460,7 +466,7 @@ CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& me
     throw with_context(e, fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()));
   }
   CheckpointRecord record = add_record(index, dest, manifest);
-  settle(fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()));
+  settle(fmt::format("registering {} as {}", checkpoint.uri(), dest.uri()), add_change(record));
   return record;
 }
 
@@ -482,7 +488,7 @@ Checkpoint CheckpointManager::reserve_next() {
   // a crash of this one; the index is persisted before anyone writes, so a
   // restarted manager never hands it out again.
   try {
-    persist_state();
+    append_change(history::counters_record(0, next_index_));
   } catch (const Error& e) {
     --next_index_;
     throw with_context(e, fmt::format("reserving {}", dest.uri()));
@@ -516,7 +522,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
   }
   reserved_.erase(it);
   CheckpointRecord record = add_record(index, reserved, manifest);
-  settle(fmt::format("committing {}", reserved.uri()));
+  settle(fmt::format("committing {}", reserved.uri()), add_change(record));
   return record;
 }
 
@@ -549,9 +555,12 @@ ExperimentListing read_experiment(std::string_view experiment_uri) {
   ExperimentListing out;
   auto storage = open_storage(experiment_uri);
   out.uri = storage->uri();
-  StoredState stored = read_state(*storage);
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+  history::State stored =
+      history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); }).state;
   out.config = stored.config;
-  Scan scan = scan_experiment(*storage);
+  Scan scan = scan_experiment(listing, std::move(incomplete));
   for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
   for (const auto& [index, name] : scan.committed) {
     CheckpointRecord r(index, Checkpoint(storage->child(name)));
@@ -583,7 +592,8 @@ std::vector<std::string> find_experiments(std::string_view uri) {
   auto storage = open_storage(uri);
   std::set<std::string> found;
   auto is_marker = [](std::string_view part, bool is_folder) {
-    return (part == kStateKey && !is_folder) || (is_folder && parse_checkpoint_name(part));
+    return (part == kStateKey && !is_folder) || (part == history::kLogPrefix && is_folder) ||
+           (is_folder && parse_checkpoint_name(part));
   };
   // `leaf_is_folder`: an incomplete write's id may name an empty folder.
   auto consider = [&](const std::string& key, bool leaf_is_folder) {
@@ -601,8 +611,9 @@ std::vector<std::string> find_experiments(std::string_view uri) {
       found.insert(std::string(first));
     }
   };
-  for (const auto& o : storage->list("")) consider(o.key, false);
-  for (const auto& id : storage->list_incomplete("")) consider(id, true);
+  std::vector<std::string> incomplete;
+  for (const auto& o : storage->list_with_incomplete("", incomplete)) consider(o.key, false);
+  for (const auto& id : incomplete) consider(id, true);
   return {found.begin(), found.end()};
 }
 
@@ -629,7 +640,9 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
           fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
       continue;
     }
-    Scan scan = scan_experiment(*storage);
+    std::vector<std::string> incomplete;
+    std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+    Scan scan = scan_experiment(listing, std::move(incomplete));
     for (const auto& id : scan.incomplete) {
       if (!dry_run) storage->discard_incomplete(id);
       report.removed.push_back(storage->uri_of(id));

@@ -301,6 +301,22 @@ class FileStorage final : public Storage {
     return out;
   }
 
+  std::vector<ObjectInfo> list_with_incomplete(std::string_view prefix,
+                                               std::vector<std::string>& incomplete) override {
+    std::vector<ObjectInfo> out;
+    incomplete.clear();
+    walk(prefix, [&](const std::string& key, const struct stat& st, Entry kind) {
+      if (kind == Entry::kObject) {
+        out.push_back({key, static_cast<uint64_t>(st.st_size), mtime_of(st)});
+      } else {
+        incomplete.push_back(key);
+      }
+    });
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    std::sort(incomplete.begin(), incomplete.end());
+    return out;
+  }
+
   void remove(std::string_view key) override {
     fs::path p = path_of(key);
     if (::unlink(p.c_str()) != 0) {
@@ -419,23 +435,42 @@ class FileStorage final : public Storage {
     std::error_code ec;
     fs::recursive_directory_iterator it(start, fs::directory_options::none, ec), end;
     if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
+    // Keys are the paths below root_; cutting the prefix off the string is
+    // much cheaper than lexically_relative on listings of many thousand files.
+    const std::string& root = root_.native();
+    const size_t cut = root.size() + (root.empty() || root.back() != '/' ? 1 : 0);
+    auto key_of = [&](const fs::path& p) {
+      const std::string& n = p.native();
+      if (n.size() > cut && n.compare(0, root.size(), root) == 0) return n.substr(cut);
+      return p.lexically_relative(root_).generic_string();
+    };
+    // The iteration is depth-first in pre-order, so a directory's entries
+    // come right after it: a directory is empty when the next entry is not
+    // inside it. This spares opening every directory a second time.
+    std::optional<fs::path> open_dir;  // the last directory seen, no entry yet
+    struct stat open_dir_st {};
+    auto close_dir = [&](const fs::path* next) {
+      if (!open_dir) return;
+      if (!next || next->parent_path() != *open_dir)
+        fn(key_of(*open_dir), open_dir_st, Entry::kEmptyDir);
+      open_dir.reset();
+    };
     for (; it != end; it.increment(ec)) {
       if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
       const fs::path& p = it->path();
+      close_dir(&p);
       struct stat est;
       if (::lstat(p.c_str(), &est) != 0) continue;  // ignore-error: racing removal
       if (S_ISDIR(est.st_mode)) {
-        std::error_code ignored;  // ignore-error: a directory removed meanwhile is not listed
-        if (fs::is_empty(p, ignored) && !ignored) {
-          fn(p.lexically_relative(root_).generic_string(), est, Entry::kEmptyDir);
-        }
+        open_dir = p;
+        open_dir_st = est;
         continue;
       }
       if (S_ISLNK(est.st_mode) && ::stat(p.c_str(), &est) != 0) continue;  // dangling link
       if (!S_ISREG(est.st_mode)) continue;
-      std::string key = p.lexically_relative(root_).generic_string();
-      fn(key, est, is_temp_name(p.filename().string()) ? Entry::kTemp : Entry::kObject);
+      fn(key_of(p), est, is_temp_name(p.filename().string()) ? Entry::kTemp : Entry::kObject);
     }
+    close_dir(nullptr);
   }
 
   static std::string hostname() {

@@ -78,6 +78,13 @@ void Storage::remove_many(const std::vector<std::string>& keys) {
   for (const std::string& k : keys) remove(k);
 }
 
+std::vector<ObjectInfo> Storage::list_with_incomplete(std::string_view prefix,
+                                                      std::vector<std::string>& incomplete) {
+  std::vector<ObjectInfo> out = list(prefix);
+  incomplete = list_incomplete(prefix);
+  return out;
+}
+
 void Storage::remove_prefix(std::string_view prefix) {
   std::vector<std::string> keys;
   for (ObjectInfo& o : list(prefix)) keys.push_back(std::move(o.key));

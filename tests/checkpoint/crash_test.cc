@@ -19,6 +19,7 @@
 
 #include "cairn/manager.h"
 #include "checkpoint/crash_pattern.h"
+#include "manager/history_store.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -32,16 +33,20 @@ std::set<uint64_t> committed_indices(const ExperimentListing& listing) {
   return out;
 }
 
-std::set<uint64_t> recorded_indices(const std::filesystem::path& state) {
+// The history as stored: the snapshot with its log replayed.
+std::set<uint64_t> recorded_indices(const std::string& exp, bool* damaged = nullptr) {
+  auto storage = open_storage(exp);
+  history::Loaded loaded =
+      history::load_history(*storage, storage->list(""), [](const std::string&) {});
+  if (damaged) *damaged = loaded.damaged;
   std::set<uint64_t> out;
-  if (!std::filesystem::exists(state)) return out;
-  auto j = nlohmann::json::parse(read_text(state));
-  for (const auto& r : j["checkpoints"]) out.insert(r["index"].get<uint64_t>());
+  for (const auto& [index, entry] : loaded.state.records) out.insert(index);
   return out;
 }
 
 // Starts the worker with its stdout on a pipe; returns its pid.
-pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd) {
+pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd,
+                   int num_to_keep = kNumToKeep) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
   pid_t pid = fork();
@@ -50,7 +55,7 @@ pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd) {
     close(fds[0]);
     close(fds[1]);
     std::string s = std::to_string(seed);
-    std::string keep = std::to_string(kNumToKeep);
+    std::string keep = std::to_string(num_to_keep);
     execl(CRASH_WORKER, CRASH_WORKER, exp.c_str(), s.c_str(), keep.c_str(), nullptr);
     _exit(127);
   }
@@ -106,7 +111,7 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     // The history as the killed process left it, against what is committed.
     ExperimentListing before = read_experiment(exp);
     std::set<uint64_t> committed = committed_indices(before);
-    std::set<uint64_t> recorded = recorded_indices(dir / "exp" / "checkpoint_manager.json");
+    std::set<uint64_t> recorded = recorded_indices(exp);
     for (uint64_t c : committed) {
       if (!recorded.count(c)) {
         EXPECT_TRUE(recorded.empty() || c > *recorded.rbegin())
@@ -170,6 +175,60 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
   }
   // The kills must land while work is being done, not only at start-up.
   EXPECT_GT(kills_with_progress, kills / 8) << "highest checkpoint index reached: " << max_seen;
+}
+
+// Keep-all, where the history's log grows and is compacted: after every
+// kill, every checkpoint committed before is still committed (nothing is
+// ever deleted), the stored history (snapshot plus replayed log) misses at
+// most the newest, and a new manager's history is exactly the committed
+// set, with the metrics each was registered with.
+TEST(CrashTest, KeepAllHistoryLogLosesNothingCommittedUnderSigkill) {
+  const char* env = std::getenv("CAIRN_CRASH_ITERATIONS");
+  const int iterations = env ? std::max(1, std::atoi(env) / 4) : 50;
+  TempDir dir;
+  const std::string exp = (dir / "exp").string();
+  std::mt19937_64 rng(20261123);
+  std::set<uint64_t> ever_committed;
+  for (int i = 0; i < iterations; ++i) {
+    int ready_fd = -1;
+    pid_t pid = spawn_worker(exp, rng() + static_cast<uint64_t>(i), ready_fd, /*keep all*/ 0);
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(wait_ready(ready_fd)) << "worker never became ready";
+    // Long enough for several saves per life on a slow disk.
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300000));
+    kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    close(ready_fd);
+    SCOPED_TRACE("after kill " + std::to_string(i));
+
+    std::set<uint64_t> committed = committed_indices(read_experiment(exp));
+    EXPECT_TRUE(std::includes(committed.begin(), committed.end(), ever_committed.begin(),
+                              ever_committed.end()))
+        << "a checkpoint committed before an earlier kill is gone";
+    ever_committed = committed;
+    bool damaged = false;
+    std::set<uint64_t> recorded = recorded_indices(exp, &damaged);
+    EXPECT_FALSE(damaged) << "a committed history record failed its checksum";
+    for (uint64_t c : committed) {
+      if (!recorded.count(c)) {
+        EXPECT_EQ(c, *committed.rbegin()) << "committed " << c << " missing from the history";
+      }
+    }
+    for (uint64_t r : recorded) EXPECT_TRUE(committed.count(r)) << "recorded " << r << " is gone";
+
+    CheckpointManager manager(exp, CheckpointConfig{}, ManagerOptions{});
+    std::set<uint64_t> history;
+    for (const auto& r : manager.history()) {
+      history.insert(r.index);
+      EXPECT_EQ(r.metrics, r.checkpoint.manifest().metrics) << r.name;
+    }
+    EXPECT_EQ(history, committed);
+    if (::testing::Test::HasFailure()) break;
+  }
+  // Enough saves that kills landed among them; opens after a kill that
+  // adopted a checkpoint compact, so both log replay and compaction ran.
+  EXPECT_GT(ever_committed.size(), 40u) << "too few saves";
 }
 
 }  // namespace

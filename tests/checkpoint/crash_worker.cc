@@ -1,5 +1,5 @@
 // Saves and retains checkpoints forever, until killed. Used by crash_test.
-// Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP
+// Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP (0: keep all)
 // Writes 'r' to stdout once the experiment is open, so the test can aim its
 // kills at saves rather than at start-up.
 #include <unistd.h>
@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   }
   std::mt19937_64 rng(std::strtoull(argv[2], nullptr, 10));
   cairn::CheckpointConfig config;
-  config.num_to_keep = std::atoi(argv[3]);
+  if (int keep = std::atoi(argv[3]); keep > 0) config.num_to_keep = keep;  // 0: keep all
   config.checkpoint_score_attribute = "score";
   cairn::ManagerOptions options;
   options.warn = [](const std::string&) {};  // missing scores are part of the workload

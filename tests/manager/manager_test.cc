@@ -473,7 +473,10 @@ TEST_F(ManagerTest, ASourceThatDoesNotExistOrIsAFileFailsAndChangesNothing) {
       ErrorCode::kNotFound);
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0})) << "retention deleted nothing";
   EXPECT_TRUE(m.latest()->checkpoint.verify().empty());
-  EXPECT_EQ(open_storage(uri)->list("").size(), 3u) << "model.bin, manifest, history";
+  size_t objects = 0;  // the history's log has one record per change
+  for (const auto& o : open_storage(uri)->list(""))
+    if (o.key.rfind("checkpoint_manager.log/", 0) != 0) ++objects;
+  EXPECT_EQ(objects, 3u) << "model.bin, manifest, history";
   EXPECT_EQ(m.register_checkpoint({}, source("next", "w")).index, 1u) << "no index was used";
 }
 

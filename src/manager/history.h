@@ -1,0 +1,105 @@
+// The experiment's history as stored: a snapshot plus a log of changes made
+// after it, the way leveldb's MANIFEST works, so that registering a
+// checkpoint writes one small record instead of rewriting the whole history.
+//
+//   checkpoint_manager.json                   the snapshot: the whole history
+//                                             as of log record `log_seq`
+//   checkpoint_manager.log/<20 digits>.rec    one object per change, named by
+//                                             its sequence number
+//
+// A log object holds framed records: a 4-byte little-endian payload length,
+// the 8-byte little-endian XXH3-64 of the payload, then the payload (JSON
+// with "op" and "seq"). Records are separate objects because Storage has no
+// append (S3), and one object per record is O(1) per change on every
+// backend with one code path.
+//
+// Replay: a reader applies, in sequence order, the records whose seq is
+// above the snapshot's log_seq; those at or below it are leftovers of a
+// compaction that crashed before removing them, and are ignored. A snapshot
+// without "log_seq" (written by an older Cairn) covers every record, and
+// without a snapshot (deleted to rebuild the history from the manifests)
+// every record is stale. Records
+// carry the experiment's counters (next_index, last_pinned_at) as absolute
+// values, so a record skipped because it is damaged loses only its own
+// change, which the manager's reconciliation with the committed manifests
+// recovers (a missing "add" is adopted from its manifest, a missing
+// "remove" dropped because its checkpoint is gone).
+//
+// Everything here is pure (no I/O), so the format and replay are unit-tested
+// alone; manager.cc does the reading and writing.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/manager.h"
+
+namespace cairn::history {
+
+inline constexpr std::string_view kSnapshotKey = "checkpoint_manager.json";
+inline constexpr std::string_view kLogPrefix = "checkpoint_manager.log";
+inline constexpr std::string_view kSnapshotFormat = "cairn-manager";
+
+// The history: what the snapshot holds, with the log applied.
+struct State {
+  bool present = false;  // a snapshot was found
+  double created_at = 0.0;
+  uint64_t next_index = 0;
+  std::optional<double> last_pinned_at;
+  CheckpointConfig config;
+  struct Entry {
+    nlohmann::json metrics;
+    double created_at = 0.0;
+    bool pinned = false;
+  };
+  std::map<uint64_t, Entry> records;
+  uint64_t log_seq = 0;  // the last log record folded in
+};
+
+// The snapshot's JSON form (the format older Cairn versions read and write,
+// plus "log_seq"), and its parser. parse_snapshot throws kCorruption naming
+// `where` and the reason.
+nlohmann::json snapshot_json(const State& state);
+State parse_snapshot(std::string_view text, std::string_view where);
+
+// One framed record around `payload`.
+std::string encode_record(const nlohmann::json& payload);
+
+struct Decoded {
+  std::vector<nlohmann::json> records;  // the good records, in order
+  // Set when decoding stopped early: the offset of the first byte not
+  // decoded and why (a torn tail, a checksum mismatch, a bad payload).
+  std::optional<uint64_t> bad_offset;
+  std::string problem;
+};
+// Decodes framed records until the end of `bytes` or the first bad frame.
+Decoded decode_records(std::string_view bytes);
+
+// The log object of record `seq`, and the seq of a key (nullopt if the key is
+// not a log record's).
+std::string log_key(uint64_t seq);
+std::optional<uint64_t> parse_log_key(std::string_view key);
+
+// Record payloads.
+nlohmann::json add_record(uint64_t seq, uint64_t index, const State::Entry& entry,
+                          uint64_t next_index, std::optional<double> last_pinned_at);
+nlohmann::json remove_record(uint64_t seq, const std::vector<uint64_t>& indices);
+nlohmann::json counters_record(uint64_t seq, uint64_t next_index);
+
+// Applies one record payload to `state`. Throws kCorruption (naming `where`)
+// if the payload is not a well-formed record; `state` is then unchanged.
+void apply(State& state, const nlohmann::json& record, std::string_view where);
+
+// Whether a log holding `log_records` records after the snapshot should be
+// folded into a new snapshot, for a history of `live` checkpoints: past
+// max(64, live / 8) records, so the snapshot rewrite (O(live)) is amortized
+// to O(1) per record and opening reads at most that many records.
+bool should_compact(uint64_t log_records, uint64_t live);
+
+}  // namespace cairn::history
