@@ -198,6 +198,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.workload_only = true;
     } else if (a == "--many-tensors") {
       o.many_tensors = std::stoull(value());
+    } else if (a == "--disk-rounds") {
+      o.disk_rounds = true;
     } else {
       std::cerr << usage;
       std::exit(2);

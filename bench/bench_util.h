@@ -115,6 +115,9 @@ struct Options {
   // --many-tensors N: instead of the transformer workload, N float32 tensors
   // of 4 KiB against the same bytes in 10 tensors (cairn_bench only).
   uint64_t many_tensors = 0;
+  // --disk-rounds: manager saves and cold loads against fio inside every
+  // round (disk_rounds.h; cairn_bench only; --runs is the number of rounds).
+  bool disk_rounds = false;
 };
 Options parse_options(int argc, char** argv, const char* usage);
 

@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "bench_util.h"
+#include "disk_rounds.h"
 
 #include "cairn/async_save.h"
 #include "cairn/manager.h"
@@ -404,12 +406,43 @@ int bench_tensor_count(const cb::Options& opts) {
   return 0;
 }
 
+// --disk-rounds: see disk_rounds.h.
+int bench_disk_rounds(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                      const std::vector<cb::FloatBuffer>& state) {
+  std::vector<cb::FloatBuffer> dst;
+  for (const auto& s : specs) {
+    dst.emplace_back(s.numel());
+    std::memset(dst.back().data(), 0, s.bytes());  // preallocated: already touched
+  }
+  cairn::StateDict target = view_state(specs, dst);
+  auto same = [&] {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (std::memcmp(dst[i].data(), state[i].data(), specs[i].bytes()) != 0) return false;
+    }
+    return true;
+  };
+  nlohmann::json out = cb::run_disk_rounds(opts, specs, view_state(specs, state), target, same);
+  for (const auto& r : out["ratios"]) {
+    std::cerr << fmt::format("{:>28} / {:<18} median {:.2f}x  (rounds: {})\n",
+                             r["cairn"].get<std::string>(), r["reference"].get<std::string>(),
+                             r["median"].get<double>(), r["per_round"].dump());
+  }
+  const std::string text = out.dump(2);
+  if (opts.out.empty()) {
+    std::cout << text << "\n";
+  } else {
+    std::ofstream(opts.out) << text << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n"
-      "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n";
+      "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n"
+      "       cairn_bench --disk-rounds --size-mib N [--runs N] [--dir DIR] [--out FILE]\n";
   cb::Options opts = cb::parse_options(argc, argv, usage);
   try {
     if (opts.many_tensors > 0) return bench_tensor_count(opts);
@@ -420,6 +453,7 @@ int main(int argc, char** argv) {
     }
     std::filesystem::create_directories(opts.dir);
     const auto state = cb::make_state(specs, 1);
+    if (opts.disk_rounds) return bench_disk_rounds(opts, specs, state);
     std::string cache_drop = "none";
     std::vector<cb::Measurement> results;
     results.push_back(bench_memcpy(specs, state, opts.runs));

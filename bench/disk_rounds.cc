@@ -1,0 +1,167 @@
+// Disk rounds: Cairn's manager saves and cold loads judged against fio run
+// inside every round, under the condition a manager saves in (the previous
+// checkpoint still on disk). See disk_rounds.h.
+#include "disk_rounds.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cairn/state.h"
+#include "cairn/state_manager.h"
+
+namespace cairn::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs fio once and returns the job's seconds for `rw` ("write" or "read").
+double run_fio(const std::vector<std::string>& args, const char* rw) {
+  std::string cmd = "fio --output-format=json";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("cannot start fio");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  if (::pclose(p) != 0) throw std::runtime_error("fio failed: " + cmd);
+  // fio may print notes before the JSON document.
+  auto j = nlohmann::json::parse(out.substr(out.find('{')));
+  return j["jobs"][0][rw]["runtime"].get<double>() / 1000.0;
+}
+
+std::vector<std::string> fio_args(const fs::path& file, uint64_t bytes, bool direct) {
+  std::vector<std::string> a{"--name=round", "--filename=" + file.string(), "--bs=1M",
+                             fmt::format("--size={}M", bytes >> 20)};
+  if (direct) {
+    // The strongest O_DIRECT figure fio reached here: libaio, 8 in flight.
+    a.insert(a.end(), {"--direct=1", "--ioengine=libaio", "--iodepth=8"});
+  } else {
+    a.insert(a.end(), {"--direct=0", "--ioengine=psync"});
+  }
+  return a;
+}
+
+std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+fs::path state_file(const CheckpointRecord& r) {
+  std::string uri = r.checkpoint.uri();
+  const std::string scheme = "file://";
+  if (uri.rfind(scheme, 0) == 0) uri = uri.substr(scheme.size());
+  return fs::path(uri) / std::string(kStateFileName);
+}
+
+}  // namespace
+
+nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec>& specs,
+                               const StateDict& state, StateDict& target,
+                               const std::function<bool()>& same) {
+  const uint64_t bytes = total_bytes(specs);
+  const fs::path dir = opts.dir / "disk-rounds";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  StateCheckpointOptions direct_options;
+  direct_options.max_to_keep = 1;
+  direct_options.write.io = IoPath::kAuto;
+  StateCheckpointOptions buffered_options = direct_options;
+  buffered_options.write.io = IoPath::kBuffered;
+  StateCheckpointManager direct_mgr((dir / "direct").string(), direct_options);
+  StateCheckpointManager buffered_mgr((dir / "buffered").string(), buffered_options);
+
+  std::map<std::string, std::vector<double>> seconds;  // name -> per round
+  std::string cache_drop;
+  std::string load_path;
+  auto timed = [&](const std::string& name, const std::function<void()>& fn) {
+    sync_all();
+    const double t0 = now_seconds();
+    fn();
+    seconds[name].push_back(now_seconds() - t0);
+  };
+  for (int round = 0; round < opts.runs; ++round) {
+    // fio writes its file of this round while last round's is still there,
+    // as a manager writes a checkpoint while the previous one is kept.
+    const fs::path fio_file = dir / fmt::format("fio.{}", round % 2);
+    fs::remove(fio_file);
+    seconds["fio.write_direct"].push_back(
+        run_fio(concat(fio_args(fio_file, bytes, true), {"--rw=write", "--end_fsync=1"}), "write"));
+    fs::remove(fio_file);
+    sync_all();
+    seconds["fio.write_buffered"].push_back(run_fio(
+        concat(fio_args(fio_file, bytes, false), {"--rw=write", "--end_fsync=1"}), "write"));
+
+    std::optional<CheckpointRecord> direct_record, buffered_record;
+    timed("cairn.manager_save", [&] { direct_record = direct_mgr.save(state, round); });
+    timed("cairn.manager_save_buffered",
+          [&] { buffered_record = buffered_mgr.save(state, round); });
+
+    cache_drop = drop_caches({fio_file});
+    seconds["fio.read_direct"].push_back(
+        run_fio(concat(fio_args(fio_file, bytes, true), {"--rw=read"}), "read"));
+    cache_drop = drop_caches({fio_file});
+    seconds["fio.read_buffered"].push_back(
+        run_fio(concat(fio_args(fio_file, bytes, false), {"--rw=read", "--invalidate=1"}), "read"));
+
+    const fs::path file = state_file(*direct_record);
+    IoReport load_report;
+    cache_drop = drop_caches({file});
+    timed("cairn.cold_load", [&] { load_into(file, target, {.report = &load_report}); });
+    if (!same()) throw std::runtime_error("disk rounds: the direct load read different bytes");
+    cache_drop = drop_caches({file});
+    timed("cairn.cold_load_buffered", [&] { load_into(file, target, {.io = IoPath::kBuffered}); });
+    if (!same()) throw std::runtime_error("disk rounds: the buffered load read different bytes");
+    load_path = load_report.path == IoPath::kDirect ? "direct" : "buffered: " + load_report.reason;
+  }
+  fs::remove_all(dir);
+
+  // Ratios per round (bandwidth of Cairn / bandwidth of the reference, i.e.
+  // reference time / Cairn time), then their median.
+  auto ratio = [&](const std::string& cairn, const std::string& ref) {
+    std::vector<double> r;
+    for (size_t i = 0; i < seconds[cairn].size(); ++i) {
+      r.push_back(seconds[ref][i] / seconds[cairn][i]);
+    }
+    return nlohmann::json{{"cairn", cairn},
+                          {"reference", ref},
+                          {"per_round", r},
+                          {"median", median(r)},
+                          {"min", *std::min_element(r.begin(), r.end())},
+                          {"max", *std::max_element(r.begin(), r.end())}};
+  };
+  nlohmann::json out;
+  out["bytes"] = bytes;
+  out["rounds"] = opts.runs;
+  out["cache_drop"] = cache_drop;
+  out["load_path"] = load_path;
+  for (const auto& [name, s] : seconds) {
+    std::vector<double> gbps;
+    for (double t : s) gbps.push_back(static_cast<double>(bytes) / t / 1e9);
+    out["gbps"][name] = gbps;
+  }
+  out["ratios"] = {
+      ratio("cairn.manager_save", "fio.write_direct"),
+      ratio("cairn.manager_save_buffered", "fio.write_direct"),
+      ratio("cairn.manager_save", "fio.write_buffered"),
+      ratio("cairn.cold_load", "fio.read_direct"),
+      ratio("cairn.cold_load_buffered", "fio.read_direct"),
+      ratio("cairn.cold_load", "fio.read_buffered"),
+  };
+  return out;
+}
+
+}  // namespace cairn::bench
