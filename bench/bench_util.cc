@@ -200,6 +200,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.many_tensors = std::stoull(value());
     } else if (a == "--disk-rounds") {
       o.disk_rounds = true;
+    } else if (a == "--reshard") {
+      o.reshard = true;
     } else {
       std::cerr << usage;
       std::exit(2);

@@ -118,6 +118,8 @@ struct Options {
   // --disk-rounds: manager saves and cold loads against fio inside every
   // round (disk_rounds.h; cairn_bench only; --runs is the number of rounds).
   bool disk_rounds = false;
+  // --reshard: bytes read by a 2 -> 4 rank re-shard (reshard.h).
+  bool reshard = false;
 };
 Options parse_options(int argc, char** argv, const char* usage);
 

@@ -19,6 +19,7 @@
 
 #include "bench_util.h"
 #include "disk_rounds.h"
+#include "reshard.h"
 
 #include "cairn/async_save.h"
 #include "cairn/manager.h"
@@ -442,7 +443,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n"
       "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n"
-      "       cairn_bench --disk-rounds --size-mib N [--runs N] [--dir DIR] [--out FILE]\n";
+      "       cairn_bench --disk-rounds --size-mib N [--runs N] [--dir DIR] [--out FILE]\n"
+      "       cairn_bench --reshard --size-mib N [--dir DIR] [--out FILE]\n";
   cb::Options opts = cb::parse_options(argc, argv, usage);
   try {
     if (opts.many_tensors > 0) return bench_tensor_count(opts);
@@ -454,6 +456,7 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(opts.dir);
     const auto state = cb::make_state(specs, 1);
     if (opts.disk_rounds) return bench_disk_rounds(opts, specs, state);
+    if (opts.reshard) return cb::bench_reshard(opts, specs, state);
     std::string cache_drop = "none";
     std::vector<cb::Measurement> results;
     results.push_back(bench_memcpy(specs, state, opts.runs));

@@ -89,7 +89,11 @@ if(CAIRN_SHARED)
   set(CAIRN_PC_TRAIN_PRIVATE "")
   set(CAIRN_PC_TRAIN_LIBS_PRIVATE "")
 else()
-  set(CAIRN_PC_CORE_PRIVATE "Requires.private: fmt spdlog libxxhash libcurl libcrypto pugixml")
+  # libcurl as -lcurl, not through libcurl.pc: `pkg-config --static` would
+  # expand its Libs.private (ldap, ssh2, rtmp, ...), whose development links
+  # are not installed; the shared libcurl brings those in itself.
+  set(CAIRN_PC_CORE_PRIVATE
+      "Requires.private: fmt spdlog libxxhash libcrypto pugixml\nLibs.private: -lcurl")
   set(CAIRN_PC_FORMAT_PRIVATE "Requires.private: fmt libxxhash")
   set(CAIRN_PC_TRAIN_PRIVATE "Requires.private: fmt")
   set(CAIRN_PC_TRAIN_LIBS_PRIVATE "")

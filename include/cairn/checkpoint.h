@@ -37,7 +37,15 @@ struct ManifestEntry {
   std::string path;  // relative key inside the checkpoint
   uint64_t size = 0;
   uint64_t xxh3 = 0;  // XXH3-64 of the contents
+  // Optional: the XXH3-64 of every `block_size` bytes (the last block may be
+  // shorter), so that a partial read verifies the blocks it reads without
+  // reading the rest. Written by the tensor engine's saves; empty (and
+  // block_size 0) for other files and for checkpoints from older versions.
+  uint64_t block_size = 0;
+  std::vector<uint64_t> block_xxh3 = {};
 };
+// Bytes per block of ManifestEntry::block_xxh3 in the engine's saves.
+inline constexpr uint64_t kChecksumBlockSize = uint64_t{128} << 10;
 
 struct Manifest {
   int version = 1;

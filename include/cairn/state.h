@@ -186,10 +186,13 @@ Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
 class MappedState {
  public:
   // Maps a local file. kNotFound if it does not exist, kCorruption if invalid.
-  static MappedState open(const std::filesystem::path& path);
+  // `read_ahead` asks the kernel to read the whole file in (the fastest way
+  // to read all of it); without it, only the pages touched are read, and
+  // prefetch() reads ranges ahead.
+  static MappedState open(const std::filesystem::path& path, bool read_ahead = true);
   // Maps `key` when the backend keeps it as a local file (local_path);
   // otherwise reads the object into memory once.
-  static MappedState open(Storage& storage, std::string_view key);
+  static MappedState open(Storage& storage, std::string_view key, bool read_ahead = true);
   // Validates an in-memory file image and keeps `owner` alive with it.
   static MappedState from_bytes(std::span<const std::byte> file, std::string source,
                                 std::shared_ptr<void> owner);
@@ -208,6 +211,9 @@ class MappedState {
   StateDict state_dict() const;
   // The whole file.
   std::span<const std::byte> file_bytes() const;
+  // Asks the kernel to read bytes [offset, offset + length) of a mapped file
+  // in now, in large requests (a hint; nothing for an in-memory image).
+  void prefetch(uint64_t offset, uint64_t length) const;
 
  private:
   struct Impl;

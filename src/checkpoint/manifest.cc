@@ -5,6 +5,7 @@
 
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
+#include "checkpoint/entry_json.h"
 #include "util/hash.h"
 #include "util/json.h"
 
@@ -17,6 +18,51 @@ constexpr std::string_view kFormat = "cairn-checkpoint";
   throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", source, why));
 }
 }  // namespace
+
+void parse_entry_blocks(const nlohmann::json& f, ManifestEntry& e, std::string_view source,
+                        std::string_view where_view) {
+  const std::string where(where_view);
+  auto field = [](const nlohmann::json& obj, const char* key) -> const nlohmann::json* {
+    auto it = obj.find(key);
+    return it == obj.end() ? nullptr : &*it;
+  };
+  if (const nlohmann::json* blocks = field(f, "blocks")) {
+    const nlohmann::json* bsize = blocks->is_object() ? field(*blocks, "size") : nullptr;
+    const nlohmann::json* bhex = blocks->is_object() ? field(*blocks, "xxh3") : nullptr;
+    if (!bsize || !bsize->is_number_unsigned() || bsize->get<uint64_t>() < 4096 ||
+        (bsize->get<uint64_t>() & (bsize->get<uint64_t>() - 1)) != 0 || !bhex ||
+        !bhex->is_string()) {
+      corrupt(source, where +
+                          " has malformed \"blocks\" (want {\"size\": a power of two >= "
+                          "4096, \"xxh3\": a string of hashes})");
+    }
+    e.block_size = bsize->get<uint64_t>();
+    const std::string& hex = bhex->get_ref<const std::string&>();
+    const uint64_t n = (e.size + e.block_size - 1) / e.block_size;
+    if (hex.size() != 16 * n) {
+      corrupt(source, fmt::format("{} has {} hex digits of block checksums; {} bytes in blocks "
+                                  "of {} need {}",
+                                  where, hex.size(), e.size, e.block_size, 16 * n));
+    }
+    e.block_xxh3.resize(n);
+    for (uint64_t b = 0; b < n; ++b) {
+      if (!hash_from_hex(std::string_view(hex).substr(16 * b, 16), e.block_xxh3[b])) {
+        corrupt(source, fmt::format("{}: block checksum {} is not 16 hex digits", where, b));
+      }
+    }
+  }
+}
+
+nlohmann::json entry_to_json(const ManifestEntry& f) {
+  nlohmann::json e{{"path", f.path}, {"size", f.size}, {"xxh3", hash_to_hex(f.xxh3)}};
+  if (f.block_size > 0) {
+    std::string hex;
+    hex.reserve(16 * f.block_xxh3.size());
+    for (uint64_t h : f.block_xxh3) hex += hash_to_hex(h);
+    e["blocks"] = {{"size", f.block_size}, {"xxh3", std::move(hex)}};
+  }
+  return e;
+}
 
 uint64_t Manifest::total_bytes() const {
   uint64_t total = 0;
@@ -33,7 +79,7 @@ std::string Manifest::to_json() const {
   if (!layout.is_null()) j["layout"] = layout;
   nlohmann::json list = nlohmann::json::array();
   for (const auto& f : files) {
-    list.push_back({{"path", f.path}, {"size", f.size}, {"xxh3", hash_to_hex(f.xxh3)}});
+    list.push_back(entry_to_json(f));
   }
   j["files"] = std::move(list);
   return j.dump(1);
@@ -91,6 +137,7 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
     if (!xxh3 || !xxh3->is_string() || !hash_from_hex(xxh3->get<std::string>(), e.xxh3)) {
       corrupt(source, where + " has no 16-hex-digit \"xxh3\" checksum");
     }
+    parse_entry_blocks(f, e, source, where);
     if (!seen.insert(e.path).second) corrupt(source, where + " is listed twice");
     m.files.push_back(std::move(e));
   }

@@ -296,11 +296,11 @@ struct AsyncSaver::Impl {
       std::vector<format::Piece> image{{0, {slots[job.slot].data(), job.size}}};
       // The staging buffer is 2 MiB-aligned and rounded up to 2 MiB, so a
       // direct write takes the image as it is, padding included.
-      uint64_t hash = format::write_file(
+      format::FileDigest digest = format::write_file(
           image, job.size, format::sink_of(*writer, format::wants_direct(options.write, job.size)),
           options.write, job.dest.storage().uri_of(job.file), slots[job.slot].size());
       writer->commit();
-      ManifestEntry entry{job.file, job.size, hash};
+      ManifestEntry entry = digest.entry(job.file, job.size);
       if (job.manager) {
         if (!job.metadata.empty()) job.dest.set_metadata(job.metadata);
         record = job.manager->commit_reserved(job.dest, job.metrics, {entry});

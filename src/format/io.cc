@@ -136,7 +136,7 @@ std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state)
 }
 
 uint64_t write_pieces(const std::vector<Piece>& pieces, const WriteAt& write_at, size_t block_size,
-                      unsigned threads) {
+                      unsigned threads, BlockHasher* blocks) {
   block_size = std::max<size_t>(block_size, 4096);
   std::vector<Piece> jobs;
   std::deque<std::vector<std::byte>> gathered;
@@ -169,7 +169,10 @@ uint64_t write_pieces(const std::vector<Piece>& pieces, const WriteAt& write_at,
   run_parallel(
       jobs.size(), threads, [&](size_t i) { write_at(jobs[i].offset, jobs[i].data); },
       [&] {
-        for (const auto& p : pieces) hasher.update(p.data);
+        for (const auto& p : pieces) {
+          hasher.update(p.data);
+          if (blocks) blocks->update(p.data);
+        }
       });
   return hasher.digest();
 }
@@ -319,13 +322,16 @@ Sink sink_of(Writer& writer, bool direct_wanted) {
   return sink;
 }
 
-uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
-                    const SaveOptions& options, std::string_view source, size_t readable) {
+FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
+                      const SaveOptions& options, std::string_view source, size_t readable) {
   const IoReport report =
       choose_write_path(options.io, file_size, sink.alignment, direct_io_env(), source);
   if (options.report) *options.report = report;
+  BlockHasher blocks(kChecksumBlockSize);
   if (report.path == IoPath::kBuffered) {
-    return write_pieces(pieces, sink.write_at, options.block_size, pick_threads(options.threads));
+    uint64_t h = write_pieces(pieces, sink.write_at, options.block_size,
+                              pick_threads(options.threads), &blocks);
+    return {h, blocks.finish()};
   }
   uint64_t total = 0;
   for (const auto& p : pieces) total += p.data.size();
@@ -339,7 +345,10 @@ uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const 
   const size_t windows = (file_size + chunk - 1) / chunk;
   Hasher hasher;
   auto hash_all = [&] {
-    for (const auto& p : pieces) hasher.update(p.data);
+    for (const auto& p : pieces) {
+      hasher.update(p.data);
+      blocks.update(p.data);
+    }
   };
   const bool whole_image = pieces.size() == 1 && pieces[0].offset == 0 && readable >= padded &&
                            reinterpret_cast<uintptr_t>(pieces[0].data.data()) % align == 0;
@@ -354,7 +363,7 @@ uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const 
                             std::min<uint64_t>(end, file_size) - begin);
         },
         hash_all);
-    return hasher.digest();
+    return {hasher.digest(), blocks.finish()};
   }
   run_parallel(
       windows, direct_threads(options.threads),
@@ -380,7 +389,7 @@ uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const 
         sink.write_direct(begin, {staging.data(), length}, end - begin);
       },
       hash_all);
-  return hasher.digest();
+  return {hasher.digest(), blocks.finish()};
 }
 
 std::vector<Window> plan_windows(const std::vector<ReadJob>& jobs, size_t align, size_t max_window,

@@ -11,6 +11,7 @@
 
 #include "cairn/safetensors.h"
 #include "cairn/state.h"
+#include "util/hash.h"
 
 namespace cairn::format {
 
@@ -40,8 +41,9 @@ using ReadAt = std::function<void(uint64_t offset, std::span<std::byte> out)>;
 // Writes `pieces` with `write_at` in blocks of at most `block_size` on
 // `threads` threads, coalescing small neighbouring pieces into one write.
 // Returns the XXH3-64 of the pieces in order (computed while writing).
+// With `blocks`, the pieces are also fed to it (block checksums).
 uint64_t write_pieces(const std::vector<Piece>& pieces, const WriteAt& write_at, size_t block_size,
-                      unsigned threads);
+                      unsigned threads, BlockHasher* blocks = nullptr);
 
 // Reads [offset, offset + out.size()) into out in parallel blocks.
 struct ReadJob {
@@ -113,9 +115,17 @@ using ReadJobs = std::function<void(const std::vector<ReadJob>& jobs)>;
 // aligned windows of the file are assembled in reused staging buffers; when
 // `pieces` is one image at offset 0 that may be read `readable` bytes from
 // its start (its staging buffer) and is aligned, it is written without a
-// copy. Returns the XXH3-64 of the pieces in order.
-uint64_t write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
-                    const SaveOptions& options, std::string_view source, size_t readable = 0);
+// copy. Returns the XXH3-64 of the pieces in order and of each block.
+struct FileDigest {
+  uint64_t xxh3 = 0;
+  std::vector<uint64_t> blocks;  // of kChecksumBlockSize bytes each
+  // The manifest entry of the file written as `path`, `size` bytes long.
+  ManifestEntry entry(std::string path, uint64_t size) const {
+    return {std::move(path), size, xxh3, kChecksumBlockSize, blocks};
+  }
+};
+FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, const Sink& sink,
+                      const SaveOptions& options, std::string_view source, size_t readable = 0);
 
 // An aligned range of a file that one direct read covers.
 struct Window {

@@ -15,6 +15,7 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
+#include "checkpoint/entry_json.h"
 #include "util/hash.h"
 
 namespace cairn {
@@ -226,7 +227,7 @@ void copy_box(std::span<const std::byte> src_data, const Shape& src_shape, const
 nlohmann::json RankShards::to_json() const {
   nlohmann::json files_j = nlohmann::json::array();
   for (const auto& f : files) {
-    files_j.push_back({{"path", f.path}, {"size", f.size}, {"xxh3", hash_to_hex(f.xxh3)}});
+    files_j.push_back(entry_to_json(f));
   }
   nlohmann::json shards_j = nlohmann::json::array();
   for (const auto& s : shards) {
@@ -251,6 +252,7 @@ RankShards RankShards::from_json(const nlohmann::json& j) {
       if (!hash_from_hex(f.at("xxh3").get<std::string>(), e.xxh3)) {
         throw invalid(fmt::format("file \"{}\": bad xxh3", e.path));
       }
+      parse_entry_blocks(f, e, "rank report", fmt::format("file \"{}\"", e.path));
       r.files.push_back(std::move(e));
     }
     for (const auto& s : j.at("shards")) {
@@ -395,36 +397,104 @@ struct ShardedReader::Impl {
   };
   Checkpoint checkpoint;
   std::map<std::string, Tensor, std::less<>> tensors;
-  std::map<std::string, uint64_t> checksums;  // file -> xxh3 from the manifest
+  std::map<std::string, ManifestEntry> checksums;  // file -> its manifest entry
   int world_size = 0;
   std::mutex mu;
-  std::map<std::string, MappedState> open_files;
+  struct OpenFile {
+    MappedState map;
+    std::vector<bool> verified;  // per checksum block; empty: checked whole
+  };
+  std::map<std::string, OpenFile> open_files;
 
   explicit Impl(const Checkpoint& cp) : checkpoint(cp) {}
 
-  // Maps a rank file once, after checking it against the manifest.
+  static bool has_blocks(const ManifestEntry& e) {
+    return e.block_size > 0 && e.block_xxh3.size() == (e.size + e.block_size - 1) / e.block_size;
+  }
+
+  // Maps a rank file once. With block checksums in the manifest, nothing but
+  // the header is read and checked now: verify() checks each block when it
+  // is first read. Without them (older checkpoints), the whole file is read
+  // and checked against the file's checksum.
   MappedState file(const std::string& key) {
     std::lock_guard<std::mutex> g(mu);
     auto it = open_files.find(key);
-    if (it != open_files.end()) return it->second;
-    MappedState m = MappedState::open(checkpoint.storage(), key);
-    Hasher h;
-    h.update(m.file_bytes());
-    if (h.digest() != checksums.at(key)) {
-      throw Error(ErrorCode::kCorruption,
-                  fmt::format("{}: checksum {} does not match the manifest's {}",
-                              checkpoint.storage().uri_of(key), hash_to_hex(h.digest()),
-                              hash_to_hex(checksums.at(key))));
+    if (it != open_files.end()) return it->second.map;
+    const ManifestEntry& e = checksums.at(key);
+    const std::string uri = checkpoint.storage().uri_of(key);
+    OpenFile f{MappedState::open(checkpoint.storage(), key, /*read_ahead=*/!has_blocks(e)), {}};
+    if (f.map.file_bytes().size() != e.size) {
+      throw Error(ErrorCode::kCorruption, fmt::format("{}: {} bytes, but the manifest says {}", uri,
+                                                      f.map.file_bytes().size(), e.size));
     }
-    open_files.emplace(key, m);
-    return m;
+    if (has_blocks(e)) {
+      f.verified.assign(e.block_xxh3.size(), false);
+      verify_locked(key, f, 0, f.map.header().data_start());
+    } else {
+      Hasher h;
+      h.update(f.map.file_bytes());
+      if (h.digest() != e.xxh3) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: checksum {} does not match the manifest's {}", uri,
+                                hash_to_hex(h.digest()), hash_to_hex(e.xxh3)));
+      }
+    }
+    return open_files.emplace(key, std::move(f)).first->second.map;
+  }
+
+  // Checks the blocks holding bytes [offset, offset + length) of a mapped
+  // rank file against the manifest, each block once.
+  void verify(const std::string& key, uint64_t offset, uint64_t length) {
+    std::lock_guard<std::mutex> g(mu);
+    verify_locked(key, open_files.at(key), offset, length);
+  }
+
+  void verify_locked(const std::string& key, OpenFile& f, uint64_t offset, uint64_t length) {
+    if (f.verified.empty()) return;
+    const ManifestEntry& e = checksums.at(key);
+    const auto bytes = f.map.file_bytes();
+    const auto [first, last] = blocks_covering(offset, length, e.block_size);
+    // One large read of the blocks not checked yet, rather than a fault per page.
+    uint64_t from = first;
+    while (from < last && f.verified[from]) ++from;
+    if (from < last) f.map.prefetch(from * e.block_size, (last - from) * e.block_size);
+    for (uint64_t b = first; b < last; ++b) {
+      if (f.verified[b]) continue;
+      const uint64_t begin = b * e.block_size;
+      const uint64_t end = std::min<uint64_t>(begin + e.block_size, bytes.size());
+      Hasher h;
+      h.update(bytes.subspan(begin, end - begin));
+      if (h.digest() != e.block_xxh3[b]) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: bytes [{}, {}) (checksum block {}) do not match the "
+                                "manifest's checksum (the file changed after it was committed)",
+                                checkpoint.storage().uri_of(key), begin, end, b));
+      }
+      f.verified[b] = true;
+    }
   }
 };
+
+namespace {
+// Bytes [first, last) of a row-major tensor of `shape` that the box touches:
+// from its first element to the end of its last (what a copy reads).
+std::pair<uint64_t, uint64_t> touched_bytes(const Shape& shape, const Box& box, size_t elem) {
+  for (uint64_t d : box.shape) {
+    if (d == 0) return {0, 0};
+  }
+  uint64_t first = 0, last = 0;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    first = first * shape[i] + box.offsets[i];
+    last = last * shape[i] + box.offsets[i] + box.shape[i] - 1;
+  }
+  return {first * elem, (last + 1) * elem};
+}
+}  // namespace
 
 ShardedReader::ShardedReader(const Checkpoint& checkpoint)
     : impl_(std::make_unique<Impl>(checkpoint)) {
   Manifest manifest = checkpoint.manifest();
-  for (const auto& f : manifest.files) impl_->checksums[f.path] = f.xxh3;
+  for (const auto& f : manifest.files) impl_->checksums[f.path] = f;
   const nlohmann::json& layout = manifest.layout;
   try {
     if (!layout.is_object() || layout.value("format", "") != kShardedLayoutFormat) {
@@ -497,6 +567,9 @@ void ShardedReader::read(std::string_view name, const Box& box, std::span<std::b
                               name, dtype_name(v.dtype), shape_str(v.shape), dtype_name(t.dtype),
                               shape_str(shard.box.shape)));
     }
+    const auto [first, last] = touched_bytes(shard.box.shape, r.src, elem);
+    const auto at = static_cast<uint64_t>(v.bytes.data() - file.file_bytes().data());
+    impl_->verify(shard.file, at + first, last - first);
     copy_box(v.bytes, shard.box.shape, r.src, out, box.shape, r.dst, elem);
   }
 }

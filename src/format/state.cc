@@ -335,11 +335,11 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
   auto pieces = format::file_pieces(layout, state);
   auto writer = storage.open_writer(key);
   const uint64_t size = layout.parsed.file_size();
-  uint64_t hash = format::write_file(pieces, size,
-                                     format::sink_of(*writer, format::wants_direct(options, size)),
-                                     options, storage.uri_of(key));
+  format::FileDigest digest = format::write_file(
+      pieces, size, format::sink_of(*writer, format::wants_direct(options, size)), options,
+      storage.uri_of(key));
   writer->commit();
-  return ManifestEntry{std::string(key), layout.parsed.file_size(), hash};
+  return digest.entry(std::string(key), size);
 }
 
 Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
@@ -370,7 +370,7 @@ struct MappedState::Impl {
   }
 };
 
-MappedState MappedState::open(const std::filesystem::path& path) {
+MappedState MappedState::open(const std::filesystem::path& path, bool read_ahead) {
   auto impl = std::make_shared<Impl>();
   impl->source = path.string();
   UniqueFd fd = open_file(path, O_RDONLY);
@@ -382,7 +382,7 @@ MappedState MappedState::open(const std::filesystem::path& path) {
     if (m == MAP_FAILED) throw errno_error(errno, "mmap", impl->source);
     // Read-ahead of the whole mapping: touching it page by page otherwise
     // faults in small reads (measured about 2x slower than with the advice).
-    (void)::madvise(m, size, MADV_WILLNEED);  // ignore-error: a hint
+    if (read_ahead) (void)::madvise(m, size, MADV_WILLNEED);  // ignore-error: a hint
     impl->map = m;
     impl->map_size = size;
     impl->bytes = {static_cast<const std::byte*>(m), size};
@@ -393,10 +393,10 @@ MappedState MappedState::open(const std::filesystem::path& path) {
   return out;
 }
 
-MappedState MappedState::open(Storage& storage, std::string_view key) {
+MappedState MappedState::open(Storage& storage, std::string_view key, bool read_ahead) {
   if (auto local = storage.local_path(key)) {
     try {
-      return open(*local);
+      return open(*local, read_ahead);
     } catch (const Error& e) {
       throw with_context(e, fmt::format("opening {}", storage.uri_of(key)));
     }
@@ -463,6 +463,15 @@ StateDict MappedState::state_dict() const {
 }
 
 std::span<const std::byte> MappedState::file_bytes() const { return impl_->bytes; }
+
+void MappedState::prefetch(uint64_t offset, uint64_t length) const {
+  if (!impl_->map || length == 0 || offset >= impl_->map_size) return;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = offset / page * page;
+  const uint64_t end = std::min<uint64_t>(offset + length, impl_->map_size);
+  // ignore-error: a hint
+  (void)::madvise(static_cast<std::byte*>(impl_->map) + begin, end - begin, MADV_WILLNEED);
+}
 
 // ---- copying loads ----
 

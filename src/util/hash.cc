@@ -1,5 +1,6 @@
 #include "util/hash.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include <fmt/format.h>
@@ -22,6 +23,28 @@ void Hasher::update(std::span<const std::byte> data) {
 }
 
 uint64_t Hasher::digest() const { return XXH3_64bits_digest(state_->s); }
+
+BlockHasher::BlockHasher(uint64_t block_size) : block_size_(block_size) {}
+
+void BlockHasher::update(std::span<const std::byte> data) {
+  while (!data.empty()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block_size_ - in_block_, data.size()));
+    current_.update(data.first(n));
+    in_block_ += n;
+    data = data.subspan(n);
+    if (in_block_ == block_size_) {
+      done_.push_back(current_.digest());
+      current_ = Hasher();
+      in_block_ = 0;
+    }
+  }
+}
+
+std::vector<uint64_t> BlockHasher::finish() {
+  std::vector<uint64_t> out = done_;
+  if (in_block_ > 0) out.push_back(current_.digest());
+  return out;
+}
 
 uint64_t xxh3_64(std::string_view data) { return XXH3_64bits(data.data(), data.size()); }
 

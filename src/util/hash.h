@@ -6,6 +6,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace cairn {
 
@@ -22,6 +24,30 @@ class Hasher {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// The XXH3-64 of every `block_size` bytes of a stream (the last block may be
+// shorter), fed in pieces of any size: what a manifest records so that a
+// partial read can verify just the blocks it reads.
+class BlockHasher {
+ public:
+  explicit BlockHasher(uint64_t block_size);
+  void update(std::span<const std::byte> data);
+  // The hashes of every block so far, the unfinished last one included.
+  std::vector<uint64_t> finish();
+
+ private:
+  uint64_t block_size_;
+  uint64_t in_block_ = 0;  // bytes of the current block hashed so far
+  Hasher current_;
+  std::vector<uint64_t> done_;
+};
+
+// The blocks [first, last) that bytes [offset, offset + length) lie in (pure).
+inline std::pair<uint64_t, uint64_t> blocks_covering(uint64_t offset, uint64_t length,
+                                                     uint64_t block_size) {
+  if (length == 0) return {0, 0};
+  return {offset / block_size, (offset + length + block_size - 1) / block_size};
+}
 
 uint64_t xxh3_64(std::string_view data);
 // 16 lowercase hex digits, as stored in manifests.

@@ -373,6 +373,31 @@ TEST(Manifest, RoundTripsThroughJson) {
   EXPECT_EQ(back.total_bytes(), 3u);
 }
 
+TEST(Manifest, BlockChecksumsRoundTripAndOlderEntriesHaveNone) {
+  Manifest m;
+  m.files = {{"a", 3 * 4096 + 1, 7, 4096, {1, 2, 3, 0xfedcba9876543210ull}}, {"b", 5, 9}};
+  Manifest back = Manifest::parse(m.to_json(), "M");
+  ASSERT_EQ(back.files.size(), 2u);
+  EXPECT_EQ(back.files[0].block_size, 4096u);
+  EXPECT_EQ(back.files[0].block_xxh3, m.files[0].block_xxh3);
+  EXPECT_EQ(back.files[1].block_size, 0u);
+  EXPECT_TRUE(back.files[1].block_xxh3.empty());
+}
+
+TEST(Manifest, MalformedBlockChecksumsAreCorruptionNamingTheEntry) {
+  const std::string head =
+      R"({"format":"cairn-checkpoint","version":1,"created_at":1,"files":[{"path":"state","size":5000,"xxh3":"0000000000000000","blocks":)";
+  const std::string two = std::string(32, '0');
+  for (const std::string& blocks :
+       {std::string(R"({"size":4096})"), R"({"size":1000,"xxh3":")" + two + R"("})",
+        R"({"size":4096,"xxh3":")" + two.substr(16) + R"("})",
+        R"({"size":4096,"xxh3":")" + two.substr(1) + R"(z"})", std::string("[]")}) {
+    std::string msg = error_message_of([&] { Manifest::parse(head + blocks + "}]}", "M"); },
+                                       ErrorCode::kCorruption);
+    EXPECT_NE(msg.find("\"state\""), std::string::npos) << msg;
+  }
+}
+
 TEST(Checkpoint, ALinkLeavingACommittedCheckpointIsReportedByVerify) {
   TempDir dir, outside;
   auto cp = committed(dir.path());

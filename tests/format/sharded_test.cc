@@ -13,6 +13,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/sharded.h"
+#include "support/errors.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -371,6 +372,53 @@ TEST_F(ShardedTest, AShardFileChangedAfterCommitIsDetected) {
     EXPECT_EQ(e.code(), ErrorCode::kCorruption);
     EXPECT_NE(std::string(e.what()).find("rank_00001.safetensors"), std::string::npos) << e.what();
   }
+}
+
+// A re-shard that needs part of a rank file checks the checksum blocks it
+// reads and nothing else: a changed byte in a part it does not read goes
+// unnoticed by it, and is caught, naming the file, by the load that reads it.
+TEST_F(ShardedTest, AReshardedLoadVerifiesTheBlocksItReadsAndOnlyThose) {
+  const Shape global{2048, 1024};  // F32: 8 MiB; 4 MiB per saved rank
+  std::vector<float> all(num_elements(global));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>(i % 65521) * 0.25f;
+  CheckpointManager m(dir.str(), {}, quiet());
+  Checkpoint reserved = m.reserve_next();
+  std::vector<RankShards> reports;
+  for (int r = 0; r < 2; ++r) {
+    Box box = even_split(global, 0, r, 2);
+    std::vector<float> mine = slice(all, global, box);
+    StateDict s;
+    s.add<float>("w", box.shape, mine);
+    reports.push_back(save_rank_shards(s, {{"w", {global, box.offsets}}}, reserved, r));
+  }
+  CheckpointRecord rec = commit_sharded(m, reserved, reports, {{"step", 1}});
+  for (const auto& f : rec.checkpoint.manifest().files) {
+    if (f.path.rfind("rank_", 0) == 0) {
+      EXPECT_EQ(f.block_size, kChecksumBlockSize) << f.path;
+      EXPECT_EQ(f.block_xxh3.size(), (f.size + f.block_size - 1) / f.block_size) << f.path;
+    }
+  }
+  // Change the last element of rank 1's file (the last rows of the tensor).
+  auto path = dir / rec.name / "rank_00001.safetensors";
+  std::string bytes = read_text(path);
+  bytes[bytes.size() - 2] ^= 0x40;
+  write_text(path, bytes);
+
+  auto load = [&](int r) {
+    ShardedReader reader(rec.checkpoint);
+    Box box = even_split(global, 0, r, 4);
+    std::vector<float> out(num_elements(box.shape), -1);
+    StateDict t;
+    t.add_mutable<float>("w", box.shape, out);
+    reader.load(t, {{"w", {global, box.offsets}}});
+    EXPECT_TRUE(bitwise_equal(out, slice(all, global, box))) << "new rank " << r;
+  };
+  load(0);
+  load(1);
+  load(2);  // the first half of rank 1's file
+  std::string msg = error_message_of([&] { load(3); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("rank_00001.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("checksum block"), std::string::npos) << msg;
 }
 
 TEST_F(ShardedTest, ACheckpointWithoutALayoutIsRefused) {

@@ -262,6 +262,27 @@ TEST(Storage, RoundTripsThroughTheMemoryBackend) {
   clear_memory_bucket("state-test");
 }
 
+TEST(Storage, ASaveRecordsAChecksumPerBlockThatMatchesTheFile) {
+  TempDir dir;
+  auto storage = open_storage("file://" + dir.str());
+  std::vector<float> big((size_t{5} << 20) / 4 + 7);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
+  StateDict s;
+  s.add<float>("big", {big.size()}, big);
+  for (IoPath io : {IoPath::kBuffered, IoPath::kDirect}) {
+    ManifestEntry e = save(s, *storage, "s.safetensors", {.io = io});
+    ASSERT_EQ(e.block_size, kChecksumBlockSize);
+    const std::string file = read_text(dir / "s.safetensors");
+    ASSERT_EQ(e.block_xxh3.size(), (file.size() + e.block_size - 1) / e.block_size);
+    for (size_t b = 0; b < e.block_xxh3.size(); ++b) {
+      EXPECT_EQ(e.block_xxh3[b],
+                xxh3_64(std::string_view(file).substr(b * e.block_size, e.block_size)))
+          << "block " << b;
+    }
+    EXPECT_EQ(e.xxh3, xxh3_64(file));
+  }
+}
+
 TEST(SaveCheckpoint, CommitsTheFileWithMetricsAndMetadata) {
   TempDir dir;
   Source src;
