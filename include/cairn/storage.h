@@ -75,9 +75,9 @@ class Writer {
 
   // Direct I/O: writes that bypass the page cache (O_DIRECT on a local file).
   // The alignment write_direct() needs for offsets, addresses and lengths, or
-  // 0 when this Writer has no direct path (the default; the file system may
-  // refuse O_DIRECT, as tmpfs does). May open a second descriptor the first
-  // time it is called; never throws for lack of support.
+  // 0 when this Writer has no direct path (the default; some file systems
+  // refuse O_DIRECT, as tmpfs did before Linux 6.6). May open a second
+  // descriptor the first time it is called; never throws for lack of support.
   virtual size_t direct_alignment() { return 0; }
   // Writes `data` at `offset` without the page cache; offset, data.data() and
   // data.size() are multiples of direct_alignment(). Only the first `valid`
