@@ -109,6 +109,7 @@ bool SaveHandle::skipped() const {
 std::exception_ptr SaveHandle::error() const {
   auto& s = checked(state_);
   std::lock_guard<std::mutex> g(s.mu);
+  if (!s.done) return nullptr;
   if (s.error) s.seen = true;
   return s.error;
 }
@@ -273,17 +274,29 @@ struct AsyncSaver::Impl {
       }
       {
         std::lock_guard<std::mutex> g(job.state->mu);
-        job.state->done = true;
         job.state->error = error;
         job.state->record = std::move(record);
         job.state->manifest = std::move(manifest);
       }
-      job.state->cv.notify_all();
+      // The slot is free before the handle says done, so that a save()
+      // called after wait() returns finds it free (and, under kSkip, is not
+      // skipped); the error is in the state before the failed list holds
+      // it; and the job stops running only once its handle is done, so that
+      // after wait_all() every handle is done.
       {
         std::lock_guard<std::mutex> g(mu);
         slot_busy[job.slot] = false;
-        running_job = false;
         if (error) failed.push_back(job.state);
+      }
+      cv.notify_all();
+      {
+        std::lock_guard<std::mutex> g(job.state->mu);
+        job.state->done = true;
+      }
+      job.state->cv.notify_all();
+      {
+        std::lock_guard<std::mutex> g(mu);
+        running_job = false;
       }
       cv.notify_all();
     }
