@@ -63,6 +63,7 @@ import xxhash  # python3-xxhash (scripts/install-deps.sh)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 from s3_servers import ACCESS_KEY, S3rver, SECRET_KEY  # noqa: E402
+from cache import evict_files  # noqa: E402
 
 MiB = 1 << 20
 BUCKET = "bench"
@@ -423,17 +424,7 @@ class Ceiling:
 def evict(paths):
     """Writes back and drops the page cache of the benchmark's own files (not
     the whole cache, which would also make each tool's own start-up cold)."""
-    os.sync()
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "fadvise"
+    return evict_files(paths)
 
 
 def timed(step, paths):
