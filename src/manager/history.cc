@@ -7,6 +7,7 @@
 #include "cairn/error.h"
 #include "util/hash.h"
 #include "util/json.h"
+#include "util/parse.h"
 
 namespace cairn::history {
 
@@ -177,15 +178,7 @@ std::optional<uint64_t> parse_log_key(std::string_view key) {
     return std::nullopt;
   }
   if (key.substr(key.size() - kLogSuffix.size()) != kLogSuffix) return std::nullopt;
-  std::string_view digits = key.substr(kLogPrefix.size() + 1, kSeqDigits);
-  uint64_t v = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return std::nullopt;
-    uint64_t next = v * 10 + static_cast<uint64_t>(c - '0');
-    if (next / 10 != v) return std::nullopt;  // overflow
-    v = next;
-  }
-  return v;
+  return parse_decimal(key.substr(kLogPrefix.size() + 1, kSeqDigits));
 }
 
 nlohmann::json add_record(uint64_t seq, uint64_t index, const State::Entry& entry,

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "cairn/manager.h"
+#include "util/parse.h"
 
 namespace cairn {
 
@@ -27,14 +28,8 @@ std::optional<uint64_t> parse_checkpoint_name(std::string_view name) {
     if (rest.empty() || rest.front() == '0') return std::nullopt;
   }
   if (rest.size() != width) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : rest) {
-    if (c < '0' || c > '9') return std::nullopt;
-    uint64_t next = value * 10 + static_cast<uint64_t>(c - '0');
-    if (next / 10 != value) return std::nullopt;  // overflow
-    value = next;
-  }
-  if (width > 6 && value <= 999'999) return std::nullopt;
+  std::optional<uint64_t> value = parse_decimal(rest);
+  if (!value || (width > 6 && *value <= 999'999)) return std::nullopt;
   return value;
 }
 
