@@ -66,8 +66,10 @@ class CheckpointWriter {
 void delete_checkpoint(const Checkpoint& checkpoint);
 
 // Removes everything under an uncommitted location (leftovers of an
-// interrupted save) and every incomplete write under it. Returns the keys
-// removed. kFailedPrecondition if the location is committed.
+// interrupted save), every incomplete write under it and, on a file system,
+// the location's folder itself once empty (unless it is the root the storage
+// was opened at). Returns the keys removed. kFailedPrecondition if the
+// location is committed.
 std::vector<std::string> remove_uncommitted(const Checkpoint& leftover);
 
 }  // namespace cairn

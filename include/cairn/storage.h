@@ -140,6 +140,13 @@ class Storage {
   // id whose first component is the top-level folder it lies in.
   virtual std::vector<std::string> list_incomplete(std::string_view prefix) = 0;
   virtual void discard_incomplete(std::string_view id) = 0;
+  // Removes the folder `prefix` names ("": the folder this storage is rooted
+  // at) and then its parents, each only while it is empty, never going above
+  // the storage first opened: what a crash between making a folder and
+  // writing into it leaves, which no object removal would touch. A folder
+  // that is not empty, or missing, is left as it is, silently. A no-op where
+  // folders do not exist apart from objects (object stores, memory).
+  virtual void remove_empty_folder(std::string_view /*prefix*/) {}
   // list(prefix) and, into `incomplete`, list_incomplete(prefix), in one go:
   // on a file system one walk of the tree instead of two. Same results and
   // failures as the two calls.

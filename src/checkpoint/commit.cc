@@ -237,6 +237,9 @@ std::vector<std::string> remove_uncommitted(const Checkpoint& leftover) {
     s.discard_incomplete(id);
     removed.push_back(s.uri_of(id));
   }
+  // A writer killed between making the folder and opening its first file
+  // leaves the folder empty: no object or incomplete write marks it.
+  s.remove_empty_folder("");
   return removed;
 }
 

@@ -397,6 +397,10 @@ class FileStorage final : public Storage {
     remove(id);
   }
 
+  void remove_empty_folder(std::string_view prefix) override {
+    prune_empty_dirs(prefix.empty() ? root_ : path_of(prefix), prune_limit_);
+  }
+
   std::optional<fs::path> local_path(std::string_view key) const override {
     if (key.empty()) return root_;
     return path_of(key);

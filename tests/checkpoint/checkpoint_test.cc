@@ -510,5 +510,23 @@ TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) 
   clear_memory_bucket("del");
 }
 
+TEST(RemoveUncommitted, RemovesTheEmptyFolderOfAWriterKilledBeforeItsFirstFile) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "exp" / "checkpoint_000003");
+  fs::create_directories(dir.path() / "exp" / "checkpoint_000004" / "sub");
+  auto experiment = open_storage(dir.str());
+  EXPECT_TRUE(remove_uncommitted(Checkpoint(experiment->child("exp/checkpoint_000003"))).empty());
+  EXPECT_FALSE(fs::exists(dir.path() / "exp" / "checkpoint_000003"));
+  remove_uncommitted(Checkpoint(experiment->child("exp/checkpoint_000004")));
+  EXPECT_FALSE(fs::exists(dir.path() / "exp" / "checkpoint_000004"));
+  // Emptied parents go too, but never the folder the storage was opened at.
+  EXPECT_FALSE(fs::exists(dir.path() / "exp"));
+  EXPECT_TRUE(fs::exists(dir.path()));
+  // A location opened at its own folder keeps it: that folder is the root.
+  fs::create_directories(dir.path() / "own");
+  remove_uncommitted(Checkpoint::from_directory((dir.path() / "own").string()));
+  EXPECT_TRUE(fs::exists(dir.path() / "own"));
+}
+
 }  // namespace
 }  // namespace cairn::testing

@@ -189,6 +189,13 @@ TEST_P(StorageConformance, RemovePrefixRemovesOnlyThatSubtree) {
   EXPECT_TRUE(s->exists("ab/3"));
 }
 
+TEST_P(StorageConformance, RemovingAnEmptyFolderNeverTouchesObjects) {
+  for (const char* k : {"a/1", "a/b/2", "ab/3"}) s->put(k, k);
+  for (const char* f : {"a", "a/b", "ab", "", "missing"}) s->remove_empty_folder(f);
+  s->child("a")->remove_empty_folder("");
+  for (const char* k : {"a/1", "a/b/2", "ab/3"}) EXPECT_EQ(s->get(k), k);
+}
+
 TEST_P(StorageConformance, LocalPathsOnlyWhereTheBackendHasThem) {
   s->put("f", "x");
   EXPECT_EQ(s->local_path("f").has_value(), GetParam().has_local_paths);
