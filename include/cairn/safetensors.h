@@ -155,6 +155,15 @@ struct FileLayout {
 FileLayout layout_file(std::vector<TensorDescriptor> tensors,
                        const std::map<std::string, std::string>& metadata);
 
+// Gives a layout from layout_file() new "__metadata__" strings: the header
+// is rewritten in place and every tensor keeps its data offsets, so it is
+// exactly what layout_file() would return for the same tensors with
+// `metadata`, at the cost of one move of the header text instead of laying
+// out every tensor again (a save loop changes its metadata, not its tensors).
+// Throws kInvalidArgument, leaving `layout` as it was, for a string that is
+// not valid UTF-8 or a header over kMaxHeaderSize.
+void set_layout_metadata(FileLayout& layout, const std::map<std::string, std::string>& metadata);
+
 // ---- implementation details of dtype_of ----
 template <class T>
 constexpr DType dtype_of() {

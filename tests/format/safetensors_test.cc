@@ -375,5 +375,42 @@ TEST(Parse, FindWorksOnAHeaderFilledInByHand) {
   EXPECT_EQ(h.find("c"), nullptr);
 }
 
+TEST(SafetensorsLayout, NewMetadataGivesExactlyTheLayoutOfAFreshOne) {
+  using Meta = std::map<std::string, std::string>;
+  const std::vector<Meta> metas = {
+      {}, {{"format", "pt"}}, {{"a", std::string(100, 'x')}, {"b", "\"q\""}}, {{"z", ""}}};
+  const std::vector<std::vector<TensorDescriptor>> states = {
+      {}, {{"w", DType::kF32, {2, 3}}, {"b", DType::kU8, {5}}, {"é", DType::kF64, {}}}};
+  for (const auto& tensors : states) {
+    for (const auto& from : metas) {
+      for (const auto& to : metas) {
+        FileLayout l = layout_file(tensors, from);
+        set_layout_metadata(l, to);
+        const FileLayout fresh = layout_file(tensors, to);
+        EXPECT_EQ(l.header, fresh.header) << tensors.size() << " tensors";
+        EXPECT_EQ(l.parsed.header_size, fresh.parsed.header_size);
+        EXPECT_EQ(l.parsed.metadata, to);
+        // And it parses back to the same tensors.
+        std::string file = l.header + std::string(l.parsed.data_size, '\0');
+        SafetensorsHeader h = parse_file_header(bytes_of(file), "relaid");
+        EXPECT_EQ(h.metadata, to);
+        ASSERT_EQ(h.tensors.size(), tensors.size());
+        for (const auto& t : fresh.parsed.tensors) {
+          ASSERT_NE(h.find(t.name), nullptr) << t.name;
+          EXPECT_EQ(h.find(t.name)->begin, t.begin);
+        }
+      }
+    }
+  }
+}
+
+TEST(SafetensorsLayout, InvalidNewMetadataLeavesTheLayoutAsItWas) {
+  FileLayout l = layout_file({{"w", DType::kF32, {2}}}, {{"format", "pt"}});
+  const FileLayout before = l;
+  EXPECT_THROW(set_layout_metadata(l, {{"k", "\xc3"}}), Error);
+  EXPECT_EQ(l.header, before.header);
+  EXPECT_EQ(l.parsed.metadata, before.parsed.metadata);
+}
+
 }  // namespace
 }  // namespace cairn::testing
