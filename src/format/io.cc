@@ -124,13 +124,25 @@ void run_parallel(size_t n, unsigned threads, const std::function<void(size_t)>&
 }
 
 std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state) {
-  std::vector<Piece> out;
-  out.reserve(layout.parsed.tensors.size() + 1);
-  out.push_back({0, as_bytes(layout.header)});
+  const std::vector<TensorInfo>& tensors = layout.parsed.tensors;
+  const std::vector<size_t>& by_name = layout.parsed.by_name;
+  std::vector<Piece> out(tensors.size() + 1);
+  out[0] = {0, as_bytes(layout.header)};
   const uint64_t base = layout.parsed.data_start();
-  for (const auto& t : layout.parsed.tensors) {
-    const auto& e = state.entry(t.name);
-    out.push_back({base + t.begin, {e.data, e.nbytes}});
+  auto place = [&](size_t i, const StateDict::Entry& e) {
+    out[1 + i] = {base + tensors[i].begin, {e.data, e.nbytes}};
+  };
+  // A layout of this state (layout_state) names its entries in the same
+  // order as the state's map: one walk, no lookups. Anything else: look up.
+  auto e = state.entries().begin();
+  const bool walk = by_name.size() == tensors.size() && state.size() == tensors.size();
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const size_t i = walk ? by_name[k] : k;
+    if (walk && e->first == tensors[i].name) {
+      place(i, (e++)->second);
+    } else {
+      place(i, state.entry(tensors[i].name));
+    }
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -34,6 +35,13 @@ struct Piece {
 // The pieces of a safetensors file for `state` laid out as `layout`: the
 // header, then each tensor in data order.
 std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state);
+
+// Makes `layout` the layout of `state` (what layout_state() returns). A
+// layout of the same names, dtypes and shapes, typically the last save's, is
+// kept and only its metadata rewritten: O(n) comparisons and no allocation
+// per tensor, where laying out 100,000 tensors anew takes about 0.1 s.
+// Throws as layout_state() does, leaving `layout` as it was.
+void update_layout(std::unique_ptr<FileLayout>& layout, const StateDict& state);
 
 using WriteAt = std::function<void(uint64_t offset, std::span<const std::byte> data)>;
 using ReadAt = std::function<void(uint64_t offset, std::span<std::byte> out)>;

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -66,11 +67,61 @@ std::map<std::string, std::string> other_metadata(const std::map<std::string, st
   return out;
 }
 
+// A tensor of the file to be loaded into its entry of the state.
+struct Match {
+  const TensorInfo* tensor;
+  const StateDict::Entry* entry;
+};
+
+// match_state() in one merge of the header's name index with the state's
+// entries (both in name order): O(n) comparisons and no lookups, which at
+// 100,000 tensors is most of what matching cost. `matches`, when given,
+// receives the loaded tensors with their state entries, in name order.
+LoadReport match_sorted(const SafetensorsHeader& header, const StateDict& state,
+                        std::vector<Match>* matches) {
+  const std::vector<TensorInfo>& tensors = header.tensors;
+  std::vector<size_t> local;
+  const std::vector<size_t>* by_name = &header.by_name;
+  if (by_name->size() != tensors.size()) {  // a header filled in by hand
+    local.resize(tensors.size());
+    std::iota(local.begin(), local.end(), size_t{0});
+    std::sort(local.begin(), local.end(),
+              [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+    by_name = &local;
+  }
+  LoadReport r;
+  auto e = state.entries().begin();
+  const auto end = state.entries().end();
+  for (size_t i : *by_name) {
+    const TensorInfo& t = tensors[i];
+    while (e != end && e->first < t.name) r.missing.push_back((e++)->first);
+    if (e == end || e->first != t.name) {
+      r.unexpected.push_back(t.name);
+      continue;
+    }
+    const StateDict::Entry& entry = (e++)->second;
+    if (entry.dtype != t.dtype || entry.shape != t.shape) {
+      r.mismatched.push_back(fmt::format("{}: file {}{}, state {}{}", t.name, dtype_name(t.dtype),
+                                         shape_str(t.shape), dtype_name(entry.dtype),
+                                         shape_str(entry.shape)));
+    } else if (!entry.writable) {
+      r.mismatched.push_back(fmt::format("{}: the state's entry is read-only", t.name));
+    } else {
+      r.loaded.push_back(t.name);
+      if (matches) matches->push_back({&t, &entry});
+    }
+  }
+  while (e != end) r.missing.push_back((e++)->first);
+  std::sort(r.mismatched.begin(), r.mismatched.end());
+  return r;
+}
+
 // The loading path shared by files and storage objects.
 LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
                        const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
                        const std::string& source, const format::ReadJobs& read_jobs) {
-  LoadReport report = match_state(header, state);
+  std::vector<Match> matches;
+  LoadReport report = match_sorted(header, state, &matches);
   if (!report.mismatched.empty() || (options.strict && !report.consumed())) {
     throw Error(
         ErrorCode::kInvalidArgument,
@@ -78,9 +129,9 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
   }
   nlohmann::json metadata = decode_metadata(header.metadata, source);
   std::vector<format::ReadJob> jobs;
-  for (const auto& name : report.loaded) {
-    const TensorInfo* t = header.find(name);
-    jobs.push_back({header.data_start() + t->begin, state.mutable_bytes(name)});
+  jobs.reserve(matches.size());
+  for (const auto& [t, entry] : matches) {
+    jobs.push_back({header.data_start() + t->begin, {entry->data, entry->nbytes}});
   }
   if (read_jobs) {
     read_jobs(jobs);
@@ -254,7 +305,11 @@ uint64_t StateDict::total_bytes() const {
   return n;
 }
 
-FileLayout layout_state(const StateDict& state) {
+namespace {
+
+// The "__metadata__" strings a file of `state` holds: string_metadata, and
+// StateDict::metadata as JSON under kCairnMetadataKey.
+std::map<std::string, std::string> header_metadata(const StateDict& state) {
   if (!state.metadata.is_object()) {
     throw Error(
         ErrorCode::kInvalidArgument,
@@ -272,10 +327,39 @@ FileLayout layout_state(const StateDict& state) {
     check_storable_json(state.metadata, "state metadata");
     meta[std::string(kCairnMetadataKey)] = state.metadata.dump();
   }
+  return meta;
+}
+
+}  // namespace
+
+FileLayout layout_state(const StateDict& state) {
+  std::map<std::string, std::string> meta = header_metadata(state);
   std::vector<TensorDescriptor> descriptors;
   descriptors.reserve(state.size());
   for (const auto& [name, e] : state.entries()) descriptors.push_back({name, e.dtype, e.shape});
   return layout_file(std::move(descriptors), meta);
+}
+
+void format::update_layout(std::unique_ptr<FileLayout>& layout, const StateDict& state) {
+  auto same_tensors = [&] {
+    const std::vector<TensorInfo>& tensors = layout->parsed.tensors;
+    const std::vector<size_t>& by_name = layout->parsed.by_name;
+    if (tensors.size() != state.size() || by_name.size() != tensors.size()) return false;
+    auto e = state.entries().begin();
+    for (size_t i : by_name) {
+      const TensorInfo& t = tensors[i];
+      if (e->first != t.name || e->second.dtype != t.dtype || e->second.shape != t.shape) {
+        return false;
+      }
+      ++e;
+    }
+    return true;
+  };
+  if (layout && same_tensors()) {
+    set_layout_metadata(*layout, header_metadata(state));
+  } else {
+    layout = std::make_unique<FileLayout>(layout_state(state));
+  }
 }
 
 // ---- saving ----
@@ -491,30 +575,7 @@ std::string LoadReport::describe() const {
 }
 
 LoadReport match_state(const SafetensorsHeader& header, const StateDict& state) {
-  LoadReport r;
-  for (const auto& t : header.tensors) {
-    if (!state.contains(t.name)) {
-      r.unexpected.push_back(t.name);
-      continue;
-    }
-    const auto& e = state.entry(t.name);
-    if (e.dtype != t.dtype || e.shape != t.shape) {
-      r.mismatched.push_back(fmt::format("{}: file {}{}, state {}{}", t.name, dtype_name(t.dtype),
-                                         shape_str(t.shape), dtype_name(e.dtype),
-                                         shape_str(e.shape)));
-    } else if (!e.writable) {
-      r.mismatched.push_back(fmt::format("{}: the state's entry is read-only", t.name));
-    } else {
-      r.loaded.push_back(t.name);
-    }
-  }
-  for (const auto& [name, e] : state.entries()) {
-    if (!header.find(name)) r.missing.push_back(name);
-  }
-  std::sort(r.loaded.begin(), r.loaded.end());
-  std::sort(r.unexpected.begin(), r.unexpected.end());
-  std::sort(r.mismatched.begin(), r.mismatched.end());
-  return r;
+  return match_sorted(header, state, nullptr);
 }
 
 LoadReport load_into(const std::filesystem::path& path, StateDict& state,

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -155,6 +156,44 @@ TEST_F(AsyncSaveTest, StagingIsAllocatedOnceAndReusedBySaves) {
   EXPECT_EQ(st.saves, 5u);
   EXPECT_EQ(st.staging_allocations, 1u);
   EXPECT_GE(st.staging_bytes, 4000u);
+}
+
+// Saves of one state reuse its layout; each file must still hold the
+// metadata, names, shapes and bytes of the state it was saved from.
+TEST_F(AsyncSaveTest, EverySaveHoldsItsOwnStateWhetherTheTensorsChangedOrOnlyTheMetadata) {
+  AsyncSaver saver;
+  std::vector<float> b(6, 3.0f);
+  auto save = [&](const StateDict& s, const std::string& name) {
+    auto cp = Checkpoint::from_directory("memory://async/" + name);
+    saver.save(s, cp).wait();
+    return MappedState::open(cp.storage(), kStateFileName);
+  };
+  StateDict s = state();
+  auto first = save(s, "a");
+  s.metadata = {{"epoch", 2}, {"note", std::string(300, 'x')}};  // a longer header
+  s.string_metadata = {{"format", "pt"}};
+  auto second = save(s, "b");
+  s.metadata = nlohmann::json::object();  // no metadata at all
+  s.string_metadata.clear();
+  auto third = save(s, "c");
+  s.add<float>("b", {2, 3}, b);  // a new tensor
+  auto fourth = save(s, "d");
+  s.remove("w");
+  s.add<float>("w", {1000}, w);  // the same name, a new shape
+  auto fifth = save(s, "e");
+
+  EXPECT_EQ(first.metadata()["epoch"], 1);
+  EXPECT_EQ(second.metadata()["note"], std::string(300, 'x'));
+  EXPECT_EQ(second.header().metadata.at("format"), "pt");
+  EXPECT_TRUE(third.header().metadata.empty());
+  EXPECT_EQ(fourth.names(), (std::vector<std::string>{"b", "w"}));
+  EXPECT_EQ(fifth.tensor("w").shape, (Shape{1000}));
+  for (const auto* m : {&first, &second, &third, &fourth, &fifth}) {
+    const TensorView v = m->tensor("w");
+    ASSERT_EQ(v.bytes.size(), 4000u);
+    EXPECT_EQ(std::memcmp(v.bytes.data(), w.data(), 4000), 0) << m->source();
+  }
+  EXPECT_EQ(std::memcmp(fourth.tensor("b").bytes.data(), b.data(), 24), 0);
 }
 
 TEST_F(AsyncSaveTest, ManagerSavesCommitInOrderAndApplyRetention) {
