@@ -229,8 +229,27 @@ struct LoadOptions {
   unsigned threads = 0;
   size_t block_size = size_t{16} << 20;
   // The whole file's XXH3-64 (from a manifest): checked after reading;
-  // kCorruption naming the file if it differs.
+  // kCorruption naming the file if it differs. A load of some tensors only
+  // reads the rest of the file too, to check it, unless block checksums
+  // are given.
   std::optional<uint64_t> expected_xxh3 = std::nullopt;
+  // The file's block checksums (from a manifest: ManifestEntry::block_size
+  // and block_xxh3, e.g. through expect()). A load of some tensors then reads
+  // only the blocks holding the header and those tensors, checks each, and
+  // copies the tensors from the checked bytes only. A block that differs is
+  // kCorruption naming the file, its byte range and the block (tensors in
+  // other blocks may have been copied by then). A load of every tensor
+  // checks expected_xxh3 when given, else every block. Ignored when they do
+  // not cover the file's size.
+  uint64_t expected_block_size = 0;
+  std::vector<uint64_t> expected_block_xxh3 = {};
+  // Sets the three checksums above from a manifest's entry for the file.
+  LoadOptions& expect(const ManifestEntry& file) {
+    expected_xxh3 = file.xxh3;
+    expected_block_size = file.block_size;
+    expected_block_xxh3 = file.block_xxh3;
+    return *this;
+  }
   // Direct or buffered reads (see IoPath), and where to say which was used.
   IoPath io = IoPath::kAuto;
   IoReport* report = nullptr;

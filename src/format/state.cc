@@ -116,6 +116,82 @@ LoadReport match_sorted(const SafetensorsHeader& header, const StateDict& state,
   return r;
 }
 
+// Whether `options` carries block checksums that cover a file of `size`.
+bool has_blocks(const LoadOptions& options, uint64_t size) {
+  return options.expected_block_size > 0 &&
+         options.expected_block_xxh3.size() ==
+             (size + options.expected_block_size - 1) / options.expected_block_size;
+}
+
+// Reads the blocks holding the header and the matched tensors, checks each
+// against `options`' block checksums and copies the tensors out of the
+// checked bytes: a partial load that reads only what it needs and still
+// verifies all of it, on options.threads.
+void load_checked_blocks(const SafetensorsHeader& header, std::string_view header_bytes,
+                         std::vector<Match> matches, const format::ReadAt& read_at,
+                         const LoadOptions& options, const std::string& source) {
+  const uint64_t bs = options.expected_block_size;
+  const uint64_t data_start = header.data_start();
+  std::sort(matches.begin(), matches.end(),
+            [](const Match& a, const Match& b) { return a.tensor->begin < b.tensor->begin; });
+  // Runs of blocks to read, in file order, each at most options.block_size
+  // bytes (or one block).
+  const uint64_t max_blocks = std::max<uint64_t>(1, options.block_size / bs);
+  std::vector<std::pair<uint64_t, uint64_t>> runs;  // [first, last) blocks
+  auto add = [&](uint64_t offset, uint64_t length) {
+    auto [first, last] = blocks_covering(offset, length, bs);
+    if (first == last) return;
+    if (!runs.empty() && first <= runs.back().second) {
+      first = runs.back().second;
+      if (first >= last) return;
+      // Grow the last run while it has room, then start new ones.
+      const uint64_t room = max_blocks - (runs.back().second - runs.back().first);
+      const uint64_t grow = std::min(room, last - first);
+      runs.back().second += grow;
+      first += grow;
+    }
+    for (; first < last; first += max_blocks)
+      runs.push_back({first, std::min(last, first + max_blocks)});
+  };
+  add(0, data_start);
+  for (const auto& m : matches) add(data_start + m.tensor->begin, m.tensor->nbytes());
+  const uint64_t file_size = header.file_size();
+  format::run_parallel(runs.size(), format::pick_threads(options.threads), [&](size_t r) {
+    const uint64_t begin = runs[r].first * bs;
+    const uint64_t end = std::min(runs[r].second * bs, file_size);
+    std::vector<std::byte> buf(end - begin);
+    read_at(begin, buf);
+    for (uint64_t b = runs[r].first; b < runs[r].second; ++b) {
+      const uint64_t from = b * bs, to = std::min(from + bs, file_size);
+      Hasher h;
+      h.update(std::span<const std::byte>(buf).subspan(from - begin, to - from));
+      if (h.digest() != options.expected_block_xxh3[b]) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: bytes [{}, {}) (checksum block {}) do not match the "
+                                "manifest's checksum (the file changed after it was committed)",
+                                source, from, to, b));
+      }
+    }
+    // The header was parsed from an earlier read: it must be what was checked.
+    const uint64_t in_header =
+        begin < header_bytes.size() ? std::min<uint64_t>(end, header_bytes.size()) - begin : 0;
+    if (in_header > 0 && std::memcmp(buf.data(), header_bytes.data() + begin, in_header) != 0) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: the header changed while the file was read", source));
+    }
+    // The parts of tensors this run holds: those that end after it begins.
+    auto it = std::lower_bound(
+        matches.begin(), matches.end(), begin,
+        [&](const Match& m, uint64_t at) { return data_start + m.tensor->end <= at; });
+    for (; it != matches.end() && data_start + it->tensor->begin < end; ++it) {
+      const uint64_t t_begin = data_start + it->tensor->begin, t_end = data_start + it->tensor->end;
+      const uint64_t lo = std::max(begin, t_begin), hi = std::min(end, t_end);
+      if (lo >= hi) continue;
+      std::memcpy(it->entry->data + (lo - t_begin), buf.data() + (lo - begin), hi - lo);
+    }
+  });
+}
+
 // The loading path shared by files and storage objects.
 LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
                        const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
@@ -128,6 +204,13 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
         fmt::format("{}: the state does not match the file: {}", source, report.describe()));
   }
   nlohmann::json metadata = decode_metadata(header.metadata, source);
+  const bool partial = matches.size() < header.tensors.size();
+  if (has_blocks(options, header.file_size()) && (partial || !options.expected_xxh3)) {
+    load_checked_blocks(header, header_bytes, std::move(matches), read_at, options, source);
+    state.metadata = std::move(metadata);
+    state.string_metadata = other_metadata(header.metadata);
+    return report;
+  }
   std::vector<format::ReadJob> jobs;
   jobs.reserve(matches.size());
   for (const auto& [t, entry] : matches) {

@@ -194,17 +194,17 @@ RestoreResult StateCheckpointManager::restore(StateDict& state,
                                               const CheckpointRecord& which) const {
   try {
     Manifest manifest = which.checkpoint.manifest();
-    std::optional<uint64_t> xxh3;
+    const ManifestEntry* file = nullptr;
     for (const auto& f : manifest.files) {
-      if (f.path == kStateFileName) xxh3 = f.xxh3;
+      if (f.path == kStateFileName) file = &f;
     }
-    if (!xxh3) {
+    if (!file) {
       throw Error(ErrorCode::kCorruption, fmt::format("{}: the manifest lists no {}",
                                                       which.checkpoint.uri(), kStateFileName));
     }
     LoadOptions lo;
     lo.strict = true;
-    lo.expected_xxh3 = xxh3;
+    lo.expect(*file);
     load_into(which.checkpoint.storage(), kStateFileName, state, lo);
   } catch (const Error& e) {
     throw with_context(e, fmt::format("restoring {}", which.name));

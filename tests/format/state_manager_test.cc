@@ -2,6 +2,8 @@
 // the foundation's CheckpointManager.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "cairn/error.h"
 #include "cairn/state_manager.h"
 #include "storage/backends.h"
@@ -196,6 +198,61 @@ TEST_F(StateManagerTest, RestoreDetectsAFileChangedAfterCommit) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCorruption);
     EXPECT_NE(std::string(e.what()).find("state.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+// A load of some tensors with the manifest's block checksums reads and
+// checks only the blocks it needs: damage elsewhere in the file does not
+// stop it, damage in what it reads does, naming the bytes.
+TEST_F(StateManagerTest, ASubsetLoadChecksTheBlocksItReadsAndNothingElse) {
+  TempDir dir;
+  StateCheckpointManager m(dir.str(), opts());
+  const size_t n = kChecksumBlockSize;  // floats: each tensor spans 4 blocks
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) a[i] = static_cast<float>(i), b[i] = -static_cast<float>(i);
+  StateDict s;
+  s.add<float>("a", {n}, a);
+  s.add<float>("b", {n}, b);
+  auto r = m.save(s);
+  ASSERT_TRUE(r);
+  ManifestEntry entry;
+  for (const auto& f : r->checkpoint.manifest().files) {
+    if (f.path == kStateFileName) entry = f;
+  }
+  ASSERT_FALSE(entry.block_xxh3.empty());
+  // Damage the middle of "b".
+  const SafetensorsHeader header = m.open(*r).header();
+  const uint64_t at = header.data_start() + header.find("b")->begin + n * 2;
+  auto path = dir / "checkpoint_000000" / "state.safetensors";
+  std::string bytes = read_text(path);
+  bytes[at] ^= 0x40;
+  write_text(path, bytes);
+
+  auto load = [&](const std::string& name, std::vector<float>& out, LoadOptions o) {
+    out.assign(n, 0.0f);
+    StateDict t;
+    t.add_mutable<float>(name, {n}, out);
+    o.strict = false;
+    load_into(r->checkpoint.storage(), kStateFileName, t, o);
+  };
+  std::vector<float> got;
+  load("a", got, LoadOptions{}.expect(entry));
+  EXPECT_EQ(got, a);
+  // The whole-file checksum alone needs the whole file, damage included.
+  LoadOptions whole;
+  whole.expected_xxh3 = entry.xxh3;
+  EXPECT_THROW(load("a", got, whole), Error);
+  try {
+    load("b", got, LoadOptions{}.expect(entry));
+    FAIL() << "damaged bytes were loaded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    const uint64_t block = at / entry.block_size;
+    EXPECT_NE(std::string(e.what()).find(fmt::format("bytes [{}, {}) (checksum block {})",
+                                                     block * entry.block_size,
+                                                     (block + 1) * entry.block_size, block)),
+              std::string::npos)
+        << e.what();
   }
 }
 
