@@ -133,18 +133,21 @@ std::string check_entry(const RawEntry& e, const Shape& dims, TensorInfo& t) {
 // allocations and a kilobyte of fresh memory per tensor, which was most of
 // the time a 100,000-tensor load took. Each event costs O(1) amortized.
 //
-// Duplicate keys at any level (nlohmann would keep the last one, letting a
-// file say two things about one tensor) and nesting deeper than a header
-// needs stop the parse at once. A malformed entry is remembered (the first
-// one in the text) and reported only once the whole text has parsed, so that
+// Duplicate keys (nlohmann would keep the last one, letting a file say two
+// things about one tensor) inside an entry or the metadata, and nesting
+// deeper than a header needs, stop the parse at once; duplicate tensor names
+// are found after it, from the name index parse_header sorts anyway. A
+// malformed entry is remembered (the first one in the text) and reported
+// only once the whole text has parsed and no name is duplicated, so that
 // text that is not JSON is reported as such wherever the problem lies.
 class HeaderSax {
  public:
   using json = nlohmann::json;
 
-  HeaderSax(std::string_view text, std::string_view source) : text_(text), source_(source) {
-    // No entry is shorter than {"":{"dtype":"U8","shape":[],"data_offsets":[0,0]}}: this
-    // reserves enough for any header, and pages never filled are never touched.
+  explicit HeaderSax(std::string_view text) : text_(text) {
+    // No valid entry is shorter than "":{"dtype":"U8","shape":[],"data_offsets":[0,0]},
+    // so this is room for any valid header (a broken one may grow it); pages
+    // never filled are never touched.
     entries_.reserve(text.size() / 48 + 1);
   }
 
@@ -374,7 +377,7 @@ class HeaderSax {
     return true;
   }
 
-  std::string_view text_, source_;
+  std::string_view text_;
   int depth_ = 0;
   int skip_below_ = -1;  // while >= 0, events deeper than this level are ignored
   std::vector<bool> open_objects_;
@@ -482,7 +485,7 @@ SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::s
   // nlohmann's lexer takes a NUL byte for the end of input, so "{...}\0junk"
   // would pass; the format (and its reference implementation) refuse it.
   check_json_text(text, source, JsonLimits{}, 8);
-  HeaderSax sax(text, source);
+  HeaderSax sax(text);
   try {
     nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
   } catch (const nlohmann::json::exception& e) {
