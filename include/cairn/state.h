@@ -240,7 +240,8 @@ struct LoadOptions {
   // kCorruption naming the file, its byte range and the block (tensors in
   // other blocks may have been copied by then). A load of every tensor
   // checks expected_xxh3 when given, else every block. Ignored when they do
-  // not cover the file's size.
+  // not cover the file's size. Reads checked block by block go through the
+  // page cache whatever `io` says (the IoReport says so).
   uint64_t expected_block_size = 0;
   std::vector<uint64_t> expected_block_xxh3 = {};
   // Sets the three checksums above from a manifest's entry for the file.

@@ -206,6 +206,10 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
   nlohmann::json metadata = decode_metadata(header.metadata, source);
   const bool partial = matches.size() < header.tensors.size();
   if (has_blocks(options, header.file_size()) && (partial || !options.expected_xxh3)) {
+    if (options.report) {
+      *options.report = {IoPath::kBuffered,
+                         "a load checked block by block reads through the page cache"};
+    }
     load_checked_blocks(header, header_bytes, std::move(matches), read_at, options, source);
     state.metadata = std::move(metadata);
     state.string_metadata = other_metadata(header.metadata);

@@ -236,8 +236,12 @@ TEST_F(StateManagerTest, ASubsetLoadChecksTheBlocksItReadsAndNothingElse) {
     load_into(r->checkpoint.storage(), kStateFileName, t, o);
   };
   std::vector<float> got;
-  load("a", got, LoadOptions{}.expect(entry));
+  IoReport io;
+  LoadOptions checked;
+  checked.report = &io;
+  load("a", got, checked.expect(entry));
   EXPECT_EQ(got, a);
+  EXPECT_EQ(io.path, IoPath::kBuffered) << io.reason;
   // The whole-file checksum alone needs the whole file, damage included.
   LoadOptions whole;
   whole.expected_xxh3 = entry.xxh3;
