@@ -254,7 +254,7 @@ class HeaderSax {
       return true;
     }
     // A copy, not a move: the lexer keeps its buffer's capacity for the next
-    // token. Duplicate names are found after the parse (find_duplicate()).
+    // token. Duplicate names are found after the parse (parse_header).
     entries_.emplace_back();
     entries_.back().name = k;
     in_ = In::kEntry;
