@@ -513,7 +513,8 @@ TEST_F(AsyncSaveTest, ReserveWaitsForATooSmallBufferHoldingAPendingSave) {
   EXPECT_FALSE(returned);
   gate.open();
   t.join();
-  EXPECT_TRUE(a.done());
+  // The pending save frees its buffer once committed and its handle says
+  // done a moment later, so a.done() may still be false here.
   a.wait();
   EXPECT_EQ(saver.stats().staging_allocations, 2u);
   EXPECT_EQ(load(Checkpoint::from_directory("memory://async/a")), w);
