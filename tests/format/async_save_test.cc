@@ -316,11 +316,14 @@ TEST_F(AsyncSaveTest, WhenBusyWaitBlocksUntilThePendingSaveCommits) {
   AsyncSaver saver;  // kWait, max_in_flight 1
   SaveHandle first = saver.save(state(), manager);
   std::atomic<bool> returned{false};
-  bool first_done_on_return = false;
+  bool first_committed_on_return = false;
   SaveHandle second;
   std::thread t([&] {
     second = saver.save(state(), manager);
-    first_done_on_return = first.done();
+    // Committed, though its handle may say done a moment later (the slot is
+    // freed first).
+    first_committed_on_return =
+        Checkpoint::from_directory("memory://async/exp/" + checkpoint_name(0)).is_committed();
     returned = true;
   });
   spin_until([&] { return saver.stats().waits == 1; });  // blocked in save()
@@ -328,7 +331,7 @@ TEST_F(AsyncSaveTest, WhenBusyWaitBlocksUntilThePendingSaveCommits) {
   EXPECT_FALSE(first.done());
   gate.open();
   t.join();
-  EXPECT_TRUE(first_done_on_return) << "save() returned before the pending save finished";
+  EXPECT_TRUE(first_committed_on_return) << "save() returned before the pending save committed";
   saver.wait_all();
   ASSERT_TRUE(first.record() && second.record());
   EXPECT_EQ(first.record()->index, 0u);
