@@ -409,7 +409,7 @@ struct ShardedReader::Impl {
   explicit Impl(const Checkpoint& cp) : checkpoint(cp) {}
 
   static bool has_blocks(const ManifestEntry& e) {
-    return e.block_size > 0 && e.block_xxh3.size() == (e.size + e.block_size - 1) / e.block_size;
+    return blocks_cover(e.size, e.block_size, e.block_xxh3.size());
   }
 
   // Maps a rank file once. With block checksums in the manifest, nothing but
@@ -433,11 +433,7 @@ struct ShardedReader::Impl {
     } else {
       Hasher h;
       h.update(f.map.file_bytes());
-      if (h.digest() != e.xxh3) {
-        throw Error(ErrorCode::kCorruption,
-                    fmt::format("{}: checksum {} does not match the manifest's {}", uri,
-                                hash_to_hex(h.digest()), hash_to_hex(e.xxh3)));
-      }
+      check_file_digest(h.digest(), e.xxh3, uri);
     }
     return open_files.emplace(key, std::move(f)).first->second.map;
   }
@@ -462,14 +458,8 @@ struct ShardedReader::Impl {
       if (f.verified[b]) continue;
       const uint64_t begin = b * e.block_size;
       const uint64_t end = std::min<uint64_t>(begin + e.block_size, bytes.size());
-      Hasher h;
-      h.update(bytes.subspan(begin, end - begin));
-      if (h.digest() != e.block_xxh3[b]) {
-        throw Error(ErrorCode::kCorruption,
-                    fmt::format("{}: bytes [{}, {}) (checksum block {}) do not match the "
-                                "manifest's checksum (the file changed after it was committed)",
-                                checkpoint.storage().uri_of(key), begin, end, b));
-      }
+      check_block(bytes.subspan(begin, end - begin), begin, b, e.block_xxh3[b],
+                  checkpoint.storage().uri_of(key));
       f.verified[b] = true;
     }
   }

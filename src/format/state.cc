@@ -116,13 +116,6 @@ LoadReport match_sorted(const SafetensorsHeader& header, const StateDict& state,
   return r;
 }
 
-// Whether `options` carries block checksums that cover a file of `size`.
-bool has_blocks(const LoadOptions& options, uint64_t size) {
-  return options.expected_block_size > 0 &&
-         options.expected_block_xxh3.size() ==
-             (size + options.expected_block_size - 1) / options.expected_block_size;
-}
-
 // Reads the blocks holding the header and the matched tensors, checks each
 // against `options`' block checksums and copies the tensors out of the
 // checked bytes: a partial load that reads only what it needs and still
@@ -163,14 +156,8 @@ void load_checked_blocks(const SafetensorsHeader& header, std::string_view heade
     read_at(begin, buf);
     for (uint64_t b = runs[r].first; b < runs[r].second; ++b) {
       const uint64_t from = b * bs, to = std::min(from + bs, file_size);
-      Hasher h;
-      h.update(std::span<const std::byte>(buf).subspan(from - begin, to - from));
-      if (h.digest() != options.expected_block_xxh3[b]) {
-        throw Error(ErrorCode::kCorruption,
-                    fmt::format("{}: bytes [{}, {}) (checksum block {}) do not match the "
-                                "manifest's checksum (the file changed after it was committed)",
-                                source, from, to, b));
-      }
+      check_block(std::span<const std::byte>(buf).subspan(from - begin, to - from), from, b,
+                  options.expected_block_xxh3[b], source);
     }
     // The header was parsed from an earlier read: it must be what was checked.
     const uint64_t in_header =
@@ -192,29 +179,14 @@ void load_checked_blocks(const SafetensorsHeader& header, std::string_view heade
   });
 }
 
-// The loading path shared by files and storage objects.
-LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
-                       const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
-                       const std::string& source, const format::ReadJobs& read_jobs) {
-  std::vector<Match> matches;
-  LoadReport report = match_sorted(header, state, &matches);
-  if (!report.mismatched.empty() || (options.strict && !report.consumed())) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("{}: the state does not match the file: {}", source, report.describe()));
-  }
-  nlohmann::json metadata = decode_metadata(header.metadata, source);
-  const bool partial = matches.size() < header.tensors.size();
-  if (has_blocks(options, header.file_size()) && (partial || !options.expected_xxh3)) {
-    if (options.report) {
-      *options.report = {IoPath::kBuffered,
-                         "a load checked block by block reads through the page cache"};
-    }
-    load_checked_blocks(header, header_bytes, std::move(matches), read_at, options, source);
-    state.metadata = std::move(metadata);
-    state.string_metadata = other_metadata(header.metadata);
-    return report;
-  }
+// Reads the matched tensors with `read_jobs` (direct reads) or parallel
+// buffered reads, then checks options.expected_xxh3, when given, over the
+// whole file: the bytes read and, read for the purpose, the rest.
+void load_and_check_file(const SafetensorsHeader& header, std::string_view header_bytes,
+                         const std::vector<Match>& matches, const LoadReport& report,
+                         const format::ReadAt& read_at, StateDict& state,
+                         const LoadOptions& options, const std::string& source,
+                         const format::ReadJobs& read_jobs) {
   std::vector<format::ReadJob> jobs;
   jobs.reserve(matches.size());
   for (const auto& [t, entry] : matches) {
@@ -242,13 +214,34 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
         h.update(part);
       }
     }
-    if (h.digest() != *options.expected_xxh3) {
-      throw Error(
-          ErrorCode::kCorruption,
-          fmt::format("{}: checksum {} does not match the manifest's {} (the file changed "
-                      "after it was committed)",
-                      source, hash_to_hex(h.digest()), hash_to_hex(*options.expected_xxh3)));
+    check_file_digest(h.digest(), *options.expected_xxh3, source);
+  }
+}
+
+// The loading path shared by files and storage objects.
+LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
+                       const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
+                       const std::string& source, const format::ReadJobs& read_jobs) {
+  std::vector<Match> matches;
+  LoadReport report = match_sorted(header, state, &matches);
+  if (!report.mismatched.empty() || (options.strict && !report.consumed())) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("{}: the state does not match the file: {}", source, report.describe()));
+  }
+  nlohmann::json metadata = decode_metadata(header.metadata, source);
+  const bool partial = matches.size() < header.tensors.size();
+  if (blocks_cover(header.file_size(), options.expected_block_size,
+                   options.expected_block_xxh3.size()) &&
+      (partial || !options.expected_xxh3)) {
+    if (options.report) {
+      *options.report = {IoPath::kBuffered,
+                         "a load checked block by block reads through the page cache"};
     }
+    load_checked_blocks(header, header_bytes, std::move(matches), read_at, options, source);
+  } else {
+    load_and_check_file(header, header_bytes, matches, report, read_at, state, options, source,
+                        read_jobs);
   }
   state.metadata = std::move(metadata);
   state.string_metadata = other_metadata(header.metadata);

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include "cairn/error.h"
+
 namespace cairn {
 
 struct Hasher::State {
@@ -44,6 +46,25 @@ std::vector<uint64_t> BlockHasher::finish() {
   std::vector<uint64_t> out = done_;
   if (in_block_ > 0) out.push_back(current_.digest());
   return out;
+}
+
+void check_file_digest(uint64_t digest, uint64_t expected, std::string_view source) {
+  if (digest == expected) return;
+  throw Error(ErrorCode::kCorruption,
+              fmt::format("{}: checksum {} does not match the manifest's {} (the file changed "
+                          "after it was committed)",
+                          source, hash_to_hex(digest), hash_to_hex(expected)));
+}
+
+void check_block(std::span<const std::byte> data, uint64_t begin, uint64_t block, uint64_t expected,
+                 std::string_view source) {
+  Hasher h;
+  h.update(data);
+  if (h.digest() == expected) return;
+  throw Error(ErrorCode::kCorruption,
+              fmt::format("{}: bytes [{}, {}) (checksum block {}) do not match the manifest's "
+                          "checksum (the file changed after it was committed)",
+                          source, begin, begin + data.size(), block));
 }
 
 uint64_t xxh3_64(std::string_view data) { return XXH3_64bits(data.data(), data.size()); }

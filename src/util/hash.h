@@ -49,6 +49,21 @@ inline std::pair<uint64_t, uint64_t> blocks_covering(uint64_t offset, uint64_t l
   return {offset / block_size, (offset + length + block_size - 1) / block_size};
 }
 
+// Whether `count` block checksums of `block_size` bytes each cover a file of
+// `size` bytes (ManifestEntry::block_xxh3 as read from a manifest).
+inline bool blocks_cover(uint64_t size, uint64_t block_size, size_t count) {
+  return block_size > 0 && count == (size + block_size - 1) / block_size;
+}
+
+// kCorruption "<source>: checksum D does not match the manifest's E (the
+// file changed after it was committed)" unless `digest` equals `expected`.
+void check_file_digest(uint64_t digest, uint64_t expected, std::string_view source);
+// Checks block `block` of a file, whose bytes `data` start at byte `begin`,
+// against `expected`: kCorruption naming `source`, the byte range and the
+// block otherwise.
+void check_block(std::span<const std::byte> data, uint64_t begin, uint64_t block, uint64_t expected,
+                 std::string_view source);
+
 uint64_t xxh3_64(std::string_view data);
 // 16 lowercase hex digits, as stored in manifests.
 std::string hash_to_hex(uint64_t h);
