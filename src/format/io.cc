@@ -126,23 +126,23 @@ void run_parallel(size_t n, unsigned threads, const std::function<void(size_t)>&
 std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state) {
   const std::vector<TensorInfo>& tensors = layout.parsed.tensors;
   const std::vector<size_t>& by_name = layout.parsed.by_name;
+  if (by_name.size() != tensors.size() || state.size() != tensors.size()) {
+    throw Error(ErrorCode::kInternal, "file_pieces: the layout is not one of this state");
+  }
   std::vector<Piece> out(tensors.size() + 1);
   out[0] = {0, as_bytes(layout.header)};
   const uint64_t base = layout.parsed.data_start();
-  auto place = [&](size_t i, const StateDict::Entry& e) {
-    out[1 + i] = {base + tensors[i].begin, {e.data, e.nbytes}};
-  };
-  // A layout of this state (layout_state) names its entries in the same
-  // order as the state's map: one walk, no lookups. Anything else: look up.
+  // The layout's name index and the state's map list the same names in the
+  // same order: one walk, no lookups.
   auto e = state.entries().begin();
-  const bool walk = by_name.size() == tensors.size() && state.size() == tensors.size();
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    const size_t i = walk ? by_name[k] : k;
-    if (walk && e->first == tensors[i].name) {
-      place(i, (e++)->second);
-    } else {
-      place(i, state.entry(tensors[i].name));
+  for (size_t i : by_name) {
+    if (e->first != tensors[i].name) {
+      throw Error(ErrorCode::kInternal, fmt::format("file_pieces: the layout has tensor \"{}\" "
+                                                    "where the state has \"{}\"",
+                                                    tensors[i].name, e->first));
     }
+    out[1 + i] = {base + tensors[i].begin, {e->second.data, e->second.nbytes}};
+    ++e;
   }
   return out;
 }

@@ -32,8 +32,9 @@ struct Piece {
   std::span<const std::byte> data;
 };
 
-// The pieces of a safetensors file for `state` laid out as `layout`: the
-// header, then each tensor in data order.
+// The pieces of a safetensors file for `state` laid out as `layout` (from
+// layout_state or update_layout of that state): the header, then each
+// tensor in data order. kInternal if the layout is of other tensors.
 std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state);
 
 // Makes `layout` the layout of `state` (what layout_state() returns). A
