@@ -397,6 +397,29 @@ class HeaderSax {
   size_t error_byte_ = 0;
 };
 
+// Positions of `items` (anything with a `name`) in name order: the index
+// SafetensorsHeader::find() searches. Input already in name order (a
+// StateDict's) costs one pass.
+template <class T>
+std::vector<size_t> name_order(const std::vector<T>& items) {
+  std::vector<size_t> order(items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto less = [&](size_t a, size_t b) { return items[a].name < items[b].name; };
+  if (!std::is_sorted(order.begin(), order.end(), less)) {
+    std::sort(order.begin(), order.end(), less);
+  }
+  return order;
+}
+
+// A name two of `items` share (neighbours in `by_name`), or nullptr.
+template <class T>
+const std::string* shared_name(const std::vector<T>& items, const std::vector<size_t>& by_name) {
+  for (size_t i = 1; i < by_name.size(); ++i) {
+    if (items[by_name[i]].name == items[by_name[i - 1]].name) return &items[by_name[i]].name;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string_view dtype_name(DType dtype) { return lookup(dtype).name; }
@@ -430,12 +453,7 @@ uint64_t byte_size(DType dtype, const Shape& shape) {
   return bytes;
 }
 
-void SafetensorsHeader::reindex() {
-  by_name.resize(tensors.size());
-  for (size_t i = 0; i < by_name.size(); ++i) by_name[i] = i;
-  std::sort(by_name.begin(), by_name.end(),
-            [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
-}
+void SafetensorsHeader::reindex() { by_name = name_order(tensors); }
 
 const TensorInfo* SafetensorsHeader::find(std::string_view name) const {
   if (by_name.size() != tensors.size()) {
@@ -498,18 +516,10 @@ SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::s
   }
   if (!sax.fatal().empty()) throw corrupt(source, sax.fatal());
   std::vector<TensorInfo> parsed = std::move(sax.entries());
-  // Names in order (the index find() searches), where two tensors of one
-  // name would be neighbours.
-  std::vector<size_t> by_name(parsed.size());
-  std::iota(by_name.begin(), by_name.end(), size_t{0});
-  std::sort(by_name.begin(), by_name.end(),
-            [&](size_t a, size_t b) { return parsed[a].name < parsed[b].name; });
-  for (size_t i = 1; i < by_name.size(); ++i) {
-    const std::string& name = parsed[by_name[i]].name;
-    if (name == parsed[by_name[i - 1]].name) {
-      throw corrupt(source,
-                    fmt::format("duplicate key {} in the header", nlohmann::json(name).dump()));
-    }
+  std::vector<size_t> by_name = name_order(parsed);
+  if (const std::string* name = shared_name(parsed, by_name)) {
+    throw corrupt(source,
+                  fmt::format("duplicate key {} in the header", nlohmann::json(*name).dump()));
   }
   if (!sax.problem().empty()) throw corrupt(source, sax.problem());
   h.metadata = std::move(sax.metadata());
@@ -607,22 +617,14 @@ void finish_header(FileLayout& out) {
 FileLayout layout_file(std::vector<TensorDescriptor> tensors,
                        const std::map<std::string, std::string>& metadata) {
   const size_t n = tensors.size();
-  // Names in order, for the name index and to find duplicates (neighbours
-  // there). A StateDict hands them over sorted already: one pass checks.
-  std::vector<size_t> by_name(n);
-  std::iota(by_name.begin(), by_name.end(), size_t{0});
-  auto name_less = [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; };
-  if (!std::is_sorted(by_name.begin(), by_name.end(), name_less)) {
-    std::sort(by_name.begin(), by_name.end(), name_less);
-  }
-  for (size_t i = 0; i < n; ++i) {
-    const std::string& name = tensors[by_name[i]].name;
-    if (name == kMetadataKeyName) {
+  for (const auto& t : tensors) {
+    if (t.name == kMetadataKeyName) {
       throw Error(ErrorCode::kInvalidArgument, "a tensor may not be named \"__metadata__\"");
     }
-    if (i > 0 && name == tensors[by_name[i - 1]].name) {
-      throw Error(ErrorCode::kInvalidArgument, fmt::format("duplicate tensor \"{}\"", name));
-    }
+  }
+  std::vector<size_t> by_name = name_order(tensors);
+  if (const std::string* name = shared_name(tensors, by_name)) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("duplicate tensor \"{}\"", *name));
   }
   // Placement: by decreasing element size, then by name.
   std::vector<size_t> order = by_name;
