@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/error.h"
+#include "format/header_scan.h"
 #include "util/json.h"
 
 namespace cairn {
@@ -113,19 +114,7 @@ std::string check_entry(const RawEntry& e, const Shape& dims, TensorInfo& t) {
   if (!e.offsets_seen || !e.offsets_is_array || !e.offsets_ok || e.offsets_count != 2) {
     return "\"data_offsets\" is not a pair of byte offsets";
   }
-  if (t.end < t.begin) {
-    return fmt::format("data_offsets [{}, {}] end before they begin", t.begin, t.end);
-  }
-  uint64_t n = 1, bytes = 0;
-  bool overflow = false;
-  for (uint64_t dim : t.shape) overflow = overflow || mul_overflows(n, dim, n);
-  overflow = overflow || mul_overflows(n, dtype_size(t.dtype), bytes);
-  if (overflow) return fmt::format("shape {} is too large", shape_str(t.shape));
-  if (bytes != t.nbytes()) {
-    return fmt::format("{}{} needs {} bytes but data_offsets [{}, {}] hold {}", dtype_name(t.dtype),
-                       shape_str(t.shape), bytes, t.begin, t.end, t.nbytes());
-  }
-  return "";
+  return format::entry_size_problem(t);
 }
 
 // Reads a header's SAX events from nlohmann's lexer straight into TensorInfo
@@ -490,19 +479,15 @@ uint64_t parse_header_length(std::span<const std::byte, 8> prefix, uint64_t file
   return n;
 }
 
-SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::string_view source) {
-  SafetensorsHeader h;
-  h.header_size = text.size();
-  if (8 + text.size() > file_size) {
-    throw corrupt(source, fmt::format("header of {} bytes runs past the end of the file ({} bytes)",
-                                      text.size(), file_size));
-  }
-  if (text.empty() || text[0] != '{') {
-    throw corrupt(source, "the header does not start with '{' at byte offset 8");
-  }
-  // nlohmann's lexer takes a NUL byte for the end of input, so "{...}\0junk"
-  // would pass; the format (and its reference implementation) refuse it.
-  check_json_text(text, source, JsonLimits{}, 8);
+namespace {
+
+// The text's entries and metadata, read by the general parser, which
+// handles any JSON. Throws kCorruption naming `source` for text that is not
+// JSON, nests too deeply or repeats a key in an object other than the root;
+// sets `problem` to what is wrong with the first malformed entry, which the
+// caller reports unless a tensor name is repeated.
+format::HeaderEntries read_general(std::string_view text, std::string_view source,
+                                   std::string& problem) {
   HeaderSax sax(text);
   try {
     nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
@@ -515,28 +500,64 @@ SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::s
                                       8 + (byte > 0 ? byte - 1 : 0), sax.fatal()));
   }
   if (!sax.fatal().empty()) throw corrupt(source, sax.fatal());
-  std::vector<TensorInfo> parsed = std::move(sax.entries());
-  std::vector<size_t> by_name = name_order(parsed);
-  if (const std::string* name = shared_name(parsed, by_name)) {
+  problem = sax.problem();
+  return {std::move(sax.entries()), std::move(sax.metadata())};
+}
+
+SafetensorsHeader parse_header_with(std::string_view text, uint64_t file_size,
+                                    std::string_view source, bool scan_first) {
+  SafetensorsHeader h;
+  h.header_size = text.size();
+  if (8 + text.size() > file_size) {
+    throw corrupt(source, fmt::format("header of {} bytes runs past the end of the file ({} bytes)",
+                                      text.size(), file_size));
+  }
+  if (text.empty() || text[0] != '{') {
+    throw corrupt(source, "the header does not start with '{' at byte offset 8");
+  }
+  // The plain form every known writer emits is scanned in one pass; any
+  // other text goes to the general parser, whose verdict and messages stand.
+  // The scanner accepts no NUL byte and nests three levels at most, so only
+  // the general parser needs check_json_text(): nlohmann's lexer takes a NUL
+  // for the end of the input, so "{...}\0junk" would pass, where the format
+  // (and its reference implementation) refuse it.
+  std::optional<format::HeaderEntries> read;
+  if (scan_first) read = format::scan_plain_header(text);
+  std::string problem;
+  if (!read) {
+    check_json_text(text, source, JsonLimits{}, 8);
+    read = read_general(text, source, problem);
+  }
+  std::vector<size_t> by_name = name_order(read->tensors);
+  if (const std::string* name = shared_name(read->tensors, by_name)) {
     throw corrupt(source,
                   fmt::format("duplicate key {} in the header", nlohmann::json(*name).dump()));
   }
-  if (!sax.problem().empty()) throw corrupt(source, sax.problem());
-  h.metadata = std::move(sax.metadata());
+  // A malformed entry is reported after a repeated name, which the general
+  // parser finds only once it has read every entry.
+  if (!problem.empty()) throw corrupt(source, problem);
+  std::vector<TensorInfo> parsed = std::move(read->tensors);
+  h.metadata = std::move(read->metadata);
 
-  // Tensors in data-offset order; the name index follows them there.
-  std::vector<size_t> order(parsed.size()), position(parsed.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const TensorInfo &x = parsed[a], &y = parsed[b];
+  // Tensors in data-offset order; the name index follows them there. Writers
+  // list them in that order already, which costs one pass to confirm.
+  auto by_offset = [](const TensorInfo& x, const TensorInfo& y) {
     return std::tie(x.begin, x.end, x.name) < std::tie(y.begin, y.end, y.name);
-  });
-  h.tensors.reserve(parsed.size());
-  for (size_t k = 0; k < order.size(); ++k) {
-    position[order[k]] = k;
-    h.tensors.push_back(std::move(parsed[order[k]]));
+  };
+  if (std::is_sorted(parsed.begin(), parsed.end(), by_offset)) {
+    h.tensors = std::move(parsed);
+  } else {
+    std::vector<size_t> order(parsed.size()), position(parsed.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return by_offset(parsed[a], parsed[b]); });
+    h.tensors.reserve(parsed.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      position[order[k]] = k;
+      h.tensors.push_back(std::move(parsed[order[k]]));
+    }
+    for (size_t& i : by_name) i = position[i];
   }
-  for (size_t& i : by_name) i = position[i];
   h.by_name = std::move(by_name);
   const uint64_t data_start = h.data_start();
   const uint64_t data_size = file_size - data_start;
@@ -573,6 +594,17 @@ SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::s
   }
   h.data_size = data_size;
   return h;
+}
+
+}  // namespace
+
+SafetensorsHeader parse_header(std::string_view text, uint64_t file_size, std::string_view source) {
+  return parse_header_with(text, file_size, source, /*scan_first=*/true);
+}
+
+SafetensorsHeader format::parse_header_general(std::string_view text, uint64_t file_size,
+                                               std::string_view source) {
+  return parse_header_with(text, file_size, source, /*scan_first=*/false);
 }
 
 SafetensorsHeader parse_file_header(std::span<const std::byte> file, std::string_view source) {

@@ -90,6 +90,8 @@ LoadReport match_sorted(const SafetensorsHeader& header, const StateDict& state,
     by_name = &local;
   }
   LoadReport r;
+  r.loaded.reserve(std::min(tensors.size(), state.size()));
+  if (matches) matches->reserve(r.loaded.capacity());
   auto e = state.entries().begin();
   const auto end = state.entries().end();
   for (size_t i : *by_name) {
@@ -248,6 +250,9 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
   return report;
 }
 
+// Headers from this size on are read into huge-page memory.
+constexpr uint64_t kLargeHeaderBytes = uint64_t{1} << 20;
+
 // Reads and validates the header through `read_at`, then loads the tensors.
 LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& state,
                      const LoadOptions& options, const std::string& source,
@@ -260,11 +265,30 @@ LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& st
   std::array<std::byte, 8> prefix;
   read_at(0, prefix);
   uint64_t n = parse_header_length(prefix, size, source);
-  std::string bytes(8 + n, '\0');
-  std::memcpy(bytes.data(), prefix.data(), 8);
-  read_at(8, {reinterpret_cast<std::byte*>(bytes.data()) + 8, n});
-  SafetensorsHeader header = parse_header(std::string_view(bytes).substr(8), size, source);
-  return load_common(header, bytes, read_at, state, options, source, read_jobs);
+  // Fresh 4 KiB pages are slow to touch (PERF-NOTES): a header of many
+  // tensors (8 MB for 100,000) goes in huge-page memory, and is read the way
+  // the tensors are, directly when they are, which skips filling the page
+  // cache.
+  std::string small;
+  format::HugeBuffer large;
+  std::byte* bytes;
+  if (8 + n >= kLargeHeaderBytes) {
+    large = format::HugeBuffer(8 + n);
+    bytes = large.data();
+  } else {
+    small.assign(8 + n, '\0');
+    bytes = reinterpret_cast<std::byte*>(small.data());
+  }
+  std::memcpy(bytes, prefix.data(), 8);
+  const std::span<std::byte> text{bytes + 8, n};
+  if (read_jobs) {
+    read_jobs({{8, text}});
+  } else {
+    read_at(8, text);
+  }
+  const std::string_view header_bytes(reinterpret_cast<const char*>(bytes), 8 + n);
+  SafetensorsHeader header = parse_header(header_bytes.substr(8), size, source);
+  return load_common(header, header_bytes, read_at, state, options, source, read_jobs);
 }
 
 LoadReport load_local(const std::filesystem::path& path, StateDict& state,
