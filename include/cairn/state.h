@@ -23,7 +23,9 @@
 // kCorruption; a StateDict that does not match a file is kInvalidArgument
 // listing every missing, unexpected and mismatched tensor.
 //
-// Thread-safety: a StateDict is a plain value (not synchronized). A
+// Thread-safety: a StateDict is a plain value (not synchronized); copies are
+// independent values, which may be used from different threads although
+// they share their entries until one changes (see entries()). A
 // MappedState may be read from many threads; copies share one mapping.
 #pragma once
 
@@ -99,8 +101,8 @@ class StateDict {
   void add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
                   std::shared_ptr<void> owner, bool writable);
 
-  bool contains(std::string_view name) const { return entries_.find(name) != entries_.end(); }
-  size_t size() const { return entries_.size(); }
+  bool contains(std::string_view name) const { return entries().contains(name); }
+  size_t size() const { return entries().size(); }
   void remove(std::string_view name);
   // Sorted names.
   std::vector<std::string> names() const;
@@ -109,7 +111,18 @@ class StateDict {
   TensorView view(std::string_view name) const { return entry(name).view(); }
   // kFailedPrecondition naming the tensor if the entry is read-only.
   std::span<std::byte> mutable_bytes(std::string_view name) const;
-  const std::map<std::string, Entry, std::less<>>& entries() const { return entries_; }
+  using Entries = std::map<std::string, Entry, std::less<>>;
+  // Copies of a StateDict share their entries until one of them adds or
+  // removes one, which first gives that copy entries of its own (copy on
+  // write): a copy costs O(1), however many tensors it has.
+  const Entries& entries() const { return shared_ ? shared_->entries : empty_entries(); }
+  // Names the entries as they are: every add or remove gives a version never
+  // given before in the process, and copies keep it until they change. So
+  // two StateDicts of equal versions have the same names, dtypes, shapes and
+  // buffers, which lets work done for one serve the other (an AsyncSaver
+  // reuses the last save's layout without comparing every tensor). 0 when
+  // no entry was ever added.
+  uint64_t entries_version() const { return shared_ ? shared_->version : 0; }
   // Sum of every entry's bytes.
   uint64_t total_bytes() const;
 
@@ -120,7 +133,16 @@ class StateDict {
   std::map<std::string, std::string> string_metadata;
 
  private:
-  std::map<std::string, Entry, std::less<>> entries_;
+  struct Shared {
+    Entries entries;
+    uint64_t version = 0;
+  };
+  // The entries to change, made this copy's own first if they are shared,
+  // under a new version.
+  Entries& own_entries();
+  static const Entries& empty_entries();
+
+  std::shared_ptr<Shared> shared_;
 };
 
 // The descriptors and "__metadata__" a save of `state` writes (pure).

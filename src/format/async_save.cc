@@ -146,9 +146,9 @@ struct AsyncSaver::Impl {
   };
 
   AsyncSaveOptions options;
-  std::mutex call_mu;                       // serializes the public calls
-  std::unique_ptr<FileLayout> last_layout;  // of the last save(); call_mu guards it
-  std::mutex mu;                            // guards everything below
+  std::mutex call_mu;     // serializes the public calls
+  format::SavePlan plan;  // of the last save(); call_mu guards it
+  std::mutex mu;          // guards everything below
   std::condition_variable cv;
   std::deque<Job> queue;
   bool running_job = false;
@@ -369,11 +369,10 @@ struct AsyncSaver::Impl {
       }
     }
     // A training loop saves the same tensors again and again: the last
-    // save's layout serves again, with the new metadata.
-    format::update_layout(last_layout, state);
-    const FileLayout& layout = *last_layout;
-    auto pieces = format::file_pieces(layout, state);
-    const uint64_t size = layout.parsed.file_size();
+    // save's plan serves again, with the new metadata.
+    format::update_plan(plan, state);
+    const std::vector<format::Piece>& pieces = plan.pieces;
+    const uint64_t size = plan.layout->parsed.file_size();
 
     size_t slot = 0;
     bool extra = false;  // taken beyond max_in_flight (kExtraBuffer)

@@ -251,21 +251,32 @@ void HugeBuffer::release() {
 }
 
 void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, unsigned threads) {
-  constexpr size_t kChunk = size_t{32} << 20;
-  std::vector<Piece> chunks;
+  // Jobs of about kChunk bytes: a large piece is split, small neighbours go
+  // together, so 100,000 small tensors are not 100,000 jobs.
+  constexpr size_t kChunk = size_t{8} << 20;
+  std::vector<Piece> parts;
+  parts.reserve(pieces.size());
+  std::vector<size_t> job_end;  // job j copies parts [job_end[j - 1], job_end[j])
+  size_t in_job = 0;
   for (const auto& p : pieces) {
-    for (size_t off = 0; off < p.data.size(); off += kChunk) {
-      chunks.push_back(
-          {p.offset + off, p.data.subspan(off, std::min(kChunk, p.data.size() - off))});
-    }
-  }
-  for (const auto& c : chunks) {
-    if (c.offset + c.data.size() > dest.size()) {
+    if (p.offset > dest.size() || p.data.size() > dest.size() - p.offset) {
       throw Error(ErrorCode::kInternal, "staging buffer smaller than the file image");
     }
+    for (size_t off = 0; off < p.data.size(); off += kChunk) {
+      const size_t n = std::min(kChunk, p.data.size() - off);
+      parts.push_back({p.offset + off, p.data.subspan(off, n)});
+      in_job += n;
+      if (in_job >= kChunk) {
+        job_end.push_back(parts.size());
+        in_job = 0;
+      }
+    }
   }
-  run_parallel(chunks.size(), threads, [&](size_t i) {
-    std::memcpy(dest.data() + chunks[i].offset, chunks[i].data.data(), chunks[i].data.size());
+  if (job_end.empty() || job_end.back() != parts.size()) job_end.push_back(parts.size());
+  run_parallel(job_end.size(), threads, [&](size_t j) {
+    for (size_t i = j == 0 ? 0 : job_end[j - 1]; i < job_end[j]; ++i) {
+      std::memcpy(dest.data() + parts[i].offset, parts[i].data.data(), parts[i].data.size());
+    }
   });
 }
 

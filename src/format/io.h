@@ -33,16 +33,25 @@ struct Piece {
 };
 
 // The pieces of a safetensors file for `state` laid out as `layout` (from
-// layout_state or update_layout of that state): the header, then each
-// tensor in data order. kInternal if the layout is of other tensors.
+// layout_state or update_plan of that state): the header, then each tensor
+// in data order. kInternal if the layout is of other tensors.
 std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state);
 
-// Makes `layout` the layout of `state` (what layout_state() returns). A
-// layout of the same names, dtypes and shapes, typically the last save's, is
-// kept and only its metadata rewritten: O(n) comparisons and no allocation
-// per tensor, where laying out 100,000 tensors anew takes about 0.1 s.
-// Throws as layout_state() does, leaving `layout` as it was.
-void update_layout(std::unique_ptr<FileLayout>& layout, const StateDict& state);
+// What a save of a state writes, kept from one save to the next: a training
+// loop saves the same tensors again and again, with new metadata.
+struct SavePlan {
+  std::unique_ptr<FileLayout> layout;  // layout_state() of the state
+  std::vector<Piece> pieces;           // file_pieces() of that layout and state
+  uint64_t entries_version = 0;        // StateDict::entries_version() of the state
+};
+
+// Makes `plan` the plan of `state`. A state of the entries version the plan
+// was made for (an unchanged copy of the same StateDict) costs O(1) besides
+// rewriting the metadata; one with the same names, dtypes and shapes keeps
+// the layout and remakes the pieces, O(n) comparisons; anything else is
+// laid out anew (about 0.1 s for 100,000 tensors). Throws as layout_state()
+// does, leaving `plan` as it was.
+void update_plan(SavePlan& plan, const StateDict& state);
 
 using WriteAt = std::function<void(uint64_t offset, std::span<const std::byte> data)>;
 using ReadAt = std::function<void(uint64_t offset, std::span<std::byte> out)>;

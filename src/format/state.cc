@@ -348,14 +348,14 @@ void check_view_cast(const TensorView& view, DType want, size_t align) {
 void StateDict::add(std::string name, DType dtype, Shape shape, std::span<const std::byte> bytes) {
   check_entry(name, dtype, shape, bytes.size());
   Entry e{dtype, std::move(shape), const_cast<std::byte*>(bytes.data()), bytes.size(), false, {}};
-  entries_.insert_or_assign(std::move(name), std::move(e));
+  own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::add_mutable(std::string name, DType dtype, Shape shape,
                             std::span<std::byte> bytes) {
   check_entry(name, dtype, shape, bytes.size());
   Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), true, {}};
-  entries_.insert_or_assign(std::move(name), std::move(e));
+  own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::add_owned(std::string name, DType dtype, Shape shape,
@@ -363,31 +363,53 @@ void StateDict::add_owned(std::string name, DType dtype, Shape shape,
   check_entry(name, dtype, shape, bytes.size());
   auto owned = std::make_shared<std::vector<std::byte>>(std::move(bytes));
   Entry e{dtype, std::move(shape), owned->data(), owned->size(), true, owned};
-  entries_.insert_or_assign(std::move(name), std::move(e));
+  own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
                            std::shared_ptr<void> owner, bool writable) {
   check_entry(name, dtype, shape, bytes.size());
   Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), writable, std::move(owner)};
-  entries_.insert_or_assign(std::move(name), std::move(e));
+  own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::remove(std::string_view name) {
-  auto it = entries_.find(name);
-  if (it != entries_.end()) entries_.erase(it);
+  if (!contains(name)) return;
+  Entries& entries = own_entries();
+  entries.erase(entries.find(name));
+}
+
+StateDict::Entries& StateDict::own_entries() {
+  static std::atomic<uint64_t> last_version{0};
+  if (!shared_) {
+    shared_ = std::make_shared<Shared>();
+  } else if (shared_.use_count() > 1) {
+    shared_ = std::make_shared<Shared>(*shared_);
+  } else {
+    // The last other owner may have just let go on another thread: its
+    // reads of the entries happen before the writes that follow (use_count()
+    // reads the count relaxed; its release decrement pairs with this fence).
+    std::atomic_thread_fence(std::memory_order_acquire);
+  }
+  shared_->version = last_version.fetch_add(1, std::memory_order_relaxed) + 1;
+  return shared_->entries;
+}
+
+const StateDict::Entries& StateDict::empty_entries() {
+  static const Entries empty;
+  return empty;
 }
 
 std::vector<std::string> StateDict::names() const {
   std::vector<std::string> out;
-  out.reserve(entries_.size());
-  for (const auto& [k, v] : entries_) out.push_back(k);
+  out.reserve(size());
+  for (const auto& [k, v] : entries()) out.push_back(k);
   return out;
 }
 
 const StateDict::Entry& StateDict::entry(std::string_view name) const {
-  auto it = entries_.find(name);
-  if (it == entries_.end()) {
+  auto it = entries().find(name);
+  if (it == entries().end()) {
     throw Error(ErrorCode::kNotFound, fmt::format("tensor \"{}\" is not in the state", name));
   }
   return it->second;
@@ -405,7 +427,7 @@ std::span<std::byte> StateDict::mutable_bytes(std::string_view name) const {
 
 uint64_t StateDict::total_bytes() const {
   uint64_t n = 0;
-  for (const auto& [k, e] : entries_) n += e.nbytes;
+  for (const auto& [k, e] : entries()) n += e.nbytes;
   return n;
 }
 
@@ -444,7 +466,21 @@ FileLayout layout_state(const StateDict& state) {
   return layout_file(std::move(descriptors), meta);
 }
 
-void format::update_layout(std::unique_ptr<FileLayout>& layout, const StateDict& state) {
+void format::update_plan(SavePlan& plan, const StateDict& state) {
+  std::unique_ptr<FileLayout>& layout = plan.layout;
+  if (layout && state.entries_version() == plan.entries_version) {
+    const uint64_t old_start = layout->parsed.data_start();
+    set_layout_metadata(*layout, header_metadata(state));
+    // The header may have moved in memory and changed size in the file.
+    plan.pieces[0] = {0, as_bytes(layout->header)};
+    const uint64_t start = layout->parsed.data_start();
+    if (start != old_start) {
+      for (size_t i = 1; i < plan.pieces.size(); ++i) {
+        plan.pieces[i].offset = plan.pieces[i].offset - old_start + start;
+      }
+    }
+    return;
+  }
   auto same_tensors = [&] {
     const std::vector<TensorInfo>& tensors = layout->parsed.tensors;
     const std::vector<size_t>& by_name = layout->parsed.by_name;
@@ -464,6 +500,8 @@ void format::update_layout(std::unique_ptr<FileLayout>& layout, const StateDict&
   } else {
     layout = std::make_unique<FileLayout>(layout_state(state));
   }
+  plan.pieces = file_pieces(*layout, state);
+  plan.entries_version = state.entries_version();
 }
 
 // ---- saving ----

@@ -196,6 +196,31 @@ TEST_F(AsyncSaveTest, EverySaveHoldsItsOwnStateWhetherTheTensorsChangedOrOnlyThe
   EXPECT_EQ(std::memcmp(fourth.tensor("b").bytes.data(), b.data(), 24), 0);
 }
 
+// A tensor given new memory under the same name, dtype and shape keeps the
+// layout but must be saved from its new bytes; copies of an unchanged state
+// (what a manager saves) reuse the whole plan and still save current bytes.
+TEST_F(AsyncSaveTest, ASaveReadsTheBuffersTheStateViewsNowNotThoseOfTheLastSave) {
+  AsyncSaver saver;
+  auto save = [&](const StateDict& s, const std::string& name) {
+    auto cp = Checkpoint::from_directory("memory://async/" + name);
+    saver.save(s, cp).wait();
+    return MappedState::open(cp.storage(), kStateFileName);
+  };
+  StateDict s = state();
+  auto first = save(s, "a");
+  std::vector<float> moved(1000, 7.0f);
+  s.add<float>("w", {1000}, moved);
+  auto second = save(s, "b");
+  std::fill(moved.begin(), moved.end(), 8.0f);
+  StateDict copy = s;
+  copy.metadata["step"] = 3;
+  auto third = save(copy, "c");
+  EXPECT_EQ(first.tensor("w").as<float>()[0], 1.0f);
+  EXPECT_EQ(second.tensor("w").as<float>()[999], 7.0f);
+  EXPECT_EQ(third.tensor("w").as<float>()[999], 8.0f);
+  EXPECT_EQ(third.metadata()["step"], 3);
+}
+
 TEST_F(AsyncSaveTest, ManagerSavesCommitInOrderAndApplyRetention) {
   CheckpointConfig config;
   config.num_to_keep = 2;

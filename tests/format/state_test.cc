@@ -70,6 +70,48 @@ TEST(StateDict, RefusesBytesThatDoNotMatchDtypeAndShape) {
   EXPECT_THROW(s.entry("nope"), Error);
 }
 
+// Copies share their entries until one changes (copy on write): each is
+// still an independent value, and the version says when entries are the same.
+TEST(StateDict, CopiesAreIndependentAndShareAVersionUntilOneChanges) {
+  std::vector<float> a(4, 1.0f), b(2, 2.0f);
+  StateDict s;
+  EXPECT_EQ(s.entries_version(), 0u);
+  s.add<float>("a", {4}, a);
+  const uint64_t v1 = s.entries_version();
+  EXPECT_NE(v1, 0u);
+  StateDict copy = s;
+  EXPECT_EQ(copy.entries_version(), v1);
+  EXPECT_EQ(&copy.entries(), &s.entries()) << "a copy shares the entries";
+
+  copy.add<float>("b", {2}, b);
+  EXPECT_NE(copy.entries_version(), v1);
+  EXPECT_EQ(s.entries_version(), v1);
+  EXPECT_EQ(s.names(), (std::vector<std::string>{"a"}));
+  EXPECT_EQ(copy.names(), (std::vector<std::string>{"a", "b"}));
+
+  s.remove("a");
+  EXPECT_TRUE(copy.contains("a"));
+  EXPECT_FALSE(s.contains("a"));
+  const uint64_t v2 = s.entries_version();
+  EXPECT_NE(v2, v1);
+  EXPECT_NE(v2, copy.entries_version());
+  s.remove("absent");
+  EXPECT_EQ(s.entries_version(), v2) << "removing nothing changes nothing";
+
+  // Re-adding the same name, dtype and shape over other memory is a change.
+  std::vector<float> c(2, 5.0f);
+  StateDict again = copy;
+  again.add<float>("b", {2}, c);
+  EXPECT_NE(again.entries_version(), copy.entries_version());
+  EXPECT_EQ(copy.entry("b").data, reinterpret_cast<std::byte*>(b.data()));
+
+  // A moved-from StateDict is empty, never "the same" as its successor.
+  StateDict moved = std::move(again);
+  EXPECT_EQ(again.size(), 0u);  // NOLINT(bugprone-use-after-move): valid, empty
+  EXPECT_EQ(again.entries_version(), 0u);
+  EXPECT_EQ(moved.size(), 2u);
+}
+
 TEST(SaveFile, RoundTripsTensorsAndMetadataThroughACopyingLoad) {
   TempDir dir;
   Source src;
