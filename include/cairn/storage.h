@@ -153,6 +153,15 @@ class Storage {
   virtual std::vector<ObjectInfo> list_with_incomplete(std::string_view prefix,
                                                        std::vector<std::string>& incomplete);
 
+  // What lies directly in the folder `prefix` ("": the root), sorted: the
+  // name of each object there, and the name of each folder there followed by
+  // '/', for folders that hold objects or incomplete writes and (file
+  // systems) empty ones. Incomplete writes directly in the folder are not
+  // names. The default derives this from list_with_incomplete(); the file
+  // backend reads the one directory, so finding the experiments under a root
+  // does not walk every checkpoint.
+  virtual std::vector<std::string> list_names(std::string_view prefix);
+
   // Whether the backend has the store check every upload's bytes against a
   // digest Cairn computed from them (S3: Content-MD5), so that reading an
   // object back right after writing it proves nothing more.

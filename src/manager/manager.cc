@@ -590,31 +590,25 @@ std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecor
 
 std::vector<std::string> find_experiments(std::string_view uri) {
   auto storage = open_storage(uri);
-  std::set<std::string> found;
-  auto is_marker = [](std::string_view part, bool is_folder) {
-    return (part == kStateKey && !is_folder) || (part == history::kLogPrefix && is_folder) ||
-           (is_folder && parse_checkpoint_name(part));
+  // What only an experiment holds: its history, its log folder, checkpoint
+  // folders. list_names() ends folder names with '/'.
+  auto is_marker = [](std::string_view name) {
+    const bool folder = !name.empty() && name.back() == '/';
+    if (folder) name.remove_suffix(1);
+    return folder ? name == history::kLogPrefix || parse_checkpoint_name(name).has_value()
+                  : name == kStateKey;
   };
-  // `leaf_is_folder`: an incomplete write's id may name an empty folder.
-  auto consider = [&](const std::string& key, bool leaf_is_folder) {
-    size_t s1 = key.find('/');
-    std::string_view first = std::string_view(key).substr(0, s1);
-    if (is_marker(first, s1 != std::string::npos || leaf_is_folder)) {
-      found.insert("");
-      return;
-    }
-    if (s1 == std::string::npos) return;
-    size_t s2 = key.find('/', s1 + 1);
-    std::string_view second = std::string_view(key).substr(
-        s1 + 1, s2 == std::string::npos ? std::string::npos : s2 - s1 - 1);
-    if (is_marker(second, s2 != std::string::npos || leaf_is_folder)) {
-      found.insert(std::string(first));
-    }
-  };
-  std::vector<std::string> incomplete;
-  for (const auto& o : storage->list_with_incomplete("", incomplete)) consider(o.key, false);
-  for (const auto& id : incomplete) consider(id, true);
-  return {found.begin(), found.end()};
+  std::vector<std::string> found;
+  const std::vector<std::string> top = storage->list_names("");
+  if (std::any_of(top.begin(), top.end(), is_marker)) found.emplace_back();
+  // Experiments one level down; a marker folder is part of the root's.
+  for (const auto& name : top) {
+    if (name.back() != '/' || is_marker(name)) continue;
+    const std::string folder = name.substr(0, name.size() - 1);
+    const std::vector<std::string> inner = storage->list_names(folder);
+    if (std::any_of(inner.begin(), inner.end(), is_marker)) found.push_back(folder);
+  }
+  return found;
 }
 
 GcReport collect_garbage(std::string_view uri, bool dry_run) {

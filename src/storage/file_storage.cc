@@ -28,6 +28,7 @@
 //
 // Locks are flock(2) on the lock file: the kernel releases them when the
 // holder dies, even by SIGKILL.
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -38,6 +39,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 
@@ -317,6 +319,27 @@ class FileStorage final : public Storage {
     return out;
   }
 
+  std::vector<std::string> list_names(std::string_view prefix) override {
+    const fs::path dir = prefix.empty() ? root_ : path_of(prefix);
+    int fd = open_folder(dir, prefix);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};
+      throw errno_error(errno, "list", uri_of(prefix));
+    }
+    std::vector<std::string> out;
+    for_each_entry(UniqueFd(fd), prefix, [&](int dfd, const char* name, const struct stat& st) {
+      if (S_ISDIR(st.st_mode)) {
+        out.push_back(std::string(name) + '/');
+        return;
+      }
+      struct stat target = st;
+      if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &target, 0) != 0) return;  // dangling
+      if (S_ISREG(target.st_mode) && !is_temp_name(name)) out.emplace_back(name);
+    });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   void remove(std::string_view key) override {
     fs::path p = path_of(key);
     if (::unlink(p.c_str()) != 0) {
@@ -412,7 +435,13 @@ class FileStorage final : public Storage {
     return root_ / std::string(key);
   }
 
+  // Throws kCorruption if the real path of `p` (the path of `key`, or its
+  // parent) leaves the real path of the root.
   void check_confined(const fs::path& p, std::string_view key) const {
+    // Keys have no ".." (validate_key), so only a symbolic link below the
+    // root can lead out of it. Looking for one costs a stat per component,
+    // where resolving both real paths cost a dozen lookups of whole paths.
+    if (!link_below_root(key)) return;
     fs::path real_root = real_path_prefix(root_);
     fs::path real = real_path_prefix(p);
     if (!is_below(real, real_root)) {
@@ -420,6 +449,24 @@ class FileStorage final : public Storage {
                   fmt::format("{}: a symbolic link leads outside {} (to {})", uri_of(key), uri(),
                               real.string()));
     }
+  }
+
+  // Whether a component of `key` below the root may be a symbolic link:
+  // false when each exists and is none, or the rest does not exist yet.
+  bool link_below_root(std::string_view key) const {
+    std::string path = root_.native();
+    size_t start = 0;
+    while (start < key.size()) {
+      size_t end = key.find('/', start);
+      if (end == std::string_view::npos) end = key.size();
+      path += '/';
+      path += key.substr(start, end - start);
+      struct stat st;
+      if (::lstat(path.c_str(), &st) != 0) return errno != ENOENT;  // unsure: check the slow way
+      if (S_ISLNK(st.st_mode)) return true;
+      start = end + 1;
+    }
+    return false;
   }
 
   enum class Entry { kObject, kTemp, kEmptyDir };
@@ -430,51 +477,86 @@ class FileStorage final : public Storage {
   template <typename Fn>
   void walk(std::string_view prefix, Fn&& fn) {
     fs::path start = prefix.empty() ? root_ : path_of(prefix);
-    struct stat st;
-    if (::lstat(start.c_str(), &st) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return;
+    int fd = open_folder(start, prefix);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return;
       throw errno_error(errno, "list", uri_of(prefix));
     }
-    if (!S_ISDIR(st.st_mode)) return;
-    std::error_code ec;
-    fs::recursive_directory_iterator it(start, fs::directory_options::none, ec), end;
-    if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
-    // Keys are the paths below root_; cutting the prefix off the string is
-    // much cheaper than lexically_relative on listings of many thousand files.
+    // Keys are the paths below root_.
     const std::string& root = root_.native();
-    const size_t cut = root.size() + (root.empty() || root.back() != '/' ? 1 : 0);
-    auto key_of = [&](const fs::path& p) {
-      const std::string& n = p.native();
-      if (n.size() > cut && n.compare(0, root.size(), root) == 0) return n.substr(cut);
-      return p.lexically_relative(root_).generic_string();
-    };
-    // The iteration is depth-first in pre-order, so a directory's entries
-    // come right after it: a directory is empty when the next entry is not
-    // inside it. This spares opening every directory a second time.
-    std::optional<fs::path> open_dir;  // the last directory seen, no entry yet
-    struct stat open_dir_st {};
-    auto close_dir = [&](const fs::path* next) {
-      if (!open_dir) return;
-      if (!next || next->parent_path() != *open_dir)
-        fn(key_of(*open_dir), open_dir_st, Entry::kEmptyDir);
-      open_dir.reset();
-    };
-    for (; it != end; it.increment(ec)) {
-      if (ec) throw errno_error(ec.value(), "list", uri_of(prefix));
-      const fs::path& p = it->path();
-      close_dir(&p);
-      struct stat est;
-      if (::lstat(p.c_str(), &est) != 0) continue;  // ignore-error: racing removal
-      if (S_ISDIR(est.st_mode)) {
-        open_dir = p;
-        open_dir_st = est;
-        continue;
-      }
-      if (S_ISLNK(est.st_mode) && ::stat(p.c_str(), &est) != 0) continue;  // dangling link
-      if (!S_ISREG(est.st_mode)) continue;
-      fn(key_of(p), est, is_temp_name(p.filename().string()) ? Entry::kTemp : Entry::kObject);
+    const std::string& path = start.native();
+    std::string key;
+    if (path.size() > root.size() && path.compare(0, root.size(), root) == 0) {
+      key = path.substr(root.size() + (root.back() == '/' ? 0 : 1));
+    } else if (path != root) {
+      key = start.lexically_relative(root_).generic_string();
     }
-    close_dir(nullptr);
+    walk_dir(UniqueFd(fd), key, prefix, fn);
+  }
+
+  // Opens the folder `dir` of `prefix` for listing. The root may be a
+  // symbolic link (the user chose it); folders below it are not followed,
+  // as no walk follows them.
+  static int open_folder(const fs::path& dir, std::string_view prefix) {
+    return ::open(dir.c_str(),
+                  O_RDONLY | O_DIRECTORY | O_CLOEXEC | (prefix.empty() ? 0 : O_NOFOLLOW));
+  }
+
+  // Calls fn(dir_fd, name, lstat) for every entry of the open directory
+  // `dir` but "." and "..", looked up relative to it (fstatat), so a listing
+  // of many thousand files never resolves a full path. An entry removed while
+  // the listing runs is skipped. Returns whether the directory had any entry.
+  template <typename Fn>
+  bool for_each_entry(UniqueFd dir, std::string_view prefix, Fn&& fn) {
+    DIR* d = ::fdopendir(dir.get());
+    if (!d) throw errno_error(errno, "list", uri_of(prefix));
+    const int dfd = dir.release();  // closedir() closes it
+    struct Closer {
+      DIR* d;
+      ~Closer() { ::closedir(d); }
+    } closer{d};
+    bool any = false;
+    for (;;) {
+      errno = 0;
+      const struct dirent* e = ::readdir(d);
+      if (!e) {
+        if (errno != 0) throw errno_error(errno, "list", uri_of(prefix));
+        return any;
+      }
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      any = true;
+      struct stat st;
+      if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;
+        throw errno_error(errno, "list", uri_of(join_key(prefix, e->d_name)));
+      }
+      fn(dfd, e->d_name, st);
+    }
+  }
+
+  // walk() below the open directory `dir`, whose key is `key`. Returns
+  // whether the directory had any entry.
+  template <typename Fn>
+  bool walk_dir(UniqueFd dir, const std::string& key, std::string_view prefix, Fn& fn) {
+    return for_each_entry(
+        std::move(dir), prefix, [&](int dfd, const char* name, const struct stat& entry) {
+          const std::string child =
+              key.empty() ? std::string(name) : fmt::format("{}/{}", key, name);
+          struct stat st = entry;
+          if (S_ISDIR(st.st_mode)) {
+            int sub = ::openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub < 0) {
+              if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP)
+                return;  // replaced meanwhile
+              throw errno_error(errno, "list", uri_of(child));
+            }
+            if (!walk_dir(UniqueFd(sub), child, prefix, fn)) fn(child, st, Entry::kEmptyDir);
+            return;
+          }
+          if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &st, 0) != 0) return;  // dangling
+          if (!S_ISREG(st.st_mode)) return;
+          fn(child, st, is_temp_name(name) ? Entry::kTemp : Entry::kObject);
+        });
   }
 
   static std::string hostname() {

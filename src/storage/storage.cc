@@ -2,6 +2,8 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
+
+#include <set>
 #include "storage/backends.h"
 #include "util/fs.h"
 
@@ -83,6 +85,26 @@ std::vector<ObjectInfo> Storage::list_with_incomplete(std::string_view prefix,
   std::vector<ObjectInfo> out = list(prefix);
   incomplete = list_incomplete(prefix);
   return out;
+}
+
+std::vector<std::string> Storage::list_names(std::string_view prefix) {
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> objects = list_with_incomplete(prefix, incomplete);
+  const size_t cut = prefix.empty() ? 0 : prefix.size() + 1;  // "prefix/"
+  std::set<std::string> names;
+  auto add = [&](std::string_view key, bool is_object) {
+    if (key.size() <= cut) return;
+    const std::string_view rest = key.substr(cut);
+    const size_t slash = rest.find('/');
+    if (slash != std::string_view::npos) {
+      names.emplace(rest.substr(0, slash + 1));
+    } else if (is_object) {
+      names.emplace(rest);
+    }
+  };
+  for (const auto& o : objects) add(o.key, true);
+  for (const auto& id : incomplete) add(id, false);
+  return {names.begin(), names.end()};
 }
 
 void Storage::remove_prefix(std::string_view prefix) {

@@ -51,6 +51,36 @@ TEST(FileStorage, ASymlinkLeavingTheRootIsRefusedOnRead) {
   }
 }
 
+// The root may be reached through a symbolic link (a data disk linked into
+// place): listings see what lies behind it, as reads do.
+TEST(FileStorage, ARootThatIsASymbolicLinkIsListed) {
+  TempDir real, links;
+  open_storage(real.str())->put("ck/obj", "1");
+  fs::create_symlink(real.path(), links / "root");
+  auto s = open_storage((links / "root").string());
+  ASSERT_EQ(s->list("").size(), 1u);
+  EXPECT_EQ(s->list("")[0].key, "ck/obj");
+  EXPECT_EQ(s->list_names(""), (std::vector<std::string>{"ck/"}));
+  std::vector<std::string> incomplete;
+  EXPECT_EQ(s->list_with_incomplete("", incomplete).size(), 1u);
+}
+
+// One level of a directory: empty folders are folders; temp files of
+// unfinished writes and links to folders are not names.
+TEST(FileStorage, ListNamesShowsEmptyFoldersAndHidesTempFilesAndLinkedFolders) {
+  TempDir root;
+  auto s = open_storage(root.str());
+  s->put("ck/obj", "1");
+  fs::create_directories(root / "empty");
+  write_text(root / ".obj.cairn-tmp-1-a-0", "partial");
+  fs::create_directories(root / "elsewhere" / "x");
+  fs::create_directory_symlink(root / "elsewhere", root / "linked");
+  write_text(root / "file", "f");
+  fs::create_symlink(root / "file", root / "file-link");
+  EXPECT_EQ(s->list_names(""),
+            (std::vector<std::string>{"ck/", "elsewhere/", "empty/", "file", "file-link"}));
+}
+
 TEST(FileStorage, ASymlinkInsideTheRootIsFollowed) {
   TempDir root;
   write_text(root / "real", "ok");

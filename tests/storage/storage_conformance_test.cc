@@ -84,6 +84,16 @@ TEST_P(StorageConformance, ListIsByDirectoryPrefixAndSorted) {
   EXPECT_TRUE(s->list("missing").empty());
 }
 
+TEST_P(StorageConformance, ListNamesShowsOneLevelWithFoldersEndingInASlash) {
+  for (const char* k : {"b/2", "a/1", "a/sub/3", "a/sub/deeper/4", "ab/5", "top"}) s->put(k, k);
+  EXPECT_EQ(s->list_names(""), (std::vector<std::string>{"a/", "ab/", "b/", "top"}));
+  EXPECT_EQ(s->list_names("a"), (std::vector<std::string>{"1", "sub/"}));
+  EXPECT_EQ(s->list_names("a/sub"), (std::vector<std::string>{"3", "deeper/"}));
+  EXPECT_EQ(s->child("a")->list_names("sub"), (std::vector<std::string>{"3", "deeper/"}));
+  EXPECT_TRUE(s->list_names("missing").empty());
+  EXPECT_TRUE(s->list_names("top").empty()) << "an object is no folder";
+}
+
 TEST_P(StorageConformance, AnUncommittedWriteIsInvisibleAndDiscarded) {
   {
     auto w = s->open_writer("pending/obj");
