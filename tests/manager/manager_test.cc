@@ -73,6 +73,24 @@ TEST_F(ManagerTest, RegisterPersistsACommittedCopyUnderANumberedName) {
   EXPECT_EQ(m.register_checkpoint({}, src).name, "checkpoint_000001");
 }
 
+// An experiment reached through a symbolic link (a data disk linked into
+// place) reopens with its history: the scan sees the checkpoints behind the
+// link, so none is taken for deleted and the latest one is resumed.
+TEST_F(ManagerTest, AnExperimentBehindASymbolicLinkReopensWithItsHistory) {
+  TempDir real, links;
+  fs::create_directory_symlink(real.path(), links / "exp");
+  const std::string path = (links / "exp").string();
+  {
+    CheckpointManager m(path, {}, quiet());
+    for (int i = 0; i < 3; ++i) m.register_checkpoint({{"i", i}}, source("s", "x"));
+  }
+  CheckpointManager again(path, {}, quiet());
+  EXPECT_EQ(indices(again.history()), (std::vector<uint64_t>{0, 1, 2}));
+  ASSERT_TRUE(again.latest());
+  EXPECT_EQ(again.latest()->metrics["i"], 2);
+  EXPECT_TRUE(warnings.empty());
+}
+
 TEST_F(ManagerTest, KeepsEveryCheckpointByDefault) {
   CheckpointManager m(uri, {}, quiet());
   for (int i = 0; i < 5; ++i) m.register_checkpoint({{"i", i}}, source("s", "x"));
