@@ -200,6 +200,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.many_tensors = std::stoull(value());
     } else if (a == "--disk-rounds") {
       o.disk_rounds = true;
+    } else if (a == "--idle-s") {
+      o.idle_s = std::stod(value());
     } else if (a == "--reshard") {
       o.reshard = true;
     } else {
@@ -207,7 +209,7 @@ Options parse_options(int argc, char** argv, const char* usage) {
       std::exit(2);
     }
   }
-  if (o.runs < 1 || o.size_mib < 1) {
+  if (o.runs < 1 || o.size_mib < 1 || o.idle_s < 0) {
     std::cerr << usage;
     std::exit(2);
   }

@@ -118,6 +118,10 @@ struct Options {
   // --disk-rounds: manager saves and cold loads against fio inside every
   // round (disk_rounds.h; cairn_bench only; --runs is the number of rounds).
   bool disk_rounds = false;
+  // --idle-s S: in disk rounds, let the machine idle S seconds after each
+  // cache drop, before each cold read (fio's and Cairn's alike), so that the
+  // memory freed by the drop has gone back to the host (PERF-NOTES).
+  double idle_s = 0;
   // --reshard: bytes read by a 2 -> 4 rank re-shard (reshard.h).
   bool reshard = false;
 };

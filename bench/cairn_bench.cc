@@ -443,7 +443,8 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n"
       "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n"
-      "       cairn_bench --disk-rounds --size-mib N [--runs N] [--dir DIR] [--out FILE]\n"
+      "       cairn_bench --disk-rounds --size-mib N [--runs N] [--idle-s S] [--dir DIR]\n"
+      "                   [--out FILE]\n"
       "       cairn_bench --reshard --size-mib N [--dir DIR] [--out FILE]\n";
   cb::Options opts = cb::parse_options(argc, argv, usage);
   try {

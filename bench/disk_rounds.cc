@@ -4,11 +4,13 @@
 #include "disk_rounds.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -87,6 +89,11 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
   std::map<std::string, std::vector<double>> seconds;  // name -> per round
   std::string cache_drop;
   std::string load_path;
+  // A cold read: the page cache dropped, then (--idle-s) the machine idle.
+  auto cold = [&](const fs::path& file) {
+    cache_drop = drop_caches({file});
+    if (opts.idle_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(opts.idle_s));
+  };
   auto timed = [&](const std::string& name, const std::function<void()>& fn) {
     sync_all();
     const double t0 = now_seconds();
@@ -110,19 +117,19 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
     timed("cairn.manager_save_buffered",
           [&] { buffered_record = buffered_mgr.save(state, round); });
 
-    cache_drop = drop_caches({fio_file});
+    cold(fio_file);
     seconds["fio.read_direct"].push_back(
         run_fio(concat(fio_args(fio_file, bytes, true), {"--rw=read"}), "read"));
-    cache_drop = drop_caches({fio_file});
+    cold(fio_file);
     seconds["fio.read_buffered"].push_back(
         run_fio(concat(fio_args(fio_file, bytes, false), {"--rw=read", "--invalidate=1"}), "read"));
 
     const fs::path file = state_file(*direct_record);
     IoReport load_report;
-    cache_drop = drop_caches({file});
+    cold(file);
     timed("cairn.cold_load", [&] { load_into(file, target, {.report = &load_report}); });
     if (!same()) throw std::runtime_error("disk rounds: the direct load read different bytes");
-    cache_drop = drop_caches({file});
+    cold(file);
     timed("cairn.cold_load_buffered", [&] { load_into(file, target, {.io = IoPath::kBuffered}); });
     if (!same()) throw std::runtime_error("disk rounds: the buffered load read different bytes");
     load_path = load_report.path == IoPath::kDirect ? "direct" : "buffered: " + load_report.reason;
@@ -147,6 +154,7 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
   out["bytes"] = bytes;
   out["rounds"] = opts.runs;
   out["cache_drop"] = cache_drop;
+  out["idle_s"] = opts.idle_s;
   out["load_path"] = load_path;
   for (const auto& [name, s] : seconds) {
     std::vector<double> gbps;
