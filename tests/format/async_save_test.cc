@@ -70,6 +70,12 @@ class AsyncSaveTest : public ::testing::Test {
     s.metadata = {{"epoch", 1}};
     return s;
   }
+  // Saves `s` into memory://async/<name> with `saver`, waits, and maps it.
+  static MappedState save_and_map(AsyncSaver& saver, const StateDict& s, const std::string& name) {
+    auto cp = Checkpoint::from_directory("memory://async/" + name);
+    saver.save(s, cp).wait();
+    return MappedState::open(cp.storage(), kStateFileName);
+  }
   std::vector<float> load(const Checkpoint& cp) {
     std::vector<float> out(1000);
     StateDict t;
@@ -164,9 +170,7 @@ TEST_F(AsyncSaveTest, EverySaveHoldsItsOwnStateWhetherTheTensorsChangedOrOnlyThe
   AsyncSaver saver;
   std::vector<float> b(6, 3.0f);
   auto save = [&](const StateDict& s, const std::string& name) {
-    auto cp = Checkpoint::from_directory("memory://async/" + name);
-    saver.save(s, cp).wait();
-    return MappedState::open(cp.storage(), kStateFileName);
+    return save_and_map(saver, s, name);
   };
   StateDict s = state();
   auto first = save(s, "a");
@@ -202,9 +206,7 @@ TEST_F(AsyncSaveTest, EverySaveHoldsItsOwnStateWhetherTheTensorsChangedOrOnlyThe
 TEST_F(AsyncSaveTest, ASaveReadsTheBuffersTheStateViewsNowNotThoseOfTheLastSave) {
   AsyncSaver saver;
   auto save = [&](const StateDict& s, const std::string& name) {
-    auto cp = Checkpoint::from_directory("memory://async/" + name);
-    saver.save(s, cp).wait();
-    return MappedState::open(cp.storage(), kStateFileName);
+    return save_and_map(saver, s, name);
   };
   StateDict s = state();
   auto first = save(s, "a");
