@@ -1,114 +1,69 @@
-// LibTorch adapter (include/cairn/torch.h).
+// LibTorch adapter (include/cairn/torch.h): whole training state.
 //
 // Restoring works in two phases so that a mismatch changes nothing: first
 // every target tensor is paired with its file tensor and checked (dtype,
-// shape, presence both ways), collecting every problem into one error; only
-// then are bytes copied and the optimizer's state and options replaced.
+// shape, presence both ways), the optimizer's state is decoded once from
+// tensors not yet filled to check its fields and options, and every problem
+// is collected into one error; only then are bytes copied and the
+// optimizer's state and options, the scheduler and the generators replaced.
 #include "cairn/torch.h"
 
+#include <algorithm>
 #include <cstring>
-#include <map>
-#include <memory>
+#include <mutex>
 #include <set>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include <c10/util/string_utils.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "adapter_tensors.h"
 #include "cairn/error.h"
+#include "optimizer_codecs.h"
 
 namespace cairn::libtorch {
 namespace {
 
+using namespace libtorch_internal;  // NOLINT: the adapter's own internals
+
 constexpr std::string_view kTorchMetaKey = "cairn.torch";
 
-std::optional<DType> to_cairn(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat:
-      return DType::kF32;
-    case c10::kDouble:
-      return DType::kF64;
-    case c10::kHalf:
-      return DType::kF16;
-    case c10::kBFloat16:
-      return DType::kBF16;
-    case c10::kLong:
-      return DType::kI64;
-    case c10::kInt:
-      return DType::kI32;
-    case c10::kShort:
-      return DType::kI16;
-    case c10::kChar:
-      return DType::kI8;
-    case c10::kByte:
-      return DType::kU8;
-    case c10::kBool:
-      return DType::kBool;
-    default:
-      return std::nullopt;
+nlohmann::json& torch_meta(StateDict& state) {
+  nlohmann::json& tm = state.metadata[std::string(kTorchMetaKey)];
+  if (!tm.is_object()) tm = nlohmann::json::object();
+  return tm;
+}
+
+void record_names(StateDict& state, const TorchNames& names) {
+  nlohmann::json& tm = torch_meta(state);
+  tm["model_prefix"] = names.model;
+  tm["optim_prefix"] = names.optim;
+  tm["rng_prefix"] = names.rng;
+}
+
+// A scheduler's step count is protected; a derived type may name it.
+struct SchedulerAccess : torch::optim::LRScheduler {
+  static unsigned& step_count(torch::optim::LRScheduler& s) {
+    return s.*(&SchedulerAccess::step_count_);
   }
-}
+};
 
-Shape shape_of(const torch::Tensor& t) {
-  Shape s;
-  for (int64_t d : t.sizes()) s.push_back(static_cast<uint64_t>(d));
-  return s;
-}
-
-std::string shape_str(DType dtype, const Shape& shape) {
-  std::ostringstream o;
-  o << dtype_name(dtype) << "[";
-  for (size_t i = 0; i < shape.size(); ++i) o << (i ? ", " : "") << shape[i];
-  o << "]";
-  return o.str();
-}
-
-std::string join(std::string_view prefix, std::string_view name) {
-  return std::string(prefix) + "." + std::string(name);
-}
-
-// The state key LibTorch's Adam uses for a parameter (adam.cpp).
-std::string adam_key(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
-
-void check_cpu(const torch::Tensor& t, const std::string& name) {
-  if (!t.defined()) throw Error(ErrorCode::kInvalidArgument, name + ": tensor is undefined");
-  if (!t.device().is_cpu()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                name + ": tensor is on " + t.device().str() + "; only CPU tensors are supported");
-  }
-  if (!to_cairn(t.scalar_type())) {
-    throw Error(ErrorCode::kInvalidArgument, name + ": dtype " +
-                                                 std::string(c10::toString(t.scalar_type())) +
-                                                 " has no safetensors equivalent");
-  }
-}
-
-// Adds `t` as a writable entry viewing its memory (or a contiguous copy kept
-// alive by the entry).
-void add_tensor(StateDict& state, const std::string& name, const torch::Tensor& t) {
-  check_cpu(t, name);
-  torch::Tensor c = t.is_contiguous() ? t : t.contiguous();
-  auto* data = static_cast<std::byte*>(c.data_ptr());
-  std::span<std::byte> bytes(data, static_cast<size_t>(c.numel()) * c.element_size());
-  // The entry shares ownership of the storage, so it stays valid even if the
-  // module drops the tensor.
-  auto owner = std::make_shared<torch::Tensor>(c);
-  state.add_shared(name, *to_cairn(c.scalar_type()), shape_of(c), bytes, owner, true);
-}
-
-// Every parameter and buffer of a module, with its dotted name.
-std::vector<std::pair<std::string, torch::Tensor>> module_tensors(const torch::nn::Module& m) {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : m.named_buffers(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
+// The default generators whose state add_rng() saves, with their entry
+// names: the CPU's, then each CUDA device's when CUDA is available.
+std::vector<std::pair<std::string, at::Generator>> generators(const TorchNames& names) {
+  std::vector<std::pair<std::string, at::Generator>> out;
+  out.emplace_back(join(names.rng, "cpu"), at::detail::getDefaultCPUGenerator());
+  if (torch::cuda::is_available()) {
+    const auto n = static_cast<int64_t>(torch::cuda::device_count());
+    for (int64_t i = 0; i < n; ++i) {
+      out.emplace_back(join(names.rng, "cuda." + std::to_string(i)),
+                       at::detail::getCUDAHooks().getDefaultCUDAGenerator(i));
+    }
   }
   return out;
 }
@@ -124,8 +79,8 @@ std::unordered_map<const void*, std::string> param_names(const torch::nn::Module
 }
 
 // The adapter's name for each parameter of each group, in order.
-std::vector<std::vector<std::string>> optimizer_param_names(const torch::optim::Adam& optimizer,
-                                                            const torch::nn::Module* module) {
+std::vector<std::vector<std::string>> optimizer_param_names(
+    const torch::optim::Optimizer& optimizer, const torch::nn::Module* module) {
   const auto names = param_names(module);
   std::vector<std::vector<std::string>> out;
   std::set<std::string> seen;
@@ -148,29 +103,260 @@ std::vector<std::vector<std::string>> optimizer_param_names(const torch::optim::
   return out;
 }
 
-const torch::optim::AdamOptions& adam_options(const torch::optim::OptimizerParamGroup& g) {
-  return static_cast<const torch::optim::AdamOptions&>(g.options());
+}  // namespace
+
+void add_module(StateDict& state, torch::nn::Module& module, const TorchNames& names) {
+  for (const auto& [name, t] : module_tensors(module)) {
+    if (names.model.empty() && (has_prefix(name, names.optim) || has_prefix(name, names.rng))) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: a module weight under the optimizer's or generators' prefix "
+                              "(\"{}\", \"{}\"); set TorchNames::model or rename them",
+                              name, names.optim, names.rng));
+    }
+    add_tensor(state, join(names.model, name), t);
+  }
+  record_names(state, names);
 }
+
+void add_optimizer(StateDict& state, torch::optim::Optimizer& optimizer,
+                   const torch::nn::Module* module, const TorchNames& names) {
+  const OptimizerCodec& codec = codec_of(optimizer);
+  const auto pnames = optimizer_param_names(optimizer, module);
+  nlohmann::json groups = nlohmann::json::array();
+  const auto& param_groups = optimizer.param_groups();
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    nlohmann::json group = codec.options(param_groups[g].options());
+    group["params"] = pnames[g];
+    group["has_state"] = nlohmann::json::array();
+    const auto& params = param_groups[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto it = optimizer.state().find(state_key(params[i]));
+      const bool has_state = it != optimizer.state().end();
+      group["has_state"].push_back(has_state);
+      if (!has_state) continue;
+      const std::string base = join(names.optim, pnames[g][i]);
+      for (const auto& [field, t] : codec.fields(*it->second))
+        add_tensor(state, base + "." + field, t);
+    }
+    groups.push_back(std::move(group));
+  }
+  nlohmann::json& tm = torch_meta(state);
+  tm["optimizer"] = {{"type", codec.type}, {"param_groups", std::move(groups)}};
+  record_names(state, names);
+}
+
+void add_scheduler(StateDict& state, torch::optim::LRScheduler& scheduler) {
+  torch_meta(state)["scheduler"] = {{"step_count", SchedulerAccess::step_count(scheduler)}};
+}
+
+void add_rng(StateDict& state, const TorchNames& names) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (auto& [name, gen] : generators(names)) {
+    torch::Tensor s;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      s = gen.get_state();
+    }
+    add_tensor(state, name, s);
+    devices.push_back(name);
+  }
+  torch_meta(state)["rng"] = std::move(devices);
+  record_names(state, names);
+}
+
+StateDict state_dict(torch::nn::Module& module, const TrainState& train,
+                     const nlohmann::json& metadata, const TorchNames& names) {
+  if (!metadata.is_object() && !metadata.is_null()) {
+    throw Error(ErrorCode::kInvalidArgument, "state_dict: metadata must be a JSON object");
+  }
+  StateDict state;
+  if (metadata.is_object()) state.metadata = metadata;
+  state.string_metadata["format"] = "pt";
+  add_module(state, module, names);
+  if (train.optimizer != nullptr) add_optimizer(state, *train.optimizer, &module, names);
+  if (train.scheduler != nullptr) add_scheduler(state, *train.scheduler);
+  if (train.rng) add_rng(state, names);
+  return state;
+}
+
+namespace {
 
 // One tensor to restore: where its bytes go and what the file must hold.
 struct Target {
   std::string name;     // full entry name
-  std::string subject;  // for messages: "parameter model.fc1.weight"
+  std::string subject;  // for messages: "parameter fc1.weight"
   DType dtype;
   Shape shape;
   torch::Tensor tensor;    // contiguous CPU tensor receiving the bytes
   torch::Tensor original;  // the module's tensor when `tensor` is a copy (non-contiguous)
 };
 
-// Pairs targets with the file; throws one kInvalidArgument listing every
-// problem (missing, shape or dtype mismatch, unexpected under `prefixes`).
-void check_targets(const MappedState& file, const std::vector<Target>& targets,
-                   const std::vector<std::string>& prefixes) {
+// A parameter's optimizer state: its fields' targets.
+struct OptimSlot {
+  torch::Tensor param;
+  std::string where;                                   // "optim.fc1.weight"
+  std::vector<std::pair<std::string, size_t>> fields;  // field -> target index
+};
+
+// Phase 1 of a restore: every tensor to fill, checked against the file.
+struct Plan {
+  std::vector<Target> targets;
+  const OptimizerCodec* codec = nullptr;
+  std::vector<OptimSlot> slots;
+  nlohmann::json saved_groups;
+  std::optional<unsigned> scheduler_steps;
+  std::vector<std::pair<at::Generator, size_t>> generators;  // -> target index
+  nlohmann::json metadata;                                   // the file's, without kTorchMetaKey
+};
+
+// The file's tensors whose names start with `prefix`.
+std::vector<const TensorInfo*> entries_under(const SafetensorsHeader& header,
+                                             const std::string& prefix) {
+  std::vector<const TensorInfo*> out;
+  if (header.by_name.size() == header.tensors.size()) {
+    auto it = std::lower_bound(
+        header.by_name.begin(), header.by_name.end(), prefix,
+        [&](size_t pos, const std::string& p) { return header.tensors[pos].name < p; });
+    for (; it != header.by_name.end(); ++it) {
+      const TensorInfo& info = header.tensors[*it];
+      if (info.name.compare(0, prefix.size(), prefix) != 0) break;
+      out.push_back(&info);
+    }
+  } else {
+    for (const TensorInfo& info : header.tensors) {
+      if (info.name.compare(0, prefix.size(), prefix) == 0) out.push_back(&info);
+    }
+  }
+  return out;
+}
+
+// A target for a file tensor, of its dtype and shape. Scalars are read at
+// once: decoding the optimizer's state in phase 1 needs its counts.
+size_t add_target_for(Plan& plan, const MappedState& file, const TensorInfo& info,
+                      std::string subject) {
+  if (!to_torch(info.dtype)) {
+    throw Error(ErrorCode::kInvalidArgument, fmt::format("{}: dtype {} has no LibTorch equivalent",
+                                                         info.name, dtype_name(info.dtype)));
+  }
+  torch::Tensor t = empty_for(info.dtype, info.shape);
+  if (t.numel() == 1) {
+    TensorView v = file.tensor(info.name);
+    std::memcpy(t.data_ptr(), v.bytes.data(), v.bytes.size());
+  }
+  plan.targets.push_back({info.name, std::move(subject), info.dtype, info.shape, t, {}});
+  return plan.targets.size() - 1;
+}
+
+// Decodes a slot's state from its targets' tensors (filled or not).
+std::unique_ptr<torch::optim::OptimizerParamState> decode_slot(const Plan& plan,
+                                                               const OptimSlot& slot) {
+  std::map<std::string, torch::Tensor> fields;
+  for (const auto& [field, index] : slot.fields) fields.emplace(field, plan.targets[index].tensor);
+  FieldReader reader(std::move(fields), slot.where, slot.param);
+  auto state = plan.codec->from_fields(reader);
+  reader.finish();
+  return state;
+}
+
+// Adds the optimizer's slots to the plan; a slot whose fields do not fit
+// goes into `problems`, with the module's.
+void plan_optimizer(Plan& plan, const MappedState& file, const nlohmann::json& tm,
+                    const std::string& where, torch::nn::Module& module,
+                    torch::optim::Optimizer& optimizer, const std::string& optim_prefix,
+                    std::vector<std::string>& problems) {
+  const OptimizerCodec& mine = codec_of(optimizer);
+  const SafetensorsHeader& header = file.header();
+  if (!tm.contains("optimizer")) {
+    throw Error(ErrorCode::kInvalidArgument, where + ": the file holds no optimizer state");
+  }
+  try {
+    const auto& opt = tm.at("optimizer");
+    const std::string type = opt.at("type").get<std::string>();
+    if (type != mine.type) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: the file holds a {} optimizer, not {}", where, type, mine.type));
+    }
+    plan.codec = &mine;
+    plan.saved_groups = opt.at("param_groups");
+    const auto pnames = optimizer_param_names(optimizer, &module);
+    const auto& groups = optimizer.param_groups();
+    if (plan.saved_groups.size() != groups.size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: the file has {} param groups, the optimizer {}", where,
+                              plan.saved_groups.size(), groups.size()));
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const auto& sg = plan.saved_groups[g];
+      // The options must decode (checked on a copy).
+      mine.set_options(*groups[g].options().clone(), sg);
+      const auto saved_names = sg.at("params").get<std::vector<std::string>>();
+      const auto has_state = sg.at("has_state").get<std::vector<bool>>();
+      if (saved_names != pnames[g] || has_state.size() != saved_names.size()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("{}: param group {} has {} parameters here and {} in the file, "
+                                "or they are named differently",
+                                where, g, pnames[g].size(), saved_names.size()));
+      }
+      const auto& params = groups[g].params();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!has_state[i]) continue;
+        OptimSlot slot;
+        slot.param = params[i];
+        slot.where = join(optim_prefix, pnames[g][i]);
+        check_cpu(slot.param, slot.where);
+        const std::string prefix = slot.where + ".";
+        for (const TensorInfo* info : entries_under(header, prefix)) {
+          slot.fields.emplace_back(
+              info->name.substr(prefix.size()),
+              add_target_for(plan, file, *info, "optimizer state " + info->name));
+        }
+        try {
+          decode_slot(plan, slot);  // checks fields, dtypes and shapes
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kInvalidArgument) throw;
+          problems.push_back(e.what());
+        }
+        plan.slots.push_back(std::move(slot));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: malformed \"{}\" metadata: {}", where, kTorchMetaKey, e.what()));
+  }
+}
+
+// `consume_all`: every file tensor becomes a target (the manager's copying
+// load checks that each is consumed); entries of parts not restored are
+// read and dropped.
+Plan plan_restore(const MappedState& file, torch::nn::Module& module, const TrainState& train,
+                  const TorchNames& fallback, bool consume_all) {
+  const SafetensorsHeader& header = file.header();
+  Plan plan;
+  plan.metadata = file.metadata();
+  nlohmann::json tm = nlohmann::json::object();
+  if (auto it = plan.metadata.find(std::string(kTorchMetaKey));
+      it != plan.metadata.end() && it->is_object()) {
+    tm = *it;
+  }
+  auto prefix = [&](const char* key, const std::string& fallback_value) {
+    auto it = tm.find(key);
+    return it != tm.end() && it->is_string() ? it->get<std::string>() : fallback_value;
+  };
+  const std::string model_prefix = prefix("model_prefix", fallback.model);
+  const std::string optim_prefix = prefix("optim_prefix", fallback.optim);
+  const std::string rng_prefix = prefix("rng_prefix", fallback.rng);
+
   std::vector<std::string> problems;
-  std::set<std::string> wanted;
+  auto& targets = plan.targets;
+  for (const auto& [name, t] : module_tensors(module)) {
+    const std::string full = join(model_prefix, name);
+    check_cpu(t, full);
+    const bool contiguous = t.is_contiguous();
+    targets.push_back({full, "parameter or buffer " + full, *to_cairn(t.scalar_type()), shape_of(t),
+                       contiguous ? t : t.contiguous(), contiguous ? torch::Tensor() : t});
+  }
   for (const Target& t : targets) {
-    wanted.insert(t.name);
-    const TensorInfo* info = file.header().find(t.name);
+    const TensorInfo* info = header.find(t.name);
     if (info == nullptr) {
       problems.push_back(t.subject + " is missing from the file");
     } else if (info->dtype != t.dtype || info->shape != t.shape) {
@@ -178,13 +364,52 @@ void check_targets(const MappedState& file, const std::vector<Target>& targets,
                          " in the file but " + shape_str(t.dtype, t.shape) + " here");
     }
   }
-  for (const TensorInfo& info : file.header().tensors) {
-    if (wanted.count(info.name)) continue;
-    for (const std::string& p : prefixes) {
-      if (info.name.rfind(p + ".", 0) == 0) {
-        problems.push_back(info.name + " is in the file but not in the module or optimizer");
-        break;
+
+  if (train.optimizer != nullptr) {
+    plan_optimizer(plan, file, tm, "restoring the optimizer from " + file.source(), module,
+                   *train.optimizer, optim_prefix, problems);
+  }
+  if (train.scheduler != nullptr) {
+    auto it = tm.find("scheduler");
+    if (it == tm.end() || !it->is_object() || !it->contains("step_count") ||
+        !(*it)["step_count"].is_number_unsigned()) {
+      throw Error(ErrorCode::kInvalidArgument, "restoring the scheduler from " + file.source() +
+                                                   ": the file holds no scheduler state");
+    }
+    plan.scheduler_steps = (*it)["step_count"].get<unsigned>();
+  }
+  if (train.rng) {
+    for (auto& [name, gen] : generators({model_prefix, optim_prefix, rng_prefix})) {
+      const TensorInfo* info = header.find(name);
+      if (info == nullptr) {
+        problems.push_back("generator state " + name + " is missing from the file");
+        continue;
       }
+      if (info->dtype != DType::kU8 || info->shape.size() != 1) {
+        problems.push_back("generator state " + name + " is " +
+                           shape_str(info->dtype, info->shape) + " in the file, not U8[n]");
+        continue;
+      }
+      plan.generators.emplace_back(gen,
+                                   add_target_for(plan, file, *info, "generator state " + name));
+    }
+  }
+
+  // Every file tensor not claimed: a weight the module lacks, or a part not
+  // restored.
+  std::set<std::string_view> claimed;
+  for (const Target& t : targets) claimed.insert(t.name);
+  std::vector<const TensorInfo*> dropped;
+  for (const TensorInfo& info : header.tensors) {
+    if (claimed.count(info.name)) continue;
+    const bool optim = has_prefix(info.name, optim_prefix);
+    const bool rng = has_prefix(info.name, rng_prefix);
+    const bool weight = model_prefix.empty() ? !optim && !rng : has_prefix(info.name, model_prefix);
+    if (weight || (optim && train.optimizer != nullptr)) {
+      problems.push_back(info.name + " is in the file but not in the " +
+                         (weight ? "module" : "optimizer's state"));
+    } else {
+      dropped.push_back(&info);
     }
   }
   if (!problems.empty()) {
@@ -192,260 +417,92 @@ void check_targets(const MappedState& file, const std::vector<Target>& targets,
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
     throw Error(ErrorCode::kInvalidArgument, msg);
   }
-}
-
-torch::Tensor empty_like_param(const torch::Tensor& p) {
-  return torch::empty(p.sizes(), p.options().requires_grad(false));
-}
-
-}  // namespace
-
-void add_module(StateDict& state, torch::nn::Module& module, const TorchNames& names) {
-  for (const auto& [name, t] : module_tensors(module))
-    add_tensor(state, join(names.model, name), t);
-}
-
-void add_adam(StateDict& state, torch::optim::Adam& optimizer, const torch::nn::Module* module,
-              const TorchNames& names) {
-  const auto pnames = optimizer_param_names(optimizer, module);
-  nlohmann::json groups = nlohmann::json::array();
-  const auto& param_groups = optimizer.param_groups();
-  for (size_t g = 0; g < param_groups.size(); ++g) {
-    const auto& opts = adam_options(param_groups[g]);
-    nlohmann::json group = {{"lr", opts.lr()},
-                            {"betas", {std::get<0>(opts.betas()), std::get<1>(opts.betas())}},
-                            {"eps", opts.eps()},
-                            {"weight_decay", opts.weight_decay()},
-                            {"amsgrad", opts.amsgrad()},
-                            {"params", pnames[g]},
-                            {"has_state", nlohmann::json::array()}};
-    const auto& params = param_groups[g].params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      auto it = optimizer.state().find(adam_key(params[i]));
-      const bool has_state = it != optimizer.state().end();
-      group["has_state"].push_back(has_state);
-      if (!has_state) continue;
-      const auto& s = static_cast<const torch::optim::AdamParamState&>(*it->second);
-      const std::string base = join(names.optim, pnames[g][i]);
-      int64_t step = s.step();
-      std::vector<std::byte> step_bytes(sizeof step);
-      std::memcpy(step_bytes.data(), &step, sizeof step);
-      state.add_owned(base + ".step", DType::kI64, {}, std::move(step_bytes));
-      add_tensor(state, base + ".exp_avg", s.exp_avg());
-      add_tensor(state, base + ".exp_avg_sq", s.exp_avg_sq());
-      if (opts.amsgrad()) add_tensor(state, base + ".max_exp_avg_sq", s.max_exp_avg_sq());
-    }
-    groups.push_back(std::move(group));
+  if (consume_all) {
+    for (const TensorInfo* info : dropped) add_target_for(plan, file, *info, info->name);
   }
-  state.metadata[std::string(kTorchMetaKey)] = {
-      {"optimizer", {{"type", "Adam"}, {"param_groups", groups}}},
-      {"model_prefix", names.model},
-      {"optim_prefix", names.optim}};
-}
-
-StateDict state_dict(torch::nn::Module& module, torch::optim::Adam* optimizer,
-                     const nlohmann::json& metadata, const TorchNames& names) {
-  StateDict state;
-  if (!metadata.is_object()) {
-    throw Error(ErrorCode::kInvalidArgument, "state_dict: metadata must be a JSON object");
-  }
-  state.metadata = metadata;
-  add_module(state, module, names);
-  if (optimizer != nullptr) add_adam(state, *optimizer, &module, names);
-  return state;
-}
-
-namespace {
-
-struct AdamSlot {
-  torch::Tensor param;
-  torch::Tensor exp_avg, exp_avg_sq, max_exp_avg_sq;
-  size_t step_target = 0;  // index of the step's Target
-};
-
-// Phase 1 of a restore: every tensor to fill, checked against the file.
-struct Plan {
-  std::vector<Target> targets;
-  std::vector<AdamSlot> slots;
-  nlohmann::json saved_groups;
-  nlohmann::json metadata;  // the file's, without kTorchMetaKey
-};
-
-Plan plan_restore(const MappedState& file, torch::nn::Module& module, torch::optim::Adam* optimizer,
-                  const TorchNames& names) {
-  Plan plan;
-  plan.metadata = file.metadata();
-  auto& targets = plan.targets;
-  for (const auto& [name, t] : module_tensors(module)) {
-    const std::string full = join(names.model, name);
-    check_cpu(t, full);
-    const bool contiguous = t.is_contiguous();
-    targets.push_back({full, "parameter or buffer " + full, *to_cairn(t.scalar_type()), shape_of(t),
-                       contiguous ? t : t.contiguous(), contiguous ? torch::Tensor() : t});
-  }
-
-  std::vector<std::string> prefixes = {names.model};
-  if (optimizer != nullptr) {
-    prefixes.push_back(names.optim);
-    const std::string where = "restoring the optimizer from " + file.source();
-    auto tm = plan.metadata.find(std::string(kTorchMetaKey));
-    if (tm == plan.metadata.end() || !tm->contains("optimizer")) {
-      throw Error(ErrorCode::kInvalidArgument, where + ": the file holds no optimizer state");
-    }
-    try {
-      const auto& opt = (*tm)["optimizer"];
-      if (opt.at("type") != "Adam") {
-        throw Error(ErrorCode::kInvalidArgument, where + ": the file holds a " +
-                                                     opt.at("type").get<std::string>() +
-                                                     " optimizer, not Adam");
-      }
-      plan.saved_groups = opt.at("param_groups");
-      const auto pnames = optimizer_param_names(*optimizer, &module);
-      const auto& groups = optimizer->param_groups();
-      if (plan.saved_groups.size() != groups.size()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    where + ": the file has " + std::to_string(plan.saved_groups.size()) +
-                        " param groups, the optimizer " + std::to_string(groups.size()));
-      }
-      for (size_t g = 0; g < groups.size(); ++g) {
-        const auto& sg = plan.saved_groups[g];
-        const auto saved_names = sg.at("params").get<std::vector<std::string>>();
-        const auto has_state = sg.at("has_state").get<std::vector<bool>>();
-        if (saved_names != pnames[g] || has_state.size() != saved_names.size()) {
-          throw Error(ErrorCode::kInvalidArgument,
-                      where + ": param group " + std::to_string(g) + " has " +
-                          std::to_string(pnames[g].size()) + " parameters here and " +
-                          std::to_string(saved_names.size()) +
-                          " in the file, or they are named differently");
-        }
-        const bool amsgrad = sg.at("amsgrad").get<bool>();
-        const auto& params = groups[g].params();
-        for (size_t i = 0; i < params.size(); ++i) {
-          if (!has_state[i]) continue;
-          const std::string base = join(names.optim, pnames[g][i]);
-          const torch::Tensor& p = params[i];
-          check_cpu(p, base);
-          AdamSlot slot;
-          slot.param = p;
-          slot.exp_avg = empty_like_param(p);
-          slot.exp_avg_sq = empty_like_param(p);
-          const DType dt = *to_cairn(p.scalar_type());
-          const std::string subj = "optimizer state " + base;
-          targets.push_back(
-              {base + ".exp_avg", subj + ".exp_avg", dt, shape_of(p), slot.exp_avg, {}});
-          targets.push_back(
-              {base + ".exp_avg_sq", subj + ".exp_avg_sq", dt, shape_of(p), slot.exp_avg_sq, {}});
-          if (amsgrad) {
-            slot.max_exp_avg_sq = empty_like_param(p);
-            targets.push_back({base + ".max_exp_avg_sq",
-                               subj + ".max_exp_avg_sq",
-                               dt,
-                               shape_of(p),
-                               slot.max_exp_avg_sq,
-                               {}});
-          }
-          slot.step_target = targets.size();
-          targets.push_back({base + ".step",
-                             subj + ".step",
-                             DType::kI64,
-                             {},
-                             torch::empty(at::IntArrayRef{}, torch::kInt64),
-                             {}});
-          plan.slots.push_back(std::move(slot));
-        }
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorCode::kCorruption, where + ": malformed \"" + std::string(kTorchMetaKey) +
-                                              "\" metadata: " + e.what());
-    }
-  }
-  check_targets(file, targets, prefixes);
   plan.metadata.erase(std::string(kTorchMetaKey));
   return plan;
 }
 
 // Phase 2, after the bytes are in the targets: copies into non-contiguous
-// module tensors and installs the optimizer's state and options.
-void finish_restore(Plan& plan, torch::optim::Adam* optimizer) {
+// module tensors and installs the optimizer's state and options, the
+// scheduler's step count and the generators' state.
+void finish_restore(Plan& plan, const TrainState& train) {
   {
     torch::NoGradGuard no_grad;
     for (Target& t : plan.targets) {
       if (t.original.defined()) t.original.copy_(t.tensor);
     }
   }
-  if (optimizer == nullptr) return;
-  auto& groups = optimizer->param_groups();
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& sg = plan.saved_groups[g];
-    auto& opts = static_cast<torch::optim::AdamOptions&>(groups[g].options());
-    opts.lr(sg.at("lr").get<double>());
-    opts.betas({sg.at("betas").at(0).get<double>(), sg.at("betas").at(1).get<double>()});
-    opts.eps(sg.at("eps").get<double>());
-    opts.weight_decay(sg.at("weight_decay").get<double>());
-    opts.amsgrad(sg.at("amsgrad").get<bool>());
+  if (train.optimizer != nullptr) {
+    auto& groups = train.optimizer->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      plan.codec->set_options(groups[g].options(), plan.saved_groups[g]);
+    }
+    train.optimizer->state().clear();
+    for (const OptimSlot& slot : plan.slots) {
+      train.optimizer->state()[state_key(slot.param)] = decode_slot(plan, slot);
+    }
   }
-  optimizer->state().clear();
-  for (AdamSlot& slot : plan.slots) {
-    auto s = std::make_unique<torch::optim::AdamParamState>();
-    s->step(plan.targets[slot.step_target].tensor.item<int64_t>());
-    s->exp_avg(slot.exp_avg);
-    s->exp_avg_sq(slot.exp_avg_sq);
-    if (slot.max_exp_avg_sq.defined()) s->max_exp_avg_sq(slot.max_exp_avg_sq);
-    optimizer->state()[adam_key(slot.param)] = std::move(s);
+  if (train.scheduler != nullptr) {
+    SchedulerAccess::step_count(*train.scheduler) = *plan.scheduler_steps;
+  }
+  for (auto& [gen, index] : plan.generators) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(plan.targets[index].tensor);
   }
 }
 
 }  // namespace
 
-nlohmann::json restore(const MappedState& file, torch::nn::Module& module,
-                       torch::optim::Adam* optimizer, const TorchNames& names) {
-  Plan plan = plan_restore(file, module, optimizer, names);
+nlohmann::json restore(const MappedState& file, torch::nn::Module& module, const TrainState& train,
+                       const TorchNames& names) {
+  Plan plan = plan_restore(file, module, train, names, /*consume_all=*/false);
   for (Target& t : plan.targets) {
     TensorView v = file.tensor(t.name);
     std::memcpy(t.tensor.data_ptr(), v.bytes.data(), v.bytes.size());
   }
-  finish_restore(plan, optimizer);
+  finish_restore(plan, train);
   return std::move(plan.metadata);
 }
 
 void save_file(const std::filesystem::path& path, torch::nn::Module& module,
-               torch::optim::Adam* optimizer, const nlohmann::json& metadata,
+               const TrainState& train, const nlohmann::json& metadata,
                const SaveOptions& options) {
-  cairn::save_file(state_dict(module, optimizer, metadata), path, options);
+  cairn::save_file(state_dict(module, train, metadata), path, options);
 }
 
 nlohmann::json load_file(const std::filesystem::path& path, torch::nn::Module& module,
-                         torch::optim::Adam* optimizer) {
-  return restore(MappedState::open(path), module, optimizer);
+                         const TrainState& train) {
+  return restore(MappedState::open(path), module, train);
 }
 
-Manifest save_checkpoint(const Checkpoint& dest, torch::nn::Module& module,
-                         torch::optim::Adam* optimizer, const nlohmann::json& metrics,
-                         const nlohmann::json& metadata) {
-  return cairn::save_checkpoint(state_dict(module, optimizer, metadata), dest, metrics);
+Manifest save_checkpoint(const Checkpoint& dest, torch::nn::Module& module, const TrainState& train,
+                         const nlohmann::json& metrics, const nlohmann::json& metadata) {
+  return cairn::save_checkpoint(state_dict(module, train, metadata), dest, metrics);
 }
 
 nlohmann::json restore_checkpoint(const Checkpoint& checkpoint, torch::nn::Module& module,
-                                  torch::optim::Adam* optimizer) {
-  return restore(MappedState::open(checkpoint.storage(), kStateFileName), module, optimizer);
+                                  const TrainState& train) {
+  return restore(MappedState::open(checkpoint.storage(), kStateFileName), module, train);
 }
 
 std::optional<CheckpointRecord> save(StateCheckpointManager& manager, torch::nn::Module& module,
-                                     torch::optim::Adam* optimizer, std::optional<uint64_t> step,
+                                     const TrainState& train, std::optional<uint64_t> step,
                                      const nlohmann::json& metrics,
                                      const nlohmann::json& metadata) {
-  return manager.save(state_dict(module, optimizer, metadata), step, metrics);
+  return manager.save(state_dict(module, train, metadata), step, metrics);
 }
 
 std::optional<SaveHandle> save_async(StateCheckpointManager& manager, torch::nn::Module& module,
-                                     torch::optim::Adam* optimizer, std::optional<uint64_t> step,
+                                     const TrainState& train, std::optional<uint64_t> step,
                                      const nlohmann::json& metrics,
                                      const nlohmann::json& metadata) {
-  return manager.save_async(state_dict(module, optimizer, metadata), step, metrics);
+  return manager.save_async(state_dict(module, train, metadata), step, metrics);
 }
 
 nlohmann::json restore(const StateCheckpointManager& manager, torch::nn::Module& module,
-                       torch::optim::Adam* optimizer, const CheckpointRecord* which) {
+                       const TrainState& train, const CheckpointRecord* which) {
   std::optional<CheckpointRecord> record;
   if (which != nullptr) {
     record = *which;
@@ -455,17 +512,14 @@ nlohmann::json restore(const StateCheckpointManager& manager, torch::nn::Module&
       throw Error(ErrorCode::kNotFound, "restoring the module: the manager has no checkpoint");
     }
   }
-  Plan plan = plan_restore(manager.open(*record), module, optimizer, TorchNames{});
+  Plan plan = plan_restore(manager.open(*record), module, train, TorchNames{},
+                           /*consume_all=*/true);
   StateDict state;
-  for (Target& t : plan.targets) {
-    std::span<std::byte> bytes(static_cast<std::byte*>(t.tensor.data_ptr()),
-                               static_cast<size_t>(t.tensor.numel()) * t.tensor.element_size());
-    state.add_mutable(t.name, t.dtype, t.shape, bytes);
-  }
+  for (Target& t : plan.targets) state.add_mutable(t.name, t.dtype, t.shape, bytes_of(t.tensor));
   // The engine's copying load: checks the manifest checksum and that every
   // saved tensor was consumed.
   manager.restore(state, *record);
-  finish_restore(plan, optimizer);
+  finish_restore(plan, train);
   return std::move(plan.metadata);
 }
 

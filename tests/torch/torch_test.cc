@@ -11,30 +11,10 @@
 
 #include "cairn/error.h"
 #include "support/temp_dir.h"
+#include "torch/torch_support.h"
 
 namespace cairn::libtorch {
 namespace {
-
-// A small network with parameters and buffers of two dtypes (BatchNorm's
-// running_mean/running_var are F32, num_batches_tracked is I64).
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(int64_t hidden = 16)
-      : fc1(register_module("fc1", torch::nn::Linear(8, hidden))),
-        bn(register_module("bn", torch::nn::BatchNorm1d(hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, 4))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc2->forward(torch::relu(bn->forward(fc1->forward(x))));
-  }
-  torch::nn::Linear fc1;
-  torch::nn::BatchNorm1d bn;
-  torch::nn::Linear fc2;
-};
-TORCH_MODULE(Net);
-
-Net make_net(uint64_t seed, int64_t hidden = 16) {
-  torch::manual_seed(seed);
-  return Net(hidden);
-}
 
 // One training step on batch `step` (the batch depends only on the step, so
 // two processes, or two models, see the same data). Returns the loss.
@@ -47,32 +27,6 @@ float train_step(Net& net, torch::optim::Adam& adam, int step) {
   loss.backward();
   adam.step();
   return loss.item<float>();
-}
-
-bool bits_equal(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
-  torch::Tensor ca = a.contiguous(), cb = b.contiguous();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * ca.element_size()) == 0;
-}
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// Every parameter and buffer of `a` and `b` is bitwise equal.
-void expect_same_module(Net& a, Net& b) {
-  auto pa = a->named_parameters(), pb = b->named_parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (const auto& item : pa) {
-    EXPECT_TRUE(bits_equal(item.value(), pb[item.key()])) << "parameter " << item.key();
-  }
-  auto ba = a->named_buffers(), bb = b->named_buffers();
-  ASSERT_EQ(ba.size(), bb.size());
-  for (const auto& item : ba) {
-    EXPECT_TRUE(bits_equal(item.value(), bb[item.key()])) << "buffer " << item.key();
-  }
 }
 
 void expect_same_adam(Net& na, torch::optim::Adam& a, Net& nb, torch::optim::Adam& b) {
@@ -175,7 +129,7 @@ TEST_F(TorchAdapterTest, ParamGroupsKeepTheirOwnOptions) {
   expect_same_module(a, b);
 }
 
-TEST_F(TorchAdapterTest, FileHoldsNamedSafetensorsEntries) {
+TEST_F(TorchAdapterTest, FileHoldsPlainPyTorchNamesAndFormatPt) {
   Net a = make_net(1);
   torch::optim::Adam adam(a->parameters(), torch::optim::AdamOptions(1e-3));
   train_step(a, adam, 0);
@@ -183,18 +137,54 @@ TEST_F(TorchAdapterTest, FileHoldsNamedSafetensorsEntries) {
   save_file(file, *a, &adam);
   MappedState m = MappedState::open(file);
   for (const char* name :
-       {"model.fc1.weight", "model.fc1.bias", "model.bn.running_mean", "model.bn.running_var",
-        "model.bn.num_batches_tracked", "optim.fc1.weight.exp_avg", "optim.fc1.weight.exp_avg_sq",
-        "optim.fc1.weight.step", "optim.fc2.bias.exp_avg"}) {
+       {"fc1.weight", "fc1.bias", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked",
+        "optim.fc1.weight.exp_avg", "optim.fc1.weight.exp_avg_sq", "optim.fc1.weight.step",
+        "optim.fc2.bias.exp_avg"}) {
     EXPECT_TRUE(m.contains(name)) << name;
   }
   EXPECT_FALSE(m.contains("optim.fc1.weight.max_exp_avg_sq"));
-  EXPECT_EQ(m.tensor("model.bn.num_batches_tracked").dtype, DType::kI64);
+  EXPECT_EQ(m.header().metadata.at("format"), "pt");
+  EXPECT_EQ(m.tensor("bn.num_batches_tracked").dtype, DType::kI64);
   EXPECT_EQ(m.tensor("optim.fc1.weight.step").as<int64_t>()[0], 1);
-  EXPECT_EQ(m.tensor("model.fc1.weight").shape, (Shape{16, 8}));
+  EXPECT_EQ(m.tensor("fc1.weight").shape, (Shape{16, 8}));
   EXPECT_TRUE(bits_equal(
-      torch::from_blob(const_cast<std::byte*>(m.tensor("model.fc1.weight").bytes.data()), {16, 8}),
+      torch::from_blob(const_cast<std::byte*>(m.tensor("fc1.weight").bytes.data()), {16, 8}),
       a->fc1->weight));
+}
+
+TEST_F(TorchAdapterTest, AFileWithPrefixedNamesRestoresAsItRecordsThem) {
+  Net a = make_net(1);
+  torch::optim::Adam adam_a(a->parameters());
+  train_step(a, adam_a, 0);
+  const auto file = dir_ / "prefixed.safetensors";
+  StateDict state = state_dict(*a, &adam_a, {}, TorchNames{.model = "model", .optim = "opt"});
+  cairn::save_file(state, file);
+  MappedState m = MappedState::open(file);
+  EXPECT_TRUE(m.contains("model.fc1.weight"));
+  EXPECT_TRUE(m.contains("opt.fc1.weight.exp_avg"));
+
+  Net b = make_net(2);
+  torch::optim::Adam adam_b(b->parameters());
+  load_file(file, *b, &adam_b);  // no names given: the file's are used
+  expect_same_module(a, b);
+  expect_same_adam(a, adam_a, b, adam_b);
+}
+
+TEST_F(TorchAdapterTest, AWeightUnderTheOptimizerPrefixIsRefusedWithoutAModelPrefix) {
+  struct Clash : torch::nn::Module {
+    Clash() { optim = register_module("optim", torch::nn::Linear(2, 2)); }
+    torch::nn::Linear optim{nullptr};
+  };
+  Clash clash;
+  try {
+    state_dict(clash);
+    FAIL() << "optim.weight would read as optimizer state";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("optim.weight"), std::string::npos) << e.what();
+  }
+  StateDict ok = state_dict(clash, {}, {}, TorchNames{.model = "model"});
+  EXPECT_TRUE(ok.contains("model.optim.weight"));
 }
 
 TEST_F(TorchAdapterTest, ShapeMismatchNamesTheParameterAndChangesNothing) {
@@ -213,7 +203,7 @@ TEST_F(TorchAdapterTest, ShapeMismatchNamesTheParameterAndChangesNothing) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("model.fc1.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("parameter or buffer fc1.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("F32[16, 8]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("F32[32, 8]"), std::string::npos) << msg;
     EXPECT_NE(msg.find(file.string()), std::string::npos) << msg;
@@ -236,7 +226,9 @@ TEST_F(TorchAdapterTest, MissingAndUnexpectedTensorsAreErrors) {
     FAIL() << "a file with more tensors than the module must fail";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("model.fc2.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc2.weight is in the file but not in the module"),
+              std::string::npos)
+        << e.what();
   }
 
   const auto small_file = dir_ / "small.safetensors";
@@ -247,7 +239,7 @@ TEST_F(TorchAdapterTest, MissingAndUnexpectedTensorsAreErrors) {
     FAIL() << "a file missing tensors must fail";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("model.bn.running_var is missing"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("bn.running_var is missing"), std::string::npos)
         << e.what();
   }
 }
@@ -330,7 +322,9 @@ TEST_F(TorchAdapterTest, ManagerRestoreRejectsADifferentShape) {
     FAIL() << "shape mismatch";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("model.fc1.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc1.weight is F32[16, 8] in the file but F32[24, 8]"),
+              std::string::npos)
+        << e.what();
   }
 }
 
