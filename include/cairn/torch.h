@@ -195,7 +195,7 @@ struct LoadStateOptions {
   // The file's names are "<prefix>.<module name>"; unset: the prefix the file
   // records (this adapter's files), else none. File tensors outside the
   // prefix are unexpected.
-  std::optional<std::string> prefix;
+  std::optional<std::string> prefix = std::nullopt;
 };
 
 struct LoadStateReport {
@@ -222,7 +222,7 @@ struct PretrainedOptions {
   // and the index "<name>.index.json", as transformers names them.
   std::string weights_name = "model.safetensors";
   // More __metadata__ strings for every file ("format": "pt" is always set).
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata = {};
   SaveOptions write = {};
 };
 
