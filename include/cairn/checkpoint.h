@@ -31,6 +31,8 @@ namespace cairn {
 
 inline constexpr std::string_view kManifestKey = ".cairn/manifest.json";
 inline constexpr std::string_view kMetadataKey = ".cairn/metadata.json";
+// The file from_dict() writes and to_dict() reads.
+inline constexpr std::string_view kDictFileName = "dict.json";
 inline constexpr std::string_view kCairnDir = ".cairn";
 
 struct ManifestEntry {
@@ -93,6 +95,20 @@ class Checkpoint {
   static Checkpoint from_directory(std::string_view path_or_uri);
   // The checkpoint rooted at `storage` (see Storage::child).
   explicit Checkpoint(std::shared_ptr<Storage> storage);
+
+  // In-memory checkpoints, for small state, without a temporary directory
+  // (Ray's Checkpoint.from_dict). in_memory() is an empty one to fill with
+  // any writer; from_dict() one holding `dict` as kDictFileName (a JSON
+  // object; kInvalidArgument otherwise). Each lives in memory of its own,
+  // shared by its copies and freed with the last; its uri() is for messages
+  // only. Reported through train::report(), its files are uploaded like any
+  // other checkpoint's.
+  static Checkpoint in_memory();
+  static Checkpoint from_dict(const nlohmann::json& dict);
+  // The dict a from_dict() checkpoint holds, from any checkpoint (in memory,
+  // local, or stored): kNotFound naming the file if it has no
+  // kDictFileName, kCorruption if that is not a JSON object.
+  nlohmann::json to_dict() const;
 
   std::string uri() const { return storage_->uri(); }
   Storage& storage() const { return *storage_; }

@@ -195,6 +195,14 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
 ManifestEntry save(const StateDict& state, Storage& storage, std::string_view key,
                    const SaveOptions& options = {});
 
+// An in-memory checkpoint (Checkpoint::in_memory) holding `state` as
+// kStateFileName and, when `dict` is a JSON object, `dict` as kDictFileName:
+// small state (JSON plus tensors) to report without a temporary directory.
+// The tensors are copied. Read back with MappedState::open(checkpoint.storage(),
+// kStateFileName) and Checkpoint::to_dict().
+Checkpoint in_memory_checkpoint(const StateDict& state,
+                                const nlohmann::json& dict = nlohmann::json());
+
 // Saves `state` as `file` into the uncommitted checkpoint `dest` and commits
 // it (CheckpointWriter) with `metrics`; the state's metadata also becomes the
 // checkpoint's metadata.json. Returns the manifest.

@@ -35,6 +35,31 @@ Checkpoint Checkpoint::from_directory(std::string_view path_or_uri) {
   return Checkpoint(open_storage(path_or_uri));
 }
 
+Checkpoint Checkpoint::in_memory() { return Checkpoint(open_private_memory_storage()); }
+
+Checkpoint Checkpoint::from_dict(const nlohmann::json& dict) {
+  if (!dict.is_object()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("from_dict: the dict must be a JSON object, got {}", dict.type_name()));
+  }
+  check_storable_json(dict, "from_dict: the dict");
+  Checkpoint checkpoint = in_memory();
+  checkpoint.storage().put(kDictFileName, dict.dump());
+  return checkpoint;
+}
+
+nlohmann::json Checkpoint::to_dict() const {
+  const std::string where = storage_->uri_of(kDictFileName);
+  if (!storage_->exists(kDictFileName)) {
+    throw Error(ErrorCode::kNotFound, fmt::format("{}: the checkpoint holds no dict", where));
+  }
+  nlohmann::json j = parse_json(storage_->get(kDictFileName), where);
+  if (!j.is_object()) {
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: the dict is not a JSON object", where));
+  }
+  return j;
+}
+
 LocalDirectory Checkpoint::as_directory() const {
   LocalDirectory view;
   if (auto local = storage_->local_path("")) {

@@ -568,6 +568,12 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
   return digest.entry(std::string(key), size);
 }
 
+Checkpoint in_memory_checkpoint(const StateDict& state, const nlohmann::json& dict) {
+  Checkpoint checkpoint = dict.is_null() ? Checkpoint::in_memory() : Checkpoint::from_dict(dict);
+  save(state, checkpoint.storage(), kStateFileName);
+  return checkpoint;
+}
+
 Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
                          const nlohmann::json& metrics, std::string_view file,
                          const SaveOptions& options) {

@@ -19,6 +19,12 @@ std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_vi
 // `bucket` names a process-wide store created on first use; `prefix` is a key.
 std::shared_ptr<Storage> open_memory_storage(std::string_view bucket, std::string_view prefix);
 
+// A memory bucket of its own, in no registry: reachable only through the
+// returned storage (and its children), freed with the last of them. Its URI,
+// "memory://private-<n>", is for messages; open_storage() of it is another
+// bucket.
+std::shared_ptr<Storage> open_private_memory_storage();
+
 // Faults for a memory bucket, so failure paths are testable without a real
 // device. Operations are "write" (each append/write_at), "commit", "read",
 // "list", "remove" and "lock"; `key` is relative to the bucket.

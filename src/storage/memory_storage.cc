@@ -2,6 +2,7 @@
 // object-store semantics (whole-object replace, prefix listing) and injectable
 // faults. Objects live until the process ends or the bucket is cleared.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -250,6 +251,13 @@ std::shared_ptr<Storage> open_memory_storage(std::string_view bucket, std::strin
   if (bucket.empty()) throw Error(ErrorCode::kInvalidArgument, "memory:// URI needs a bucket name");
   if (!prefix.empty()) validate_key(prefix);
   return std::make_shared<MemoryStorage>(bucket_named(bucket), std::string(prefix));
+}
+
+std::shared_ptr<Storage> open_private_memory_storage() {
+  static std::atomic<uint64_t> next{0};
+  auto bucket = std::make_shared<Bucket>();
+  bucket->name = "private-" + std::to_string(next.fetch_add(1));
+  return std::make_shared<MemoryStorage>(std::move(bucket), std::string());
 }
 
 void set_memory_faults(std::string_view bucket, MemoryFaults faults) {

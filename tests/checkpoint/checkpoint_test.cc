@@ -49,6 +49,41 @@ Checkpoint committed_remote(const std::string& uri, const std::string& file,
   return cp;
 }
 
+TEST(Checkpoint, FromDictKeepsTheDictInMemoryAndCopiesShareIt) {
+  const json dict = {{"epoch", 3}, {"lr", 0.5}, {"names", {"a", "b"}}};
+  Checkpoint c = Checkpoint::from_dict(dict);
+  EXPECT_EQ(c.uri().rfind("memory://private-", 0), 0u) << c.uri();
+  EXPECT_EQ(c.to_dict(), dict);
+  Checkpoint copy = c;
+  EXPECT_EQ(copy.to_dict(), dict);
+  // Each from_dict is its own memory.
+  EXPECT_EQ(Checkpoint::from_dict({{"epoch", 4}}).to_dict().at("epoch"), 4);
+  EXPECT_EQ(c.to_dict().at("epoch"), 3);
+  EXPECT_TRUE(Checkpoint::in_memory().files().empty());
+
+  // A local copy holds the same dict.
+  TempDir dir;
+  const auto local = c.to_directory(dir.path() / "copy");
+  EXPECT_EQ(Checkpoint::from_directory(local.string()).to_dict(), dict);
+}
+
+TEST(Checkpoint, FromDictRefusesANonObjectAndToDictNamesTheFile) {
+  EXPECT_NE(error_message_of(
+                [] {
+                  Checkpoint::from_dict(json::array({1, 2}));
+                },
+                ErrorCode::kInvalidArgument)
+                .find("JSON object"),
+            std::string::npos);
+  Checkpoint empty = Checkpoint::in_memory();
+  auto to_dict = [&] { empty.to_dict(); };
+  EXPECT_NE(error_message_of(to_dict, ErrorCode::kNotFound).find("dict.json"), std::string::npos);
+  empty.storage().put(kDictFileName, "[1, 2]");
+  EXPECT_NE(error_message_of(to_dict, ErrorCode::kCorruption).find("dict.json"), std::string::npos);
+  empty.storage().put(kDictFileName, "{\"a\": ");
+  EXPECT_NE(error_message_of(to_dict, ErrorCode::kCorruption).find("dict.json"), std::string::npos);
+}
+
 TEST(Checkpoint, AsDirectoryOfALocalCheckpointIsItsOwnPath) {
   TempDir dir;
   auto cp = committed(dir.path());

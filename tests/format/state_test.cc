@@ -130,6 +130,21 @@ TEST(SaveFile, RoundTripsTensorsAndMetadataThroughACopyingLoad) {
   EXPECT_EQ(t.string_metadata.at("format"), "pt");
 }
 
+TEST(InMemoryCheckpoint, HoldsACopyOfTheTensorsAndTheDict) {
+  Source src;
+  Checkpoint c = in_memory_checkpoint(src.state(), {{"epoch", 3}});
+  src.w.assign(src.w.size(), -1.0f);  // the checkpoint has its own copy
+  EXPECT_EQ(c.to_dict(), (nlohmann::json{{"epoch", 3}}));
+  MappedState m = MappedState::open(c.storage(), kStateFileName);
+  EXPECT_EQ(m.tensor("layer.w").as<float>()[0], Source().w[0]);
+  EXPECT_EQ(m.metadata()["epoch"], 3);
+  // Without a dict, only the state.
+  Checkpoint plain = in_memory_checkpoint(src.state());
+  EXPECT_FALSE(plain.storage().exists(kDictFileName));
+  EXPECT_EQ(MappedState::open(plain.storage(), kStateFileName).tensor("layer.w").as<float>()[0],
+            -1.0f);
+}
+
 TEST(SaveFile, TheEmptyTensorNameThatSafetensorsAllowsRoundTrips) {
   TempDir dir;
   std::vector<float> v = {1, 2, 3};

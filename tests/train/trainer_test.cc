@@ -72,6 +72,29 @@ TEST(Trainer, RankZeroCheckpointsEveryEpochAndResultHasMetricsAndCheckpoints) {
   expect_no_children();
 }
 
+// Small state reported from memory: no temporary directory, and resumed from
+// the committed copy after a restart.
+TEST(Trainer, InMemoryDictCheckpointsAreReportedAndResumed) {
+  TempDir dir;
+  auto loop = [](const nlohmann::json&) {
+    int start = 0;
+    if (auto ckpt = train::get_checkpoint()) start = ckpt->to_dict().at("epoch").get<int>() + 1;
+    for (int epoch = start; epoch < 4; ++epoch) {
+      if (epoch == 2 && train::get_context().attempt == 0) throw std::runtime_error("crash");
+      train::report({{"epoch", epoch}}, Checkpoint::from_dict({{"epoch", epoch}, {"w", {1, 2}}}));
+    }
+  };
+  RunConfig rc = run_in(dir);
+  rc.failure_config.max_failures = 1;
+  Trainer t(loop, {}, ScalingConfig{.num_workers = 2}, rc);
+  Result r = t.fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  ASSERT_TRUE(r.checkpoint);
+  EXPECT_EQ(r.checkpoint->to_dict(), (nlohmann::json{{"epoch", 3}, {"w", {1, 2}}}));
+  EXPECT_EQ(expect_all_verify(r.path), 4u);  // epochs 0, 1, then 2 and 3 after the restart
+  expect_no_children();
+}
+
 TEST(Trainer, ContextNamesEveryRankAndTheExperiment) {
   TempDir dir;
   auto fn = [&](const nlohmann::json&) {
