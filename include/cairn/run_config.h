@@ -20,6 +20,10 @@ struct FailureConfig {
   // error naming the ranks that did not arrive. It bounds skew between ranks,
   // not the length of an epoch.
   double report_timeout_s = 1800.0;
+  // Preemption (SIGTERM to the driver or a worker): how long, in seconds
+  // from the signal, the workers have to save an emergency checkpoint
+  // before the group is stopped (docs/train.md, "Preemption").
+  double preemption_grace_s = 120.0;
 
   void validate() const;
 };

@@ -112,6 +112,15 @@ std::optional<Checkpoint> get_checkpoint();
 // stopped (let it propagate: the group restarts as configured).
 void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});
 
+// True once the run is being preempted: the driver or any worker received
+// SIGTERM (spot reclaim, Slurm --signal, Kubernetes). The notice reaches
+// every rank at the same report() boundary (it comes with a report's
+// release), so all ranks see it after the same report() call and can save an
+// emergency checkpoint at their next one; the driver stops the group once
+// that checkpoint is committed, or when FailureConfig::preemption_grace_s
+// has passed since the signal. A worker's SIGTERM does not kill it.
+bool should_checkpoint();
+
 // A local directory removed with everything in it when destroyed, like
 // Python's tempfile.TemporaryDirectory. In a worker it lies under the run's
 // scratch folder, which the driver also removes after the group stops, so
@@ -140,7 +149,11 @@ struct Result {
   std::optional<Checkpoint> checkpoint;          // the latest committed checkpoint
   std::vector<BestCheckpoint> best_checkpoints;  // kept checkpoints, best first
   std::string path;                              // the experiment's URI
-  std::optional<std::string> error;              // set when the run failed
+  std::optional<std::string> error;              // set when the run failed or was preempted
+  // The run was stopped by preemption (train::should_checkpoint()); `error`
+  // says so, and Trainer::restore(path) continues it from its latest
+  // checkpoint.
+  bool preempted = false;
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything. kNotFound if

@@ -27,6 +27,7 @@
 #include "cairn/manager.h"
 #include "train/collective.h"
 #include "train/scratch.h"
+#include "train/sigterm.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -101,6 +102,7 @@ bool has_type(const nlohmann::json& v, nlohmann::json::value_t type) {
 
 struct Outcome {
   bool finished = false;
+  bool preempted = false;  // stopped for preemption (finished or not)
   std::optional<Failure> failure;
   std::string stderr_tail;
 };
@@ -111,6 +113,8 @@ class Driver {
       : spec_(spec), start_group_(start_group) {}
 
   Result run() {
+    SigtermNotice sigterm;
+    sigterm_ = &sigterm;
     storage_ = open_storage(spec_.experiment_uri);
     continuing_ = spec_.restoring;
     // Before the manager opens the experiment: opening removes leftovers and
@@ -131,8 +135,10 @@ class Driver {
     state_["num_workers"] = spec_.world_size;
     state_["train_loop_config"] = spec_.train_loop_config;
     state_["checkpoint_config"] = spec_.run.checkpoint_config.to_json();
-    state_["failure_config"] = {{"max_failures", spec_.run.failure_config.max_failures},
-                                {"report_timeout_s", spec_.run.failure_config.report_timeout_s}};
+    state_["failure_config"] = {
+        {"max_failures", spec_.run.failure_config.max_failures},
+        {"report_timeout_s", spec_.run.failure_config.report_timeout_s},
+        {"preemption_grace_s", spec_.run.failure_config.preemption_grace_s}};
     if (spec_.resume_from_checkpoint) {
       state_["resume_from_checkpoint"] = spec_.resume_from_checkpoint->uri();
     } else if (!state_.contains("resume_from_checkpoint")) {
@@ -161,6 +167,19 @@ class Driver {
         from = manager_->latest()->checkpoint.uri();
       }
       Outcome out = run_attempt(attempt, from);
+      if (out.preempted) {
+        result.preempted = true;
+        auto latest = manager_->latest();
+        result.error =
+            fmt::format("preempted: a SIGTERM notice stopped the group ({}); {}",
+                        emergency_committed_ ? "after its emergency checkpoint"
+                        : out.finished       ? "after train_fn returned"
+                                             : "when FailureConfig::preemption_grace_s ran out",
+                        latest ? fmt::format("Trainer::restore(\"{}\") resumes from {}",
+                                             spec_.experiment_path, latest->checkpoint.uri())
+                               : std::string("no checkpoint was committed"));
+        break;
+      }
       if (out.finished) break;
       ++failures;
       const Failure& f = *out.failure;
@@ -193,7 +212,7 @@ class Driver {
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
     for (const auto& r : manager_->best())
       result.best_checkpoints.push_back({r.checkpoint, r.metrics});
-    state_["status"] = result.error ? "errored" : "finished";
+    state_["status"] = result.preempted ? "preempted" : result.error ? "errored" : "finished";
     state_["error"] = result.error ? nlohmann::json(*result.error) : nlohmann::json(nullptr);
     state_["metrics"] = last_metrics_;
     save_state();
@@ -279,22 +298,63 @@ class Driver {
         finished_ = false;
         group->wait_all(10000);
         out.finished = true;
+        out.preempted = preempt_requested_;
+        return out;
+      }
+      if (preemption_ends_attempt(monotonic_seconds())) {
+        group->stop();
+        if (reserved) discard_reserved(*reserved);
+        out.preempted = true;
         return out;
       }
     }
+    // A group failing while it is being preempted (the platform killing a
+    // worker) is the preemption, not a failure to restart from.
+    if (preempt_requested_) out.preempted = true;
     out.failure = failure_;
     group->stop();
     if (out.failure->rank >= 0) out.stderr_tail = group->stderr_tail(out.failure->rank);
-    if (reserved) {
-      try {
-        remove_uncommitted(*reserved);
-      } catch (const Error& e) {
-        // ignore-error: the next open of the experiment removes it
-        log::warn(fmt::format("could not remove the interrupted upload {}: {}", reserved->uri(),
-                              e.what()));
-      }
-    }
+    if (reserved) discard_reserved(*reserved);
     return out;
+  }
+
+  void discard_reserved(const Checkpoint& reserved) {
+    try {
+      remove_uncommitted(reserved);
+    } catch (const Error& e) {
+      // ignore-error: the next open of the experiment removes it
+      log::warn(
+          fmt::format("could not remove the interrupted upload {}: {}", reserved.uri(), e.what()));
+    }
+  }
+
+  // Notes a preemption notice (the driver's SIGTERM, or a rank's) and says
+  // whether the attempt should stop now: once a checkpoint reported after
+  // every rank heard the notice is committed, or the grace time is spent.
+  bool preemption_ends_attempt(double now) {
+    if (sigterm_ != nullptr && sigterm_->received())
+      note_preemption("the driver received SIGTERM", now);
+    if (!preempt_requested_) return false;
+    if (emergency_committed_) return true;
+    if (now >= preempt_deadline_) {
+      log::warn(
+          fmt::format("preemption: no checkpoint committed within {} s of the notice "
+                      "(FailureConfig::preemption_grace_s); stopping the group",
+                      spec_.run.failure_config.preemption_grace_s));
+      return true;
+    }
+    return false;
+  }
+
+  void note_preemption(const std::string& why, double now) {
+    if (preempt_requested_) return;
+    preempt_requested_ = true;
+    preempt_deadline_ = now + spec_.run.failure_config.preemption_grace_s;
+    log::warn(
+        fmt::format("preemption: {}; the workers are told at their next report and the "
+                    "group stops once a checkpoint they report after it is committed "
+                    "(or in {} s)",
+                    why, spec_.run.failure_config.preemption_grace_s));
   }
 
   ReportRound::Action handle_event(ReportRound& round, const GroupEvent& e, double now) {
@@ -303,6 +363,9 @@ class Driver {
     try {
       const std::string t = m.value("t", "");
       if (t == "report") {
+        if (m.value("preempted", false)) {
+          note_preemption(fmt::format("rank {} received SIGTERM", e.rank), now);
+        }
         return round.on_report(e.rank, m.at("round").get<int>(),
                                m.value("metrics", nlohmann::json::object()),
                                m.value("checkpoint", false), now);
@@ -331,8 +394,12 @@ class Driver {
       case A::kAck:
         last_metrics_ = a.metrics;
         round.on_released();
+        note_release(a.round, false);
         for (int r = 0; r < spec_.world_size; ++r) {
-          group.send(r, {{"t", "release"}, {"round", a.round}, {"checkpoint", nullptr}});
+          group.send(r, {{"t", "release"},
+                         {"round", a.round},
+                         {"checkpoint", nullptr},
+                         {"preempt", preempt_requested_}});
         }
         return;
       case A::kBeginUpload:
@@ -372,8 +439,12 @@ class Driver {
         reserved.reset();
         last_metrics_ = a.metrics;
         round.on_released();
+        note_release(a.round, true);
         for (int r = 0; r < spec_.world_size; ++r) {
-          group.send(r, {{"t", "release"}, {"round", a.round}, {"checkpoint", uri}});
+          group.send(r, {{"t", "release"},
+                         {"round", a.round},
+                         {"checkpoint", uri},
+                         {"preempt", preempt_requested_}});
         }
         return;
       }
@@ -385,6 +456,17 @@ class Driver {
         return;
       case A::kNone:
         return;
+    }
+  }
+
+  // The first release carrying the notice tells every rank; a checkpoint
+  // committed in a later round is the emergency checkpoint.
+  void note_release(int round, bool committed) {
+    if (!preempt_requested_) return;
+    if (notice_round_ == 0) {
+      notice_round_ = round;
+    } else if (committed && round > notice_round_) {
+      emergency_committed_ = true;
     }
   }
 
@@ -400,7 +482,14 @@ class Driver {
   nlohmann::json last_metrics_ = nlohmann::json::object();
   std::optional<Failure> failure_;
   bool finished_ = false;
-  bool continuing_ = false;  // Trainer::restore, or resume_existing on an existing experiment
+  bool continuing_ = false;
+  // Preemption (see preemption_ends_attempt).
+  const SigtermNotice* sigterm_ = nullptr;  // while run() runs
+  bool preempt_requested_ = false;
+  double preempt_deadline_ = 0.0;
+  int notice_round_ = 0;  // the round whose release first carried the notice
+  bool emergency_committed_ =
+      false;  // Trainer::restore, or resume_existing on an existing experiment
 };
 
 }  // namespace

@@ -15,7 +15,8 @@
 //   driver -> agent   {"t":"stop"}  ->  agent {"t":"stopped","stderr_tail":"..."}
 //   driver -> agent   {"t":"end","result":{...}} | {"t":"end","error":{...}}
 //
-// The worker's own messages (worker.cc) pass through unchanged, so the
+// The worker's own messages (worker.cc) pass through unchanged (except that
+// an agent that received SIGTERM marks its worker's reports "preempted"), so the
 // driver's loop (driver.cc) is the same for both launchers. An attempt ends
 // with "stop", and the driver reads up to the agent's "stopped", so nothing
 // of one attempt is mistaken for the next. The token, sent only through MPI,
@@ -40,6 +41,7 @@
 #include "train/mpi_bootstrap.h"
 #include "train/net.h"
 #include "train/scratch.h"
+#include "train/sigterm.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -509,6 +511,11 @@ class AgentLoop {
       : spec_(spec), w_(w), driver_(std::move(driver)) {}
 
   Result run() {
+    // SIGTERM to this process (Slurm signals the job step's tasks, which
+    // are the agents) is a preemption notice, passed on with the worker's
+    // next report.
+    SigtermNotice sigterm;
+    sigterm_ = &sigterm;
     // Ends when the driver says "end" or the connection to it closes.
     while (true) {
       std::vector<pollfd> fds{{driver_.fd(), POLLIN, 0}};
@@ -536,6 +543,9 @@ class AgentLoop {
   void relay_worker() {
     for (GroupEvent& e : group_->poll(0)) {
       if (e.type == GroupEvent::kMessage) {
+        if (sigterm_->received() && e.message.value("t", "") == "report") {
+          e.message["preempted"] = true;
+        }
         driver_.send({{"t", "worker"}, {"message", std::move(e.message)}});
       } else {
         driver_.send({{"t", "exit"},
@@ -619,6 +629,7 @@ class AgentLoop {
   std::unique_ptr<Group> group_;
   std::unique_ptr<ScratchDir> scratch_;
   std::string tail_;
+  const SigtermNotice* sigterm_ = nullptr;  // while run() runs
 };
 
 }  // namespace

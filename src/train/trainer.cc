@@ -22,6 +22,11 @@ void FailureConfig::validate() const {
         ErrorCode::kInvalidArgument,
         fmt::format("FailureConfig::report_timeout_s is {}; it must be > 0", report_timeout_s));
   }
+  if (!(preemption_grace_s >= 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("FailureConfig::preemption_grace_s is {}; it must be >= 0",
+                            preemption_grace_s));
+  }
 }
 
 void RunConfig::validate() const {
@@ -115,6 +120,7 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
     const nlohmann::json fc = state.value("failure_config", nlohmann::json::object());
     run.failure_config.max_failures = fc.value("max_failures", 0);
     run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
+    run.failure_config.preemption_grace_s = fc.value("preemption_grace_s", 120.0);
     scaling.num_workers = state.value("num_workers", 1);
     if (state.contains("resume_from_checkpoint") && state["resume_from_checkpoint"].is_string()) {
       resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
@@ -153,6 +159,7 @@ Result Result::from_path(std::string_view path) {
     r.metrics = listing.checkpoints.back().metrics;  // a driver that died: the last committed
   }
   if (state.is_object() && state["error"].is_string()) r.error = state["error"].get<std::string>();
+  r.preempted = state.is_object() && state.value("status", nlohmann::json()) == "preempted";
   return r;
 }
 

@@ -1,9 +1,10 @@
 // The worker's side of the report protocol (see collective.h):
 //
-//   worker -> driver  {"t":"report","round":n,"metrics":{...},"checkpoint":bool}
+//   worker -> driver  {"t":"report","round":n,"metrics":{...},"checkpoint":bool,
+//                      "preempted":bool}                        (SIGTERM seen here)
 //   driver -> worker  {"t":"upload","round":n,"dest":URI}      (uploaders only)
 //   worker -> driver  {"t":"uploaded","round":n,"files":[...],"metadata":{...}}
-//   driver -> worker  {"t":"release","round":n,"checkpoint":URI|null}
+//   driver -> worker  {"t":"release","round":n,"checkpoint":URI|null,"preempt":bool}
 //   driver -> worker  {"t":"abort","reason":"..."}             (group is stopping)
 //   worker -> driver  {"t":"done","count":n} | {"t":"error","message":"..."}
 //   worker -> driver  {"t":"invalid_report","message":"..."}  report() refused
@@ -13,6 +14,7 @@
 // CheckpointWriter (never committing it) and sends their sizes and checksums;
 // only the driver writes the manifest.
 #include <cxxabi.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -40,7 +42,13 @@ struct Session {
   std::string scratch_dir;
   train_internal::Channel* channel = nullptr;
   int reports = 0;
+  bool preempt_notice = false;  // a release said the run is being preempted
 };
+
+// Set by the worker's SIGTERM handler; sent with the next report.
+volatile sig_atomic_t g_sigterm = 0;
+
+extern "C" void on_worker_sigterm(int) { g_sigterm = 1; }
 
 Session* g_session = nullptr;
 
@@ -111,7 +119,8 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
   ch.send({{"t", "report"},
            {"round", round},
            {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
-           {"checkpoint", checkpoint.has_value()}});
+           {"checkpoint", checkpoint.has_value()},
+           {"preempted", g_sigterm != 0}});
   for (int step = 0; step < 3; ++step) {  // at most: upload, release
     std::optional<nlohmann::json> m = ch.recv();
     if (!m) {
@@ -121,7 +130,10 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
     }
     const std::string t = m->value("t", "");
     if (t == "abort") throw_aborted(*m);
-    if (t == "release") return;
+    if (t == "release") {
+      if (m->value("preempt", false)) s.preempt_notice = true;
+      return;
+    }
     if (t == "upload" && checkpoint) {
       const std::string dest = m->at("dest").get<std::string>();
       std::vector<ManifestEntry> files;
@@ -144,6 +156,8 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
   throw Error(ErrorCode::kInternal,
               fmt::format("rank {}: report #{} did not complete", s.context.world_rank, round));
 }
+
+bool should_checkpoint() { return session("should_checkpoint").preempt_notice; }
 
 TemporaryDirectory::TemporaryDirectory() {
   std::string prefix = "cairn-tmp-";
@@ -178,6 +192,12 @@ int run_worker(const LaunchSpec& spec, int fd) {
   s.scratch_dir = spec.scratch_dir;
   s.channel = &channel;
   g_session = &s;
+  // SIGTERM is a preemption notice, not an end: the driver stops the group.
+  struct sigaction sa {};
+  sa.sa_handler = on_worker_sigterm;
+  sa.sa_flags = SA_RESTART;
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
   int status = 0;
   std::string error;
   try {
