@@ -7,58 +7,30 @@
 
 namespace cairn::libtorch_internal {
 
+namespace {
+
+// Every dtype both sides have, once.
+constexpr std::pair<c10::ScalarType, DType> kDtypes[] = {
+    {c10::kFloat, DType::kF32},     {c10::kDouble, DType::kF64}, {c10::kHalf, DType::kF16},
+    {c10::kBFloat16, DType::kBF16}, {c10::kLong, DType::kI64},   {c10::kInt, DType::kI32},
+    {c10::kShort, DType::kI16},     {c10::kChar, DType::kI8},    {c10::kByte, DType::kU8},
+    {c10::kBool, DType::kBool},
+};
+
+}  // namespace
+
 std::optional<DType> to_cairn(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat:
-      return DType::kF32;
-    case c10::kDouble:
-      return DType::kF64;
-    case c10::kHalf:
-      return DType::kF16;
-    case c10::kBFloat16:
-      return DType::kBF16;
-    case c10::kLong:
-      return DType::kI64;
-    case c10::kInt:
-      return DType::kI32;
-    case c10::kShort:
-      return DType::kI16;
-    case c10::kChar:
-      return DType::kI8;
-    case c10::kByte:
-      return DType::kU8;
-    case c10::kBool:
-      return DType::kBool;
-    default:
-      return std::nullopt;
+  for (const auto& [torch_type, dtype] : kDtypes) {
+    if (torch_type == t) return dtype;
   }
+  return std::nullopt;
 }
 
 std::optional<c10::ScalarType> to_torch(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return c10::kFloat;
-    case DType::kF64:
-      return c10::kDouble;
-    case DType::kF16:
-      return c10::kHalf;
-    case DType::kBF16:
-      return c10::kBFloat16;
-    case DType::kI64:
-      return c10::kLong;
-    case DType::kI32:
-      return c10::kInt;
-    case DType::kI16:
-      return c10::kShort;
-    case DType::kI8:
-      return c10::kChar;
-    case DType::kU8:
-      return c10::kByte;
-    case DType::kBool:
-      return c10::kBool;
-    default:
-      return std::nullopt;
+  for (const auto& [torch_type, dtype] : kDtypes) {
+    if (dtype == t) return torch_type;
   }
+  return std::nullopt;
 }
 
 Shape shape_of(const torch::Tensor& t) {

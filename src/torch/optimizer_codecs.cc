@@ -52,6 +52,45 @@ const S& as(const optim::OptimizerParamState& s) {
   return static_cast<const S&>(s);
 }
 
+// Adam and AdamW share their options and state layout.
+template <typename Optimizer, typename Options, typename State>
+OptimizerCodec adam_like(std::string_view type) {
+  return {type,
+          [](const optim::Optimizer& o) { return dynamic_cast<const Optimizer*>(&o) != nullptr; },
+          [](const optim::OptimizerOptions& base) {
+            const auto& o = as<Options>(base);
+            return json{{"lr", o.lr()},
+                        {"betas", betas_json(o.betas())},
+                        {"eps", o.eps()},
+                        {"weight_decay", o.weight_decay()},
+                        {"amsgrad", o.amsgrad()}};
+          },
+          [](optim::OptimizerOptions& base, const json& j) {
+            auto& o = as<Options>(base);
+            o.lr(j.at("lr").get<double>());
+            o.betas(betas_of(j.at("betas")));
+            o.eps(j.at("eps").get<double>());
+            o.weight_decay(j.at("weight_decay").get<double>());
+            o.amsgrad(j.at("amsgrad").get<bool>());
+          },
+          [](const optim::OptimizerParamState& base) {
+            const auto& s = as<State>(base);
+            Fields f{{"step", scalar_i64(s.step())},
+                     {"exp_avg", s.exp_avg()},
+                     {"exp_avg_sq", s.exp_avg_sq()}};
+            add_optional(f, "max_exp_avg_sq", s.max_exp_avg_sq());
+            return f;
+          },
+          [](FieldReader& r) -> std::unique_ptr<optim::OptimizerParamState> {
+            auto s = std::make_unique<State>();
+            s->step(r.i64("step"));
+            s->exp_avg(r.like_param("exp_avg"));
+            s->exp_avg_sq(r.like_param("exp_avg_sq"));
+            s->max_exp_avg_sq(r.optional_like_param("max_exp_avg_sq"));
+            return s;
+          }};
+}
+
 const OptimizerCodec kCodecs[] = {
     {"SGD",
      [](const optim::Optimizer& o) { return dynamic_cast<const optim::SGD*>(&o) != nullptr; },
@@ -81,74 +120,8 @@ const OptimizerCodec kCodecs[] = {
        s->momentum_buffer(r.optional_like_param("momentum_buffer"));
        return s;
      }},
-    {"Adam",
-     [](const optim::Optimizer& o) { return dynamic_cast<const optim::Adam*>(&o) != nullptr; },
-     [](const optim::OptimizerOptions& base) {
-       const auto& o = as<optim::AdamOptions>(base);
-       return json{{"lr", o.lr()},
-                   {"betas", betas_json(o.betas())},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"amsgrad", o.amsgrad()}};
-     },
-     [](optim::OptimizerOptions& base, const json& j) {
-       auto& o = as<optim::AdamOptions>(base);
-       o.lr(j.at("lr").get<double>());
-       o.betas(betas_of(j.at("betas")));
-       o.eps(j.at("eps").get<double>());
-       o.weight_decay(j.at("weight_decay").get<double>());
-       o.amsgrad(j.at("amsgrad").get<bool>());
-     },
-     [](const optim::OptimizerParamState& base) {
-       const auto& s = as<optim::AdamParamState>(base);
-       Fields f{{"step", scalar_i64(s.step())},
-                {"exp_avg", s.exp_avg()},
-                {"exp_avg_sq", s.exp_avg_sq()}};
-       add_optional(f, "max_exp_avg_sq", s.max_exp_avg_sq());
-       return f;
-     },
-     [](FieldReader& r) -> std::unique_ptr<optim::OptimizerParamState> {
-       auto s = std::make_unique<optim::AdamParamState>();
-       s->step(r.i64("step"));
-       s->exp_avg(r.like_param("exp_avg"));
-       s->exp_avg_sq(r.like_param("exp_avg_sq"));
-       s->max_exp_avg_sq(r.optional_like_param("max_exp_avg_sq"));
-       return s;
-     }},
-    {"AdamW",
-     [](const optim::Optimizer& o) { return dynamic_cast<const optim::AdamW*>(&o) != nullptr; },
-     [](const optim::OptimizerOptions& base) {
-       const auto& o = as<optim::AdamWOptions>(base);
-       return json{{"lr", o.lr()},
-                   {"betas", betas_json(o.betas())},
-                   {"eps", o.eps()},
-                   {"weight_decay", o.weight_decay()},
-                   {"amsgrad", o.amsgrad()}};
-     },
-     [](optim::OptimizerOptions& base, const json& j) {
-       auto& o = as<optim::AdamWOptions>(base);
-       o.lr(j.at("lr").get<double>());
-       o.betas(betas_of(j.at("betas")));
-       o.eps(j.at("eps").get<double>());
-       o.weight_decay(j.at("weight_decay").get<double>());
-       o.amsgrad(j.at("amsgrad").get<bool>());
-     },
-     [](const optim::OptimizerParamState& base) {
-       const auto& s = as<optim::AdamWParamState>(base);
-       Fields f{{"step", scalar_i64(s.step())},
-                {"exp_avg", s.exp_avg()},
-                {"exp_avg_sq", s.exp_avg_sq()}};
-       add_optional(f, "max_exp_avg_sq", s.max_exp_avg_sq());
-       return f;
-     },
-     [](FieldReader& r) -> std::unique_ptr<optim::OptimizerParamState> {
-       auto s = std::make_unique<optim::AdamWParamState>();
-       s->step(r.i64("step"));
-       s->exp_avg(r.like_param("exp_avg"));
-       s->exp_avg_sq(r.like_param("exp_avg_sq"));
-       s->max_exp_avg_sq(r.optional_like_param("max_exp_avg_sq"));
-       return s;
-     }},
+    adam_like<optim::Adam, optim::AdamOptions, optim::AdamParamState>("Adam"),
+    adam_like<optim::AdamW, optim::AdamWOptions, optim::AdamWParamState>("AdamW"),
     {"RMSprop",
      [](const optim::Optimizer& o) { return dynamic_cast<const optim::RMSprop*>(&o) != nullptr; },
      [](const optim::OptimizerOptions& base) {
