@@ -16,6 +16,8 @@ packages=(
   python3-xxhash
   # LibTorch adapter, torch baselines and interop tests
   libtorch-dev python3 python3-numpy python3-torch
+  # the Trainer's data-parallel process group: c10d::ProcessGroupGloo's headers
+  libgloo-dev
   # benchmarks and multi-node runtime
   fio openmpi-bin libopenmpi-dev
   # tests: small tmpfs for disk-full tests, process tools

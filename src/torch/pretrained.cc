@@ -222,10 +222,9 @@ std::vector<std::string> save_pretrained(std::string_view directory_or_uri,
   const std::string old_index = index_name(options.weights_name);
   if (n == 1 && storage->exists(old_index)) stale.push_back(old_index);
   const std::set<std::string> keep(written.begin(), written.end());
-  for (const ObjectInfo& o : storage->list("")) {
-    if (o.key.find('/') == std::string::npos && is_weights_file(o.key, options.weights_name) &&
-        !keep.count(o.key) && o.key != old_index) {
-      stale.push_back(o.key);
+  for (const std::string& name : storage->list_names("")) {  // one level; folders end in '/'
+    if (is_weights_file(name, options.weights_name) && !keep.count(name) && name != old_index) {
+      stale.push_back(name);
     }
   }
   for (const std::string& key : stale) storage->remove(key);

@@ -1,7 +1,7 @@
 // SIGTERM as a preemption notice (docs/train.md, "Preemption"): while a
 // SigtermNotice lives, SIGTERM sets a flag instead of ending the process;
 // the previous disposition comes back when it is destroyed. One per process
-// at a time (the driver, or an MPI agent).
+// at a time (the driver, an MPI agent, or a worker).
 #pragma once
 
 #include <signal.h>

@@ -29,6 +29,7 @@
 #include "cairn/error.h"
 #include "train/channel.h"
 #include "train/group.h"
+#include "train/sigterm.h"
 #include "util/fs.h"
 #include "util/json.h"
 
@@ -43,12 +44,9 @@ struct Session {
   train_internal::Channel* channel = nullptr;
   int reports = 0;
   bool preempt_notice = false;  // a release said the run is being preempted
+  // SIGTERM to this worker: sent with its next report.
+  const train_internal::SigtermNotice* sigterm = nullptr;
 };
-
-// Set by the worker's SIGTERM handler; sent with the next report.
-volatile sig_atomic_t g_sigterm = 0;
-
-extern "C" void on_worker_sigterm(int) { g_sigterm = 1; }
 
 Session* g_session = nullptr;
 
@@ -120,7 +118,7 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
            {"round", round},
            {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
            {"checkpoint", checkpoint.has_value()},
-           {"preempted", g_sigterm != 0}});
+           {"preempted", s.sigterm != nullptr && s.sigterm->received()}});
   for (int step = 0; step < 3; ++step) {  // at most: upload, release
     std::optional<nlohmann::json> m = ch.recv();
     if (!m) {
@@ -193,11 +191,8 @@ int run_worker(const LaunchSpec& spec, int fd) {
   s.channel = &channel;
   g_session = &s;
   // SIGTERM is a preemption notice, not an end: the driver stops the group.
-  struct sigaction sa {};
-  sa.sa_handler = on_worker_sigterm;
-  sa.sa_flags = SA_RESTART;
-  ::sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, nullptr);
+  SigtermNotice sigterm;
+  s.sigterm = &sigterm;
   int status = 0;
   std::string error;
   try {
