@@ -105,12 +105,43 @@ const TrainContext& get_context();
 // after a restart or Trainer::restore, else resume_from_checkpoint, else none.
 std::optional<Checkpoint> get_checkpoint();
 
+struct ReportOptions {
+  // Return once this rank's checkpoint files are snapshotted; the upload, and
+  // the commit once every rank's files are durable, run in the background
+  // while train_fn goes on. The snapshot hard-links the files of a local
+  // checkpoint (no data is copied; it copies where a link cannot be made,
+  // and copies a checkpoint held elsewhere), so after report() returns the
+  // caller may delete its checkpoint directory or write new files into it,
+  // but must not rewrite a reported file in place (write a new file, or
+  // write to a temporary name and rename). Rounds, synchronous or not, are
+  // committed in report order, and every rank must call report() the same
+  // number of times, as always; ranks may mix modes. The preemption notice
+  // (should_checkpoint()) still arrives with a round's release, so it may be
+  // seen a few reports later than in synchronous mode.
+  bool async = false;
+  // Asynchronous reports of this rank snapshotted but not yet committed ("in
+  // flight") at most; a report beyond that blocks until the oldest commits.
+  // Each holds a snapshot in the run's scratch folder until then. >= 1.
+  int max_in_flight = 1;
+};
+
 // Collective; see the top of this file. `metrics` must be a JSON object (or
 // null, meaning none) that can be stored (nesting within 128 levels, valid
-// UTF-8); otherwise throws kInvalidArgument and the run fails without retry.
-// Throws cairn::Error if this rank's upload fails or the group is being
-// stopped (let it propagate: the group restarts as configured).
-void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {});
+// UTF-8), and options.max_in_flight >= 1; otherwise throws kInvalidArgument
+// and the run fails without retry. Throws cairn::Error if this rank's upload
+// fails or the group is being stopped (let it propagate: the group restarts
+// as configured). With options.async, an upload that fails in the background
+// stops the group at once (it is retried as configured) and, if this worker
+// is still running, is thrown by its next report() or wait_for_reports();
+// a snapshot that fails is thrown by this call, before the round starts.
+// When train_fn returns, the worker waits for its asynchronous reports to
+// commit before it counts as finished.
+void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint = {},
+            const ReportOptions& options = {});
+
+// Blocks until every asynchronous report of this rank is committed; throws
+// the error of one that failed. Returns at once when none is pending.
+void wait_for_reports();
 
 // True once the run is being preempted: the driver or any worker received
 // SIGTERM (spot reclaim, Slurm --signal, Kubernetes). The notice reaches

@@ -13,4 +13,13 @@ namespace cairn {
 // when given, and returns its size and XXH3-64. `dst` is not committed.
 ManifestEntry stream_object(Storage& src, std::string_view key, Writer* dst);
 
+// A file name a manifest can hold: a safe key, outside .cairn/, valid UTF-8.
+// kInvalidArgument naming the path otherwise.
+void check_user_path(std::string_view path);
+
+// For a source on the local file system: kInvalidArgument naming the file if
+// `key` is a symbolic link that leads outside the source's root (the user
+// asked to save that directory, not what a link points to).
+void check_inside(const Storage& source, std::string_view key);
+
 }  // namespace cairn

@@ -245,6 +245,13 @@ ReportRound::Action ReportRound::on_worker_error(int rank, const std::string& me
   return {};
 }
 
+ReportRound::Action ReportRound::on_upload_failed(int rank, int round, const std::string& message) {
+  ranks_.at(rank).error = message;
+  return fail_with(
+      FailureKind::kWorkerFailed, rank,
+      fmt::format("rank {} failed in asynchronous report #{}: {}", rank, round, message));
+}
+
 ReportRound::Action ReportRound::on_invalid_report(int rank, const std::string& message) {
   return fail_with(FailureKind::kInvalidReport, rank, message);
 }

@@ -85,6 +85,9 @@ class ReportRound {
   Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files, nlohmann::json metadata,
                      double now);
   Action on_worker_error(int rank, const std::string& message);  // before its exit
+  // The rank's asynchronous upload for `round` failed; the group fails now
+  // (a worker failure: retried as configured).
+  Action on_upload_failed(int rank, int round, const std::string& message);
   // The rank's report() refused its own arguments (metrics it cannot send).
   Action on_invalid_report(int rank, const std::string& message);
   Action on_done(int rank, int count);

@@ -377,6 +377,9 @@ class Driver {
                                  m.value("metadata", nlohmann::json()), now);
       }
       if (t == "error") return round.on_worker_error(e.rank, m.value("message", ""));
+      if (t == "upload_failed") {
+        return round.on_upload_failed(e.rank, m.at("round").get<int>(), m.value("message", ""));
+      }
       if (t == "invalid_report") return round.on_invalid_report(e.rank, m.value("message", ""));
       if (t == "done") return round.on_done(e.rank, m.at("count").get<int>());
     } catch (const nlohmann::json::exception& ex) {

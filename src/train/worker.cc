@@ -9,18 +9,34 @@
 //   worker -> driver  {"t":"done","count":n} | {"t":"error","message":"..."}
 //   worker -> driver  {"t":"invalid_report","message":"..."}  report() refused
 //                     its arguments (not retried: a restart would repeat it)
+//   worker -> driver  {"t":"upload_failed","round":n,"message":"..."}  an
+//                     asynchronous report's upload failed (the group stops now,
+//                     not at the rank's next report)
 //
 // A rank writes its own files straight into the reserved destination with a
 // CheckpointWriter (never committing it) and sends their sizes and checksums;
 // only the driver writes the manifest.
+//
+// Asynchronous reports (ReportOptions::async) run the same rounds, in order,
+// on a thread of the worker (AsyncReports) from a snapshot of the rank's files
+// (train/snapshot.h); train_fn goes on meanwhile. A synchronous report waits
+// until that thread has nothing left, so only one thread reads the channel at
+// a time; sends are serialized by Session::send_mu.
 #include <cxxabi.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
+#include <thread>
 #include <typeinfo>
 
 #include <fmt/format.h>
@@ -30,6 +46,7 @@
 #include "train/channel.h"
 #include "train/group.h"
 #include "train/sigterm.h"
+#include "train/snapshot.h"
 #include "util/fs.h"
 #include "util/json.h"
 
@@ -37,15 +54,20 @@ namespace cairn {
 
 namespace {
 
+class AsyncReports;
+
 struct Session {
   TrainContext context;
   std::optional<std::string> checkpoint_uri;
   std::string scratch_dir;
   train_internal::Channel* channel = nullptr;
-  int reports = 0;
-  bool preempt_notice = false;  // a release said the run is being preempted
+  std::mutex send_mu;  // the main thread and AsyncReports both send
+  int reports = 0;     // rounds started (sent, or queued to be sent)
+  // A release said the run is being preempted (set by either thread).
+  std::atomic<bool> preempt_notice{false};
   // SIGTERM to this worker: sent with its next report.
   const train_internal::SigtermNotice* sigterm = nullptr;
+  std::unique_ptr<AsyncReports> async;  // started by the first asynchronous report
 };
 
 Session* g_session = nullptr;
@@ -84,6 +106,163 @@ std::string exception_type_name(const std::type_info& type) {
               fmt::format("the group is stopping: {}", m.value("reason", std::string("aborted"))));
 }
 
+void send(Session& s, const nlohmann::json& message) {
+  std::lock_guard<std::mutex> g(s.send_mu);
+  s.channel->send(message);
+}
+
+// One report round, from this rank's side.
+struct RoundJob {
+  int round = 0;
+  nlohmann::json message;                  // the "report" message
+  std::optional<Checkpoint> files;         // what this rank uploads, if anything
+  std::optional<nlohmann::json> metadata;  // frozen by a snapshot; else read at upload
+  std::filesystem::path staging;           // the snapshot's folder, removed after the round
+};
+
+// Sends the report, uploads when the driver asks, returns at the release.
+// `background`: an upload failure is also sent to the driver at once, since
+// train_fn will not see it until its next report.
+void run_round(Session& s, const RoundJob& job, bool background) {
+  train_internal::Channel& ch = *s.channel;
+  const int rank = s.context.world_rank;
+  send(s, job.message);
+  for (int step = 0; step < 3; ++step) {  // at most: upload, release
+    std::optional<nlohmann::json> m = ch.recv();
+    if (!m) {
+      throw Error(ErrorCode::kUnavailable,
+                  fmt::format("rank {}: the driver went away during report #{}", rank, job.round));
+    }
+    const std::string t = m->value("t", "");
+    if (t == "abort") throw_aborted(*m);
+    if (t == "release") {
+      if (m->value("preempt", false)) s.preempt_notice = true;
+      return;
+    }
+    if (t == "upload" && job.files) {
+      const std::string dest = m->at("dest").get<std::string>();
+      std::vector<ManifestEntry> files;
+      nlohmann::json metadata;
+      try {
+        files = upload(*job.files, dest);
+        metadata = job.metadata ? *job.metadata : job.files->get_metadata();
+      } catch (const Error& e) {
+        Error failed = with_context(
+            e,
+            fmt::format("rank {}: uploading report #{}'s checkpoint to {}", rank, job.round, dest));
+        if (background) {
+          try {
+            send(s, {{"t", "upload_failed"}, {"round", job.round}, {"message", failed.what()}});
+          } catch (const Error&) {
+            // ignore-error: the driver is gone; train_fn sees `failed` at its next report
+          }
+        }
+        throw failed;
+      }
+      nlohmann::json list = nlohmann::json::array();
+      for (const auto& f : files) list.push_back(entry_to_json(f));
+      send(s, {{"t", "uploaded"}, {"round", job.round}, {"files", list}, {"metadata", metadata}});
+      continue;
+    }
+    throw Error(ErrorCode::kInternal,
+                fmt::format("rank {}: unexpected message from the driver: {}", rank, m->dump()));
+  }
+  throw Error(ErrorCode::kInternal,
+              fmt::format("rank {}: report #{} did not complete", rank, job.round));
+}
+
+void remove_staging(const std::filesystem::path& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // ignore-error: the scratch folder goes after the attempt
+}
+
+// The rounds of asynchronous reports, run in order on a thread of their own.
+// Pending rounds are the ones queued and not yet released (the one running
+// included). After a round fails no later one is sent: the rank's sequence
+// of rounds is broken, and every later call throws that round's error.
+class AsyncReports {
+ public:
+  explicit AsyncReports(Session& s) : s_(s), thread_([this] { loop(); }) {}
+  ~AsyncReports() { stop(); }
+  AsyncReports(const AsyncReports&) = delete;
+  AsyncReports& operator=(const AsyncReports&) = delete;
+
+  // Throws the error of a failed round.
+  void check() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (error_) std::rethrow_exception(error_);
+  }
+  // Blocks until fewer than `max_pending` rounds are pending.
+  void wait_for_slot(size_t max_pending) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return error_ || jobs_.size() < max_pending; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  void push(RoundJob job) {
+    std::lock_guard<std::mutex> g(mu_);
+    jobs_.push_back(std::move(job));
+    cv_.notify_all();
+  }
+  // Blocks until every pending round is released; throws a failed one's error.
+  void drain() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return error_ || jobs_.empty(); });
+    if (error_) std::rethrow_exception(error_);
+  }
+  // Rounds not yet started are dropped; the one running finishes (a caller
+  // that will not wait for the driver first shuts the channel's read side).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    while (true) {
+      RoundJob* job = nullptr;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stopping_ || !jobs_.empty(); });
+        if (stopping_) {
+          for (const RoundJob& j : jobs_) remove_staging(j.staging);
+          jobs_.clear();
+          cv_.notify_all();
+          return;
+        }
+        job = &jobs_.front();  // stays put: a deque's push_back moves no element
+      }
+      std::exception_ptr failed;
+      try {
+        run_round(s_, *job, /*background=*/true);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      remove_staging(job->staging);
+      std::lock_guard<std::mutex> g(mu_);
+      jobs_.pop_front();
+      if (failed && !error_) error_ = failed;
+      if (error_) {
+        for (const RoundJob& j : jobs_) remove_staging(j.staging);
+        jobs_.clear();
+      }
+      cv_.notify_all();
+    }
+  }
+
+  Session& s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RoundJob> jobs_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest is ready
+};
+
 }  // namespace
 
 namespace train {
@@ -96,66 +275,75 @@ std::optional<Checkpoint> get_checkpoint() {
   return Checkpoint::from_directory(*s.checkpoint_uri);
 }
 
-void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint) {
+void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint,
+            const ReportOptions& options) {
   Session& s = session("report");
-  train_internal::Channel& ch = *s.channel;
+  const int rank = s.context.world_rank;
+  // An asynchronous round that failed breaks this rank's sequence of rounds.
+  if (s.async) s.async->check();
   try {
     if (!metrics.is_object() && !metrics.is_null()) {
       throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("rank {}: report() metrics must be a JSON object, got {}",
-                              s.context.world_rank, metrics.type_name()));
+                  fmt::format("rank {}: report() metrics must be a JSON object, got {}", rank,
+                              metrics.type_name()));
     }
     // Metrics go into manifests and trainer_state.json: they must read back.
-    check_storable_json(metrics, fmt::format("rank {}: report() metrics", s.context.world_rank));
+    check_storable_json(metrics, fmt::format("rank {}: report() metrics", rank));
+    if (options.max_in_flight < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("rank {}: ReportOptions::max_in_flight must be at least 1, got {}",
+                              rank, options.max_in_flight));
+    }
   } catch (const Error& e) {
     // The driver fails the run once (a restart would repeat this); the
     // exception tells train_fn why.
-    ch.send({{"t", "invalid_report"}, {"message", e.what()}});
+    send(s, {{"t", "invalid_report"}, {"message", e.what()}});
     throw;
   }
-  const int round = ++s.reports;
-  ch.send({{"t", "report"},
-           {"round", round},
-           {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
-           {"checkpoint", checkpoint.has_value()},
-           {"preempted", s.sigterm != nullptr && s.sigterm->received()}});
-  for (int step = 0; step < 3; ++step) {  // at most: upload, release
-    std::optional<nlohmann::json> m = ch.recv();
-    if (!m) {
-      throw Error(ErrorCode::kUnavailable,
-                  fmt::format("rank {}: the driver went away during report #{}",
-                              s.context.world_rank, round));
-    }
-    const std::string t = m->value("t", "");
-    if (t == "abort") throw_aborted(*m);
-    if (t == "release") {
-      if (m->value("preempt", false)) s.preempt_notice = true;
-      return;
-    }
-    if (t == "upload" && checkpoint) {
-      const std::string dest = m->at("dest").get<std::string>();
-      std::vector<ManifestEntry> files;
-      nlohmann::json metadata;
-      try {
-        files = upload(*checkpoint, dest);
-        metadata = checkpoint->get_metadata();
-      } catch (const Error& e) {
-        throw with_context(e, fmt::format("rank {}: uploading report #{}'s checkpoint to {}",
-                                          s.context.world_rank, round, dest));
-      }
-      nlohmann::json list = nlohmann::json::array();
-      for (const auto& f : files) list.push_back(entry_to_json(f));
-      ch.send({{"t", "uploaded"}, {"round", round}, {"files", list}, {"metadata", metadata}});
-      continue;
-    }
-    throw Error(ErrorCode::kInternal, fmt::format("rank {}: unexpected message from the driver: {}",
-                                                  s.context.world_rank, m->dump()));
+  RoundJob job;
+  job.round = s.reports + 1;
+  job.message = {{"t", "report"},
+                 {"round", job.round},
+                 {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
+                 {"checkpoint", checkpoint.has_value()},
+                 {"preempted", s.sigterm != nullptr && s.sigterm->received()}};
+  if (!options.async) {
+    if (s.async) s.async->drain();  // rounds go in order; one reader of the channel
+    s.reports = job.round;
+    job.files = checkpoint;
+    run_round(s, job, /*background=*/false);
+    return;
   }
-  throw Error(ErrorCode::kInternal,
-              fmt::format("rank {}: report #{} did not complete", s.context.world_rank, round));
+  if (!s.async) s.async = std::make_unique<AsyncReports>(s);
+  s.async->wait_for_slot(static_cast<size_t>(options.max_in_flight));
+  if (checkpoint) {
+    std::filesystem::path base =
+        s.scratch_dir.empty()
+            ? make_temp_dir("cairn-report-")
+            : std::filesystem::path(s.scratch_dir) / fmt::format("rank-{}", rank) / "reports";
+    job.staging = base / fmt::format("report-{}", job.round);
+    try {
+      remove_staging(job.staging);  // left by nothing but a bug; start clean
+      train_internal::Snapshot snap = train_internal::snapshot_checkpoint(*checkpoint, job.staging);
+      job.files = std::move(snap.checkpoint);
+      job.metadata = std::move(snap.metadata);
+    } catch (const Error& e) {
+      remove_staging(job.staging);
+      // Nothing was sent: the round is not started, and the caller may retry.
+      throw with_context(e, fmt::format("rank {}: report #{}: snapshotting {}", rank, job.round,
+                                        checkpoint->uri()));
+    }
+  }
+  s.reports = job.round;
+  s.async->push(std::move(job));
 }
 
-bool should_checkpoint() { return session("should_checkpoint").preempt_notice; }
+void wait_for_reports() {
+  Session& s = session("wait_for_reports");
+  if (s.async) s.async->drain();
+}
+
+bool should_checkpoint() { return session("should_checkpoint").preempt_notice.load(); }
 
 TemporaryDirectory::TemporaryDirectory() {
   std::string prefix = "cairn-tmp-";
@@ -198,22 +386,37 @@ int run_worker(const LaunchSpec& spec, int fd) {
   try {
     spec.train_fn(spec.train_loop_config);
   } catch (const std::exception& e) {
-    error = fmt::format("{}: {}", exception_type_name(typeid(e)), e.what());
+    error = fmt::format("train_fn raised {}: {}", exception_type_name(typeid(e)), e.what());
   } catch (...) {
-    error = "an exception that is not a std::exception";
+    error = "train_fn raised an exception that is not a std::exception";
+  }
+  if (error.empty() && s.async) {
+    // train_fn returned: its asynchronous reports must be committed first.
+    try {
+      s.async->drain();
+    } catch (const std::exception& e) {
+      error = fmt::format("an asynchronous report failed: {}", e.what());
+    }
   }
   try {
     if (error.empty()) {
-      channel.send({{"t", "done"}, {"count", s.reports}});
+      send(s, {{"t", "done"}, {"count", s.reports}});
     } else {
-      std::fprintf(stderr, "rank %d: train_fn raised %s\n", s.context.world_rank, error.c_str());
-      channel.send({{"t", "error"}, {"message", "train_fn raised " + error}});
+      std::fprintf(stderr, "rank %d: %s\n", s.context.world_rank, error.c_str());
+      send(s, {{"t", "error"}, {"message", error}});
       status = 1;
     }
   } catch (const Error& e) {
     // ignore-error: the driver is gone or stopping us; the exit status tells it the rest
     std::fprintf(stderr, "rank %d: %s\n", s.context.world_rank, e.what());
     status = status == 0 ? 2 : status;
+  }
+  if (s.async) {
+    // A round still running waits for a driver that may never answer now:
+    // end its read at once.
+    if (status != 0) ::shutdown(channel.fd(), SHUT_RD);  // ignore-error: already closed is fine
+    s.async->stop();
+    s.async.reset();
   }
   g_session = nullptr;
   std::cout.flush();

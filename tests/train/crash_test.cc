@@ -40,7 +40,8 @@ std::string shard_bytes(int epoch, int rank, size_t n) {
 
 // Every rank saves its shard each epoch; rank 0 also saves the epoch. On
 // resume, each rank checks that its shard in the checkpoint is whole.
-// Config: epochs, shard_bytes, sleep_ms, pid_dir.
+// Config: epochs, shard_bytes, sleep_ms, pid_dir; extra_files, async
+// (ReportOptions::async: the upload runs while the loop goes on).
 void sharded_loop(const nlohmann::json& config) {
   const TrainContext& ctx = train::get_context();
   const int rank = ctx.world_rank;
@@ -75,7 +76,8 @@ void sharded_loop(const nlohmann::json& config) {
     for (int i = 0; i < config.value("extra_files", 0); ++i) {
       write_file(fs::path(tmp.path()) / fmt::format("extra-{}-{}", rank, i), std::to_string(i));
     }
-    train::report({{"epoch", epoch}}, Checkpoint::from_directory(tmp.path()));
+    train::report({{"epoch", epoch}}, Checkpoint::from_directory(tmp.path()),
+                  {.async = config.value("async", false)});
   }
 }
 
@@ -140,7 +142,7 @@ pid_t start_worker_killer(const fs::path& pid_dir, const fs::path& experiment,
   ::_exit(0);
 }
 
-TEST(TrainCrash, WorkerKilledAtRandomMomentsAndDuringUploadsLosesNothingCommitted) {
+void kill_workers(bool async) {
   TempDir dir;
   fs::create_directories(dir.path() / "pids");
   const fs::path experiment = dir.path() / "exp";
@@ -158,6 +160,7 @@ TEST(TrainCrash, WorkerKilledAtRandomMomentsAndDuringUploadsLosesNothingCommitte
                   {{"epochs", epochs},
                    {"shard_bytes", 2 << 20},
                    {"sleep_ms", 30},
+                   {"async", async},
                    {"pid_dir", (dir.path() / "pids").string()}},
                   ScalingConfig{.num_workers = 2}, run);
   Result r = trainer.fit();
@@ -187,21 +190,27 @@ TEST(TrainCrash, WorkerKilledAtRandomMomentsAndDuringUploadsLosesNothingCommitte
   expect_no_children();
 }
 
+TEST(TrainCrash, WorkerKilledAtRandomMomentsAndDuringUploadsLosesNothingCommitted) {
+  kill_workers(/*async=*/false);
+}
+
+TEST(TrainCrash, WorkerKilledDuringAsynchronousReportsLosesNothingCommitted) {
+  kill_workers(/*async=*/true);
+}
+
 // Runs fit() in a child process (the driver), kills it with SIGKILL once the
 // experiment has `min_committed` checkpoints (and, when `during_upload`, at
 // the moment one is being uploaded), then restores.
-void kill_driver_then_restore(bool during_upload, unsigned seed) {
+void kill_driver_then_restore(bool during_upload, unsigned seed, bool async = false) {
   TempDir dir;
   fs::create_directories(dir.path() / "pids");
   const fs::path experiment = dir.path() / "exp";
   // Slow enough that the driver is still training when it is killed; large
   // enough shards that an upload is in progress for a while.
   const int epochs = 40;
-  const nlohmann::json slow = {{"epochs", epochs},
-                               {"shard_bytes", 1 << 20},
-                               {"sleep_ms", 50},
-                               {"extra_files", during_upload ? 24 : 0},
-                               {"pid_dir", (dir.path() / "pids").string()}};
+  const nlohmann::json slow = {{"epochs", epochs}, {"shard_bytes", 1 << 20},
+                               {"sleep_ms", 50},   {"extra_files", during_upload ? 24 : 0},
+                               {"async", async},   {"pid_dir", (dir.path() / "pids").string()}};
   RunConfig run;
   run.name = "exp";
   run.storage_path = dir.str();
@@ -321,6 +330,12 @@ TEST(TrainCrash, DriverKilledDuringACheckpointUploadThenRestoreContinues) {
   const unsigned seed = static_cast<unsigned>(std::random_device{}());
   SCOPED_TRACE(fmt::format("seed {}", seed));
   kill_driver_then_restore(/*during_upload=*/true, seed);
+}
+
+TEST(TrainCrash, DriverKilledDuringAnAsynchronousUploadThenRestoreContinues) {
+  const unsigned seed = static_cast<unsigned>(std::random_device{}());
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  kill_driver_then_restore(/*during_upload=*/true, seed, /*async=*/true);
 }
 
 TEST(TrainCrash, CanRestoreIsFalseWhereNoTrainerRan) {
