@@ -3,7 +3,9 @@
 # memcpy, Cairn's save / async-save stall / loads, LibTorch torch::save/load
 # and python3-torch torch.save/load on the same ~2 GiB transformer + Adam state,
 # then prints one table with the targets (PASS/MISS and the ratio) and writes
-# the full report to build-bench/bench-results.json.
+# the full report to build-bench/bench-results.json. Then the Trainer's step
+# time with asynchronous, synchronous and no checkpoints every step
+# (bench/train_step_bench.cc; build-bench/train-step-results.json).
 #
 # Usage: scripts/bench.sh [--size-mib N] [--runs N] [--no-hugetlb] [--dir DIR] [--s3]
 #   --size-mib 64 --runs 1   a quick run (the default is 2048 MiB, 3 runs)
@@ -22,7 +24,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAIRN_TORCH=ON >/dev/null
-ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench cairn
+ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench cairn train_step_bench
 
 base=build-bench
 args=()
@@ -47,6 +49,10 @@ trap 'rm -rf "$dir"' EXIT
 /usr/bin/python3 bench/run.py --cairn build-bench/bench/cairn_bench \
   --libtorch build-bench/bench/torch_bench --dir "$dir" \
   --json build-bench/bench-results.json "${args[@]}"
+
+# The Trainer's step time: asynchronous vs synchronous report vs none.
+build-bench/bench/train_step_bench --dir "$dir/train-step" \
+  --json build-bench/train-step-results.json
 
 if [ "$s3" = 1 ]; then
   /usr/bin/python3 bench/s3_bench.py --cairn build-bench/src/cli/cairn --dir "$dir" \

@@ -1,0 +1,223 @@
+// The Trainer's step time with a checkpoint every step: asynchronous report,
+// synchronous report, and no checkpoint, on the same training loop, in one
+// run (docs/benchmarks.md, "Trainer step time").
+//
+// The loop: each step updates a float32 state of --state-mib MiB for about
+// --step-ms milliseconds of work (calibrated once in this process, then the
+// same number of passes in every mode), then reports. With a checkpoint, the
+// step also writes the state into a train::TemporaryDirectory as a
+// safetensors file (save_file, not made durable: the upload makes its copy
+// durable) and reports that directory, synchronously or with {.async = true}.
+// Rank 0 times every step from its start to report()'s return (and, apart,
+// the save into the directory and the report() call); the first --warmup
+// steps are left out. Modes run interleaved, --rounds times each,
+// and each figure is the median of the rounds' mean step times.
+//
+// Prints a table and, with --json FILE, writes the figures. The goal (issue:
+// CheckFreq reports <= 3.5%): async step time <= 1.05x the no-checkpoint step
+// time where the state's upload fits in a step (state / disk bandwidth <
+// step time).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/state.h"
+#include "cairn/train.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  uint64_t state_mib = 64;
+  double step_ms = 200;
+  int steps = 20;
+  int warmup = 2;
+  int rounds = 3;
+  int workers = 1;
+  std::string dir;
+  std::string json;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "train_step_bench: %s\n"
+               "usage: train_step_bench --dir DIR [--state-mib N] [--step-ms MS] [--steps N]\n"
+               "                        [--warmup N] [--rounds N] [--workers N] [--json FILE]\n",
+               why);
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage(("missing value for " + k).c_str());
+    const std::string v = argv[++i];
+    if (k == "--state-mib") {
+      a.state_mib = std::stoull(v);
+    } else if (k == "--step-ms") {
+      a.step_ms = std::stod(v);
+    } else if (k == "--steps") {
+      a.steps = std::stoi(v);
+    } else if (k == "--warmup") {
+      a.warmup = std::stoi(v);
+    } else if (k == "--rounds") {
+      a.rounds = std::stoi(v);
+    } else if (k == "--workers") {
+      a.workers = std::stoi(v);
+    } else if (k == "--dir") {
+      a.dir = v;
+    } else if (k == "--json") {
+      a.json = v;
+    } else {
+      usage(("unknown flag " + k).c_str());
+    }
+  }
+  if (a.dir.empty()) usage("--dir is required");
+  if (a.steps <= a.warmup) usage("--steps must exceed --warmup");
+  if (a.state_mib == 0 || a.rounds < 1 || a.workers < 1) usage("sizes must be positive");
+  return a;
+}
+
+// One pass of "training" over the state: a cheap update of every element.
+void train_pass(std::vector<float>& w, int step) {
+  const float decay = 0.9999f;
+  const float push = 1e-4f * static_cast<float>(step % 7);
+  for (float& x : w) x = x * decay + push;
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Config: mode ("none" | "sync" | "async"), numel, passes, steps, warmup.
+void train_loop(const nlohmann::json& config) {
+  const std::string mode = config.at("mode");
+  const int steps = config.at("steps");
+  const int warmup = config.at("warmup");
+  const int passes = config.at("passes");
+  std::vector<float> w(config.at("numel").get<size_t>(), 0.5f);
+  double total = 0, saving = 0, reporting = 0;
+  int timed = 0;
+  for (int step = 0; step < steps; ++step) {
+    const Clock::time_point start = Clock::now();
+    for (int p = 0; p < passes; ++p) train_pass(w, step);
+    nlohmann::json metrics = {{"step", step}};
+    const Clock::time_point trained = Clock::now();
+    Clock::time_point saved = trained;
+    if (mode == "none") {
+      cairn::train::report(metrics);
+    } else {
+      cairn::train::TemporaryDirectory tmp;
+      cairn::StateDict state;
+      state.add("w", {w.size()}, std::span<const float>(w));
+      cairn::save_file(state, fs::path(tmp.path()) / "model.safetensors", {.durable = false});
+      saved = Clock::now();
+      cairn::train::report(metrics, cairn::Checkpoint::from_directory(tmp.path()),
+                           {.async = mode == "async"});
+    }
+    if (step >= warmup) {
+      total += seconds_since(start);
+      saving += std::chrono::duration<double>(saved - trained).count();
+      reporting += seconds_since(saved);
+      ++timed;
+    }
+  }
+  // The means ride on a last report without a checkpoint.
+  cairn::train::report({{"mean_step_s", total / timed},
+                        {"mean_save_s", saving / timed},
+                        {"mean_report_s", reporting / timed},
+                        {"steps_timed", timed}});
+}
+
+// Passes of train_pass() that take about `ms` on this machine.
+int calibrate(size_t numel, double ms) {
+  std::vector<float> w(numel, 0.5f);
+  train_pass(w, 0);  // first touch
+  const Clock::time_point t = Clock::now();
+  const int probe = 3;
+  for (int i = 0; i < probe; ++i) train_pass(w, i);
+  const double per_pass = seconds_since(t) / probe;
+  return std::max(1, static_cast<int>(std::lround(ms / 1000.0 / per_pass)));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  const size_t numel = static_cast<size_t>(a.state_mib << 20) / sizeof(float);
+  const int passes = calibrate(numel, a.step_ms);
+  fs::create_directories(a.dir);
+  const std::vector<std::string> modes = {"none", "sync", "async"};
+  std::map<std::string, std::vector<double>> means, saves, reports;
+  for (int round = 0; round < a.rounds; ++round) {
+    for (const std::string& mode : modes) {
+      cairn::RunConfig run;
+      run.name = fmt::format("{}-{}", mode, round);
+      run.storage_path = a.dir;
+      run.checkpoint_config.num_to_keep = 2;  // bounds the disk used
+      cairn::Trainer trainer(train_loop,
+                             {{"mode", mode},
+                              {"numel", numel},
+                              {"passes", passes},
+                              {"steps", a.steps},
+                              {"warmup", a.warmup}},
+                             cairn::ScalingConfig{.num_workers = a.workers}, run);
+      cairn::Result r = trainer.fit();
+      if (r.error) {
+        std::fprintf(stderr, "train_step_bench: %s run failed: %s\n", mode.c_str(),
+                     r.error->c_str());
+        return 1;
+      }
+      means[mode].push_back(r.metrics.at("mean_step_s").get<double>());
+      saves[mode].push_back(r.metrics.at("mean_save_s").get<double>());
+      reports[mode].push_back(r.metrics.at("mean_report_s").get<double>());
+      fs::remove_all(fs::path(a.dir) / run.name);
+    }
+  }
+  const double none = median(means["none"]);
+  nlohmann::json out = {{"state_mib", a.state_mib}, {"workers", a.workers}, {"passes", passes},
+                        {"steps", a.steps},         {"warmup", a.warmup},   {"rounds", a.rounds}};
+  std::printf("Trainer step time, %d worker(s), %llu MiB state, checkpoint every step\n", a.workers,
+              static_cast<unsigned long long>(a.state_mib));
+  std::printf("%-8s %14s %18s %10s %10s  %s\n", "mode", "step (median)", "vs no checkpoint", "save",
+              "report()", "step, each round");
+  for (const std::string& mode : modes) {
+    const double m = median(means[mode]);
+    std::string rounds;
+    for (double v : means[mode]) rounds += fmt::format("{:.4f} ", v);
+    const double save = median(saves[mode]), report = median(reports[mode]);
+    std::printf("%-8s %12.4f s %17.3fx %8.4f s %8.4f s  %s\n", mode.c_str(), m, m / none, save,
+                report, rounds.c_str());
+    out["modes"][mode] = {{"median_step_s", m},
+                          {"ratio", m / none},
+                          {"median_save_s", save},
+                          {"median_report_s", report},
+                          {"rounds", means[mode]}};
+  }
+  const double async_ratio = median(means["async"]) / none;
+  std::printf("goal: async <= 1.05x no checkpoint: %.3fx %s\n", async_ratio,
+              async_ratio <= 1.05 ? "PASS" : "MISS");
+  out["goal_async_ratio"] = 1.05;
+  out["pass"] = async_ratio <= 1.05;
+  if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
+  return 0;
+}
