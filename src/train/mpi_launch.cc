@@ -99,6 +99,7 @@ nlohmann::json result_to_json(const Result& r) {
           {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
           {"best", best},
           {"path", r.path},
+          {"preempted", r.preempted},
           {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
 }
 
@@ -114,6 +115,7 @@ Result result_from_json(const nlohmann::json& j) {
   }
   r.path = j.at("path").get<std::string>();
   if (j.at("error").is_string()) r.error = j["error"].get<std::string>();
+  r.preempted = j.value("preempted", false);
   return r;
 }
 

@@ -9,8 +9,11 @@
 // (rank 1 throws at epoch 1 once; max_failures=1), killed (rank 1 SIGKILLs
 // itself at epoch 1; max_failures=0), hang (rank 1 stops reporting at epoch
 // 1; report_timeout_s=2), mismatch (num_workers=3), slow (8 epochs of 300 ms,
-// for a test that kills the driver; every process writes OUT/pid-<MPI rank>)
-// and restore (Trainer::restore of the experiment, then fit).
+// for a test that kills the driver; every process writes OUT/pid-<MPI rank>),
+// restore (Trainer::restore of the experiment, then fit), async (basic with
+// asynchronous reports, two in flight) and preempt (up to 400 epochs of 50
+// ms, checkpointing only when train::should_checkpoint() says so, then
+// returning: for a test that sends SIGTERM to an MPI process).
 #include <signal.h>
 #include <unistd.h>
 
@@ -86,12 +89,18 @@ void train_fn(const nlohmann::json& config) {
       }
       if (scenario == "hang") std::this_thread::sleep_for(std::chrono::seconds(60));
     }
+    if (scenario == "preempt" && !cairn::train::should_checkpoint()) {
+      cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}});
+      continue;
+    }
     cairn::train::TemporaryDirectory tmp;
     write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
                fmt::format("rank {} epoch {}", rank, epoch));
     if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
     cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
-                         cairn::Checkpoint::from_directory(tmp.path()));
+                         cairn::Checkpoint::from_directory(tmp.path()),
+                         {.async = scenario == "async", .max_in_flight = 2});
+    if (scenario == "preempt") return;  // the emergency checkpoint is in
   }
 }
 
@@ -111,6 +120,10 @@ int main(int argc, char** argv) {
   if (scenario == "slow" || scenario == "restore") {
     config["epochs"] = 8;
     config["sleep_ms"] = 300;
+  }
+  if (scenario == "preempt") {
+    config["epochs"] = 400;
+    config["sleep_ms"] = 50;
   }
 
   cairn::RunConfig run;
@@ -135,6 +148,7 @@ int main(int argc, char** argv) {
             {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
             {"best", best},
             {"path", r.path},
+            {"preempted", r.preempted},
             {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
   } catch (const cairn::Error& e) {
     what = {{"threw", e.what()}, {"code", std::string(cairn::error_code_name(e.code()))}};

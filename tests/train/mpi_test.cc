@@ -310,6 +310,54 @@ TEST_F(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHi
   EXPECT_EQ(expect_all_verify(exp), 2u);
 }
 
+TEST_F(MpiLauncher, AsynchronousReportsCommitEveryRanksShardInReportOrder) {
+  Launch l;
+  nlohmann::json r = run_to_result("async", l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["metrics"]["epoch"], 2);
+  ExperimentListing listing = read_experiment(experiment());
+  ASSERT_EQ(listing.checkpoints.size(), 2u);  // num_to_keep=2: epochs 1 and 2
+  for (size_t i = 0; i < 2; ++i) {
+    const int epoch = static_cast<int>(i) + 1;
+    EXPECT_EQ(listing.checkpoints[i].metrics["epoch"], epoch);
+    auto view = listing.checkpoints[i].checkpoint.as_directory();
+    EXPECT_EQ(slurp(view.path() / "shard-0.bin"), fmt::format("rank 0 epoch {}", epoch));
+    EXPECT_EQ(slurp(view.path() / "shard-1.bin"), fmt::format("rank 1 epoch {}", epoch));
+  }
+  EXPECT_EQ(expect_all_verify(experiment()), 2u);
+}
+
+// SIGTERM to MPI process 1 (an agent, not the driver): its worker's next
+// report carries the notice, every rank saves at the same report, and every
+// process returns the same preempted Result.
+TEST_F(MpiLauncher, SigtermToAnAgentPreemptsTheRunWithOneEmergencyCheckpoint) {
+  Started s = start_mpirun("preempt", results(), out_);
+  const auto limit = std::chrono::steady_clock::now() + 60s;
+  while (!fs::exists(out_ / "ctx-1-0.json") && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(fs::exists(out_ / "ctx-1-0.json")) << "rank 1 never started";
+  std::this_thread::sleep_for(300ms);  // a few epochs in
+  const pid_t agent = std::stoi(slurp(out_ / "pid-1"));
+  ASSERT_EQ(::kill(agent, SIGTERM), 0);
+  Launch l = finish(s);
+  EXPECT_EQ(l.exit_status, 0) << l.log;
+  nlohmann::json r = same_result_everywhere(out_, l);
+  ASSERT_TRUE(r.is_object()) << l.log;
+  EXPECT_EQ(r["preempted"], true) << r.dump(2);
+  ASSERT_TRUE(r["error"].is_string()) << r.dump(2);
+  EXPECT_TRUE(has(r["error"], "preempt")) << r.dump(2);
+  ASSERT_TRUE(r["checkpoint"].is_string()) << "no emergency checkpoint\n" << r.dump(2);
+  EXPECT_LT(r["metrics"]["epoch"].get<int>(), 399) << "the run was not stopped early";
+  ExperimentListing listing = read_experiment(experiment());
+  ASSERT_EQ(listing.checkpoints.size(), 1u);
+  auto view = listing.checkpoints[0].checkpoint.as_directory();
+  const int epoch = std::stoi(slurp(view.path() / "epoch.txt"));
+  EXPECT_EQ(slurp(view.path() / "shard-1.bin"), fmt::format("rank 1 epoch {}", epoch));
+  EXPECT_EQ(expect_all_verify(experiment()), 1u);
+}
+
 TEST_F(MpiLauncher, NumWorkersThatIsNotTheMpiWorldSizeIsRefusedOnEveryProcess) {
   Launch l = mpirun("mismatch", results(), out_);
   const std::string errors = same_error_everywhere(out_, l, "invalid_argument");
