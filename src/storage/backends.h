@@ -35,6 +35,12 @@ struct MemoryFaults {
   // Called before each operation; throw from it to inject a failure.
   std::function<void(std::string_view op, std::string_view key)> before;
 };
+// For a memory storage: a private bucket holding its objects as they are now
+// (under the same relative keys), sharing their bytes, which are immutable:
+// an O(objects) snapshot that later writes to `storage` do not change. Null
+// for any other storage.
+std::shared_ptr<Storage> freeze_memory_storage(const Storage& storage);
+
 void set_memory_faults(std::string_view bucket, MemoryFaults faults);
 // Forgets everything in the bucket (tests call it to start clean).
 void clear_memory_bucket(std::string_view bucket);

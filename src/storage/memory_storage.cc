@@ -153,6 +153,23 @@ class MemoryStorage final : public Storage {
   MemoryStorage(std::shared_ptr<Bucket> bucket, std::string prefix)
       : bucket_(std::move(bucket)), prefix_(std::move(prefix)) {}
 
+  // A private bucket holding this storage's objects as they are now, under
+  // the same keys relative to it: objects are immutable and shared, so
+  // nothing is copied.
+  std::shared_ptr<Storage> freeze() const {
+    static std::atomic<uint64_t> next{0};
+    auto frozen = std::make_shared<Bucket>();
+    frozen->name = "frozen-" + std::to_string(next.fetch_add(1));
+    const std::string start = prefix_.empty() ? std::string() : prefix_ + "/";
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    for (auto it = bucket_->objects.lower_bound(start);
+         it != bucket_->objects.end() && it->first.compare(0, start.size(), start) == 0; ++it) {
+      frozen->objects.emplace(it->first.substr(start.size()), it->second);
+      frozen->used += it->second.data->size();
+    }
+    return std::make_shared<MemoryStorage>(std::move(frozen), std::string());
+  }
+
   std::string uri() const override { return join_key("memory://" + bucket_->name, prefix_); }
 
   std::shared_ptr<Storage> child(std::string_view prefix) const override {
@@ -246,6 +263,11 @@ class MemoryStorage final : public Storage {
 };
 
 }  // namespace
+
+std::shared_ptr<Storage> freeze_memory_storage(const Storage& storage) {
+  const auto* memory = dynamic_cast<const MemoryStorage*>(&storage);
+  return memory ? memory->freeze() : nullptr;
+}
 
 std::shared_ptr<Storage> open_memory_storage(std::string_view bucket, std::string_view prefix) {
   if (bucket.empty()) throw Error(ErrorCode::kInvalidArgument, "memory:// URI needs a bucket name");

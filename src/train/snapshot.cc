@@ -13,6 +13,7 @@
 
 #include "cairn/error.h"
 #include "checkpoint/copy.h"
+#include "storage/backends.h"
 #include "util/fs.h"
 
 namespace cairn::train_internal {
@@ -64,6 +65,21 @@ void copy_object(Storage& storage, const std::string& key, const fs::path& to) {
 Snapshot snapshot_checkpoint(const Checkpoint& source, const fs::path& dir) {
   Snapshot out{Checkpoint::from_directory(dir.string()), nlohmann::json::object()};
   Storage& storage = source.storage();
+  if (std::shared_ptr<Storage> frozen = freeze_memory_storage(storage)) {
+    // In memory: its objects are immutable, so holding them is the snapshot.
+    out.checkpoint = Checkpoint(frozen);
+    out.copied_files = 0;
+    out.metadata = source.get_metadata();
+    check_root_exists(*frozen);
+    for (const ObjectInfo& f : out.checkpoint.files()) {
+      try {
+        check_user_path(f.key);
+      } catch (const Error& e) {
+        throw with_context(e, fmt::format("snapshotting {}", source.uri()));
+      }
+    }
+    return out;
+  }
   check_root_exists(storage);
   const bool local = storage.local_path("").has_value();
   const bool committed = source.is_committed();

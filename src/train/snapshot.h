@@ -23,7 +23,9 @@ struct Snapshot {
 // the local file system are hard-linked (copied where a link cannot be made:
 // another file system, a link-count limit), so the snapshot costs no data
 // copy; a committed source's manifest comes along so the upload verifies
-// against it. A source elsewhere (in memory, on S3) is copied. File names
+// against it. An in-memory source (Checkpoint::in_memory, from_dict) is
+// frozen without a copy (its objects are immutable and shared; `dir` is not
+// used). A source elsewhere (S3) is copied. File names
 // pass the checks an upload makes (safe keys, no link leading outside a
 // local source). Throws cairn::Error naming the file at fault; `dir` may then
 // hold part of the snapshot (the caller removes it).

@@ -194,6 +194,36 @@ TEST(AsyncReport, MixedWithSynchronousReportsKeepsReportOrder) {
   expect_no_children();
 }
 
+// An in-memory checkpoint is frozen without a copy: writing to it after
+// report() returns does not change what is committed.
+TEST(AsyncReport, AnInMemoryCheckpointChangedAfterReportCommitsAsReported) {
+  TempDir dir;
+  auto loop = [](const nlohmann::json&) {
+    const int rank = train::get_context().world_rank;
+    Checkpoint ckpt = Checkpoint::in_memory();
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      ckpt.storage().put(fmt::format("rank-{}.txt", rank), std::to_string(epoch));
+      train::report({{"epoch", epoch}}, ckpt, {.async = true, .max_in_flight = 3});
+      ckpt.storage().put(fmt::format("rank-{}.txt", rank), "changed after report");
+      ckpt.storage().put(fmt::format("extra-{}.txt", rank), "added after report");
+    }
+  };
+  Trainer t(loop, nlohmann::json::object(), ScalingConfig{.num_workers = 2}, run_in(dir));
+  Result r = t.fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  ExperimentListing l = read_experiment(r.path);
+  ASSERT_EQ(l.checkpoints.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const Storage& s = l.checkpoints[i].checkpoint.storage();
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(const_cast<Storage&>(s).get(fmt::format("rank-{}.txt", rank)), std::to_string(i));
+    }
+    // What was added after the first report is in the later ones only.
+    EXPECT_EQ(l.checkpoints[i].checkpoint.files().size(), i == 0 ? 2u : 4u);
+  }
+  expect_no_children();
+}
+
 // The snapshot of rank 1's report is removed before the upload reads it: the
 // background upload fails, the group stops and restarts from the latest
 // checkpoint, and the run finishes with everything committed intact.
