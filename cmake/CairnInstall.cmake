@@ -16,7 +16,8 @@ endif()
 # ---- headers: include/cairn/*.h and the generated cairn/version.h ---------
 set(header_excludes)
 if(NOT TARGET cairn_torch)
-  list(APPEND header_excludes PATTERN torch.h EXCLUDE)  # no adapter to link it with
+  # No adapter to link them with.
+  list(APPEND header_excludes PATTERN torch.h EXCLUDE PATTERN torch_distributed.h EXCLUDE)
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/cairn ${PROJECT_BINARY_DIR}/include/cairn
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

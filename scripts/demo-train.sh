@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The training-runtime demo, end to end: builds the LibTorch example (the
 # reference texts' PyTorch example in C++), trains a linear model with MSE and
-# Adam on two worker processes, rank 0 checkpointing every epoch; an
-# intentional error at epoch 1 stops the group, which restarts from the latest
-# checkpoint (max_failures=1) and finishes every epoch. Then lists and
+# Adam data-parallel on two worker processes (each on half of the data,
+# gradients averaged over a Gloo process group), every rank reporting the
+# same checkpoint every epoch; an intentional error at epoch 1 stops the
+# group, which restarts from the latest checkpoint (max_failures=1) with a new
+# process group and finishes every epoch. Then lists and
 # verifies the experiment with the `cairn` CLI. Last, the sharded example
 # runs under mpirun, one worker per MPI process, as on a multi-node job.
 #
@@ -18,7 +20,7 @@ demo_build cairn cairn_train_torch_example cairn_train_sharded_example
 demo_storage cairn-demo-train
 
 echo
-echo "== train: 2 workers, 5 epochs, an intentional error at epoch 1, max_failures=1"
+echo "== train: 2 workers data-parallel (DDP over Gloo), 5 epochs, an intentional error at epoch 1, max_failures=1"
 "$build/examples/train/cairn_train_torch_example" "$storage" 5
 
 echo

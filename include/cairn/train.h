@@ -91,6 +91,17 @@ struct TrainContext {
   std::string storage_path;     // RunConfig::storage_path as resolved
   std::string experiment_path;  // storage_path/experiment_name
   int attempt = 0;              // 0 for the first start, +1 per group restart
+  // Rendezvous for collective libraries (cairn/torch_distributed.h, or any
+  // torchrun-style code): rank 0's node and a TCP port reserved for this
+  // attempt, for rank 0 to listen on (c10d's TCPStore). Every attempt gets a
+  // port of its own, held by the driver (bound, not listening) until the
+  // attempt's workers are gone, so no other process on that node is given
+  // it meanwhile; a listener must set SO_REUSEADDR to bind it. The worker
+  // also exports them, with the ranks, as MASTER_ADDR, MASTER_PORT, RANK,
+  // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK (node rank)
+  // before train_fn runs, as torchrun does.
+  std::string master_addr;
+  int master_port = 0;
 };
 
 using TrainFn = std::function<void(const nlohmann::json& train_loop_config)>;

@@ -26,6 +26,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "train/collective.h"
+#include "train/net.h"
 #include "train/scratch.h"
 #include "train/sigterm.h"
 #include "util/fs.h"
@@ -269,6 +270,11 @@ class Driver {
     launch.context.storage_path = spec_.run.storage_path;
     launch.context.experiment_path = spec_.experiment_path;
     launch.context.attempt = attempt;
+    // A fresh rendezvous port per attempt, held until this attempt's group is
+    // gone (declared before it, so destroyed after it).
+    PortReservation rendezvous(spec_.rendezvous_bind);
+    launch.context.master_addr = spec_.rendezvous_address;
+    launch.context.master_port = rendezvous.port();
     launch.checkpoint_uri = from;
     failure_.reset();
     finished_ = false;

@@ -34,6 +34,11 @@ struct DriverSpec {
   // Called once the experiment is open and locked, before the first group
   // starts (the MPI launcher checks that every node sees the storage here).
   std::function<void()> before_start;
+  // Rendezvous (TrainContext::master_addr/master_port): each attempt reserves
+  // a port on `rendezvous_bind` (net.h, PortReservation; "" = every
+  // interface) and tells the ranks to reach it at `rendezvous_address`.
+  std::string rendezvous_bind = "127.0.0.1";
+  std::string rendezvous_address = "127.0.0.1";
 };
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);

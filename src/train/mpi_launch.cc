@@ -73,7 +73,8 @@ nlohmann::json context_to_json(const TrainContext& c) {
           {"experiment_name", c.experiment_name},
           {"storage_path", c.storage_path},
           {"experiment_path", c.experiment_path},
-          {"attempt", c.attempt}};
+          {"attempt", c.attempt},
+          {"rendezvous", {{"master_addr", c.master_addr}, {"master_port", c.master_port}}}};
 }
 
 TrainContext context_from_json(const nlohmann::json& j) {
@@ -87,6 +88,8 @@ TrainContext context_from_json(const nlohmann::json& j) {
   c.storage_path = j.at("storage_path").get<std::string>();
   c.experiment_path = j.at("experiment_path").get<std::string>();
   c.attempt = j.at("attempt").get<int>();
+  c.master_addr = j.at("rendezvous").at("master_addr").get<std::string>();
+  c.master_port = j.at("rendezvous").at("master_port").get<int>();
   return c;
 }
 
@@ -476,7 +479,7 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
 }
 
 Result drive(DriverSpec spec, const MpiWorld& w, TcpListener& listener, const std::string& token,
-             const std::string& where) {
+             const std::string& where, const ControlAddress& control) {
   std::vector<Agent> agents = accept_agents(listener, w, token, where);
   const std::vector<TrainContext> places = plan_places(w.hosts);
   auto end_all = [&](const nlohmann::json& m) {
@@ -489,6 +492,9 @@ Result drive(DriverSpec spec, const MpiWorld& w, TcpListener& listener, const st
     spec.run.storage_path = loc.storage_path;
     spec.experiment_uri = loc.uri;
     spec.experiment_path = loc.path;
+    // Rank 0's rendezvous port lives where the agents reach this node.
+    spec.rendezvous_bind = control.bind;
+    spec.rendezvous_address = control.advertise.at(0);
     spec.before_start = [&] { probe_storage(agents, w, spec, token); };
     GroupFactory start = [&](const LaunchSpec& launch) -> std::unique_ptr<Group> {
       return std::make_unique<MpiGroup>(launch, agents, places);
@@ -642,6 +648,7 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
 
   // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
   std::unique_ptr<TcpListener> listener;
+  ControlAddress control;
   nlohmann::json boot = nlohmann::json::object();
   if (w.rank == 0) {
     try {
@@ -653,11 +660,10 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
         // ignore-error: the host name is still advertised
         log::warn(fmt::format("driver: cannot list network interfaces: {}", e.what()));
       }
-      ControlAddress where =
-          choose_control_address(w.hosts, forced ? forced : "", interfaces, w.hosts.at(0));
-      listener = std::make_unique<TcpListener>(where.bind);
+      control = choose_control_address(w.hosts, forced ? forced : "", interfaces, w.hosts.at(0));
+      listener = std::make_unique<TcpListener>(control.bind);
       boot = {
-          {"addresses", where.advertise}, {"port", listener->port()}, {"token", random_token()}};
+          {"addresses", control.advertise}, {"port", listener->port()}, {"token", random_token()}};
     } catch (const Error& e) {
       boot = {{"error", error_to_json(e.code(), e.what())}};
     }
@@ -679,7 +685,7 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
   }
   const std::string where = fmt::format("[{}] port {}", fmt::join(addresses, ", "), port);
 
-  if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where);
+  if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where, control);
 
   Channel driver(tcp_connect(addresses, port, kConnectLimit),
                  fmt::format("the driver (MPI rank 0 on host {})", w.hosts.at(0)));

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,9 +31,10 @@ void set_stream_options(int fd) {
   (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
 }
 
-}  // namespace
-
-TcpListener::TcpListener(const std::string& address) {
+// A TCP socket bound to `address` (numeric IPv4 or IPv6; "" = every
+// interface, IPv4 included) at a port the kernel picks; returns it and the
+// port.
+std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_address) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   const std::string shown = address.empty() ? std::string("every interface") : address;
@@ -51,25 +53,49 @@ TcpListener::TcpListener(const std::string& address) {
     len = sizeof *a6;
   } else {
     throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("\"{}\" is not a numeric IPv4 or IPv6 address to listen on", address));
+                fmt::format("\"{}\" is not a numeric IPv4 or IPv6 address to bind to", address));
   }
-  fd_ = UniqueFd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd_) throw errno_error(errno, "socket", shown);
+  UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw errno_error(errno, "socket", shown);
   if (address.empty()) {
     int zero = 0;  // accept IPv4 too
-    (void)::setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    (void)::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
   }
-  if (::bind(fd_.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+  if (reuse_address) {
+    int one = 1;
+    if (::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) {
+      throw errno_error(errno, "setsockopt(SO_REUSEADDR)", shown);
+    }
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
     throw errno_error(errno, "bind", shown);
   }
-  if (::listen(fd_.get(), 128) != 0) throw errno_error(errno, "listen", shown);
   sockaddr_storage bound{};
   socklen_t blen = sizeof bound;
-  if (::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&bound), &blen) != 0) {
+  if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &blen) != 0) {
     throw errno_error(errno, "getsockname", shown);
   }
-  port_ = bound.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
-                                     : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  const int got = bound.ss_family == AF_INET
+                      ? ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port)
+                      : ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  return {std::move(fd), got};
+}
+
+}  // namespace
+
+TcpListener::TcpListener(const std::string& address) {
+  auto [fd, port] = bound_socket(address, /*reuse_address=*/false);
+  fd_ = std::move(fd);
+  port_ = port;
+  if (::listen(fd_.get(), 128) != 0) {
+    throw errno_error(errno, "listen", address.empty() ? std::string("every interface") : address);
+  }
+}
+
+PortReservation::PortReservation(const std::string& address) {
+  auto [fd, port] = bound_socket(address, /*reuse_address=*/true);
+  fd_ = std::move(fd);
+  port_ = port;
 }
 
 UniqueFd TcpListener::accept(std::chrono::milliseconds timeout) {

@@ -29,6 +29,25 @@ class TcpListener {
   int port_ = 0;
 };
 
+// A TCP port held for a listener that another process opens later (rank 0's
+// rendezvous store, torch_distributed.h): a socket bound with SO_REUSEADDR to
+// `address` (as TcpListener's) at a port the kernel picks, that never
+// listens. While it is held the kernel hands the port to no other bind() to
+// port 0 and no outgoing connection, so the port cannot be taken between
+// the driver choosing it and rank 0 listening on it; a listener that sets
+// SO_REUSEADDR itself (c10d's TCPStore does) can still bind and listen on
+// it on Linux, because this socket does not listen. Hold it for the life of
+// the group that uses the port.
+class PortReservation {
+ public:
+  explicit PortReservation(const std::string& address);
+  int port() const { return port_; }
+
+ private:
+  UniqueFd fd_;
+  int port_ = 0;
+};
+
 // Connects to the first of `hosts` (names or numeric addresses) that accepts
 // on `port`, retrying all of them until `limit` has passed. The socket has
 // TCP_NODELAY and SO_KEEPALIVE set.

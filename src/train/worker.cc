@@ -23,6 +23,7 @@
 // until that thread has nothing left, so only one thread reads the channel at
 // a time; sends are serialized by Session::send_mu.
 #include <cxxabi.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -38,6 +39,7 @@
 #include <mutex>
 #include <thread>
 #include <typeinfo>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -99,6 +101,24 @@ std::string exception_type_name(const std::type_info& type) {
   std::string out = status == 0 && name ? name : type.name();
   std::free(name);
   return out;
+}
+
+// torchrun's environment (TrainContext::master_addr), for code that reads it
+// (c10d's env:// init, scripts the worker starts). The worker is a process of
+// its own, so this changes nobody else's environment.
+void export_rendezvous_env(const TrainContext& c) {
+  const std::pair<const char*, std::string> vars[] = {
+      {"MASTER_ADDR", c.master_addr},
+      {"MASTER_PORT", std::to_string(c.master_port)},
+      {"RANK", std::to_string(c.world_rank)},
+      {"WORLD_SIZE", std::to_string(c.world_size)},
+      {"LOCAL_RANK", std::to_string(c.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(c.local_world_size)},
+      {"GROUP_RANK", std::to_string(c.node_rank)},
+  };
+  for (const auto& [name, value] : vars) {
+    if (::setenv(name, value.c_str(), 1) != 0) throw errno_error(errno, "setenv", name);
+  }
 }
 
 [[noreturn]] void throw_aborted(const nlohmann::json& m) {
@@ -384,6 +404,7 @@ int run_worker(const LaunchSpec& spec, int fd) {
   int status = 0;
   std::string error;
   try {
+    export_rendezvous_env(spec.context);
     spec.train_fn(spec.train_loop_config);
   } catch (const std::exception& e) {
     error = fmt::format("train_fn raised {}: {}", exception_type_name(typeid(e)), e.what());

@@ -125,8 +125,8 @@ check "static: headers, archives, CairnConfig, pkg-config files, cairn installed
   lib/cmake/Cairn/CairnTargets.cmake lib/cmake/Cairn/Findxxhash.cmake \
   lib/pkgconfig/cairn.pc lib/pkgconfig/cairn-core.pc lib/pkgconfig/cairn-format.pc \
   lib/pkgconfig/cairn-train.pc bin/cairn
-check "static: torch.h not installed without the adapter" \
-  test ! -e "$static/include/cairn/torch.h"
+check "static: torch.h and torch_distributed.h not installed without the adapter" \
+  test ! -e "$static/include/cairn/torch.h" -a ! -e "$static/include/cairn/torch_distributed.h"
 check "static: cairn --version prints 'cairn $version'" version_is "$static/bin/cairn"
 link_into_shared_object() {
   # shellcheck disable=SC2046  # pkg-config's output is a word list
