@@ -52,8 +52,30 @@
 //   - A save() that throws (bad arguments, an unseen error, allocation
 //     failure) has taken no snapshot and reserved nothing.
 //
+// Sharded saves (sharded.h) have the same contract, through the same queue,
+// staging buffers and policies:
+//   - save_rank_shards() is the rank side, for ranks in different processes
+//     (each with its own AsyncSaver): it snapshots the rank's shards and
+//     writes "rank_<r>.safetensors" into the uncommitted `dest` in the
+//     background, durably, without committing. Once its handle's wait()
+//     returns, rank_shards() is the RankShards report the committer needs;
+//     send report.to_json() to it, and it calls commit_sharded() with every
+//     rank's report (a rank whose save failed sends none, so the checkpoint
+//     is never committed). The file is byte for byte what the synchronous
+//     save_rank_shards() writes.
+//   - save_sharded() is the whole save for ranks in one process (threads):
+//     it snapshots every rank's shards into one staging buffer, then in the
+//     background writes every rank file and, once all are durable, commits
+//     them with commit_sharded(). One save_sharded() is one save: it takes
+//     one slot under max_in_flight and counts once in stats().saves.
+//   - Specs are checked in the call itself, before a snapshot is taken or an
+//     index reserved: a spec naming no tensor, a box leaving its global
+//     shape and (save_sharded) shards that leave a gap or overlap are
+//     kInvalidArgument naming the tensor (and rank).
+//
 // Thread-safety: one AsyncSaver may be called from several threads; save(),
-// reserve(), wait_all() and close() are serialized (a save() blocked under
+// save_rank_shards(), save_sharded(), reserve(), wait_all() and close() are
+// serialized (a save() blocked under
 // kWait holds the others back). stats() may be called at any time, also
 // while another thread is blocked in save(). SaveHandle copies may be used
 // from any thread.
@@ -67,8 +89,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <vector>
+
 #include "cairn/checkpoint.h"
 #include "cairn/manager.h"
+#include "cairn/sharded.h"
 #include "cairn/state.h"
 
 namespace cairn {
@@ -93,6 +119,15 @@ struct AsyncSaveOptions {
   unsigned snapshot_threads = 0;
 };
 
+// One rank's part of a sharded save made in one process (save_sharded):
+// its local shards and where they sit (see sharded.h). Copying a StateDict
+// copies no tensor bytes.
+struct ShardedPart {
+  int rank = 0;
+  StateDict state;
+  std::map<std::string, ShardSpec> specs;
+};
+
 // The observable state of one background save. Copies share it.
 class [[nodiscard]] SaveHandle {
  public:
@@ -112,8 +147,13 @@ class [[nodiscard]] SaveHandle {
   Checkpoint checkpoint() const;
   // The manager's record of a committed manager save (after wait()).
   std::optional<CheckpointRecord> record() const;
-  // The manifest written by the commit (after wait()).
+  // The manifest written by the commit (after wait()). nullopt for a rank
+  // save (save_rank_shards), which commits nothing.
   std::optional<Manifest> manifest() const;
+  // The report of a rank save (AsyncSaver::save_rank_shards) once it has
+  // succeeded: what the committer passes to commit_sharded(). nullopt while
+  // pending, after a failure, and for other saves.
+  std::optional<RankShards> rank_shards() const;
 
   struct State;  // shared with the saver
 
@@ -149,6 +189,30 @@ class AsyncSaver {
                   nlohmann::json metrics = nlohmann::json::object(),
                   std::string file = std::string(kStateFileName));
 
+  // Rank side of a sharded save: snapshots `local`'s shards (placed by
+  // `specs`), then in the background writes them as rank_file_name(rank)
+  // into the uncommitted `dest`, durably, and commits nothing; the handle's
+  // rank_shards() is then the report for commit_sharded(). kInvalidArgument
+  // naming the tensor for a bad spec, kAlreadyExists for a committed `dest`,
+  // both before any snapshot. A failed write leaves `dest` to its committer
+  // (other ranks write there too): nothing is removed.
+  SaveHandle save_rank_shards(const StateDict& local, const std::map<std::string, ShardSpec>& specs,
+                              Checkpoint dest, int rank);
+  // A whole sharded save of ranks in this process: snapshots every part,
+  // then in the background writes each part's rank file into the
+  // uncommitted `dest` and, once all are durable, commits them with
+  // `metrics` and the global layout (commit_sharded). kInvalidArgument when
+  // `parts` is empty, a rank appears twice, or a spec is bad or the shards do
+  // not tile a tensor (naming it), before any snapshot.
+  SaveHandle save_sharded(const std::vector<ShardedPart>& parts, Checkpoint dest,
+                          nlohmann::json metrics = nlohmann::json::object());
+  // As above into the manager's next checkpoint (reserve_next() in the call,
+  // commit_sharded(manager, ...) in the background, which applies
+  // retention); a failed save's reserved location is removed. `manager`
+  // must outlive the save.
+  SaveHandle save_sharded(const std::vector<ShardedPart>& parts, CheckpointManager& manager,
+                          nlohmann::json metrics = nlohmann::json::object());
+
   // Allocates staging for `buffers` saves of `bytes` (the file image size;
   // see the StateDict overload) and writes every page of it now, so that
   // later saves of up to that size allocate nothing and do not pay the
@@ -165,6 +229,9 @@ class AsyncSaver {
   void reserve(uint64_t bytes, unsigned buffers = 1);
   // reserve() for the file image of `state` (its header and tensors).
   void reserve(const StateDict& state, unsigned buffers = 1);
+  // reserve() for a save_sharded() of `parts` (every rank file's image).
+  // kInvalidArgument for bad specs, as save_sharded().
+  void reserve(const std::vector<ShardedPart>& parts, unsigned buffers = 1);
 
   // Waits for every pending save; throws the first error not yet seen.
   void wait_all();
@@ -173,7 +240,7 @@ class AsyncSaver {
   void close();
 
   struct Stats {
-    uint64_t saves = 0;                // snapshots taken
+    uint64_t saves = 0;                // snapshots taken (a sharded save counts once)
     uint64_t skipped = 0;              // saves skipped by WhenBusy::kSkip
     uint64_t waits = 0;                // saves that blocked for a pending save to finish
     uint64_t extra_buffer_saves = 0;   // kExtraBuffer saves taken beyond max_in_flight

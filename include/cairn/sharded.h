@@ -28,6 +28,10 @@
 //                      "shards": [{"file": "rank_00000.safetensors", "rank": 0,
 //                                  "offsets": [0, 0], "shape": [2, 6]}, ...]}}}
 //
+// Asynchronous sharded saves (the snapshot in the call, the writes and the
+// commit in the background): AsyncSaver::save_rank_shards, the rank side,
+// and AsyncSaver::save_sharded, every rank of one process (async_save.h).
+//
 // Load: ShardedReader reads the layout of a committed checkpoint and fills
 // any box of a global tensor from the saved shards that overlap it, so a
 // state saved by 4 ranks loads into 2 or 3 (or 1).

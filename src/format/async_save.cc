@@ -5,6 +5,13 @@
 // (CheckpointWriter, or CheckpointManager::commit_reserved). Errors are kept
 // on the job's shared state until someone sees them (see async_save.h).
 //
+// Every kind of save is one job of one or more file images in one staging
+// buffer: a single-file save has one image; a rank save (save_rank_shards)
+// one image and no commit; a sharded save (save_sharded) one image per rank,
+// back to back, committed with commit_sharded() once every file is durable.
+// So the slots, the queue, the policies and the error handling below are
+// the same for all of them.
+//
 // Staging: `slots` has a fixed number of entries (max_in_flight, or
 // max_staging_buffers under kExtraBuffer), each an empty or allocated
 // buffer. A slot is busy from the save() that claims it until the
@@ -30,6 +37,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "format/io.h"
+#include "format/sharded_plan.h"
 #include "util/log.h"
 
 namespace cairn {
@@ -44,6 +52,7 @@ struct SaveHandle::State {
   std::optional<Checkpoint> dest;
   std::optional<CheckpointRecord> record;
   std::optional<Manifest> manifest;
+  std::optional<RankShards> rank_shards;
 };
 
 namespace {
@@ -133,22 +142,67 @@ std::optional<Manifest> SaveHandle::manifest() const {
   return s.manifest;
 }
 
+std::optional<RankShards> SaveHandle::rank_shards() const {
+  auto& s = checked(state_);
+  std::lock_guard<std::mutex> g(s.mu);
+  return s.rank_shards;
+}
+
 struct AsyncSaver::Impl {
+  enum class Kind {
+    kFile,     // save(): one file, committed
+    kRank,     // save_rank_shards(): one rank file, not committed
+    kSharded,  // save_sharded(): a rank file per part, committed together
+  };
+  // A file of a job: `size` bytes at `offset` in the job's staging buffer.
+  struct Image {
+    std::string file;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
   struct Job {
     std::shared_ptr<SaveHandle::State> state;
+    Kind kind = Kind::kFile;
     size_t slot = 0;
-    uint64_t size = 0;
+    std::vector<Image> images;
     Checkpoint dest;
     CheckpointManager* manager = nullptr;
     nlohmann::json metrics;
     nlohmann::json metadata;
-    std::string file;
+    // kRank, kSharded: the rank reports, one per image, whose file entries
+    // are filled in once written.
+    std::vector<RankShards> ranks;
+  };
+  // A checked save, before its snapshot: the job to be, with the states
+  // whose images it writes (one per file; copies, which share the caller's
+  // tensors, read only while save() runs).
+  struct Request {
+    Kind kind = Kind::kFile;
+    std::vector<StateDict> states;
+    std::vector<std::string> files;
+    std::vector<RankShards> ranks;
+    std::optional<Checkpoint> target;  // empty for a manager save
+    CheckpointManager* manager = nullptr;
+    nlohmann::json metrics = nlohmann::json::object();
+    nlohmann::json metadata = nlohmann::json::object();
+  };
+  // What a finished job leaves on its handle.
+  struct Outcome {
+    std::optional<CheckpointRecord> record;
+    std::optional<Manifest> manifest;
+    std::optional<RankShards> rank_shards;
   };
 
+  // Images of one job start at multiples of this in its staging buffer, so
+  // that each may be written directly without a copy (see write_image).
+  static constexpr uint64_t kImageAlignment = format::kDirectAlignment;
+
   AsyncSaveOptions options;
-  std::mutex call_mu;     // serializes the public calls
-  format::SavePlan plan;  // of the last save(); call_mu guards it
-  std::mutex mu;          // guards everything below
+  std::mutex call_mu;  // serializes the public calls
+  // Of the last save, one per file image (a training loop saves the same
+  // tensors again and again); call_mu guards them.
+  std::vector<format::SavePlan> plans;
+  std::mutex mu;  // guards everything below
   std::condition_variable cv;
   std::deque<Job> queue;
   bool running_job = false;
@@ -265,19 +319,20 @@ struct AsyncSaver::Impl {
       }
       Job& job = *next;
       std::exception_ptr error;
-      std::optional<CheckpointRecord> record;
-      std::optional<Manifest> manifest;
+      Outcome outcome;
       try {
-        persist(job, record, manifest);
+        persist(job, outcome);
       } catch (...) {
         error = std::current_exception();
+        outcome = {};
         if (job.manager) discard(job.dest);
       }
       {
         std::lock_guard<std::mutex> g(job.state->mu);
         job.state->error = error;
-        job.state->record = std::move(record);
-        job.state->manifest = std::move(manifest);
+        job.state->record = std::move(outcome.record);
+        job.state->manifest = std::move(outcome.manifest);
+        job.state->rank_shards = std::move(outcome.rank_shards);
       }
       // The slot is free before the handle says done, so that a save()
       // called after wait() returns finds it free (and, under kSkip, is not
@@ -303,31 +358,70 @@ struct AsyncSaver::Impl {
     }
   }
 
-  void persist(const Job& job, std::optional<CheckpointRecord>& record,
-               std::optional<Manifest>& manifest) {
+  // Writes one image of `job` durably; returns its manifest entry.
+  ManifestEntry write_image(const Job& job, const Image& image) {
+    auto writer = job.dest.storage().open_writer(image.file);
+    const format::HugeBuffer& buffer = slots[job.slot];
+    std::vector<format::Piece> pieces{{0, {buffer.data() + image.offset, image.size}}};
+    // The staging buffer is 2 MiB-aligned and rounded up to 2 MiB and each
+    // image starts at a multiple of kImageAlignment, so a direct write takes
+    // the image as it is; its last window reads on past the image (padding,
+    // or the next image), bytes the commit trims off.
+    format::FileDigest digest = format::write_file(
+        pieces, image.size,
+        format::sink_of(*writer, format::wants_direct(options.write, image.size)), options.write,
+        job.dest.storage().uri_of(image.file), buffer.size() - image.offset);
+    writer->commit();
+    return digest.entry(image.file, image.size);
+  }
+
+  void persist(Job& job, Outcome& out) {
     try {
-      auto writer = job.dest.storage().open_writer(job.file);
-      std::vector<format::Piece> image{{0, {slots[job.slot].data(), job.size}}};
-      // The staging buffer is 2 MiB-aligned and rounded up to 2 MiB, so a
-      // direct write takes the image as it is, padding included.
-      format::FileDigest digest = format::write_file(
-          image, job.size, format::sink_of(*writer, format::wants_direct(options.write, job.size)),
-          options.write, job.dest.storage().uri_of(job.file), slots[job.slot].size());
-      writer->commit();
-      ManifestEntry entry = digest.entry(job.file, job.size);
-      if (job.manager) {
-        if (!job.metadata.empty()) job.dest.set_metadata(job.metadata);
-        record = job.manager->commit_reserved(job.dest, job.metrics, {entry});
-        manifest = record->checkpoint.manifest();
-      } else {
-        CheckpointWriter w(job.dest);
-        w.add_written(entry);
-        manifest =
-            w.commit(job.metrics, now_seconds(), job.metadata.empty() ? nullptr : &job.metadata);
+      std::vector<ManifestEntry> entries;
+      for (const Image& image : job.images) entries.push_back(write_image(job, image));
+      switch (job.kind) {
+        case Kind::kFile:
+          if (job.manager) {
+            if (!job.metadata.empty()) job.dest.set_metadata(job.metadata);
+            out.record = job.manager->commit_reserved(job.dest, job.metrics, entries);
+            out.manifest = out.record->checkpoint.manifest();
+          } else {
+            CheckpointWriter w(job.dest);
+            w.add_written(entries.front());
+            out.manifest = w.commit(job.metrics, now_seconds(),
+                                    job.metadata.empty() ? nullptr : &job.metadata);
+          }
+          break;
+        case Kind::kRank:
+          job.ranks.front().files = {entries.front()};
+          out.rank_shards = job.ranks.front();
+          break;
+        case Kind::kSharded:
+          for (size_t i = 0; i < entries.size(); ++i) job.ranks[i].files = {entries[i]};
+          if (job.manager) {
+            out.record = commit_sharded(*job.manager, job.dest, job.ranks, job.metrics);
+            out.manifest = out.record->checkpoint.manifest();
+          } else {
+            out.manifest = commit_sharded(job.dest, job.ranks, job.metrics);
+          }
+          break;
       }
     } catch (const Error& e) {
-      throw with_context(e, fmt::format("async save into {}", job.dest.uri()));
+      throw with_context(e, describe(job));
     }
+  }
+
+  static std::string describe(const Job& job) {
+    switch (job.kind) {
+      case Kind::kRank:
+        return fmt::format("async save of rank {} into {}", job.ranks.front().rank, job.dest.uri());
+      case Kind::kSharded:
+        return fmt::format("async sharded save of {} ranks into {}", job.ranks.size(),
+                           job.dest.uri());
+      case Kind::kFile:
+        break;
+    }
+    return fmt::format("async save into {}", job.dest.uri());
   }
 
   static void discard(const Checkpoint& dest) {
@@ -340,21 +434,104 @@ struct AsyncSaver::Impl {
     }
   }
 
-  // `dest` is empty for a manager save: it is reserved after the snapshot.
-  SaveHandle save(const StateDict& state, std::optional<Checkpoint> target,
-                  CheckpointManager* manager, nlohmann::json metrics, std::string file) {
+  // The first check of every save: not closed, and no unseen error. Call
+  // with call_mu.
+  void check_open_locked() {
+    std::lock_guard<std::mutex> g(mu);
+    if (closed) throw Error(ErrorCode::kFailedPrecondition, "AsyncSaver is closed");
+    surface_unseen_locked();
+  }
+
+  static void refuse_committed(const Checkpoint& dest) {
+    if (dest.is_committed()) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  fmt::format("{}: already a committed checkpoint", dest.uri()));
+    }
+  }
+
+  // Checks a sharded save's parts and plans their rank files: every spec,
+  // and that the shards of every tensor tile it.
+  static Request sharded_request(const std::vector<ShardedPart>& parts) {
+    if (parts.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "a sharded save needs at least one rank's part");
+    }
+    Request r;
+    r.kind = Kind::kSharded;
+    for (const ShardedPart& part : parts) {
+      format::RankPlan plan = format::plan_rank_file(part.state, part.specs, part.rank);
+      r.states.push_back(std::move(plan.file_state));
+      r.files.push_back(std::move(plan.file));
+      r.ranks.push_back(std::move(plan.report));
+    }
+    format::check_sharded_layout(r.ranks);
+    return r;
+  }
+
+  // Where the image after `end` bytes of staging starts.
+  static uint64_t image_offset(uint64_t end) {
+    return (end + kImageAlignment - 1) / kImageAlignment * kImageAlignment;
+  }
+  // The staging one save of files of these sizes takes.
+  static uint64_t staging_size(const std::vector<uint64_t>& sizes) {
+    uint64_t end = 0;
+    for (uint64_t n : sizes) end = image_offset(end) + n;
+    return end;
+  }
+
+  SaveHandle save_file(const StateDict& state, std::optional<Checkpoint> target,
+                       CheckpointManager* manager, nlohmann::json metrics, std::string file) {
     const auto t0 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> call(call_mu);
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (closed) throw Error(ErrorCode::kFailedPrecondition, "AsyncSaver is closed");
-      surface_unseen_locked();
-    }
+    check_open_locked();
     validate_key(file);
-    if (!manager && target->is_committed()) {
-      throw Error(ErrorCode::kAlreadyExists,
-                  fmt::format("{}: already a committed checkpoint", target->uri()));
-    }
+    if (!manager) refuse_committed(*target);
+    Request r;
+    r.kind = Kind::kFile;
+    r.states.push_back(state);
+    r.files.push_back(std::move(file));
+    r.target = std::move(target);
+    r.manager = manager;
+    r.metrics = std::move(metrics);
+    r.metadata = state.metadata;
+    return submit_locked(std::move(r), t0);
+  }
+
+  SaveHandle save_rank(const StateDict& local, const std::map<std::string, ShardSpec>& specs,
+                       Checkpoint dest, int rank) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> call(call_mu);
+    check_open_locked();
+    format::RankPlan plan = format::plan_rank_file(local, specs, rank);
+    refuse_committed(dest);
+    Request r;
+    r.kind = Kind::kRank;
+    r.states.push_back(std::move(plan.file_state));
+    r.files.push_back(std::move(plan.file));
+    r.ranks.push_back(std::move(plan.report));
+    r.target = std::move(dest);
+    return submit_locked(std::move(r), t0);
+  }
+
+  SaveHandle save_sharded(const std::vector<ShardedPart>& parts, std::optional<Checkpoint> target,
+                          CheckpointManager* manager, nlohmann::json metrics) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> call(call_mu);
+    check_open_locked();
+    Request r = sharded_request(parts);
+    if (!manager) refuse_committed(*target);
+    r.target = std::move(target);
+    r.manager = manager;
+    r.metrics = std::move(metrics);
+    return submit_locked(std::move(r), t0);
+  }
+
+  // Applies the when_busy policy, snapshots the request's images into a
+  // slot, reserves the manager's index and queues the job. Call with call_mu
+  // held, after every check of the request: from here on the only failures
+  // are the layout of a state (as a synchronous save would fail),
+  // allocation and the manager's reservation, and none leaves anything
+  // taken or reserved.
+  SaveHandle submit_locked(Request r, std::chrono::steady_clock::time_point t0) {
     if (options.when_busy == WhenBusy::kSkip) {
       // Slots are claimed only under call_mu, which this call holds: one free
       // now stays free until this save claims it below.
@@ -369,10 +546,27 @@ struct AsyncSaver::Impl {
       }
     }
     // A training loop saves the same tensors again and again: the last
-    // save's plan serves again, with the new metadata.
-    format::update_plan(plan, state);
-    const std::vector<format::Piece>& pieces = plan.pieces;
-    const uint64_t size = plan.layout->parsed.file_size();
+    // save's plans serve again, with the new metadata.
+    if (plans.size() < r.states.size()) plans.resize(r.states.size());
+    std::vector<Image> images;
+    uint64_t size = 0;  // of the staging the images take
+    for (size_t i = 0; i < r.states.size(); ++i) {
+      format::update_plan(plans[i], r.states[i]);
+      const uint64_t offset = image_offset(size);
+      images.push_back({std::move(r.files[i]), offset, plans[i].layout->parsed.file_size()});
+      size = offset + images.back().size;
+    }
+    // One list of pieces for the whole buffer, so that the copy of several
+    // small rank files is spread over the snapshot threads as one.
+    std::vector<format::Piece> shifted;
+    if (images.size() > 1) {
+      for (size_t i = 0; i < images.size(); ++i) {
+        for (const format::Piece& p : plans[i].pieces) {
+          shifted.push_back({images[i].offset + p.offset, p.data});
+        }
+      }
+    }
+    const std::vector<format::Piece>& pieces = images.size() > 1 ? shifted : plans[0].pieces;
 
     size_t slot = 0;
     bool extra = false;  // taken beyond max_in_flight (kExtraBuffer)
@@ -392,10 +586,10 @@ struct AsyncSaver::Impl {
     }
     try {
       // No separate pre-fault here: the copy below writes every page of the
-      // image on snapshot_threads threads, which is the touch itself.
+      // images on snapshot_threads threads, which is the touch itself.
       ensure_buffer(slot, size, /*prefault_pages=*/false);
       format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, snapshot_threads());
-      if (manager) target = manager->reserve_next();
+      if (r.manager) r.target = r.manager->reserve_next();
     } catch (...) {
       std::lock_guard<std::mutex> g(mu);
       slot_busy[slot] = false;
@@ -404,8 +598,16 @@ struct AsyncSaver::Impl {
     }
 
     auto st = std::make_shared<SaveHandle::State>();
-    st->dest = target;
-    Job job{st, slot, size, *target, manager, std::move(metrics), state.metadata, std::move(file)};
+    st->dest = r.target;
+    Job job{st,
+            r.kind,
+            slot,
+            std::move(images),
+            *r.target,
+            r.manager,
+            std::move(r.metrics),
+            std::move(r.metadata),
+            std::move(r.ranks)};
     {
       std::lock_guard<std::mutex> g(mu);
       ++stats.saves;
@@ -478,18 +680,42 @@ AsyncSaver::~AsyncSaver() {
 
 SaveHandle AsyncSaver::save(const StateDict& state, Checkpoint dest, nlohmann::json metrics,
                             std::string file) {
-  return impl_->save(state, std::move(dest), nullptr, std::move(metrics), std::move(file));
+  return impl_->save_file(state, std::move(dest), nullptr, std::move(metrics), std::move(file));
 }
 
 SaveHandle AsyncSaver::save(const StateDict& state, CheckpointManager& manager,
                             nlohmann::json metrics, std::string file) {
-  return impl_->save(state, std::nullopt, &manager, std::move(metrics), std::move(file));
+  return impl_->save_file(state, std::nullopt, &manager, std::move(metrics), std::move(file));
+}
+
+SaveHandle AsyncSaver::save_rank_shards(const StateDict& local,
+                                        const std::map<std::string, ShardSpec>& specs,
+                                        Checkpoint dest, int rank) {
+  return impl_->save_rank(local, specs, std::move(dest), rank);
+}
+
+SaveHandle AsyncSaver::save_sharded(const std::vector<ShardedPart>& parts, Checkpoint dest,
+                                    nlohmann::json metrics) {
+  return impl_->save_sharded(parts, std::move(dest), nullptr, std::move(metrics));
+}
+
+SaveHandle AsyncSaver::save_sharded(const std::vector<ShardedPart>& parts,
+                                    CheckpointManager& manager, nlohmann::json metrics) {
+  return impl_->save_sharded(parts, std::nullopt, &manager, std::move(metrics));
 }
 
 void AsyncSaver::reserve(uint64_t bytes, unsigned buffers) { impl_->reserve(bytes, buffers); }
 
 void AsyncSaver::reserve(const StateDict& state, unsigned buffers) {
   impl_->reserve(layout_state(state).parsed.file_size(), buffers);
+}
+
+void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers) {
+  std::vector<uint64_t> sizes;
+  for (const StateDict& s : Impl::sharded_request(parts).states) {
+    sizes.push_back(layout_state(s).parsed.file_size());
+  }
+  impl_->reserve(Impl::staging_size(sizes), buffers);
 }
 
 void AsyncSaver::wait_all() {

@@ -16,6 +16,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "checkpoint/entry_json.h"
+#include "format/sharded_plan.h"
 #include "util/hash.h"
 
 namespace cairn {
@@ -271,7 +272,11 @@ RankShards RankShards::from_json(const nlohmann::json& j) {
   }
 }
 
-nlohmann::json build_layout(const std::vector<RankShards>& ranks) {
+namespace {
+
+// build_layout(), and with `files_written` false the same checks for reports
+// whose files are not written yet (check_sharded_layout).
+nlohmann::json layout_of(const std::vector<RankShards>& ranks, bool files_written) {
   struct Tensor {
     DType dtype;
     Shape shape;
@@ -288,8 +293,9 @@ nlohmann::json build_layout(const std::vector<RankShards>& ranks) {
     world = std::max(world, r.rank + 1);
     for (const auto& s : r.shards) {
       const std::string owner = fmt::format("rank {}", r.rank);
-      bool has_file = std::any_of(r.files.begin(), r.files.end(),
-                                  [&](const ManifestEntry& e) { return e.path == s.file; });
+      bool has_file =
+          !files_written || std::any_of(r.files.begin(), r.files.end(),
+                                        [&](const ManifestEntry& e) { return e.path == s.file; });
       if (!has_file) {
         throw invalid(fmt::format("tensor \"{}\": {} names file \"{}\" it did not report writing",
                                   s.tensor, owner, s.file));
@@ -317,12 +323,22 @@ nlohmann::json build_layout(const std::vector<RankShards>& ranks) {
   return {{"format", kShardedLayoutFormat}, {"world_size", world}, {"tensors", out_tensors}};
 }
 
+}  // namespace
+
+nlohmann::json build_layout(const std::vector<RankShards>& ranks) {
+  return layout_of(ranks, /*files_written=*/true);
+}
+
+void format::check_sharded_layout(const std::vector<RankShards>& ranks) {
+  (void)layout_of(ranks, /*files_written=*/false);
+}
+
 // ---- rank side ----
 
 std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.safetensors", rank); }
 
-RankShards save_rank_shards(const StateDict& local, const std::map<std::string, ShardSpec>& specs,
-                            const Checkpoint& dest, int rank, const SaveOptions& options) {
+format::RankPlan format::plan_rank_file(const StateDict& local,
+                                        const std::map<std::string, ShardSpec>& specs, int rank) {
   if (rank < 0) throw invalid(fmt::format("rank {} is negative", rank));
   for (const auto& [name, spec] : specs) {
     if (!local.contains(name)) {
@@ -332,16 +348,16 @@ RankShards save_rank_shards(const StateDict& local, const std::map<std::string, 
                       rank, name));
     }
   }
-  RankShards out;
-  out.rank = rank;
-  const std::string file = rank_file_name(rank);
-  StateDict copy = local;  // views only
+  RankPlan plan;
+  plan.report.rank = rank;
+  plan.file = rank_file_name(rank);
+  plan.file_state = local;  // views only
   nlohmann::json placement = nlohmann::json::object();
   for (const auto& [name, e] : local.entries()) {
     RankShards::Shard s;
     s.tensor = name;
     s.dtype = e.dtype;
-    s.file = file;
+    s.file = plan.file;
     s.box.shape = e.shape;
     auto spec = specs.find(name);
     if (spec != specs.end()) {
@@ -353,12 +369,18 @@ RankShards save_rank_shards(const StateDict& local, const std::map<std::string, 
     }
     check_inside(s.box, s.global_shape, fmt::format("rank {}: tensor \"{}\"", rank, name));
     placement[name] = {{"global_shape", s.global_shape}, {"offsets", s.box.offsets}};
-    out.shards.push_back(std::move(s));
+    plan.report.shards.push_back(std::move(s));
   }
-  copy.string_metadata[std::string(kShardsMetadataKey)] = placement.dump();
-  copy.string_metadata["cairn.rank"] = std::to_string(rank);
-  out.files.push_back(save(copy, dest.storage(), file, options));
-  return out;
+  plan.file_state.string_metadata[std::string(kShardsMetadataKey)] = placement.dump();
+  plan.file_state.string_metadata["cairn.rank"] = std::to_string(rank);
+  return plan;
+}
+
+RankShards save_rank_shards(const StateDict& local, const std::map<std::string, ShardSpec>& specs,
+                            const Checkpoint& dest, int rank, const SaveOptions& options) {
+  format::RankPlan plan = format::plan_rank_file(local, specs, rank);
+  plan.report.files.push_back(save(plan.file_state, dest.storage(), plan.file, options));
+  return std::move(plan.report);
 }
 
 CheckpointRecord commit_sharded(CheckpointManager& manager, const Checkpoint& reserved,
