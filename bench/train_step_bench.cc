@@ -8,9 +8,9 @@
 // step also writes the state into a train::TemporaryDirectory as a
 // safetensors file (save_file, not made durable: the upload makes its copy
 // durable) and reports that directory, synchronously or with {.async = true};
-// or ("async_memory") copies the state into an in-memory checkpoint
-// (in_memory_checkpoint) and reports that asynchronously (the snapshot of an
-// in-memory checkpoint copies nothing).
+// or ("async_memory") copies the state into an in-memory checkpoint built in
+// reused memory (StateStager) and reports that asynchronously (the snapshot of
+// an in-memory checkpoint copies nothing).
 // Rank 0 times every step from its start to report()'s return (and, apart,
 // the save into the directory and the report() call); the first --warmup
 // steps are left out. Modes run interleaved, --rounds times each,
@@ -113,6 +113,7 @@ void train_loop(const nlohmann::json& config) {
   const int warmup = config.at("warmup");
   const int passes = config.at("passes");
   std::vector<float> w(config.at("numel").get<size_t>(), 0.5f);
+  cairn::StateStager stager;
   double total = 0, saving = 0, reporting = 0;
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
@@ -126,7 +127,7 @@ void train_loop(const nlohmann::json& config) {
     } else if (mode == "async_memory") {
       cairn::StateDict state;
       state.add("w", {w.size()}, std::span<const float>(w));
-      cairn::Checkpoint ckpt = cairn::in_memory_checkpoint(state);  // the one copy
+      cairn::Checkpoint ckpt = stager.stage(state);  // the one copy, into reused memory
       saved = Clock::now();
       cairn::train::report(metrics, ckpt, {.async = true});
     } else {
@@ -223,11 +224,13 @@ int main(int argc, char** argv) {
                           {"median_report_s", report},
                           {"rounds", means[mode]}};
   }
-  const double async_ratio = median(means["async"]) / none;
-  std::printf("goal: async <= 1.05x no checkpoint: %.3fx %s\n", async_ratio,
-              async_ratio <= 1.05 ? "PASS" : "MISS");
   out["goal_async_ratio"] = 1.05;
-  out["pass"] = async_ratio <= 1.05;
+  for (const char* mode : {"async", "async_memory"}) {
+    const double ratio = median(means[mode]) / none;
+    std::printf("goal: %s <= 1.05x no checkpoint: %.3fx %s\n", mode, ratio,
+                ratio <= 1.05 ? "PASS" : "MISS");
+    out["modes"][mode]["pass"] = ratio <= 1.05;
+  }
   if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
   return 0;
 }

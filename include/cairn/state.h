@@ -203,6 +203,51 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
 Checkpoint in_memory_checkpoint(const StateDict& state,
                                 const nlohmann::json& dict = nlohmann::json());
 
+// In-memory checkpoints of a state built in reused memory, for a state
+// reported every step with train::report(..., {.async = true}): the report's
+// snapshot of an in-memory checkpoint copies nothing, so this one copy of the
+// tensors is the whole stall, at memcpy speed once the buffers were used once
+// (fresh memory is much slower to touch the first time; docs/benchmarks.md).
+//
+//   StateStager stager;
+//   for (...) {
+//     train_step();
+//     train::report(metrics, stager.stage(state, {{"step", step}}), {.async = true});
+//   }
+//
+// stage() returns what in_memory_checkpoint(state, dict) returns, with the
+// state's file written into a buffer that no checkpoint from this stager
+// still holds (a pending report holds its checkpoint until its upload is
+// done); when every buffer is held, it makes a new one, and it keeps at most
+// `max_buffers` buffers in all, dropping the others as they are freed. The
+// checkpoint's state file must not be changed through the checkpoint's
+// storage while it is held (replacing it with put() is fine).
+// Thread-safety: one thread at a time per stager; the checkpoints it returns
+// may be read from any thread. Failure: kInvalidArgument as save() would.
+class StateStager {
+ public:
+  explicit StateStager(unsigned max_buffers = 3);
+  ~StateStager();
+  StateStager(const StateStager&) = delete;
+  StateStager& operator=(const StateStager&) = delete;
+
+  // `file` names the state's file (ranks of a Trainer that report different
+  // states need names of their own, such as "state-rank1.safetensors").
+  Checkpoint stage(const StateDict& state, const nlohmann::json& dict = nlohmann::json(),
+                   std::string_view file = kStateFileName);
+
+  struct Stats {
+    uint64_t stages = 0;       // checkpoints made
+    uint64_t allocations = 0;  // buffers made or grown
+    uint64_t buffers = 0;      // buffers kept now
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // Saves `state` as `file` into the uncommitted checkpoint `dest` and commits
 // it (CheckpointWriter) with `metrics`; the state's metadata also becomes the
 // checkpoint's metadata.json. Returns the manifest.

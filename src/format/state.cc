@@ -21,6 +21,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "format/io.h"
+#include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -573,6 +574,52 @@ Checkpoint in_memory_checkpoint(const StateDict& state, const nlohmann::json& di
   save(state, checkpoint.storage(), kStateFileName);
   return checkpoint;
 }
+
+// ---- StateStager ----
+
+struct StateStager::Impl {
+  unsigned max_buffers;
+  std::vector<std::shared_ptr<std::string>> buffers;
+  format::SavePlan plan;
+  Stats stats;
+};
+
+StateStager::StateStager(unsigned max_buffers) : impl_(std::make_unique<Impl>()) {
+  impl_->max_buffers = std::max(1u, max_buffers);
+}
+
+StateStager::~StateStager() = default;
+
+Checkpoint StateStager::stage(const StateDict& state, const nlohmann::json& dict,
+                              std::string_view file) {
+  Impl& m = *impl_;
+  format::update_plan(m.plan, state);
+  const uint64_t size = m.plan.layout->parsed.file_size();
+  // A buffer only this stager holds: no checkpoint refers to it any more.
+  std::shared_ptr<std::string> buffer;
+  for (auto& b : m.buffers) {
+    if (b.use_count() == 1) {
+      buffer = b;
+      break;
+    }
+  }
+  if (!buffer) {
+    buffer = std::make_shared<std::string>();
+    if (m.buffers.size() < m.max_buffers) m.buffers.push_back(buffer);
+  }
+  if (buffer->capacity() < size) ++m.stats.allocations;
+  // Same size as last time: no reallocation and no zero fill.
+  buffer->resize(static_cast<size_t>(size));
+  format::copy_pieces(m.plan.pieces, {reinterpret_cast<std::byte*>(buffer->data()), buffer->size()},
+                      format::pick_threads(0));
+  Checkpoint checkpoint = dict.is_null() ? Checkpoint::in_memory() : Checkpoint::from_dict(dict);
+  put_shared_object(checkpoint.storage(), file, buffer);
+  ++m.stats.stages;
+  m.stats.buffers = m.buffers.size();
+  return checkpoint;
+}
+
+StateStager::Stats StateStager::stats() const { return impl_->stats; }
 
 Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
                          const nlohmann::json& metrics, std::string_view file,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "cairn/storage.h"
@@ -40,6 +41,12 @@ struct MemoryFaults {
 // an O(objects) snapshot that later writes to `storage` do not change. Null
 // for any other storage.
 std::shared_ptr<Storage> freeze_memory_storage(const Storage& storage);
+
+// Stores `data` as object `key` of a memory storage without copying it; the
+// bytes must not change while anything holds them. kInvalidArgument for any
+// other storage.
+void put_shared_object(Storage& storage, std::string_view key,
+                       std::shared_ptr<const std::string> data);
 
 void set_memory_faults(std::string_view bucket, MemoryFaults faults);
 // Forgets everything in the bucket (tests call it to start clean).

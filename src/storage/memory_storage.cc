@@ -153,6 +153,18 @@ class MemoryStorage final : public Storage {
   MemoryStorage(std::shared_ptr<Bucket> bucket, std::string prefix)
       : bucket_(std::move(bucket)), prefix_(std::move(prefix)) {}
 
+  // Stores `data` as `key` without copying it (atomic replace).
+  void put_shared(std::string_view key, std::shared_ptr<const std::string> data) {
+    const std::string k = full(key);
+    bucket_->before("commit", k);
+    bucket_->reserve(data->size(), k);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    Object& o = bucket_->objects[k];
+    if (o.data) bucket_->used -= std::min<uint64_t>(bucket_->used, o.data->size());
+    o.data = std::move(data);
+    o.modified = now_seconds();
+  }
+
   // A private bucket holding this storage's objects as they are now, under
   // the same keys relative to it: objects are immutable and shared, so
   // nothing is copied.
@@ -263,6 +275,16 @@ class MemoryStorage final : public Storage {
 };
 
 }  // namespace
+
+void put_shared_object(Storage& storage, std::string_view key,
+                       std::shared_ptr<const std::string> data) {
+  auto* memory = dynamic_cast<MemoryStorage*>(&storage);
+  if (memory == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: not an in-memory storage", storage.uri()));
+  }
+  memory->put_shared(key, std::move(data));
+}
 
 std::shared_ptr<Storage> freeze_memory_storage(const Storage& storage) {
   const auto* memory = dynamic_cast<const MemoryStorage*>(&storage);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -143,6 +144,60 @@ TEST(InMemoryCheckpoint, HoldsACopyOfTheTensorsAndTheDict) {
   EXPECT_FALSE(plain.storage().exists(kDictFileName));
   EXPECT_EQ(MappedState::open(plain.storage(), kStateFileName).tensor("layer.w").as<float>()[0],
             -1.0f);
+}
+
+std::vector<float> floats_of(const Checkpoint& c, const std::string& name) {
+  MappedState m = MappedState::open(c.storage(), kStateFileName);
+  auto v = m.tensor(name).as<float>();
+  return std::vector<float>(v.begin(), v.end());
+}
+
+TEST(StateStager, StagesTheSameFileAsInMemoryCheckpointWithTheDict) {
+  Source src;
+  StateStager stager;
+  Checkpoint staged = stager.stage(src.state(), {{"epoch", 3}});
+  Checkpoint plain = in_memory_checkpoint(src.state(), {{"epoch", 3}});
+  EXPECT_EQ(staged.storage().get(kStateFileName), plain.storage().get(kStateFileName));
+  EXPECT_EQ(staged.to_dict(), (nlohmann::json{{"epoch", 3}}));
+  EXPECT_FALSE(stager.stage(src.state()).storage().exists(kDictFileName));
+  Checkpoint named = stager.stage(src.state(), nullptr, "rank-1.safetensors");
+  EXPECT_EQ(named.storage().get("rank-1.safetensors"), plain.storage().get(kStateFileName));
+  EXPECT_FALSE(named.storage().exists(kStateFileName));
+}
+
+TEST(StateStager, ReusesABufferOnceNoCheckpointHoldsItAndNeverOneThatIsHeld) {
+  Source src;
+  StateStager stager(2);
+  std::optional<Checkpoint> held = stager.stage(src.state());
+  const std::vector<float> first = src.w;
+  // Held: the next stage must not write into its buffer.
+  src.w.assign(src.w.size(), 7.0f);
+  Checkpoint second = stager.stage(src.state());
+  EXPECT_EQ(floats_of(*held, "layer.w"), first);
+  EXPECT_EQ(floats_of(second, "layer.w"), src.w);
+  EXPECT_EQ(stager.stats().allocations, 2u);
+  // Released: its buffer is used again, with no allocation.
+  held.reset();
+  src.w.assign(src.w.size(), 9.0f);
+  Checkpoint third = stager.stage(src.state());
+  EXPECT_EQ(floats_of(third, "layer.w"), src.w);
+  EXPECT_EQ(floats_of(second, "layer.w"), std::vector<float>(src.w.size(), 7.0f));
+  EXPECT_EQ(stager.stats().allocations, 2u);
+  EXPECT_EQ(stager.stats().stages, 3u);
+}
+
+TEST(StateStager, KeepsAtMostMaxBuffersWhenManyCheckpointsAreHeld) {
+  Source src;
+  StateStager stager(2);
+  std::vector<Checkpoint> held;
+  for (int i = 0; i < 5; ++i) {
+    src.w.assign(src.w.size(), static_cast<float>(i));
+    held.push_back(stager.stage(src.state()));
+  }
+  EXPECT_EQ(stager.stats().buffers, 2u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(floats_of(held[i], "layer.w")[0], static_cast<float>(i)) << i;
+  }
 }
 
 TEST(SaveFile, TheEmptyTensorNameThatSafetensorsAllowsRoundTrips) {

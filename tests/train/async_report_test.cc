@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
+#include "cairn/state.h"
 #include "cairn/train.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
@@ -220,6 +221,42 @@ TEST(AsyncReport, AnInMemoryCheckpointChangedAfterReportCommitsAsReported) {
     }
     // What was added after the first report is in the later ones only.
     EXPECT_EQ(l.checkpoints[i].checkpoint.files().size(), i == 0 ? 2u : 4u);
+  }
+  expect_no_children();
+}
+
+// The pattern for tensor state every step: StateStager copies it into reused
+// memory, the asynchronous report freezes that without a copy, and the
+// caller changes its tensors at once.
+TEST(AsyncReport, StagedStateEveryStepCommitsEachStepsValues) {
+  TempDir dir;
+  auto loop = [](const nlohmann::json&) {
+    const int rank = train::get_context().world_rank;
+    std::vector<float> w(1 << 16);
+    StateStager stager;
+    for (int step = 0; step < 6; ++step) {
+      std::fill(w.begin(), w.end(), static_cast<float>(step * 10 + rank));
+      StateDict state;
+      state.add(fmt::format("w{}", rank), {w.size()}, std::span<const float>(w));
+      // Each rank's file needs a name of its own.
+      Checkpoint ckpt = stager.stage(state, nullptr, fmt::format("state-{}.safetensors", rank));
+      train::report({{"step", step}}, ckpt, {.async = true, .max_in_flight = 2});
+      std::fill(w.begin(), w.end(), -1.0f);
+    }
+  };
+  Trainer t(loop, nlohmann::json::object(), ScalingConfig{.num_workers = 2}, run_in(dir));
+  Result r = t.fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  ExperimentListing l = read_experiment(r.path);
+  ASSERT_EQ(l.checkpoints.size(), 6u);
+  for (size_t step = 0; step < 6; ++step) {
+    for (int rank = 0; rank < 2; ++rank) {
+      MappedState m = MappedState::open(l.checkpoints[step].checkpoint.storage(),
+                                        fmt::format("state-{}.safetensors", rank));
+      auto v = m.tensor(fmt::format("w{}", rank)).as<float>();
+      EXPECT_EQ(v[0], static_cast<float>(step * 10 + rank));
+      EXPECT_EQ(v[v.size() - 1], static_cast<float>(step * 10 + rank));
+    }
   }
   expect_no_children();
 }
