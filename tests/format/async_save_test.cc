@@ -16,39 +16,12 @@
 #include "cairn/state.h"
 #include "cairn/state_manager.h"
 #include "storage/backends.h"
+#include "support/gate.h"
 
 namespace cairn::testing {
 namespace {
 
-// Holds background writes of .safetensors files until opened.
-class Gate {
- public:
-  void wait() {
-    std::unique_lock<std::mutex> g(mu_);
-    cv_.wait(g, [&] { return open_; });
-  }
-  void open() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
 bool is_state_file(std::string_view key) { return key.ends_with(".safetensors"); }
-
-// Spins (yielding) until `cond` holds: orders the test after an event of
-// another thread without guessing how long it takes.
-template <class F>
-void spin_until(F cond) {
-  while (!cond()) std::this_thread::yield();
-}
 
 // The last path component of a checkpoint's URI (its directory name).
 std::string dir_name(const Checkpoint& cp) {

@@ -20,6 +20,7 @@
 #include "cairn/sharded.h"
 #include "cairn/state.h"
 #include "storage/backends.h"
+#include "support/gate.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -140,33 +141,7 @@ std::vector<std::byte> file_bytes(const Checkpoint& cp, const std::string& key) 
   return {f.file_bytes().begin(), f.file_bytes().end()};
 }
 
-// Holds background writes of rank files until opened.
-class Gate {
- public:
-  void wait() {
-    std::unique_lock<std::mutex> g(mu_);
-    cv_.wait(g, [&] { return open_; });
-  }
-  void open() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
 bool is_rank_file(std::string_view key) { return key.ends_with(".safetensors"); }
-
-template <class F>
-void spin_until(F cond) {
-  while (!cond()) std::this_thread::yield();
-}
 
 class AsyncShardedTest : public ::testing::Test {
  protected:

@@ -24,6 +24,7 @@
 #include "cairn/torch.h"
 #include "cairn/torch_distributed.h"
 #include "cairn/train.h"
+#include "support/mpirun.h"
 #include "support/temp_dir.h"
 #include "torch/torch_support.h"
 #include "train/train_support.h"
@@ -378,42 +379,14 @@ TEST(TorchDistributed, TwoMpiProcessesTrainDataParallel) {
   TempDir dir;
   const fs::path out = dir / "out";
   fs::create_directories(out);
-  std::vector<std::string> args = {"mpirun",    "-np",  "2",     "--oversubscribe",
-                                   "--bind-to", "none", "--mca", "btl_vader_single_copy_mechanism",
-                                   "none"};
-  if (::geteuid() == 0) args.push_back("--allow-run-as-root");
-  for (const std::string& a : {std::string(CAIRN_DDP_MPI_PROGRAM), dir.str(), out.string()}) {
-    args.push_back(a);
-  }
-  const fs::path log = out / "mpirun.log";
-  const auto start = Clock::now();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp("mpirun", argv.data());
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) != pid) {
-    if (Clock::now() - start > std::chrono::seconds(120)) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ADD_FAILURE() << "mpirun did not finish within 120 s";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(log);
+  const testing::MpirunResult r = testing::finish_mpirun(
+      testing::start_mpirun(2, {}, {CAIRN_DDP_MPI_PROGRAM, dir.str(), out.string()},
+                            out / "mpirun.log"),
+      std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_status, 0) << r.log;
+  const std::string& log = r.log;
   const std::string rank0 = slurp(out / "final-0.safetensors");
-  ASSERT_FALSE(rank0.empty()) << slurp(log);
+  ASSERT_FALSE(rank0.empty()) << log;
   EXPECT_EQ(slurp(out / "final-1.safetensors"), rank0);
   const nlohmann::json c0 = read_json(out / "ctx-0.json"), c1 = read_json(out / "ctx-1.json");
   EXPECT_GT(c0.at("master_port").get<int>(), 0);

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/manager.h"
+#include "support/mpirun.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
@@ -33,84 +34,29 @@ using testing::expect_all_verify;
 using testing::slurp;
 using testing::TempDir;
 
-struct Launch {
-  int exit_status = -1;
-  double seconds = 0;
-  std::string log;  // mpirun's stdout and stderr
-};
-
-struct Started {
-  pid_t pid = -1;
-  std::chrono::steady_clock::time_point start;
-  fs::path log;
-};
+using Launch = testing::MpirunResult;
+using Started = testing::MpirunStarted;
 
 // Starts `mpirun -np 2 [wrapper...] program scenario storage out` in its own
 // process group, output to out/mpirun.log.
 Started start_mpirun(const std::string& scenario, const std::string& storage, const fs::path& out,
                      const std::vector<std::string>& wrapper = {},
                      const std::vector<std::string>& env = {}) {
-  std::vector<std::string> args = {"mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
-                                   // no ptrace-based single copy: containers often forbid it
-                                   "--mca", "btl_vader_single_copy_mechanism", "none"};
-  if (::geteuid() == 0) args.push_back("--allow-run-as-root");
   // For the sanitizer build: Open MPI's own allocations are not Cairn's leaks.
-  for (const std::string& e : {std::string("OMPI_MCA_mca_base_component_disable_dlclose=1"),
-                               fmt::format("LSAN_OPTIONS=suppressions={}:fast_unwind_on_malloc=0",
-                                           CAIRN_MPI_LSAN_SUPPRESSIONS)}) {
-    args.push_back("-x");
-    args.push_back(e);
-  }
-  for (const auto& e : env) {
-    args.push_back("-x");
-    args.push_back(e);
-  }
-  args.insert(args.end(), wrapper.begin(), wrapper.end());
+  std::vector<std::string> vars = {
+      "OMPI_MCA_mca_base_component_disable_dlclose=1",
+      fmt::format("LSAN_OPTIONS=suppressions={}:fast_unwind_on_malloc=0",
+                  CAIRN_MPI_LSAN_SUPPRESSIONS)};
+  vars.insert(vars.end(), env.begin(), env.end());
+  std::vector<std::string> command = wrapper;
   for (const std::string& a : {std::string(CAIRN_MPI_PROGRAM), scenario, storage, out.string()}) {
-    args.push_back(a);
+    command.push_back(a);
   }
-  const fs::path log = out / "mpirun.log";
-  const auto start = std::chrono::steady_clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp("mpirun", argv.data());
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  return {pid, start, log};
+  return testing::start_mpirun(2, vars, command, out / "mpirun.log");
 }
 
 // Waits for a started mpirun, bounded: its process group is killed after 180 s.
-Launch finish(const Started& s) {
-  const pid_t pid = s.pid;
-  const auto start = s.start;
-  Launch r;
-  int status = 0;
-  while (true) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) break;
-    if (std::chrono::steady_clock::now() - start > 180s) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ADD_FAILURE() << "mpirun did not finish within 180 s";
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.log = slurp(s.log);
-  EXPECT_NE(r.exit_status, 127) << "mpirun could not be started; scripts/install-deps.sh "
-                                   "installs openmpi-bin\n"
-                                << r.log;
-  return r;
-}
+Launch finish(const Started& s) { return testing::finish_mpirun(s, 180s); }
 
 Launch mpirun(const std::string& scenario, const std::string& storage, const fs::path& out,
               const std::vector<std::string>& wrapper = {},
