@@ -73,19 +73,7 @@ TEST(Rendezvous, ReservedPortRefusesOthersButNotAReuseAddressListener) {
 
 void record_and_fail_once(const nlohmann::json& config) {
   const TrainContext& c = train::get_context();
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v ? std::string(v) : std::string("<unset>");
-  };
-  const nlohmann::json seen = {{"master_addr", c.master_addr},
-                               {"master_port", c.master_port},
-                               {"MASTER_ADDR", env("MASTER_ADDR")},
-                               {"MASTER_PORT", env("MASTER_PORT")},
-                               {"RANK", env("RANK")},
-                               {"WORLD_SIZE", env("WORLD_SIZE")},
-                               {"LOCAL_RANK", env("LOCAL_RANK")},
-                               {"LOCAL_WORLD_SIZE", env("LOCAL_WORLD_SIZE")},
-                               {"GROUP_RANK", env("GROUP_RANK")}};
+  const nlohmann::json seen = testing::rendezvous_seen(c);
   const fs::path out = config.at("out").get<std::string>();
   write_file(out / fmt::format("ctx-{}-{}.json", c.world_rank, c.attempt), seen.dump());
   train::report({{"attempt", c.attempt}});

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -69,6 +70,24 @@ inline bool wait_gone(pid_t pid, std::chrono::milliseconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
+}
+
+// What a worker sees of its rendezvous: TrainContext::master_addr/port and
+// the torchrun-style environment the worker exports ("<unset>" if missing).
+inline nlohmann::json rendezvous_seen(const TrainContext& c) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v ? std::string(v) : std::string("<unset>");
+  };
+  return {{"master_addr", c.master_addr},
+          {"master_port", c.master_port},
+          {"MASTER_ADDR", env("MASTER_ADDR")},
+          {"MASTER_PORT", env("MASTER_PORT")},
+          {"RANK", env("RANK")},
+          {"WORLD_SIZE", env("WORLD_SIZE")},
+          {"LOCAL_RANK", env("LOCAL_RANK")},
+          {"LOCAL_WORLD_SIZE", env("LOCAL_WORLD_SIZE")},
+          {"GROUP_RANK", env("GROUP_RANK")}};
 }
 
 }  // namespace cairn::testing
