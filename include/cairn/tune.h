@@ -46,6 +46,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -114,6 +116,85 @@ class ParamSpace {
   std::vector<Site> grid_;
   std::vector<Site> random_;
   std::size_t grid_size_ = 1;
+};
+
+// One suggestion of the BasicVariantGenerator: the trial's 0-based index in
+// the experiment and its configuration.
+struct Variant {
+  std::size_t index = 0;
+  nlohmann::json config;
+};
+
+// A search algorithm: suggests a configuration for each new trial and learns
+// from finished ones.
+//
+// suggest() returns the configuration for a new trial `trial_id`, or nothing:
+// then finished() says whether the searcher has nothing more to suggest ever
+// (true) or only now (false: ask again after a trial completes; a model-based
+// searcher waiting for results). save() returns the searcher's whole state as
+// JSON; restore(save()) on a searcher built with the same arguments continues
+// exactly where the saved one stood, so a restored experiment neither repeats
+// nor skips a configuration. restore() throws kInvalidArgument for a state
+// this searcher cannot adopt (another kind, another space) and leaves the
+// searcher unchanged then. Limiting how many trials run at once is the
+// runtime's business, not the searcher's.
+class Searcher {
+ public:
+  virtual ~Searcher() = default;
+
+  virtual std::optional<nlohmann::json> suggest(const std::string& trial_id) = 0;
+  virtual bool finished() const = 0;
+  // `result` is the trial's last reported result (null if none); `error`
+  // says whether the trial failed.
+  virtual void on_trial_complete(const std::string& trial_id, const nlohmann::json& result,
+                                 bool error) = 0;
+  virtual nlohmann::json save() const = 0;
+  virtual void restore(const nlohmann::json& state) = 0;
+};
+
+// Ray Tune's default search: the grid repeated num_samples times, each
+// repetition sampling the random domains anew. Trial k (0-based) is grid point
+// k % grid_size() of repetition k / grid_size(); its random domains are drawn
+// from an Rng seeded from (seed, k) alone, so the sequence depends only on the
+// space, num_samples and seed, and restoring needs no replay.
+class BasicVariantGenerator final : public Searcher {
+ public:
+  // num_samples >= 1; kInvalidArgument otherwise or when
+  // grid_size() * num_samples does not fit in std::size_t.
+  BasicVariantGenerator(ParamSpace space, std::size_t num_samples, std::uint64_t seed);
+
+  // The next variant, or nothing once all total() have been produced.
+  std::optional<Variant> next();
+  // The variant with index `index` (< total()), without advancing.
+  Variant variant(std::size_t index) const;
+
+  std::size_t total() const { return total_; }
+  std::size_t produced() const { return next_; }
+  const ParamSpace& space() const { return space_; }
+
+  // Searcher. suggest() throws kInvalidArgument for a trial_id already
+  // suggested and not yet completed; on_trial_complete() for one it does not
+  // know. The results do not change what is suggested.
+  std::optional<nlohmann::json> suggest(const std::string& trial_id) override;
+  bool finished() const override { return next_ >= total_; }
+  void on_trial_complete(const std::string& trial_id, const nlohmann::json& result,
+                         bool error) override;
+  // {"searcher": "basic_variant", "version": 1, "seed": "<decimal>",
+  //  "num_samples": n, "space": <spec>, "next": k, "live": {trial_id: index}}.
+  // restore() requires the same space and num_samples; it adopts the seed.
+  nlohmann::json save() const override;
+  void restore(const nlohmann::json& state) override;
+
+  // Trials suggested and not yet completed, by id, with their indexes.
+  const std::map<std::string, std::size_t>& live() const { return live_; }
+
+ private:
+  ParamSpace space_;
+  std::size_t num_samples_;
+  std::uint64_t seed_;
+  std::size_t total_;
+  std::size_t next_ = 0;
+  std::map<std::string, std::size_t> live_;
 };
 
 }  // namespace cairn::tune
