@@ -2,6 +2,7 @@
 // sampled per trial from an Rng seeded from (seed, trial index).
 #include <charconv>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>

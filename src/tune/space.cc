@@ -1,7 +1,9 @@
 // Search-space domains, their validation, and sampling from a ParamSpace.
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
-#include <set>
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 
