@@ -1,0 +1,292 @@
+// Search-space domains, their validation, and sampling from a ParamSpace.
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "cairn/tune.h"
+
+namespace cairn::tune {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void invalid(const std::string& path, std::string_view what) {
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("search space: {}: {}", path.empty() ? "(root)" : path, what));
+}
+
+// "model/layers" for the pointer /model/layers.
+std::string path_of(const json::json_pointer& pointer) {
+  std::string s = pointer.to_string();
+  return s.empty() ? s : s.substr(1);
+}
+
+json tagged(const char* kind) { return json{{kDomainTag, kind}}; }
+
+bool is_domain(const json& value) { return value.is_object() && value.contains(kDomainTag); }
+
+bool contains_domain(const json& value) {
+  if (is_domain(value)) return true;
+  if (value.is_structured()) {
+    for (const auto& item : value) {
+      if (contains_domain(item)) return true;
+    }
+  }
+  return false;
+}
+
+void check_fields(const json& domain, const std::string& path,
+                  std::initializer_list<std::string_view> fields) {
+  for (const auto& [key, value] : domain.items()) {
+    if (key == kDomainTag) continue;
+    bool known = false;
+    for (auto field : fields) known = known || key == field;
+    if (!known) {
+      invalid(path, fmt::format("{} domain has no field '{}'",
+                                domain[kDomainTag].get<std::string>(), key));
+    }
+  }
+  for (auto field : fields) {
+    if (!domain.contains(field)) {
+      invalid(path, fmt::format("{} domain lacks field '{}'", domain[kDomainTag].get<std::string>(),
+                                field));
+    }
+  }
+}
+
+double finite_number(const json& domain, const char* field, const std::string& path) {
+  const json& v = domain.at(field);
+  if (!v.is_number()) invalid(path, fmt::format("'{}' must be a number, not {}", field, v.dump()));
+  double d = v.get<double>();
+  if (!std::isfinite(d)) invalid(path, fmt::format("'{}' must be finite", field));
+  return d;
+}
+
+std::int64_t integer(const json& domain, const char* field, const std::string& path) {
+  const json& v = domain.at(field);
+  if (v.is_number_unsigned()) {
+    if (v.get<std::uint64_t>() >
+        static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      invalid(path, fmt::format("'{}' does not fit in a 64-bit signed integer", field));
+    }
+    return static_cast<std::int64_t>(v.get<std::uint64_t>());
+  }
+  if (!v.is_number_integer()) {
+    invalid(path, fmt::format("'{}' must be an integer, not {}", field, v.dump()));
+  }
+  return v.get<std::int64_t>();
+}
+
+// Throws unless `domain` (an object with the tag) is well formed. Returns
+// whether it is a grid_search.
+bool validate_domain(const json& domain, const std::string& path) {
+  const json& tag = domain[kDomainTag];
+  if (!tag.is_string()) invalid(path, fmt::format("'{}' must be a string", kDomainTag));
+  const std::string kind = tag.get<std::string>();
+  if (kind == "grid_search" || kind == "choice") {
+    check_fields(domain, path, {"values"});
+    const json& values = domain["values"];
+    if (!values.is_array()) invalid(path, fmt::format("{} values must be an array", kind));
+    if (values.empty()) invalid(path, fmt::format("{} needs at least one value", kind));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (contains_domain(values[i])) {
+        invalid(path, fmt::format("{} value {} holds a domain; values must be constants", kind, i));
+      }
+    }
+    return kind == "grid_search";
+  }
+  if (kind == "uniform" || kind == "loguniform") {
+    check_fields(domain, path, {"lo", "hi"});
+    double lo = finite_number(domain, "lo", path);
+    double hi = finite_number(domain, "hi", path);
+    if (!(lo < hi)) invalid(path, fmt::format("{} needs lo < hi, got [{}, {})", kind, lo, hi));
+    if (!std::isfinite(hi - lo))
+      invalid(path, fmt::format("{} range [{}, {}) is too wide", kind, lo, hi));
+    if (kind == "loguniform" && !(lo > 0)) {
+      invalid(path, fmt::format("loguniform needs lo > 0, got {}", lo));
+    }
+    return false;
+  }
+  if (kind == "randint") {
+    check_fields(domain, path, {"lo", "hi"});
+    std::int64_t lo = integer(domain, "lo", path);
+    std::int64_t hi = integer(domain, "hi", path);
+    if (!(lo < hi)) {
+      invalid(path, fmt::format("randint needs lo < hi (hi is exclusive), got [{}, {})", lo, hi));
+    }
+    return false;
+  }
+  if (kind == "quniform") {
+    check_fields(domain, path, {"lo", "hi", "q"});
+    double lo = finite_number(domain, "lo", path);
+    double hi = finite_number(domain, "hi", path);
+    double q = finite_number(domain, "q", path);
+    if (!(lo < hi)) invalid(path, fmt::format("quniform needs lo < hi, got [{}, {}]", lo, hi));
+    if (!std::isfinite(hi - lo))
+      invalid(path, fmt::format("quniform range [{}, {}] is too wide", lo, hi));
+    if (!(q > 0)) invalid(path, fmt::format("quniform needs q > 0, got {}", q));
+    if (std::ceil(lo / q) > std::floor(hi / q)) {
+      invalid(path, fmt::format("quniform: no multiple of {} lies in [{}, {}]", q, lo, hi));
+    }
+    return false;
+  }
+  invalid(path, fmt::format("unknown domain '{}'", kind));
+}
+
+double sample_double(double lo, double hi, double u) {
+  double v = lo + (hi - lo) * u;
+  if (v < lo) v = lo;
+  if (v >= hi) v = std::nextafter(hi, lo);
+  return v;
+}
+
+json sample(const json& domain, Rng& rng) {
+  const std::string& kind = domain[kDomainTag].get_ref<const std::string&>();
+  if (kind == "choice") {
+    const json& values = domain["values"];
+    return values[static_cast<std::size_t>(draw_below(rng, values.size()))];
+  }
+  if (kind == "randint") {
+    auto lo = domain["lo"].get<std::int64_t>();
+    auto hi = domain["hi"].get<std::int64_t>();
+    std::uint64_t span = static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
+    return static_cast<std::int64_t>(static_cast<std::uint64_t>(lo) + draw_below(rng, span));
+  }
+  double lo = domain["lo"].get<double>();
+  double hi = domain["hi"].get<double>();
+  if (kind == "uniform") return sample_double(lo, hi, draw_unit(rng));
+  if (kind == "loguniform") {
+    double v = std::exp(std::log(lo) + (std::log(hi) - std::log(lo)) * draw_unit(rng));
+    if (v < lo) v = lo;
+    if (v >= hi) v = std::nextafter(hi, lo);
+    return v;
+  }
+  // quniform: round a uniform draw to a multiple of q, kept within [lo, hi].
+  double q = domain["q"].get<double>();
+  double k = std::round(sample_double(lo, hi, draw_unit(rng)) / q);
+  k = std::min(std::max(k, std::ceil(lo / q)), std::floor(hi / q));
+  return std::min(std::max(k * q, lo), hi);
+}
+
+}  // namespace
+
+json grid_search(json values) {
+  json d = tagged("grid_search");
+  d["values"] = std::move(values);
+  return d;
+}
+
+json choice(json values) {
+  json d = tagged("choice");
+  d["values"] = std::move(values);
+  return d;
+}
+
+json uniform(double lo, double hi) {
+  json d = tagged("uniform");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  return d;
+}
+
+json loguniform(double lo, double hi) {
+  json d = tagged("loguniform");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  return d;
+}
+
+json randint(std::int64_t lo, std::int64_t hi) {
+  json d = tagged("randint");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  return d;
+}
+
+json quniform(double lo, double hi, double q) {
+  json d = tagged("quniform");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  d["q"] = q;
+  return d;
+}
+
+double draw_unit(Rng& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+
+std::uint64_t draw_below(Rng& rng, std::uint64_t n) {
+  if (n == 0) throw std::logic_error("draw_below: n must be positive");
+  // Reject the top values that would make some results more likely than
+  // others: 2^64 mod n of them.
+  const std::uint64_t reject_below = (0 - n) % n;
+  for (;;) {
+    std::uint64_t x = rng();
+    if (x >= reject_below) return x % n;
+  }
+}
+
+ParamSpace::ParamSpace(json space) : spec_(std::move(space)) {
+  if (!spec_.is_object() || is_domain(spec_)) {
+    invalid("", "a search space must be a JSON object of parameters");
+  }
+  // Depth-first walk, object keys in sorted order (nlohmann::json's), array
+  // elements in order.
+  auto walk = [&](auto&& self, const json& node, const json::json_pointer& pointer) -> void {
+    if (is_domain(node)) {
+      bool grid = validate_domain(node, path_of(pointer));
+      (grid ? grid_ : random_).push_back(Site{pointer, node});
+      return;
+    }
+    if (node.is_object()) {
+      for (const auto& [key, value] : node.items()) self(self, value, pointer / key);
+    } else if (node.is_array()) {
+      for (std::size_t i = 0; i < node.size(); ++i) self(self, node[i], pointer / i);
+    }
+  };
+  walk(walk, spec_, json::json_pointer());
+  for (const auto& site : grid_) {
+    std::size_t n = site.domain["values"].size();
+    if (grid_size_ > std::numeric_limits<std::size_t>::max() / n) {
+      invalid(path_of(site.pointer), "the grid has more points than can be counted");
+    }
+    grid_size_ *= n;
+  }
+}
+
+std::vector<std::string> ParamSpace::grid_paths() const {
+  std::vector<std::string> out;
+  for (const auto& site : grid_) out.push_back(path_of(site.pointer));
+  return out;
+}
+
+std::vector<std::string> ParamSpace::random_paths() const {
+  std::vector<std::string> out;
+  for (const auto& site : random_) out.push_back(path_of(site.pointer));
+  return out;
+}
+
+json ParamSpace::resolve(std::size_t grid_index, Rng& rng) const {
+  if (grid_index >= grid_size_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("search space: grid point {} out of range (the grid has {})",
+                            grid_index, grid_size_));
+  }
+  json config = spec_;
+  std::size_t rest = grid_index;
+  for (const auto& site : grid_) {
+    const json& values = site.domain["values"];
+    config[site.pointer] = values[rest % values.size()];
+    rest /= values.size();
+  }
+  for (const auto& site : random_) config[site.pointer] = sample(site.domain, rng);
+  return config;
+}
+
+}  // namespace cairn::tune
