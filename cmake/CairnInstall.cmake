@@ -24,7 +24,7 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/cairn ${PROJECT_BINARY_DIR}/incl
         FILES_MATCHING PATTERN "*.h" ${header_excludes})
 
 # ---- libraries and the command ------------------------------------------
-# Core, format and train share one export set (CairnTargets.cmake); the
+# Core, format, train and tune share one export set (CairnTargets.cmake); the
 # LibTorch adapter has its own (CairnTorchTargets.cmake), loaded only when a
 # consumer asks for the torch component, so no one else needs LibTorch.
 get_property(cairn_libraries GLOBAL PROPERTY CAIRN_LIBRARIES)
@@ -89,6 +89,7 @@ if(CAIRN_SHARED)
   set(CAIRN_PC_FORMAT_PRIVATE "")
   set(CAIRN_PC_TRAIN_PRIVATE "")
   set(CAIRN_PC_TRAIN_LIBS_PRIVATE "")
+  set(CAIRN_PC_TUNE_PRIVATE "")
 else()
   # libcurl as -lcurl, not through libcurl.pc: `pkg-config --static` would
   # expand its Libs.private (ldap, ssh2, rtmp, ...), whose development links
@@ -98,6 +99,7 @@ else()
   set(CAIRN_PC_FORMAT_PRIVATE "Requires.private: fmt libxxhash")
   set(CAIRN_PC_TRAIN_PRIVATE "Requires.private: fmt")
   set(CAIRN_PC_TRAIN_LIBS_PRIVATE "")
+  set(CAIRN_PC_TUNE_PRIVATE "Requires.private: fmt")
   if(CAIRN_TRAIN_MPI)
     # The libraries FindMPI found; mpi-c.pc's own Libs.private would need
     # Open MPI's internal libraries' development links.
@@ -106,7 +108,7 @@ else()
   endif()
 endif()
 set(pc_files)
-foreach(component core format train)
+foreach(component core format train tune)
   if(component IN_LIST cairn_components)
     list(APPEND pc_files cairn-${component})
   endif()

@@ -120,11 +120,11 @@ echo "package: building Cairn $version (static, PIC) and installing into a tempo
 check "static: configure, build, install" build_and_install static "$static"
 check "static: headers, archives, CairnConfig, pkg-config files, cairn installed" \
   installed_files "$static" include/cairn/manager.h include/cairn/version.h \
-  lib/libcairn_core.a lib/libcairn_format.a lib/libcairn_train.a \
+  lib/libcairn_core.a lib/libcairn_format.a lib/libcairn_train.a lib/libcairn_tune.a \
   lib/cmake/Cairn/CairnConfig.cmake lib/cmake/Cairn/CairnConfigVersion.cmake \
   lib/cmake/Cairn/CairnTargets.cmake lib/cmake/Cairn/Findxxhash.cmake \
   lib/pkgconfig/cairn.pc lib/pkgconfig/cairn-core.pc lib/pkgconfig/cairn-format.pc \
-  lib/pkgconfig/cairn-train.pc bin/cairn
+  lib/pkgconfig/cairn-train.pc lib/pkgconfig/cairn-tune.pc include/cairn/tune.h bin/cairn
 check "static: torch.h and torch_distributed.h not installed without the adapter" \
   test ! -e "$static/include/cairn/torch.h" -a ! -e "$static/include/cairn/torch_distributed.h"
 check "static: cairn --version prints 'cairn $version'" version_is "$static/bin/cairn"
@@ -159,7 +159,7 @@ echo "package: building Cairn $version (BUILD_SHARED_LIBS=ON)"
 check "shared: configure, build, install" build_and_install shared "$shared" -DBUILD_SHARED_LIBS=ON
 soname_links() {
   local lib
-  for lib in core format train; do
+  for lib in core format train tune; do
     local so=$shared/lib/libcairn_$lib.so
     [ "$(readlink "$so")" = "libcairn_$lib.so.$soversion" ] || { echo "bad $so link"; return 1; }
     [ "$(readlink "$so.$soversion")" = "libcairn_$lib.so.$version" ] || { echo "bad soname link"; return 1; }
@@ -169,7 +169,7 @@ soname_links() {
 check "shared: libcairn_*.so -> .so.$soversion -> .so.$version, SONAME libcairn_*.so.$soversion" soname_links
 exports_only_cairn() {
   local lib syms foreign
-  for lib in core format train; do
+  for lib in core format train tune; do
     syms=$(nm -D --defined-only -C "$shared/lib/libcairn_$lib.so")
     foreign=$(echo "$syms" | awk '{ $1 = ""; $2 = ""; sub(/^ +/, ""); print }' |
       grep -vE '^((typeinfo|typeinfo name|vtable|VTT|guard variable|non-virtual thunk|virtual thunk) (for|to) )?cairn::' || true)
