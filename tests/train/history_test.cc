@@ -26,7 +26,7 @@ std::string le_bytes(uint64_t v, int n) {
   return s;
 }
 
-TEST(History, Crc32cKnownVectors) {
+TEST(ExperimentHistory, Crc32cKnownVectors) {
   EXPECT_EQ(crc32c("123456789"), 0xE3069283u);
   EXPECT_EQ(crc32c(""), 0u);
   EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8A9136AAu);  // RFC 3720, B.4
@@ -37,7 +37,7 @@ TEST(History, Crc32cKnownVectors) {
   EXPECT_EQ(crc32c("6789", crc32c("12345")), 0xE3069283u);  // continues
 }
 
-TEST(History, MaskedCrcAndTfrecordFraming) {
+TEST(ExperimentHistory, MaskedCrcAndTfrecordFraming) {
   const uint32_t crc = 0xE3069283u;
   EXPECT_EQ(masked_crc32c("123456789"), ((crc >> 15) | (crc << 17)) + 0xa282ead8u);
   const std::string rec = tfrecord("hello");
@@ -48,7 +48,7 @@ TEST(History, MaskedCrcAndTfrecordFraming) {
   EXPECT_EQ(rec.substr(17, 4), le_bytes(masked_crc32c("hello"), 4));
 }
 
-TEST(History, EventEncodingMatchesTheProtobufWireFormat) {
+TEST(ExperimentHistory, EventEncodingMatchesTheProtobufWireFormat) {
   const std::string v = encode_file_version_event(1.5);
   // wall_time: key 0x09, double; file_version: key 0x1a, length, bytes.
   EXPECT_EQ(v, std::string("\x09", 1) + le_bytes(0x3FF8000000000000ull, 8) + "\x1a\x0d" +
@@ -62,7 +62,7 @@ TEST(History, EventEncodingMatchesTheProtobufWireFormat) {
   EXPECT_EQ(e, want);
 }
 
-TEST(History, FlattenJoinsNestedKeysAndKeepsOnlyNumbersForScalars) {
+TEST(ExperimentHistory, FlattenJoinsNestedKeysAndKeepsOnlyNumbersForScalars) {
   json m = {{"loss", 0.25},   {"eval", {{"acc", 1}, {"deep", {{"x", -2}}}}},
             {"ok", true},     {"name", "run"},
             {"list", {1, 2}}, {"empty", json::object()}};
@@ -80,7 +80,7 @@ TEST(History, FlattenJoinsNestedKeysAndKeepsOnlyNumbersForScalars) {
   EXPECT_EQ(s[2], (std::pair<std::string, float>{"loss", 0.25f}));
 }
 
-TEST(History, CsvEscapesCommasQuotesAndNewlines) {
+TEST(ExperimentHistory, CsvEscapesCommasQuotesAndNewlines) {
   EXPECT_EQ(csv_field("plain"), "plain");
   EXPECT_EQ(csv_field("a,b"), "\"a,b\"");
   EXPECT_EQ(csv_field("say \"hi\""), "\"say \"\"hi\"\"\"");
@@ -100,7 +100,7 @@ TEST(History, CsvEscapesCommasQuotesAndNewlines) {
   EXPECT_EQ(csv_record(header, json({{"b", 2}})), ",2\n");
 }
 
-TEST(History, ResultLinesIgnoreATornLastLine) {
+TEST(ExperimentHistory, ResultLinesIgnoreATornLastLine) {
   auto p = parse_result_lines("{\"a\":1}\n\n{\"a\":2}\n{\"a\":", "r.json");
   ASSERT_EQ(p.rows.size(), 2u);
   EXPECT_EQ(p.rows[1]["a"], 2);
@@ -121,7 +121,7 @@ struct FakeClock {
   }
 };
 
-TEST(History, RunHistoryAppendsAndContinuesAfterReopening) {
+TEST(ExperimentHistory, RunHistoryAppendsAndContinuesAfterReopening) {
   TempDir dir;
   auto storage = open_storage(dir.str());
   FakeClock clock;
@@ -164,7 +164,7 @@ TEST(History, RunHistoryAppendsAndContinuesAfterReopening) {
   EXPECT_EQ(events, 2);
 }
 
-TEST(History, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine) {
+TEST(ExperimentHistory, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine) {
   TempDir dir;
   auto storage = open_storage(dir.str());
   FakeClock clock;
@@ -189,7 +189,7 @@ TEST(History, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine) {
             "0,,0.0,1000,2,3\n");
 }
 
-TEST(History, ObjectStoresGetWholeObjects) {
+TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {
   auto storage = open_storage("memory://history-test/exp");
   FakeClock clock;
   {

@@ -308,6 +308,21 @@ TEST(Trainer, EveryRoundIsInTheHistoryAcrossRestartsAndRestore) {
   expect_no_children();
 }
 
+TEST(Trainer, AHistoryThatCannotBeWrittenFailsTheRunNamingTheFile) {
+  TempDir dir;
+  // A folder where result.json should be: neither appended to nor replaced.
+  write_file(dir.path() / "exp" / "result.json" / "in-the-way", "x");
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 1;
+  Result r = Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1}, run).fit();
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("recording report #1 in the run's history"), std::string::npos)
+      << *r.error;
+  EXPECT_NE(r.error->find("result.json"), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("after 2 attempt(s)"), std::string::npos) << *r.error;
+  expect_no_children();
+}
+
 TEST(Trainer, SpentBudgetErrorNamesRankCauseAndStderrTail) {
   TempDir dir;
   RunConfig run = run_in(dir);
