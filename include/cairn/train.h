@@ -50,6 +50,11 @@
 // the driver included; an interrupted upload is never visible and is removed
 // the next time the experiment is opened. The trainer's own state
 // (trainer_state.json in the experiment folder) is replaced atomically.
+//
+// History. Every report round is added to the experiment folder's
+// result.json (one JSON object a line), progress.csv and TensorBoard event
+// file before report() returns (docs/train.md, "The run's result files");
+// Result::metrics_history holds the rows.
 #pragma once
 
 #include <functional>

@@ -9,7 +9,8 @@
 //      round was uploading, and restart while FailureConfig allows.
 // trainer_state.json in the experiment folder (atomic Storage::put) records
 // the configuration needed by Trainer::restore, the failure count and how
-// the run ended.
+// the run ended; every released round is added to the run's history
+// (history.h: result.json, progress.csv, the TensorBoard event file).
 #include "train/driver.h"
 
 #include <unistd.h>
@@ -155,8 +156,10 @@ class Driver {
     state_["status"] = "running";
     state_["driver_starts"] = state_.value("driver_starts", 0) + 1;  // checked: an integer
     state_["error"] = nullptr;
-    save_state();
+    // Before the state says "running": a damaged result.json refuses the run
+    // (kCorruption naming it) with nothing changed.
     history_ = std::make_unique<RunHistory>(storage_, wall_seconds);
+    save_state();
     if (spec_.before_start) spec_.before_start();
     for (const auto& p : sweep_dead_scratch_dirs()) {
       log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));

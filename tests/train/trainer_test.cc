@@ -323,6 +323,24 @@ TEST(Trainer, AHistoryThatCannotBeWrittenFailsTheRunNamingTheFile) {
   expect_no_children();
 }
 
+TEST(Trainer, ADamagedHistoryRefusesRestoreNamingTheLineAndChangesNothing) {
+  TempDir dir;
+  const fs::path exp = dir.path() / "exp";
+  Result r =
+      Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1}, run_in(dir)).fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  std::string text = slurp(exp / "result.json");
+  text.insert(0, "{oops\n");
+  write_file(exp / "result.json", text);
+  const std::string state = slurp(exp / "trainer_state.json");
+  std::string msg = testing::error_message_of(
+      [&] { Trainer::restore(exp.string(), epoch_loop).fit(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("result.json line 1"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(exp / "trainer_state.json"), state);
+  EXPECT_EQ(testing::code_of([&] { Result::from_path(exp.string()); }), ErrorCode::kCorruption);
+  expect_no_children();
+}
+
 TEST(Trainer, SpentBudgetErrorNamesRankCauseAndStderrTail) {
   TempDir dir;
   RunConfig run = run_in(dir);
