@@ -50,6 +50,11 @@
 // the driver included; an interrupted upload is never visible and is removed
 // the next time the experiment is opened. The trainer's own state
 // (trainer_state.json in the experiment folder) is replaced atomically.
+//
+// History. Every report round is added to the experiment folder's
+// result.json (one JSON object a line), progress.csv and TensorBoard event
+// file before report() returns (docs/train.md, "The run's result files");
+// Result::metrics_history holds the rows.
 #pragma once
 
 #include <functional>
@@ -196,11 +201,20 @@ struct Result {
   // says so, and Trainer::restore(path) continues it from its latest
   // checkpoint.
   bool preempted = false;
+  // Every reported round of the experiment, oldest first, as stored in its
+  // result.json (docs/train.md, "The run's result files"): rank 0's metrics
+  // plus training_iteration (1, 2, ... across restarts and restores),
+  // timestamp (Unix seconds), time_total_s (seconds of running, summed over
+  // the drivers that ran the experiment), checkpoint_dir_name (the folder of
+  // the checkpoint committed in that round, or null) and attempt
+  // (TrainContext::attempt of the group that reported it).
+  std::vector<nlohmann::json> metrics_history;
 
   // The result of the experiment stored at `path` (a finished, failed or
-  // crashed run), read without locking or changing anything. kNotFound if
+  // crashed run), read without locking or changing anything; a line of
+  // result.json torn by a crash is left out of metrics_history. kNotFound if
   // there is no experiment there; kCorruption naming the file if its trainer
-  // state is damaged.
+  // state or result.json (a line before the last) is damaged.
   static Result from_path(std::string_view path);
 };
 

@@ -9,7 +9,8 @@
 //      round was uploading, and restart while FailureConfig allows.
 // trainer_state.json in the experiment folder (atomic Storage::put) records
 // the configuration needed by Trainer::restore, the failure count and how
-// the run ended.
+// the run ended; every released round is added to the run's history
+// (history.h: result.json, progress.csv, the TensorBoard event file).
 #include "train/driver.h"
 
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "train/collective.h"
+#include "train/history.h"
 #include "train/net.h"
 #include "train/scratch.h"
 #include "train/sigterm.h"
@@ -43,6 +45,12 @@ double monotonic_seconds() {
 
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// "checkpoint_000003" of ".../exp/checkpoint_000003" (or ".../checkpoint_000003/").
+std::string last_component(std::string_view uri) {
+  while (uri.size() > 1 && uri.back() == '/') uri.remove_suffix(1);
+  return std::string(uri.substr(uri.rfind('/') + 1));
 }
 
 ManifestEntry entry_from_json(const nlohmann::json& j) {
@@ -148,6 +156,9 @@ class Driver {
     state_["status"] = "running";
     state_["driver_starts"] = state_.value("driver_starts", 0) + 1;  // checked: an integer
     state_["error"] = nullptr;
+    // Before the state says "running": a damaged result.json refuses the run
+    // (kCorruption naming it) with nothing changed.
+    history_ = std::make_unique<RunHistory>(storage_, wall_seconds);
     save_state();
     if (spec_.before_start) spec_.before_start();
     for (const auto& p : sweep_dead_scratch_dirs()) {
@@ -210,6 +221,7 @@ class Driver {
       save_state();
     }
     result.metrics = last_metrics_;
+    result.metrics_history = history_->rows();
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
     for (const auto& r : manager_->best())
       result.best_checkpoints.push_back({r.checkpoint, r.metrics});
@@ -261,6 +273,7 @@ class Driver {
   }
 
   Outcome run_attempt(int attempt, const std::optional<std::string>& from) {
+    attempt_ = attempt;
     LaunchSpec launch;
     launch.train_fn = spec_.train_fn;
     launch.train_loop_config = spec_.train_loop_config;
@@ -402,6 +415,7 @@ class Driver {
     switch (a.type) {
       case A::kAck:
         last_metrics_ = a.metrics;
+        if (!record_history(round, a.round, std::nullopt)) return;
         round.on_released();
         note_release(a.round, false);
         for (int r = 0; r < spec_.world_size; ++r) {
@@ -447,6 +461,9 @@ class Driver {
         }
         reserved.reset();
         last_metrics_ = a.metrics;
+        if (!record_history(round, a.round, last_component(uri))) {
+          return;
+        }
         round.on_released();
         note_release(a.round, true);
         for (int r = 0; r < spec_.world_size; ++r) {
@@ -465,6 +482,21 @@ class Driver {
         return;
       case A::kNone:
         return;
+    }
+  }
+
+  // Appends a released round to the run's history before its ranks go on,
+  // so that a report() that returned is in result.json. A write that fails
+  // fails the round like a commit that fails.
+  bool record_history(ReportRound& round, int round_no, const std::optional<std::string>& dir) {
+    try {
+      history_->record(last_metrics_, dir, attempt_);
+      return true;
+    } catch (const Error& e) {
+      record_failure(round.fail(
+          {FailureKind::kDriver, -1,
+           fmt::format("recording report #{} in the run's history: {}", round_no, e.what())}));
+      return false;
     }
   }
 
@@ -489,6 +521,8 @@ class Driver {
   std::shared_ptr<Storage> storage_;
   nlohmann::json state_;
   nlohmann::json last_metrics_ = nlohmann::json::object();
+  std::unique_ptr<RunHistory> history_;
+  int attempt_ = 0;
   std::optional<Failure> failure_;
   bool finished_ = false;
   bool continuing_ = false;

@@ -103,6 +103,7 @@ nlohmann::json result_to_json(const Result& r) {
           {"best", best},
           {"path", r.path},
           {"preempted", r.preempted},
+          {"history", r.metrics_history},
           {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
 }
 
@@ -119,6 +120,7 @@ Result result_from_json(const nlohmann::json& j) {
   r.path = j.at("path").get<std::string>();
   if (j.at("error").is_string()) r.error = j["error"].get<std::string>();
   r.preempted = j.value("preempted", false);
+  if (j.contains("history")) r.metrics_history = j["history"].get<std::vector<nlohmann::json>>();
   return r;
 }
 

@@ -6,6 +6,7 @@
 #include "cairn/train.h"
 #include "train/driver.h"
 #include "train/group.h"
+#include "train/history.h"
 #include "train/mpi.h"
 #include "util/json.h"
 
@@ -160,6 +161,7 @@ Result Result::from_path(std::string_view path) {
   }
   if (state.is_object() && state["error"].is_string()) r.error = state["error"].get<std::string>();
   r.preempted = state.is_object() && state.value("status", nlohmann::json()) == "preempted";
+  r.metrics_history = train_internal::read_result_history(*open_storage(path));
   return r;
 }
 

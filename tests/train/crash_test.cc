@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -271,6 +272,17 @@ void kill_driver_then_restore(bool during_upload, unsigned seed, bool async = fa
   const int latest_epoch = std::stoi(slurp(experiment / latest_before / "epoch.txt"));
   uint64_t max_index_before = before.checkpoints.back().index;
 
+  // The history read back holds the rounds released before the kill (all but
+  // perhaps one whose checkpoint was committed just before it); a line torn
+  // by the kill (made certain here) is ignored, then dropped.
+  const size_t history_before = Result::from_path(experiment.string()).metrics_history.size();
+  EXPECT_GE(history_before + 1, s.committed.size());
+  {
+    std::ofstream torn(experiment / "result.json", std::ios::app);
+    torn << "{\"epoch\": 99, \"trai";
+  }
+  EXPECT_EQ(Result::from_path(experiment.string()).metrics_history.size(), history_before);
+
   ASSERT_TRUE(Trainer::can_restore(experiment.string()));
   nlohmann::json fast = slow;
   fast["sleep_ms"] = 0;
@@ -314,6 +326,13 @@ void kill_driver_then_restore(bool during_upload, unsigned seed, bool async = fa
   EXPECT_GT(after.checkpoints.back().index, max_index_before);
   EXPECT_TRUE(after.uncommitted.empty());
   EXPECT_EQ(expect_all_verify(experiment.string()), 3u);
+  // The restored run's rounds continue the history's iteration count.
+  ASSERT_GT(r.metrics_history.size(), history_before);
+  for (size_t i = 0; i < r.metrics_history.size(); ++i) {
+    EXPECT_EQ(r.metrics_history[i]["training_iteration"], i + 1);
+  }
+  EXPECT_EQ(r.metrics_history.back()["epoch"], final_epoch);
+  EXPECT_EQ(Result::from_path(experiment.string()).metrics_history, r.metrics_history);
   auto state = nlohmann::json::parse(slurp(experiment / "trainer_state.json"));
   EXPECT_EQ(state["driver_starts"], 2);
   EXPECT_EQ(state["status"], "finished");

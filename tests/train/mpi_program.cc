@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
             {"best", best},
             {"path", r.path},
             {"preempted", r.preempted},
+            {"history", r.metrics_history},
             {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
   } catch (const cairn::Error& e) {
     what = {{"threw", e.what()}, {"code", std::string(cairn::error_code_name(e.code()))}};

@@ -133,6 +133,10 @@ TEST_F(MpiLauncher, TwoProcessesTrainAsOneGroupAndEveryRanksShardLandsInOneCheck
   EXPECT_EQ(r["metrics"]["epoch"], 2);
   EXPECT_EQ(r["path"], experiment());
   EXPECT_EQ(r["best"].size(), 2u);  // num_to_keep=2 through the manager
+  // Every process gets the run's history (same_result_everywhere compared them).
+  ASSERT_EQ(r["history"].size(), 3u) << r.dump(2);
+  EXPECT_EQ(r["history"][2]["training_iteration"], 3);
+  EXPECT_EQ(r["history"][2]["epoch"], 2);
 
   const std::string exp = experiment();
   EXPECT_EQ(expect_all_verify(exp), 2u);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -224,6 +225,119 @@ TEST(Trainer, ExceptionRestartsTheGroupFromTheLatestCheckpoint) {
   auto state = nlohmann::json::parse(slurp(dir.path() / "exp" / "trainer_state.json"));
   EXPECT_EQ(state["failures"], 1);
   EXPECT_EQ(state["status"], "finished");
+  expect_no_children();
+}
+
+// result.json's lines, read back.
+std::vector<nlohmann::json> result_lines(const fs::path& experiment) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(slurp(experiment / "result.json"));
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<std::string> csv_lines(const fs::path& experiment) {
+  std::vector<std::string> lines;
+  std::istringstream in(slurp(experiment / "progress.csv"));
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(Trainer, EveryRoundIsInTheHistoryAcrossRestartsAndRestore) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 1;
+  const fs::path exp = dir.path() / "exp";
+  // Epochs 0 and 1, a failure, epoch 2 after the restart.
+  Result r = Trainer(epoch_loop, {{"epochs", 3}, {"fail_at_epoch", 2}},
+                     ScalingConfig{.num_workers = 2}, run)
+                 .fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  auto rows = result_lines(exp);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(r.metrics_history, rows);
+  const std::vector<int> attempts = {0, 0, 1};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["training_iteration"], i + 1);
+    EXPECT_EQ(rows[i]["epoch"], i);
+    EXPECT_EQ(rows[i]["rank"], 0);
+    EXPECT_EQ(rows[i]["attempt"], attempts[i]);
+    const auto& name = rows[i]["checkpoint_dir_name"];
+    ASSERT_TRUE(name.is_string()) << rows[i];
+    EXPECT_TRUE(fs::exists(exp / name.get<std::string>() / kManifestKey)) << name;
+  }
+  EXPECT_EQ(rows[2]["checkpoint_dir_name"],
+            r.checkpoint->uri().substr(r.checkpoint->uri().rfind('/') + 1));
+
+  // Trainer::restore continues the count (two more epochs).
+  Result r2 = Trainer::restore(exp.string(), epoch_loop, nlohmann::json{{"epochs", 5}}).fit();
+  ASSERT_FALSE(r2.error) << *r2.error;
+  rows = result_lines(exp);
+  ASSERT_EQ(rows.size(), 5u);
+  EXPECT_EQ(r2.metrics_history, rows);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["training_iteration"], i + 1);
+    EXPECT_EQ(rows[i]["epoch"], i);
+    if (i > 0) {
+      EXPECT_GE(rows[i]["timestamp"], rows[i - 1]["timestamp"]);
+      EXPECT_GE(rows[i]["time_total_s"], rows[i - 1]["time_total_s"]);
+    }
+  }
+  EXPECT_EQ(rows[4]["attempt"], 0);
+  EXPECT_EQ(Result::from_path(exp.string()).metrics_history, rows);
+
+  // progress.csv: a header and one row per round, with the metric values.
+  auto lines = csv_lines(exp);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[0],
+            "attempt,checkpoint_dir_name,epoch,loss,rank,time_total_s,timestamp,"
+            "training_iteration");
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const auto& row = rows[i - 1];
+    EXPECT_EQ(lines[i], fmt::format("{},{},{},{},0,{},{},{}", row["attempt"].dump(),
+                                    row["checkpoint_dir_name"].get<std::string>(),
+                                    row["epoch"].dump(), row["loss"].dump(),
+                                    row["time_total_s"].dump(), row["timestamp"].dump(), i));
+  }
+  // One TensorBoard event file per driver.
+  int event_files = 0;
+  for (const auto& e : fs::directory_iterator(exp)) {
+    event_files += e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_EQ(event_files, 2);
+  expect_no_children();
+}
+
+TEST(Trainer, AHistoryThatCannotBeWrittenFailsTheRunNamingTheFile) {
+  TempDir dir;
+  // A folder where result.json should be: neither appended to nor replaced.
+  write_file(dir.path() / "exp" / "result.json" / "in-the-way", "x");
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 1;
+  Result r = Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1}, run).fit();
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("recording report #1 in the run's history"), std::string::npos)
+      << *r.error;
+  EXPECT_NE(r.error->find("result.json"), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("after 2 attempt(s)"), std::string::npos) << *r.error;
+  expect_no_children();
+}
+
+TEST(Trainer, ADamagedHistoryRefusesRestoreNamingTheLineAndChangesNothing) {
+  TempDir dir;
+  const fs::path exp = dir.path() / "exp";
+  Result r =
+      Trainer(epoch_loop, {{"epochs", 2}}, ScalingConfig{.num_workers = 1}, run_in(dir)).fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  std::string text = slurp(exp / "result.json");
+  text.insert(0, "{oops\n");
+  write_file(exp / "result.json", text);
+  const std::string state = slurp(exp / "trainer_state.json");
+  std::string msg = testing::error_message_of(
+      [&] { Trainer::restore(exp.string(), epoch_loop).fit(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("result.json line 1"), std::string::npos) << msg;
+  EXPECT_EQ(slurp(exp / "trainer_state.json"), state);
+  EXPECT_EQ(testing::code_of([&] { Result::from_path(exp.string()); }), ErrorCode::kCorruption);
   expect_no_children();
 }
 
