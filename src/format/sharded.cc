@@ -4,9 +4,11 @@
 #include "cairn/sharded.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -16,6 +18,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "checkpoint/entry_json.h"
+#include "format/io.h"
 #include "format/sharded_plan.h"
 #include "util/hash.h"
 
@@ -425,6 +428,11 @@ struct ShardedReader::Impl {
   struct OpenFile {
     MappedState map;
     std::vector<bool> verified;  // per checksum block; empty: checked whole
+    // A file not on the local file system, with block checksums: `map` views
+    // `buffer`, whose blocks are fetched with ranged reads as they are first
+    // verified, so only the blocks a load needs travel.
+    std::shared_ptr<Reader> remote;
+    std::shared_ptr<format::HugeBuffer> buffer;
   };
   std::map<std::string, OpenFile> open_files;
 
@@ -444,7 +452,13 @@ struct ShardedReader::Impl {
     if (it != open_files.end()) return it->second.map;
     const ManifestEntry& e = checksums.at(key);
     const std::string uri = checkpoint.storage().uri_of(key);
-    OpenFile f{MappedState::open(checkpoint.storage(), key, /*read_ahead=*/!has_blocks(e)), {}};
+    OpenFile f = has_blocks(e) && !checkpoint.storage().local_path(key)
+                     ? open_remote(key, e, uri)
+                     : OpenFile{MappedState::open(checkpoint.storage(), key,
+                                                  /*read_ahead=*/!has_blocks(e)),
+                                {},
+                                nullptr,
+                                nullptr};
     if (f.map.file_bytes().size() != e.size) {
       throw Error(ErrorCode::kCorruption, fmt::format("{}: {} bytes, but the manifest says {}", uri,
                                                       f.map.file_bytes().size(), e.size));
@@ -472,10 +486,14 @@ struct ShardedReader::Impl {
     const ManifestEntry& e = checksums.at(key);
     const auto bytes = f.map.file_bytes();
     const auto [first, last] = blocks_covering(offset, length, e.block_size);
-    // One large read of the blocks not checked yet, rather than a fault per page.
-    uint64_t from = first;
-    while (from < last && f.verified[from]) ++from;
-    if (from < last) f.map.prefetch(from * e.block_size, (last - from) * e.block_size);
+    if (f.remote) {
+      fetch_blocks(f, e, first, last, checkpoint.storage().uri_of(key));
+    } else {
+      // One large read of the blocks not checked yet, rather than a fault per page.
+      uint64_t from = first;
+      while (from < last && f.verified[from]) ++from;
+      if (from < last) f.map.prefetch(from * e.block_size, (last - from) * e.block_size);
+    }
     for (uint64_t b = first; b < last; ++b) {
       if (f.verified[b]) continue;
       const uint64_t begin = b * e.block_size;
@@ -483,6 +501,65 @@ struct ShardedReader::Impl {
       check_block(bytes.subspan(begin, end - begin), begin, b, e.block_xxh3[b],
                   checkpoint.storage().uri_of(key));
       f.verified[b] = true;
+    }
+  }
+
+  // Opens a stored (not local) rank file for block-wise reads: reads its
+  // header's length and makes a map of the whole file over memory that is
+  // filled only as blocks are fetched (untouched pages cost nothing).
+  OpenFile open_remote(const std::string& key, const ManifestEntry& e, const std::string& uri) {
+    OpenFile f;
+    f.remote = checkpoint.storage().open_reader(key);
+    const uint64_t size = f.remote->size();
+    if (size != e.size) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: {} bytes, but the manifest says {}", uri, size, e.size));
+    }
+    f.buffer = std::make_shared<format::HugeBuffer>(static_cast<size_t>(size));
+    std::span<std::byte> all(f.buffer->data(), static_cast<size_t>(size));
+    std::array<std::byte, 8> prefix{};
+    if (size < prefix.size()) {
+      throw Error(ErrorCode::kCorruption, fmt::format("{}: {} bytes, too short for a safetensors "
+                                                      "header",
+                                                      uri, size));
+    }
+    f.remote->read_at(0, prefix);
+    const uint64_t header_end = 8 + parse_header_length(prefix, size, uri);
+    // The header, to lay the map out; the caller then verifies (and so
+    // fetches whole) the blocks holding it before anything is read from it.
+    f.remote->read_at(0, all.subspan(0, static_cast<size_t>(header_end)));
+    f.verified.assign(e.block_xxh3.size(), false);
+    f.map = MappedState::from_bytes(all, uri, f.buffer);
+    return f;
+  }
+
+  // Reads blocks [first, last) of a stored file that are not verified yet,
+  // each run of consecutive ones with one parallel ranged read. Verified
+  // blocks are never written again: other threads may be copying from them.
+  void fetch_blocks(OpenFile& f, const ManifestEntry& e, uint64_t first, uint64_t last,
+                    const std::string& uri) {
+    const uint64_t size = e.size;  // checked against the object's; the buffer may be larger
+    for (uint64_t b = first; b < last;) {
+      if (f.verified[b]) {
+        ++b;
+        continue;
+      }
+      uint64_t run_end = b;
+      while (run_end < last && !f.verified[run_end]) ++run_end;
+      const uint64_t begin = b * e.block_size;
+      const uint64_t end = std::min<uint64_t>(run_end * e.block_size, size);
+      if (begin < end) {
+        std::span<std::byte> out(f.buffer->data() + begin, static_cast<size_t>(end - begin));
+        try {
+          format::read_blocks(
+              {{begin, out}},
+              [&](uint64_t off, std::span<std::byte> o) { f.remote->read_at(off, o); },
+              size_t{16} << 20, format::pick_threads(0));
+        } catch (const Error& err) {
+          throw with_context(err, fmt::format("reading bytes {}-{} of {}", begin, end, uri));
+        }
+      }
+      b = run_end;
     }
   }
 };

@@ -49,6 +49,9 @@ void put_shared_object(Storage& storage, std::string_view key,
                        std::shared_ptr<const std::string> data);
 
 void set_memory_faults(std::string_view bucket, MemoryFaults faults);
+// Bytes read from the bucket's objects so far, by every reader (tests of
+// reads that must fetch only part of an object).
+uint64_t memory_bytes_read(std::string_view bucket);
 // Forgets everything in the bucket (tests call it to start clean).
 void clear_memory_bucket(std::string_view bucket);
 

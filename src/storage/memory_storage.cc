@@ -33,6 +33,7 @@ struct Bucket {
   std::set<std::string> locks;
   uint64_t used = 0;  // committed bytes plus bytes in open writers
   MemoryFaults faults;
+  std::atomic<uint64_t> bytes_read{0};  // by every reader, for tests of partial reads
 
   void before(std::string_view op, std::string_view key) {
     std::function<void(std::string_view, std::string_view)> hook;
@@ -77,8 +78,9 @@ std::shared_ptr<Bucket> bucket_named(std::string_view name) {
 
 class MemoryReader final : public Reader {
  public:
-  MemoryReader(std::shared_ptr<const std::string> data, std::string name)
-      : data_(std::move(data)), name_(std::move(name)) {}
+  MemoryReader(std::shared_ptr<const std::string> data, std::string name,
+               std::shared_ptr<Bucket> bucket)
+      : data_(std::move(data)), name_(std::move(name)), bucket_(std::move(bucket)) {}
   uint64_t size() const override { return data_->size(); }
   void read_at(uint64_t offset, std::span<std::byte> out) override {
     if (offset + out.size() > data_->size()) {
@@ -87,11 +89,13 @@ class MemoryReader final : public Reader {
                               name_, out.size(), offset, data_->size()));
     }
     std::copy_n(reinterpret_cast<const std::byte*>(data_->data()) + offset, out.size(), out.data());
+    bucket_->bytes_read += out.size();
   }
 
  private:
   std::shared_ptr<const std::string> data_;
   std::string name_;
+  std::shared_ptr<Bucket> bucket_;
 };
 
 class MemoryWriter final : public Writer {
@@ -201,7 +205,7 @@ class MemoryStorage final : public Storage {
     if (it == bucket_->objects.end()) {
       throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object", uri_of(key)));
     }
-    return std::make_unique<MemoryReader>(it->second.data, uri_of(key));
+    return std::make_unique<MemoryReader>(it->second.data, uri_of(key), bucket_);
   }
 
   std::optional<ObjectInfo> stat(std::string_view key) override {
@@ -302,6 +306,10 @@ std::shared_ptr<Storage> open_private_memory_storage() {
   auto bucket = std::make_shared<Bucket>();
   bucket->name = "private-" + std::to_string(next.fetch_add(1));
   return std::make_shared<MemoryStorage>(std::move(bucket), std::string());
+}
+
+uint64_t memory_bytes_read(std::string_view bucket) {
+  return bucket_named(bucket)->bytes_read.load();
 }
 
 void set_memory_faults(std::string_view bucket, MemoryFaults faults) {
