@@ -337,13 +337,13 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
   if (!s.async) s.async = std::make_unique<AsyncReports>(s);
   s.async->wait_for_slot(static_cast<size_t>(options.max_in_flight));
   if (checkpoint) {
-    std::filesystem::path base =
-        s.scratch_dir.empty()
-            ? make_temp_dir("cairn-report-")
-            : std::filesystem::path(s.scratch_dir) / fmt::format("rank-{}", rank) / "reports";
-    job.staging = base / fmt::format("report-{}", job.round);
+    // In the scratch folder, which the driver removes after the attempt
+    // (even when this worker is killed); a temporary folder without one.
+    job.staging = s.scratch_dir.empty()
+                      ? make_temp_dir("cairn-report-")
+                      : std::filesystem::path(s.scratch_dir) / fmt::format("rank-{}", rank) /
+                            "reports" / fmt::format("report-{}", job.round);
     try {
-      remove_staging(job.staging);  // left by nothing but a bug; start clean
       train_internal::Snapshot snap = train_internal::snapshot_checkpoint(*checkpoint, job.staging);
       job.files = std::move(snap.checkpoint);
       job.metadata = std::move(snap.metadata);
