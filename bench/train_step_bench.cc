@@ -114,6 +114,8 @@ void train_loop(const nlohmann::json& config) {
   const int passes = config.at("passes");
   std::vector<float> w(config.at("numel").get<size_t>(), 0.5f);
   cairn::StateStager stager;
+  cairn::StateDict state;  // views `w`, which every step updates in place
+  state.add("w", {w.size()}, std::span<const float>(w));
   double total = 0, saving = 0, reporting = 0;
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
@@ -125,15 +127,11 @@ void train_loop(const nlohmann::json& config) {
     if (mode == "none") {
       cairn::train::report(metrics);
     } else if (mode == "async_memory") {
-      cairn::StateDict state;
-      state.add("w", {w.size()}, std::span<const float>(w));
       cairn::Checkpoint ckpt = stager.stage(state);  // the one copy, into reused memory
       saved = Clock::now();
       cairn::train::report(metrics, ckpt, {.async = true});
     } else {
       cairn::train::TemporaryDirectory tmp;
-      cairn::StateDict state;
-      state.add("w", {w.size()}, std::span<const float>(w));
       cairn::save_file(state, fs::path(tmp.path()) / "model.safetensors", {.durable = false});
       saved = Clock::now();
       cairn::train::report(metrics, cairn::Checkpoint::from_directory(tmp.path()),

@@ -23,8 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // Hard-links `from` as `to`, or copies it when the file system will not link.
-// Returns whether it linked.
-bool link_or_copy(const fs::path& from, const fs::path& to, std::string_view uri) {
+void link_or_copy(const fs::path& from, const fs::path& to, std::string_view uri) {
   std::error_code ec;
   fs::create_directories(to.parent_path(), ec);
   if (ec) throw errno_error(ec.value(), "mkdir", to.parent_path().string());
@@ -32,13 +31,12 @@ bool link_or_copy(const fs::path& from, const fs::path& to, std::string_view uri
   const fs::path real = fs::canonical(from, ec);
   if (ec) throw errno_error(ec.value(), "stat", std::string(uri));
   fs::create_hard_link(real, to, ec);
-  if (!ec) return true;
+  if (!ec) return;
   fs::copy_file(real, to, ec);
   if (ec) {
     throw Error(ErrorCode::kIO, fmt::format("{}: could not be snapshotted into {}: {}", uri,
                                             to.string(), ec.message()));
   }
-  return false;
 }
 
 // Copies object `key` of `storage` to the local file `to` (not made
@@ -63,31 +61,17 @@ void copy_object(Storage& storage, const std::string& key, const fs::path& to) {
 }  // namespace
 
 Snapshot snapshot_checkpoint(const Checkpoint& source, const fs::path& dir) {
-  Snapshot out{Checkpoint::from_directory(dir.string()), nlohmann::json::object()};
-  Storage& storage = source.storage();
-  if (std::shared_ptr<Storage> frozen = freeze_memory_storage(storage)) {
-    // In memory: its objects are immutable, so holding them is the snapshot.
-    out.checkpoint = Checkpoint(frozen);
-    out.copied_files = 0;
-    out.metadata = source.get_metadata();
-    check_root_exists(*frozen);
-    for (const ObjectInfo& f : out.checkpoint.files()) {
-      try {
-        check_user_path(f.key);
-      } catch (const Error& e) {
-        throw with_context(e, fmt::format("snapshotting {}", source.uri()));
-      }
-    }
-    return out;
-  }
+  // In memory: its objects are immutable, so holding them is the snapshot.
+  const std::shared_ptr<Storage> frozen = freeze_memory_storage(source.storage());
+  const Checkpoint from = frozen ? Checkpoint(frozen) : source;
+  Storage& storage = from.storage();
   check_root_exists(storage);
-  const bool local = storage.local_path("").has_value();
-  const bool committed = source.is_committed();
+  const bool committed = from.is_committed();
   std::vector<std::string> keys;
   if (committed) {
-    for (const ManifestEntry& f : source.manifest().files) keys.push_back(f.path);
+    for (const ManifestEntry& f : from.manifest().files) keys.push_back(f.path);
   } else {
-    for (const ObjectInfo& f : source.files()) keys.push_back(f.key);
+    for (const ObjectInfo& f : from.files()) keys.push_back(f.key);
   }
   // Every name is checked before anything is frozen, as an upload does.
   for (const std::string& key : keys) {
@@ -98,20 +82,21 @@ Snapshot snapshot_checkpoint(const Checkpoint& source, const fs::path& dir) {
       throw with_context(e, fmt::format("snapshotting {}", source.uri()));
     }
   }
+  Snapshot out{frozen ? from : Checkpoint::from_directory(dir.string()), from.get_metadata()};
+  if (frozen) return out;
   // A committed source's manifest comes along: the upload verifies against it.
   if (committed) keys.emplace_back(kManifestKey);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw errno_error(ec.value(), "mkdir", dir.string());
+  const bool local = storage.local_path("").has_value();
   for (const std::string& key : keys) {
-    if (local && link_or_copy(*storage.local_path(key), dir / key, storage.uri_of(key))) {
-      ++out.linked_files;
-      continue;
+    if (local) {
+      link_or_copy(*storage.local_path(key), dir / key, storage.uri_of(key));
+    } else {
+      copy_object(storage, key, dir / key);
     }
-    if (!local) copy_object(storage, key, dir / key);
-    ++out.copied_files;
   }
-  out.metadata = source.get_metadata();
   return out;
 }
 

@@ -3,7 +3,6 @@
 // delete its checkpoint directory while the upload reads the snapshot.
 #pragma once
 
-#include <cstdint>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>

@@ -142,6 +142,21 @@ class ShardedTest : public ::testing::Test {
     for (auto& t : ranks) t.join();
     return commit_sharded(m, reserved, reports, {{"step", 1}});
   }
+  // Saves `all`, a float tensor "w" of `global`, split by rows between two
+  // ranks, into the manager's next checkpoint.
+  CheckpointRecord save_rows_by_two_ranks(CheckpointManager& m, const Shape& global,
+                                          const std::vector<float>& all) {
+    Checkpoint reserved = m.reserve_next();
+    std::vector<RankShards> reports;
+    for (int r = 0; r < 2; ++r) {
+      Box box = even_split(global, 0, r, 2);
+      std::vector<float> mine = slice(all, global, box);
+      StateDict s;
+      s.add<float>("w", box.shape, mine);
+      reports.push_back(save_rank_shards(s, {{"w", {global, box.offsets}}}, reserved, r));
+    }
+    return commit_sharded(m, reserved, reports, {{"step", 1}});
+  }
   void expect_loads_into(const Checkpoint& cp, int world) {
     ShardedReader reader(cp);
     for (int r = 0; r < world; ++r) {
@@ -383,16 +398,7 @@ TEST_F(ShardedTest, AReshardedLoadVerifiesTheBlocksItReadsAndOnlyThose) {
   std::vector<float> all(num_elements(global));
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>(i % 65521) * 0.25f;
   CheckpointManager m(dir.str(), {}, quiet());
-  Checkpoint reserved = m.reserve_next();
-  std::vector<RankShards> reports;
-  for (int r = 0; r < 2; ++r) {
-    Box box = even_split(global, 0, r, 2);
-    std::vector<float> mine = slice(all, global, box);
-    StateDict s;
-    s.add<float>("w", box.shape, mine);
-    reports.push_back(save_rank_shards(s, {{"w", {global, box.offsets}}}, reserved, r));
-  }
-  CheckpointRecord rec = commit_sharded(m, reserved, reports, {{"step", 1}});
+  CheckpointRecord rec = save_rows_by_two_ranks(m, global, all);
   for (const auto& f : rec.checkpoint.manifest().files) {
     if (f.path.rfind("rank_", 0) == 0) {
       EXPECT_EQ(f.block_size, kChecksumBlockSize) << f.path;
@@ -431,16 +437,7 @@ TEST_F(ShardedTest, AReshardedLoadFromStorageFetchesOnlyTheBlocksItReads) {
   std::vector<float> all(num_elements(global));
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<float>(i % 65521) * 0.5f;
   CheckpointManager m("memory://sharded-partial/exp", {}, quiet());
-  Checkpoint reserved = m.reserve_next();
-  std::vector<RankShards> reports;
-  for (int r = 0; r < 2; ++r) {
-    Box box = even_split(global, 0, r, 2);
-    std::vector<float> mine = slice(all, global, box);
-    StateDict s;
-    s.add<float>("w", box.shape, mine);
-    reports.push_back(save_rank_shards(s, {{"w", {global, box.offsets}}}, reserved, r));
-  }
-  CheckpointRecord rec = commit_sharded(m, reserved, reports, {{"step", 1}});
+  CheckpointRecord rec = save_rows_by_two_ranks(m, global, all);
   // Change the last element of rank 1's file (the last rows of the tensor).
   Storage& storage = rec.checkpoint.storage();
   std::string bytes = storage.get("rank_00001.safetensors");
