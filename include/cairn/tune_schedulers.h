@@ -1,0 +1,224 @@
+// Trial schedulers: the part of a tuning run that decides, from the results
+// trials report, whether each trial goes on, pauses or stops, and which
+// waiting trial runs next (Ray Tune's TrialScheduler). Pure logic: a
+// scheduler starts no process and touches no storage; the Tuner (tune.h)
+// carries out what it decides. docs/tune.md is the guide.
+//
+// Results are the rows a trial reports (its metrics plus training_iteration,
+// time_total_s, timestamp...; docs/train.md, "The run's result files").
+// A scheduler's time attribute (default "training_iteration") must be a
+// number in every result it is shown; its metric may be missing or not a
+// number in a result, which then does not count toward any decision.
+//
+// Determinism: every random choice draws from a tune::Rng seeded at
+// construction; save() holds the generator's state, so a restored scheduler
+// makes the same choices the saved one would have.
+//
+// Thread-safety: a scheduler is used by one thread at a time (the Tuner's
+// driver).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/tune.h"
+
+namespace cairn::tune {
+
+enum class TrialStatus { kPending, kRunning, kPaused, kTerminated, kError };
+// "PENDING", "RUNNING", "PAUSED", "TERMINATED", "ERROR" (as Ray names them).
+std::string_view to_string(TrialStatus status);
+// The inverse of to_string; kInvalidArgument for any other text.
+TrialStatus trial_status_from_string(std::string_view text);
+
+// What a scheduler is told about a trial.
+struct TrialView {
+  std::string trial_id;
+  nlohmann::json config;
+  TrialStatus status = TrialStatus::kPending;
+  nlohmann::json last_result;  // null before its first result
+  bool has_checkpoint = false;  // the trial has a committed checkpoint to resume or clone from
+};
+
+struct SchedulerDecision {
+  enum Action {
+    kContinue,  // keep running
+    kPause,     // checkpoint, free the slot, resume later (choose_trial_to_run)
+    kStop,      // end the trial now; it is TERMINATED
+  };
+  Action action = kContinue;
+  // Population Based Training's exploit: restart this trial from the latest
+  // checkpoint of trial `clone_from` with `new_config`. The Tuner copies that
+  // checkpoint at once (so the source's retention cannot take it away),
+  // stops the trial and resumes it from the copy in a new process. Only with
+  // kContinue.
+  std::optional<std::string> clone_from;
+  nlohmann::json new_config;
+};
+
+class TrialScheduler {
+ public:
+  virtual ~TrialScheduler() = default;
+
+  // "fifo", "asha", "pbt", ...: stored with the experiment state, checked on
+  // restore.
+  virtual std::string name() const = 0;
+  // Called once by the Tuner before any trial is added, with TuneConfig's
+  // metric and mode ("max" or "min"; either may be empty). A scheduler that
+  // was built with its own metric/mode keeps them; one that needs a metric
+  // and has none throws kInvalidArgument saying so.
+  virtual void set_search_properties(const std::string& metric, const std::string& mode) = 0;
+  virtual void on_trial_add(const TrialView& trial) = 0;
+  virtual SchedulerDecision on_trial_result(const TrialView& trial,
+                                            const nlohmann::json& result) = 0;
+  // The trial finished on its own or was stopped (TERMINATED).
+  virtual void on_trial_complete(const TrialView& trial, const nlohmann::json& result) = 0;
+  // The trial failed for good (ERROR).
+  virtual void on_trial_error(const TrialView& trial) = 0;
+  // Of `candidates` (PENDING or PAUSED trials, in trial order), the one to
+  // run next, or nothing to leave the free slot empty for now.
+  virtual std::optional<std::string> choose_trial_to_run(
+      const std::vector<TrialView>& candidates) = 0;
+  // The whole state as JSON; restore(save()) on a scheduler built with the
+  // same arguments continues exactly where the saved one stood.
+  // kInvalidArgument (scheduler unchanged) for a state of another kind.
+  virtual nlohmann::json save() const = 0;
+  virtual void restore(const nlohmann::json& state) = 0;
+};
+
+// Runs trials in order, never pauses or stops one. choose_trial_to_run takes
+// the first PENDING candidate, else the first PAUSED one.
+class FIFOScheduler final : public TrialScheduler {
+ public:
+  std::string name() const override { return "fifo"; }
+  void set_search_properties(const std::string&, const std::string&) override {}
+  void on_trial_add(const TrialView&) override {}
+  SchedulerDecision on_trial_result(const TrialView&, const nlohmann::json&) override {
+    return {};
+  }
+  void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
+  void on_trial_error(const TrialView&) override {}
+  std::optional<std::string> choose_trial_to_run(
+      const std::vector<TrialView>& candidates) override;
+  nlohmann::json save() const override;
+  void restore(const nlohmann::json& state) override;
+};
+
+// Asynchronous successive halving (ASHA, Li et al. 2018; Ray's
+// ASHAScheduler). Rungs at time_attr = grace_period * reduction_factor^k
+// below max_t. When a trial reaches a rung, its metric joins that rung's
+// recorded values; it is stopped unless it is within the top
+// 1/reduction_factor of them (with fewer than reduction_factor values
+// recorded, it goes on). A trial whose time attribute reaches max_t is
+// stopped (it is done). Uses the metric of the first result at or past the
+// rung (a trial skipping a rung milestone is judged at the next result past
+// it, once per rung).
+struct ASHAOptions {
+  std::string time_attr = "training_iteration";
+  std::string metric;  // empty: TuneConfig's
+  std::string mode;    // "max" or "min"; empty: TuneConfig's
+  double max_t = 100;
+  double grace_period = 1;
+  double reduction_factor = 4;
+  int brackets = 1;  // >= 1; trials go to brackets round-robin
+};
+
+class ASHAScheduler final : public TrialScheduler {
+ public:
+  // kInvalidArgument naming the field: max_t <= 0, grace_period <= 0 or >
+  // max_t, reduction_factor <= 1, brackets < 1, mode not max/min/empty.
+  explicit ASHAScheduler(ASHAOptions options = {});
+
+  std::string name() const override { return "asha"; }
+  void set_search_properties(const std::string& metric, const std::string& mode) override;
+  void on_trial_add(const TrialView& trial) override;
+  SchedulerDecision on_trial_result(const TrialView& trial, const nlohmann::json& result) override;
+  void on_trial_complete(const TrialView& trial, const nlohmann::json& result) override;
+  void on_trial_error(const TrialView& trial) override;
+  std::optional<std::string> choose_trial_to_run(
+      const std::vector<TrialView>& candidates) override;
+  nlohmann::json save() const override;
+  void restore(const nlohmann::json& state) override;
+
+  // The rung milestones of bracket `b`, highest first (for tests and docs).
+  std::vector<double> rungs(int bracket) const;
+
+ private:
+  struct Rung {
+    double milestone = 0;
+    std::map<std::string, double> recorded;  // trial id -> metric at the rung
+  };
+  ASHAOptions options_;
+  std::vector<std::vector<Rung>> brackets_;
+  std::map<std::string, int> trial_bracket_;
+  int next_bracket_ = 0;
+};
+
+// Population Based Training (Jaderberg et al. 2017; Ray's
+// PopulationBasedTraining, asynchronous form). When a trial's time attribute
+// has advanced by at least perturbation_interval since its last perturbation,
+// the trials with a result are ranked by metric: a trial in the bottom
+// `quantile_fraction` clones a trial chosen uniformly from the top
+// `quantile_fraction` that has a checkpoint (exploit) and perturbs that
+// trial's config (explore); a trial in the top, or with no eligible source,
+// goes on. Explore, per key of hyperparam_mutations (a search space whose
+// leaves are domains or arrays of values): with probability
+// resample_probability, or when the value is not a number or not in the
+// list, resample it from the domain (or pick from the list); otherwise
+// multiply a number by 0.8 or 1.2 (chosen at random; ints stay ints), or, for
+// a list, move to the neighbouring entry below/above (clamped). Keys of the
+// config not in hyperparam_mutations are kept. A trial is never its own
+// source. Uses the pause path: choose_trial_to_run prefers PAUSED trials
+// (clones waiting to resume) over PENDING ones.
+struct PBTOptions {
+  std::string time_attr = "training_iteration";
+  std::string metric;  // empty: TuneConfig's
+  std::string mode;    // empty: TuneConfig's
+  double perturbation_interval = 5;  // > 0
+  nlohmann::json hyperparam_mutations = nlohmann::json::object();  // non-empty object
+  double quantile_fraction = 0.25;    // in (0, 0.5]
+  double resample_probability = 0.25;  // in [0, 1]
+  std::uint64_t seed = 0;
+};
+
+class PopulationBasedTraining final : public TrialScheduler {
+ public:
+  // kInvalidArgument naming the field for values outside the ranges above or
+  // a malformed hyperparam_mutations (key path named).
+  explicit PopulationBasedTraining(PBTOptions options);
+
+  std::string name() const override { return "pbt"; }
+  void set_search_properties(const std::string& metric, const std::string& mode) override;
+  void on_trial_add(const TrialView& trial) override;
+  SchedulerDecision on_trial_result(const TrialView& trial, const nlohmann::json& result) override;
+  void on_trial_complete(const TrialView& trial, const nlohmann::json& result) override;
+  void on_trial_error(const TrialView& trial) override;
+  std::optional<std::string> choose_trial_to_run(
+      const std::vector<TrialView>& candidates) override;
+  nlohmann::json save() const override;
+  void restore(const nlohmann::json& state) override;
+
+  // The explore step alone (for tests): `config` perturbed as described above.
+  nlohmann::json explore(const nlohmann::json& config);
+
+ private:
+  struct TrialState {
+    double last_perturbation_time = 0;
+    std::optional<double> last_score;  // metric as "higher is better"
+    nlohmann::json config;
+    bool has_checkpoint = false;
+    bool done = false;
+  };
+  PBTOptions options_;
+  Rng rng_;
+  std::map<std::string, TrialState> trials_;
+  std::uint64_t num_perturbations_ = 0;
+};
+
+}  // namespace cairn::tune
