@@ -68,6 +68,13 @@ struct CheckpointConfig {
   std::string checkpoint_score_attribute;               // empty: rank by recency
   std::string checkpoint_score_order = "max";           // "max" or "min"
   std::optional<double> keep_checkpoint_every_n_hours;  // must be > 0
+  // When a Tuner's class trainable (cairn/tuner.h) saves: every N-th
+  // iteration (0: never by count) and after its last one. A function
+  // trainable (Trainer or Tuner) decides in its own loop, so those refuse
+  // them (kInvalidArgument); the manager ignores them. Not part of
+  // to_json(): they are not retention.
+  int checkpoint_frequency = 0;  // >= 0
+  bool checkpoint_at_end = false;
 
   // Throws kInvalidArgument naming the bad field.
   void validate() const;

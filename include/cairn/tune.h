@@ -1,6 +1,7 @@
 // Tuning: search spaces and searchers (the part of Ray Tune that decides which
-// configurations to try). The Tuner runtime that runs trials is not part of
-// this header yet; see docs/tune.md.
+// configurations to try). The Tuner runtime that runs the trials is in
+// cairn/tuner.h; schedulers in cairn/tune_schedulers.h; docs/tune.md is the
+// guide.
 //
 // A search space is a JSON document (nested objects and arrays) in which some
 // values are *domains*: tagged objects made by the functions below, e.g.

@@ -172,6 +172,11 @@ void CheckpointConfig::validate() const {
                 fmt::format("CheckpointConfig.checkpoint_score_attribute \"{}\" is not valid UTF-8",
                             printable(checkpoint_score_attribute)));
   }
+  if (checkpoint_frequency < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CheckpointConfig.checkpoint_frequency must be >= 0, got {}",
+                            checkpoint_frequency));
+  }
   if (keep_checkpoint_every_n_hours && !(*keep_checkpoint_every_n_hours > 0)) {
     throw Error(
         ErrorCode::kInvalidArgument,

@@ -20,6 +20,7 @@
 #include <ctime>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -183,7 +184,7 @@ class Driver {
         result.preempted = true;
         auto latest = manager_->latest();
         result.error =
-            fmt::format("preempted: a SIGTERM notice stopped the group ({}); {}",
+            fmt::format("preempted: {} stopped the group ({}); {}", preempt_reason_,
                         emergency_committed_ ? "after its emergency checkpoint"
                         : out.finished       ? "after train_fn returned"
                                              : "when FailureConfig::preemption_grace_s ran out",
@@ -220,12 +221,16 @@ class Driver {
                       budget < 0 ? std::string("unlimited") : std::to_string(budget), message));
       save_state();
     }
+    if (spec_.stopped != nullptr) *spec_.stopped = stop_now_;
     result.metrics = last_metrics_;
     result.metrics_history = history_->rows();
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
     for (const auto& r : manager_->best())
       result.best_checkpoints.push_back({r.checkpoint, r.metrics});
-    state_["status"] = result.preempted ? "preempted" : result.error ? "errored" : "finished";
+    state_["status"] = result.preempted ? "preempted"
+                       : result.error   ? "errored"
+                       : stop_now_      ? "stopped"
+                                        : "finished";
     state_["error"] = result.error ? nlohmann::json(*result.error) : nlohmann::json(nullptr);
     state_["metrics"] = last_metrics_;
     save_state();
@@ -313,6 +318,12 @@ class Driver {
         // perform() may fail the round (a commit error) in place.
       }
       if (round.failed()) break;
+      if (stop_now_) {
+        group->stop();
+        if (reserved) discard_reserved(*reserved);
+        out.finished = true;
+        return out;
+      }
       if (finished_) {
         finished_ = false;
         group->wait_all(10000);
@@ -365,9 +376,12 @@ class Driver {
     return false;
   }
 
-  void note_preemption(const std::string& why, double now) {
+  // `source` names what asked, for Result::error.
+  void note_preemption(const std::string& why, double now,
+                       std::string_view source = "a SIGTERM notice") {
     if (preempt_requested_) return;
     preempt_requested_ = true;
+    preempt_reason_ = source;
     preempt_deadline_ = now + spec_.run.failure_config.preemption_grace_s;
     log::warn(
         fmt::format("preemption: {}; the workers are told at their next report and the "
@@ -385,6 +399,7 @@ class Driver {
         if (m.value("preempted", false)) {
           note_preemption(fmt::format("rank {} received SIGTERM", e.rank), now);
         }
+        if (e.rank == 0 && m.value("attach", false)) attach_rounds_.insert(m.at("round").get<int>());
         return round.on_report(e.rank, m.at("round").get<int>(),
                                m.value("metrics", nlohmann::json::object()),
                                m.value("checkpoint", false), now);
@@ -413,18 +428,17 @@ class Driver {
                std::optional<Checkpoint>& reserved) {
     using A = ReportRound::Action;
     switch (a.type) {
-      case A::kAck:
-        last_metrics_ = a.metrics;
-        if (!record_history(round, a.round, std::nullopt)) return;
+      case A::kAck: {
+        const bool attach = attach_rounds_.erase(a.round) > 0;
+        if (!attach) {
+          last_metrics_ = a.metrics;
+          if (!record_history(round, a.round, std::nullopt)) return;
+        }
         round.on_released();
         note_release(a.round, false);
-        for (int r = 0; r < spec_.world_size; ++r) {
-          group.send(r, {{"t", "release"},
-                         {"round", a.round},
-                         {"checkpoint", nullptr},
-                         {"preempt", preempt_requested_}});
-        }
+        release(round, group, a.round, attach, std::nullopt);
         return;
+      }
       case A::kBeginUpload:
         try {
           reserved = manager_->reserve_next();
@@ -439,6 +453,7 @@ class Driver {
         }
         return;
       case A::kCommit: {
+        const bool attach = attach_rounds_.erase(a.round) > 0;
         std::string uri;
         try {
           if (!a.metadata.empty()) {
@@ -451,7 +466,9 @@ class Driver {
             }
             reserved->set_metadata(merged);
           }
-          CheckpointRecord rec = manager_->commit_reserved(*reserved, a.metrics, a.files);
+          // A checkpoint attached to the previous row carries that row's metrics.
+          CheckpointRecord rec =
+              manager_->commit_reserved(*reserved, attach ? last_metrics_ : a.metrics, a.files);
           uri = rec.checkpoint.uri();
         } catch (const Error& e) {
           record_failure(round.fail(
@@ -460,18 +477,13 @@ class Driver {
           return;
         }
         reserved.reset();
-        last_metrics_ = a.metrics;
-        if (!record_history(round, a.round, last_component(uri))) {
-          return;
+        if (!attach) {
+          last_metrics_ = a.metrics;
+          if (!record_history(round, a.round, last_component(uri))) return;
         }
         round.on_released();
         note_release(a.round, true);
-        for (int r = 0; r < spec_.world_size; ++r) {
-          group.send(r, {{"t", "release"},
-                         {"round", a.round},
-                         {"checkpoint", uri},
-                         {"preempt", preempt_requested_}});
-        }
+        release(round, group, a.round, attach, uri);
         return;
       }
       case A::kFinished:
@@ -482,6 +494,45 @@ class Driver {
         return;
       case A::kNone:
         return;
+    }
+  }
+
+  // Asks DriverSpec::on_round what to do after a round, then releases the
+  // ranks (with a save request or a stop notice as it says) or, for a stop
+  // without a save, leaves them waiting: the attempt ends and stops them.
+  void release(ReportRound& round, Group& group, int round_no, bool attach,
+               const std::optional<std::string>& uri) {
+    RoundDirective d;
+    if (spec_.on_round) {
+      RoundInfo info;
+      if (!attach) info.row = history_->rows().back();
+      if (uri) info.checkpoint = last_component(*uri);
+      for (const auto& r : manager_->history()) info.kept.push_back(r.name);
+      try {
+        d = spec_.on_round(info);
+      } catch (const Error& e) {
+        record_failure(round.fail({FailureKind::kDriver, -1,
+                                   fmt::format("after report #{}: {}", round_no, e.what())}));
+        return;
+      }
+    }
+    if (d.stop && !d.save) {
+      stop_now_ = true;
+      return;
+    }
+    if (d.stop) {
+      note_preemption("the tuner asked for a final checkpoint", monotonic_seconds(),
+                      "the tuner's request for a final checkpoint");
+      // This release carries the notice: a checkpoint committed in a later
+      // round ends the attempt.
+      if (notice_round_ == 0) notice_round_ = round_no;
+    }
+    for (int r = 0; r < spec_.world_size; ++r) {
+      group.send(r, {{"t", "release"},
+                     {"round", round_no},
+                     {"checkpoint", uri ? nlohmann::json(*uri) : nlohmann::json(nullptr)},
+                     {"preempt", preempt_requested_},
+                     {"save", d.save}});
     }
   }
 
@@ -525,10 +576,13 @@ class Driver {
   int attempt_ = 0;
   std::optional<Failure> failure_;
   bool finished_ = false;
+  bool stop_now_ = false;        // DriverSpec::on_round said stop
+  std::set<int> attach_rounds_;  // rounds rank 0 reported with report_checkpoint()
   bool continuing_ = false;
   // Preemption (see preemption_ends_attempt).
   const SigtermNotice* sigterm_ = nullptr;  // while run() runs
   bool preempt_requested_ = false;
+  std::string preempt_reason_;
   double preempt_deadline_ = 0.0;
   int notice_round_ = 0;  // the round whose release first carried the notice
   bool emergency_committed_ =

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,28 @@ namespace cairn::train_internal {
 inline constexpr std::string_view kTrainerStateKey = "trainer_state.json";
 
 using GroupFactory = std::function<std::unique_ptr<Group>(const LaunchSpec&)>;
+
+// A released report round, as the tuning runtime sees it (DriverSpec::on_round).
+struct RoundInfo {
+  // The history row the round added (result.json's line); null for a round
+  // that only attached a checkpoint to the previous row (report_checkpoint).
+  nlohmann::json row;
+  std::optional<std::string> checkpoint;  // the folder name committed this round
+  std::vector<std::string> kept;          // every kept checkpoint after retention, oldest first
+};
+
+// What the driver does after a round (DriverSpec::on_round's answer).
+struct RoundDirective {
+  // Ask the ranks for a checkpoint: the release carries a save request
+  // (take_save_request() in the worker).
+  bool save = false;
+  // End the run: at once (without releasing the ranks) when !save; with
+  // save, once a checkpoint reported after the request is committed, or
+  // when FailureConfig::preemption_grace_s has passed (the preemption path:
+  // should_checkpoint() is true in the ranks). The run then ends finished,
+  // or preempted, as Result says.
+  bool stop = false;
+};
 
 struct DriverSpec {
   TrainFn train_fn;
@@ -39,6 +62,13 @@ struct DriverSpec {
   // interface) and tells the ranks to reach it at `rendezvous_address`.
   std::string rendezvous_bind = "127.0.0.1";
   std::string rendezvous_address = "127.0.0.1";
+  // Called for every released round, after its history is written and
+  // before its ranks go on (the Tuner's trial runner asks its scheduler
+  // here). An exception fails the round like a failed commit.
+  std::function<RoundDirective(const RoundInfo&)> on_round;
+  // The run was stopped by on_round (RoundDirective::stop without save).
+  // Set by run_driver when given.
+  bool* stopped = nullptr;
 };
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);

@@ -67,6 +67,14 @@ std::unique_ptr<Group> start_local_ranks(const LaunchSpec& spec,
 // returns the process exit status to use (0 on success).
 int run_worker(const LaunchSpec& spec, int fd);
 
+// For the Tuner's class trainables, in a worker (kFailedPrecondition
+// outside one). take_save_request(): whether a release asked for a
+// checkpoint since the last call (DriverSpec::on_round's RoundDirective::save).
+// report_checkpoint(): a synchronous report round that commits `checkpoint`
+// with the metrics of this rank's previous report() and adds no history row.
+bool take_save_request();
+void report_checkpoint(const Checkpoint& checkpoint);
+
 // Keeps the last `max_bytes` of a stream, whole lines where possible, and
 // forwards each complete line to stderr with a prefix.
 class StderrTail {

@@ -67,6 +67,9 @@ struct Session {
   int reports = 0;     // rounds started (sent, or queued to be sent)
   // A release said the run is being preempted (set by either thread).
   std::atomic<bool> preempt_notice{false};
+  // A release asked for a checkpoint (the Tuner; take_save_request()).
+  std::atomic<bool> save_request{false};
+  nlohmann::json last_metrics = nlohmann::json::object();  // of the last report()
   // SIGTERM to this worker: sent with its next report.
   const train_internal::SigtermNotice* sigterm = nullptr;
   std::unique_ptr<AsyncReports> async;  // started by the first asynchronous report
@@ -157,6 +160,7 @@ void run_round(Session& s, const RoundJob& job, bool background) {
     if (t == "abort") throw_aborted(*m);
     if (t == "release") {
       if (m->value("preempt", false)) s.preempt_notice = true;
+      if (m->value("save", false)) s.save_request = true;
       return;
     }
     if (t == "upload" && job.files) {
@@ -295,8 +299,12 @@ std::optional<Checkpoint> get_checkpoint() {
   return Checkpoint::from_directory(*s.checkpoint_uri);
 }
 
-void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint,
-            const ReportOptions& options) {
+namespace {
+
+// report(), or with `attach` a round that commits `checkpoint` with the
+// previous report's metrics and adds no row to the run's history.
+void report_round(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint,
+                  const ReportOptions& options, bool attach) {
   Session& s = session("report");
   const int rank = s.context.world_rank;
   // An asynchronous round that failed breaks this rank's sequence of rounds.
@@ -327,6 +335,8 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
                  {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
                  {"checkpoint", checkpoint.has_value()},
                  {"preempted", s.sigterm != nullptr && s.sigterm->received()}};
+  if (attach) job.message["attach"] = true;
+  if (!attach) s.last_metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (!options.async) {
     if (s.async) s.async->drain();  // rounds go in order; one reader of the channel
     s.reports = job.round;
@@ -356,6 +366,13 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
   }
   s.reports = job.round;
   s.async->push(std::move(job));
+}
+
+}  // namespace
+
+void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& checkpoint,
+            const ReportOptions& options) {
+  report_round(metrics, checkpoint, options, /*attach=*/false);
 }
 
 void wait_for_reports() {
@@ -448,3 +465,14 @@ int run_worker(const LaunchSpec& spec, int fd) {
 }  // namespace train_internal
 
 }  // namespace cairn
+
+namespace cairn::train_internal {
+
+bool take_save_request() { return session("take_save_request").save_request.exchange(false); }
+
+void report_checkpoint(const Checkpoint& checkpoint) {
+  Session& s = session("report_checkpoint");
+  train::report_round(s.last_metrics, checkpoint, {}, /*attach=*/true);
+}
+
+}  // namespace cairn::train_internal

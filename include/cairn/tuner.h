@@ -1,0 +1,263 @@
+// The tuning runtime: Ray Tune's Tuner as a native library. A hyperparameter
+// search runs many trials; each trial is a training run with its own
+// configuration, checkpoints, retention and result history, and the whole
+// experiment survives crashes of trials and of the driver. docs/tune.md is
+// the guide; this header is the contract.
+//
+//   cairn::tune::Tuner tuner(train_fn, {{"lr", cairn::tune::loguniform(1e-4, 1e-1)}},
+//                            {.metric = "loss", .mode = "min", .num_samples = 8},
+//                            cairn::RunConfig{.name = "search", .storage_path = "/results"});
+//   cairn::tune::ResultGrid grid = tuner.fit();
+//   const auto& best = grid.get_best_result();
+//
+// Trials are processes. fit() is the experiment's driver: for each running
+// trial it forks a trial runner process, which runs the trial exactly as
+// Trainer::fit() runs a training (cairn/train.h): `scaling.num_workers`
+// worker processes, collective report(), checkpoints committed manifest
+// last, the trial's own retention (RunConfig::checkpoint_config) and
+// restarts from its latest checkpoint (RunConfig::failure_config). Inside a
+// function trainable, train::report(), train::get_checkpoint() and
+// train::get_context() work as in the Trainer; get_context().experiment_name
+// is the trial id. At most TuneConfig::max_concurrent_trials trials run at
+// once. Trial runners and their workers die with the driver (even by
+// SIGKILL). As with the Trainer, call fit() from a thread that lives for the
+// whole run, without other threads holding locks.
+//
+// Layout (any storage URI; RunConfig::storage_path/name):
+//   <experiment>/tuner_state.json   the experiment state (below)
+//   <experiment>/.cairn.lock        held by the driver while fit() runs
+//   <experiment>/trial_00000/       one trial: a Trainer experiment folder
+//                                   (trainer_state.json, checkpoint_manager.json,
+//                                   checkpoint_NNNNNN/, result.json,
+//                                   progress.csv, events.out.tfevents.*)
+//                                   plus params.json, the trial's config
+//   <experiment>/.cairn_clones/     checkpoints copied for PBT, while pending
+//
+// Each round a trial reports reaches the driver before the trial's workers
+// go on: the stop criteria, the scheduler and the callbacks see it, and the
+// trial continues, checkpoints, pauses or stops as they decide.
+//
+// Experiment state. tuner_state.json (replaced atomically) holds every
+// trial's id, status, config, last result, min/max/last of each numeric
+// metric, failure count, error, kept checkpoints, plus the searcher's and the
+// scheduler's state. It is saved when a trial starts, ends, pauses or is
+// cloned, when retention deleted a checkpoint the saved state names, and at
+// least every period otherwise: the period is automatic (20 times the last
+// save's duration, at least 1 s, so saving takes at most 5% of the wall
+// time) unless $CAIRN_TUNE_STATE_PERIOD_S gives one in seconds. A trial's
+// own folder is the truth for its checkpoints and history; the state is
+// the truth for statuses, configurations and the search.
+//
+// Failure. A trial whose workers fail is restarted from its latest committed
+// checkpoint while RunConfig::failure_config.max_failures allows (as in the
+// Trainer); then it is ERROR and the experiment goes on. Errors of the
+// experiment itself (a malformed space or configuration, storage that cannot
+// be used, an experiment locked by another live driver, a name already
+// holding an experiment for a new Tuner) throw cairn::Error from the
+// constructor or fit() with what is at fault named.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/run_config.h"
+#include "cairn/train.h"
+#include "cairn/tune.h"
+#include "cairn/tune_schedulers.h"
+
+namespace cairn::tune {
+
+// A class trainable (Ray's tune.Trainable). One instance per trial process:
+// setup(config), then load_checkpoint(dir) if the trial resumes, then step()
+// until the trial stops; save_checkpoint(dir) whenever a checkpoint is due
+// (CheckpointConfig::checkpoint_frequency / checkpoint_at_end, a step's
+// "should_checkpoint", a callback, a pause); cleanup() at a clean end. Runs
+// with one worker.
+class Trainable {
+ public:
+  virtual ~Trainable() = default;
+  virtual void setup(const nlohmann::json& config) { (void)config; }
+  // One training iteration's result: a JSON object of metrics. Reserved
+  // keys: "done": true ends the trial after this result; "should_checkpoint":
+  // true saves a checkpoint with it (the key is removed from the result).
+  virtual nlohmann::json step() = 0;
+  // Write the state into `checkpoint_dir` (an empty local directory).
+  virtual void save_checkpoint(const std::string& checkpoint_dir) = 0;
+  // Read back what save_checkpoint wrote (a local directory).
+  virtual void load_checkpoint(const std::string& checkpoint_dir) = 0;
+  virtual void cleanup() {}
+};
+
+using TrainableFactory = std::function<std::unique_ptr<Trainable>()>;
+
+// What the driver knows of a trial (callbacks, stoppers, results).
+struct TrialInfo {
+  std::string trial_id;  // "trial_00003": also its folder name
+  std::size_t index = 0;
+  nlohmann::json config;
+  TrialStatus status = TrialStatus::kPending;
+  nlohmann::json last_result;  // null before the first
+  std::string path;            // the trial's folder, as a path or URI
+  int num_failures = 0;
+  std::optional<std::string> error;
+  std::optional<std::string> latest_checkpoint;  // folder name in the trial's folder
+};
+
+// Ray's Stopper: asked after every result of every trial.
+class Stopper {
+ public:
+  virtual ~Stopper() = default;
+  // True ends this trial (TERMINATED).
+  virtual bool operator()(const std::string& trial_id, const nlohmann::json& result) = 0;
+  // True ends the whole experiment: running trials are stopped, pending
+  // ones never start.
+  virtual bool stop_all() { return false; }
+};
+
+// Hooks called on the driver's thread; an exception from one fails fit().
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_trial_start(const TrialInfo& trial) { (void)trial; }
+  // May change `result` before the stop criteria, the scheduler and the
+  // state see it; setting result["should_checkpoint"] = true asks a class
+  // trainable for a checkpoint before its next step (a function trainable
+  // decides in its own loop when to checkpoint, so there it changes nothing).
+  virtual void on_trial_result(const TrialInfo& trial, nlohmann::json& result) {
+    (void)trial;
+    (void)result;
+  }
+  virtual void on_trial_complete(const TrialInfo& trial) { (void)trial; }
+  virtual void on_trial_error(const TrialInfo& trial) { (void)trial; }
+  // A checkpoint of `trial` was committed (its folder name in the trial's folder).
+  virtual void on_checkpoint(const TrialInfo& trial, const std::string& checkpoint) {
+    (void)trial;
+    (void)checkpoint;
+  }
+  virtual void on_experiment_end(const std::vector<TrialInfo>& trials) { (void)trials; }
+};
+
+struct TuneConfig {
+  std::string metric;  // what get_best_result and the schedulers rank by
+  std::string mode;    // "max" or "min" (required with a metric)
+  // Repetitions of the search space's grid (BasicVariantGenerator); >= 1.
+  int num_samples = 1;
+  // Trials running at once; 0: the CPU cores divided by the workers per
+  // trial (at least 1).
+  int max_concurrent_trials = 0;
+  std::shared_ptr<TrialScheduler> scheduler;  // null: FIFOScheduler
+  std::shared_ptr<Searcher> search_alg;       // null: BasicVariantGenerator over the space
+  std::uint64_t seed = 0;                     // for the default searcher
+  // Stop criteria (Ray's RunConfig(stop={...})): a trial stops at the first
+  // result in which any of these keys holds a number >= the given value,
+  // e.g. {"training_iteration": 10, "accuracy": 0.95}.
+  nlohmann::json stop = nlohmann::json::object();
+  std::shared_ptr<Stopper> stopper;  // also asked, after `stop`
+  std::vector<std::shared_ptr<Callback>> callbacks;
+
+  void validate() const;  // kInvalidArgument naming the field
+};
+
+// One trial's outcome: the Trainer's Result (metrics, checkpoint,
+// best_checkpoints, path, error, metrics_history) plus the trial's identity.
+struct TrialResult : Result {
+  std::string trial_id;
+  nlohmann::json config;
+  TrialStatus status = TrialStatus::kPending;
+};
+
+class ResultGrid {
+ public:
+  ResultGrid() = default;
+  ResultGrid(std::vector<TrialResult> results, std::string metric, std::string mode,
+             std::string experiment_path);
+
+  std::size_t size() const { return results_.size(); }
+  const TrialResult& operator[](std::size_t i) const { return results_.at(i); }
+  std::vector<TrialResult>::const_iterator begin() const { return results_.begin(); }
+  std::vector<TrialResult>::const_iterator end() const { return results_.end(); }
+  std::size_t num_errors() const;
+  std::size_t num_terminated() const;
+  const std::string& experiment_path() const { return experiment_path_; }
+
+  // The trial with the best `metric` (TuneConfig's when empty) in `mode`,
+  // judged by `scope`: "last" (its last result), "all" (its best result
+  // ever), "avg" (the mean over its results), "last-5-avg", "last-10-avg".
+  // Trials without the metric are skipped (errored trials too, unless
+  // nothing else has it). kInvalidArgument for a missing metric/mode or an
+  // unknown scope; kNotFound if no trial reported the metric.
+  const TrialResult& get_best_result(std::string metric = "", std::string mode = "",
+                                     std::string_view scope = "last") const;
+
+ private:
+  std::vector<TrialResult> results_;
+  std::string metric_;
+  std::string mode_;
+  std::string experiment_path_;
+};
+
+struct RestoreOptions {
+  bool resume_unfinished = true;  // RUNNING, PAUSED and PENDING trials go on
+  bool resume_errored = false;    // ERROR trials resume from their latest checkpoint
+  bool restart_errored = false;   // ERROR trials start again from scratch
+};
+
+class Tuner {
+ public:
+  // Function trainable (as train_fn of a Trainer; its argument is the
+  // trial's config) or class trainable. `scaling` is per trial (a class
+  // trainable needs num_workers == 1). Validates everything up front:
+  // kInvalidArgument naming the field (space, TuneConfig, RunConfig,
+  // checkpoint_frequency/checkpoint_at_end with a function trainable).
+  Tuner(TrainFn trainable, nlohmann::json param_space, TuneConfig tune_config = {},
+        RunConfig run_config = {}, ScalingConfig scaling = {});
+  Tuner(TrainableFactory trainable, nlohmann::json param_space, TuneConfig tune_config = {},
+        RunConfig run_config = {}, ScalingConfig scaling = {});
+
+  // Runs the experiment to its end (see the top of this file).
+  ResultGrid fit();
+
+  // True if `path` holds a Tuner experiment (tuner_state.json). kCorruption
+  // naming the file if that state is damaged.
+  static bool can_restore(std::string_view path);
+  // The experiment at `path`, to continue with fit(): unfinished trials go
+  // on from their latest checkpoints (RUNNING ones were interrupted), errored
+  // ones as `options` say, and the searcher goes on without repeating a
+  // configuration. The space, TuneConfig's metric/mode/num_samples/seed/
+  // max_concurrent_trials/stop and the RunConfig come from the state; the
+  // trainable, scheduler, searcher, stopper and callbacks (which are code) are
+  // given again here: a scheduler or searcher given must be of the kind saved
+  // (its saved state is restored into it), and when none is given a saved
+  // FIFO scheduler or default searcher is rebuilt. kNotFound without a state
+  // at `path`; kCorruption if it is damaged.
+  static Tuner restore(std::string_view path, TrainFn trainable, RestoreOptions options = {},
+                       TuneConfig code = {});
+  static Tuner restore(std::string_view path, TrainableFactory trainable,
+                       RestoreOptions options = {}, TuneConfig code = {});
+
+  const RunConfig& run_config() const { return run_config_; }
+  const TuneConfig& tune_config() const { return tune_config_; }
+
+ private:
+  static Tuner restore_impl(std::string_view path, TrainFn fn, TrainableFactory cls,
+                            RestoreOptions options, TuneConfig code);
+  void check();
+
+  TrainFn fn_;
+  TrainableFactory cls_;
+  nlohmann::json param_space_;
+  TuneConfig tune_config_;
+  RunConfig run_config_;
+  ScalingConfig scaling_;
+  std::optional<RestoreOptions> restore_;
+  nlohmann::json restored_state_;  // the state read by restore()
+};
+
+}  // namespace cairn::tune

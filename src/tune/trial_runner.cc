@@ -1,0 +1,126 @@
+#include "tune/trial_runner.h"
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "train/channel.h"
+#include "train/driver.h"
+#include "train/group.h"
+#include "util/fs.h"
+
+namespace cairn::tune_internal {
+
+namespace {
+
+// The key a class trainable's checkpoints carry their iteration count under
+// (checkpoint metadata), so checkpoint_frequency keeps counting after a resume.
+constexpr const char* kIterationKey = "cairn.tune.iteration";
+
+void save_and_report(tune::Trainable& t, const nlohmann::json* result, int iteration) {
+  train::TemporaryDirectory dir;
+  t.save_checkpoint(dir.path());
+  Checkpoint c = Checkpoint::from_directory(dir.path());
+  c.set_metadata({{kIterationKey, iteration}});
+  if (result != nullptr) {
+    train::report(*result, c);
+  } else {
+    train_internal::report_checkpoint(c);
+  }
+}
+
+}  // namespace
+
+TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_frequency,
+                             bool checkpoint_at_end) {
+  return [factory = std::move(factory), checkpoint_frequency,
+          checkpoint_at_end](const nlohmann::json& config) {
+    std::unique_ptr<tune::Trainable> t = factory();
+    if (!t) throw Error(ErrorCode::kInvalidArgument, "the trainable factory returned null");
+    t->setup(config);
+    int iteration = 0;
+    if (auto c = train::get_checkpoint()) {
+      LocalDirectory dir = c->as_directory();
+      t->load_checkpoint(dir.path().string());
+      const nlohmann::json meta = c->get_metadata();
+      if (meta.is_object() && meta.contains(kIterationKey) &&
+          meta[kIterationKey].is_number_integer()) {
+        iteration = meta[kIterationKey].get<int>();
+      }
+    }
+    while (true) {
+      nlohmann::json result = t->step();
+      ++iteration;
+      if (!result.is_object()) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("Trainable::step() must return a JSON object, got {} "
+                                "(iteration {})",
+                                result.type_name(), iteration));
+      }
+      const bool done = result.value("done", false);
+      bool save = result.value("should_checkpoint", false);
+      result.erase("should_checkpoint");
+      if (checkpoint_frequency > 0 && iteration % checkpoint_frequency == 0) save = true;
+      if (done && checkpoint_at_end) save = true;
+      if (save) {
+        save_and_report(*t, &result, iteration);
+      } else {
+        train::report(result);
+      }
+      // The Tuner asked for a checkpoint after this result (a callback, a
+      // pause, checkpoint_at_end for a trial it stops).
+      if (train_internal::take_save_request() && !save) save_and_report(*t, nullptr, iteration);
+      if (done) break;
+    }
+    t->cleanup();
+  };
+}
+
+int run_trial(const RunnerSpec& rs, int fd) {
+  train_internal::Channel channel(UniqueFd(fd), "the tuner");
+  try {
+    train_internal::DriverSpec spec;
+    spec.train_fn = rs.train_fn;
+    spec.train_loop_config = rs.config;
+    spec.world_size = rs.num_workers;
+    spec.run = rs.run;
+    spec.run.resume_existing = true;
+    spec.experiment_uri = rs.trial_uri;
+    spec.experiment_path = rs.trial_path;
+    spec.restoring = open_storage(rs.trial_uri)->exists(train_internal::kTrainerStateKey);
+    spec.on_round = [&channel](const train_internal::RoundInfo& info) {
+      channel.send({{"t", "round"},
+                    {"row", info.row},
+                    {"checkpoint", info.checkpoint ? nlohmann::json(*info.checkpoint)
+                                                   : nlohmann::json(nullptr)},
+                    {"kept", info.kept}});
+      std::optional<nlohmann::json> reply = channel.recv();
+      if (!reply) throw Error(ErrorCode::kUnavailable, "the tuner went away");
+      train_internal::RoundDirective d;
+      d.save = reply->value("save", false);
+      d.stop = reply->value("stop", false);
+      return d;
+    };
+    bool stopped = false;
+    spec.stopped = &stopped;
+    Result r = train_internal::run_driver(spec, train_internal::start_local_group);
+    const char* status = r.preempted ? "preempted"
+                         : r.error   ? "errored"
+                         : stopped   ? "stopped"
+                                     : "finished";
+    const nlohmann::json state = train_internal::read_trainer_state(rs.trial_uri);
+    channel.send({{"t", "end"},
+                  {"status", status},
+                  {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json(nullptr)},
+                  {"failures", state.is_object() ? state.value("failures", 0) : 0}});
+    return 0;
+  } catch (const std::exception& e) {
+    try {
+      channel.send({{"t", "end"}, {"status", "errored"}, {"error", e.what()}, {"failures", 0}});
+    } catch (const Error&) {
+      // ignore-error: the tuner is gone; it counts this runner's exit as a failure
+    }
+    return 1;
+  }
+}
+
+}  // namespace cairn::tune_internal

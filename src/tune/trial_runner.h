@@ -1,0 +1,41 @@
+// The trial runner: the process the Tuner forks for each running trial. It
+// runs the trial as a Trainer run (train/driver.h) in the trial's folder and
+// asks the Tuner, over a channel, what to do after every report round.
+//
+//   runner -> tuner  {"t":"round","row":{...}|null,"checkpoint":name|null,"kept":[names]}
+//   tuner -> runner  {"save":bool,"stop":bool}              (RoundDirective)
+//   runner -> tuner  {"t":"end","status":"finished"|"stopped"|"preempted"|"errored",
+//                     "error":text|null,"failures":n}
+//
+// A runner that exits without "end" died (a crash, or a kill): the Tuner
+// counts a failure.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/run_config.h"
+#include "cairn/train.h"
+#include "cairn/tuner.h"
+
+namespace cairn::tune_internal {
+
+struct RunnerSpec {
+  TrainFn train_fn;  // the function trainable, or the class trainable's loop
+  nlohmann::json config;
+  int num_workers = 1;
+  RunConfig run;  // name = the trial id, storage_path = the experiment's URI
+  std::string trial_uri;
+  std::string trial_path;  // as shown to users
+};
+
+// Runs in the forked child; returns its exit status. `fd` is its end of the
+// channel to the Tuner.
+int run_trial(const RunnerSpec& spec, int fd);
+
+// The train_fn that drives a class trainable (see tuner.h, Trainable).
+TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_frequency,
+                             bool checkpoint_at_end);
+
+}  // namespace cairn::tune_internal

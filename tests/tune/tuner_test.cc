@@ -1,0 +1,362 @@
+// The Tuner with real trial processes: function and class trainables,
+// checkpoint triggers, stop criteria, callbacks, failures, pausing, results.
+#include "cairn/tuner.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "cairn/error.h"
+#include "support/errors.h"
+#include "support/temp_dir.h"
+#include "train/train_support.h"
+
+namespace cairn::tune {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::slurp;
+using testing::TempDir;
+using testing::write_file;
+
+void expect_error(ErrorCode code, const std::string& needle, const std::function<void()>& fn) {
+  const std::string message = testing::error_message_of(fn, code);
+  EXPECT_NE(message.find(needle), std::string::npos) << message;
+}
+
+RunConfig run_in(const TempDir& dir, std::string name = "search") {
+  RunConfig r;
+  r.name = std::move(name);
+  r.storage_path = dir.str();
+  return r;
+}
+
+// Reports `iters` results, a checkpoint (the step number) with each, and
+// resumes from the latest. loss = x * (something decreasing).
+void counting_trainable(const nlohmann::json& config) {
+  int start = 0;
+  if (auto c = train::get_checkpoint()) {
+    start = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  }
+  const int iters = config.value("iters", 3);
+  for (int step = start + 1; step <= iters; ++step) {
+    if (config.value("fail_at", -1) == step && train::get_context().attempt == 0) {
+      throw std::runtime_error(fmt::format("intentional failure at step {}", step));
+    }
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step},
+                   {"loss", config.at("x").get<double>() / step},
+                   {"pid", static_cast<int>(::getpid())},
+                   {"resumed_from", start}},
+                  Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+std::vector<nlohmann::json> read_lines(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+TEST(Tuner, RunsEveryGridPointAsATrialWithItsOwnFolderAndHistory) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.metric = "loss";
+  tc.mode = "min";
+  tc.max_concurrent_trials = 2;
+  Tuner tuner(counting_trainable, {{"x", grid_search({1.0, 2.0, 3.0, 4.0})}}, tc, run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  EXPECT_EQ(grid.num_errors(), 0u);
+  EXPECT_EQ(grid.num_terminated(), 4u);
+  std::set<double> xs;
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated);
+    xs.insert(r.config.at("x").get<double>());
+    ASSERT_EQ(r.metrics_history.size(), 3u) << r.trial_id;
+    EXPECT_EQ(r.metrics.at("step"), 3);
+    ASSERT_TRUE(r.checkpoint.has_value());
+    const fs::path trial = dir / "search" / r.trial_id;
+    EXPECT_EQ(nlohmann::json::parse(slurp(trial / "params.json")), r.config);
+    EXPECT_EQ(read_lines(trial / "result.json").size(), 3u);
+    EXPECT_TRUE(fs::exists(trial / "progress.csv"));
+    bool events = false;
+    for (const auto& e : fs::directory_iterator(trial)) {
+      events |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+    }
+    EXPECT_TRUE(events) << trial;
+  }
+  EXPECT_EQ(xs, (std::set<double>{1, 2, 3, 4}));
+  const TrialResult& best = grid.get_best_result();
+  EXPECT_EQ(best.config.at("x"), 1.0);
+  EXPECT_EQ(grid.get_best_result("loss", "max").config.at("x"), 4.0);
+  EXPECT_TRUE(Tuner::can_restore((dir / "search").string()));
+  const nlohmann::json state = nlohmann::json::parse(slurp(dir / "search" / "tuner_state.json"));
+  EXPECT_EQ(state.at("trials").size(), 4u);
+  for (const auto& t : state.at("trials")) EXPECT_EQ(t.at("status"), "TERMINATED");
+  testing::expect_no_children();
+}
+
+TEST(Tuner, StopCriteriaAndAStopperEndTrialsEarly) {
+  TempDir dir;
+  struct LossBelow : Stopper {
+    bool operator()(const std::string&, const nlohmann::json& r) override {
+      return r.at("loss").get<double>() < 0.6;
+    }
+  };
+  TuneConfig tc;
+  tc.max_concurrent_trials = 2;
+  tc.stop = {{"step", 4}};
+  tc.stopper = std::make_shared<LossBelow>();
+  Tuner tuner(counting_trainable, {{"x", grid_search({1.0, 100.0})}, {"iters", 10}}, tc,
+              run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated);
+    // x=1: loss 1, 0.5 -> the stopper ends it at step 2; x=100: step 4.
+    const int expected = r.config.at("x") == 1.0 ? 2 : 4;
+    EXPECT_EQ(r.metrics_history.size(), static_cast<size_t>(expected)) << r.trial_id;
+  }
+}
+
+TEST(Tuner, AFailedTrialResumesFromItsLatestCheckpointWithinMaxFailures) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 1;
+  TuneConfig tc;
+  tc.max_concurrent_trials = 1;
+  Tuner tuner(counting_trainable, {{"x", 1.0}, {"iters", 4}, {"fail_at", 3}}, tc, run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+  EXPECT_EQ(grid[0].metrics.at("step"), 4);
+  EXPECT_EQ(grid[0].metrics.at("resumed_from"), 2);
+}
+
+TEST(Tuner, ATrialOutOfRetriesIsAnErrorAndTheOthersFinish) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.metric = "loss";
+  tc.mode = "min";
+  tc.max_concurrent_trials = 2;
+  Tuner tuner(counting_trainable, {{"x", 1.0}, {"fail_at", grid_search({2, -1})}}, tc,
+              run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  EXPECT_EQ(grid.num_errors(), 1u);
+  for (const auto& r : grid) {
+    if (r.config.at("fail_at") == 2) {
+      EXPECT_EQ(r.status, TrialStatus::kError);
+      ASSERT_TRUE(r.error.has_value());
+      EXPECT_NE(r.error->find("intentional failure at step 2"), std::string::npos) << *r.error;
+    } else {
+      EXPECT_EQ(r.status, TrialStatus::kTerminated);
+    }
+  }
+  EXPECT_EQ(grid.get_best_result().config.at("fail_at"), -1);
+}
+
+// A class trainable: state is a counter; checkpoints hold it.
+class Counter : public Trainable {
+ public:
+  void setup(const nlohmann::json& config) override { config_ = config; }
+  nlohmann::json step() override {
+    ++value_;
+    nlohmann::json r = {{"value", value_}, {"pid", static_cast<int>(::getpid())}};
+    if (config_.value("checkpoint_at", -1) == value_) r["should_checkpoint"] = true;
+    if (value_ >= config_.value("until", 5)) r["done"] = true;
+    return r;
+  }
+  void save_checkpoint(const std::string& dir) override {
+    write_file(fs::path(dir) / "value.txt", std::to_string(value_));
+  }
+  void load_checkpoint(const std::string& dir) override {
+    value_ = std::stoi(slurp(fs::path(dir) / "value.txt"));
+  }
+
+ private:
+  nlohmann::json config_;
+  int value_ = 0;
+};
+
+std::vector<int> checkpoint_values(const fs::path& trial) {
+  std::vector<int> out;
+  for (const auto& rec : read_experiment(trial.string()).checkpoints) {
+    out.push_back(std::stoi(slurp(rec.checkpoint.as_directory().path() / "value.txt")));
+  }
+  return out;
+}
+
+TEST(Tuner, ClassTrainableCheckpointsByFrequencyFlagAndAtEnd) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.checkpoint_frequency = 3;
+  run.checkpoint_config.checkpoint_at_end = true;
+  TuneConfig tc;
+  tc.max_concurrent_trials = 1;
+  Tuner tuner([] { return std::make_unique<Counter>(); },
+              {{"until", 7}, {"checkpoint_at", 2}}, tc, run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+  EXPECT_EQ(grid[0].metrics_history.size(), 7u);
+  EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id), (std::vector<int>{2, 3, 6, 7}));
+  for (const auto& row : grid[0].metrics_history) EXPECT_FALSE(row.contains("should_checkpoint"));
+}
+
+TEST(Tuner, ClassTrainableStoppedByTheTunerSavesAtEndWithoutAnotherStep) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.checkpoint_at_end = true;
+  TuneConfig tc;
+  tc.stop = {{"value", 4}};
+  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 100}}, tc, run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+  EXPECT_EQ(grid[0].metrics_history.size(), 4u);
+  EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id), (std::vector<int>{4}));
+}
+
+TEST(Tuner, FunctionTrainablesRefuseCheckpointFrequencyAndAtEnd) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.checkpoint_frequency = 2;
+  expect_error(ErrorCode::kInvalidArgument, "checkpoint_frequency",
+                        [&] { Tuner t(counting_trainable, {{"x", 1.0}}, {}, run); });
+  run.checkpoint_config.checkpoint_frequency = 0;
+  run.checkpoint_config.checkpoint_at_end = true;
+  expect_error(ErrorCode::kInvalidArgument, "checkpoint_at_end",
+                        [&] { Tuner t(counting_trainable, {{"x", 1.0}}, {}, run); });
+}
+
+TEST(Tuner, BadConfigurationNamesTheField) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.metric = "loss";
+  expect_error(ErrorCode::kInvalidArgument, "TuneConfig::mode", [&] {
+    Tuner t(counting_trainable, {{"x", 1.0}}, tc, run_in(dir));
+  });
+  tc.mode = "min";
+  tc.num_samples = 0;
+  expect_error(ErrorCode::kInvalidArgument, "TuneConfig::num_samples", [&] {
+    Tuner t(counting_trainable, {{"x", 1.0}}, tc, run_in(dir));
+  });
+  expect_error(ErrorCode::kInvalidArgument, "x", [&] {
+    Tuner t(counting_trainable, {{"x", uniform(2, 1)}}, {}, run_in(dir));
+  });
+}
+
+// Callbacks see every trial start, result, checkpoint and end, in order,
+// and a callback's should_checkpoint makes a class trainable save.
+struct Recorder : Callback {
+  std::vector<std::string> events;
+  void on_trial_start(const TrialInfo& t) override { events.push_back("start " + t.trial_id); }
+  void on_trial_result(const TrialInfo& t, nlohmann::json& r) override {
+    events.push_back(fmt::format("result {} {}", t.trial_id, r.at("value").get<int>()));
+    if (r.at("value") == 2) r["should_checkpoint"] = true;
+  }
+  void on_checkpoint(const TrialInfo& t, const std::string& name) override {
+    events.push_back("checkpoint " + t.trial_id + " " + name);
+  }
+  void on_trial_complete(const TrialInfo& t) override {
+    events.push_back("complete " + t.trial_id);
+  }
+  void on_trial_error(const TrialInfo& t) override { events.push_back("error " + t.trial_id); }
+  void on_experiment_end(const std::vector<TrialInfo>& trials) override {
+    events.push_back(fmt::format("end {}", trials.size()));
+  }
+};
+
+TEST(Tuner, CallbacksSeeTheTrialLifecycleAndCanAskForACheckpoint) {
+  TempDir dir;
+  auto rec = std::make_shared<Recorder>();
+  TuneConfig tc;
+  tc.callbacks = {rec};
+  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 3}}, tc, run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 1u);
+  const std::vector<std::string> expected = {
+      "start trial_00000",
+      "result trial_00000 1",
+      "result trial_00000 2",
+      "checkpoint trial_00000 checkpoint_000000",
+      "result trial_00000 3",
+      "complete trial_00000",
+      "end 1"};
+  EXPECT_EQ(rec->events, expected);
+  EXPECT_EQ(checkpoint_values(dir / "search" / "trial_00000"), (std::vector<int>{2}));
+}
+
+// A scheduler that pauses every trial once at iteration 2 and then lets it
+// go on: the paused trial checkpoints, frees its slot, and resumes later in
+// a new process from that checkpoint.
+class PauseOnce : public TrialScheduler {
+ public:
+  std::string name() const override { return "pause_once"; }
+  void set_search_properties(const std::string&, const std::string&) override {}
+  void on_trial_add(const TrialView&) override {}
+  SchedulerDecision on_trial_result(const TrialView& t, const nlohmann::json& r) override {
+    SchedulerDecision d;
+    if (r.at("training_iteration") == 2 && paused_.insert(t.trial_id).second) {
+      d.action = SchedulerDecision::kPause;
+    }
+    return d;
+  }
+  void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
+  void on_trial_error(const TrialView&) override {}
+  std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>& c) override {
+    for (const auto& t : c) {
+      if (t.status == TrialStatus::kPending) return t.trial_id;
+    }
+    return c.front().trial_id;
+  }
+  nlohmann::json save() const override { return {{"paused", paused_}}; }
+  void restore(const nlohmann::json& s) override {
+    paused_ = s.at("paused").get<std::set<std::string>>();
+  }
+
+ private:
+  std::set<std::string> paused_;
+};
+
+TEST(Tuner, APausedTrialCheckpointsFreesItsSlotAndResumesInANewProcess) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  TuneConfig tc;
+  tc.max_concurrent_trials = 1;
+  tc.scheduler = std::make_shared<PauseOnce>();
+  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", grid_search({4, 5})}}, tc,
+              run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 2u);
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+    const int until = r.config.at("until").get<int>();
+    ASSERT_EQ(r.metrics_history.size(), static_cast<size_t>(until)) << r.trial_id;
+    // Values continue from the pause checkpoint (2), in another process.
+    std::vector<int> values;
+    for (const auto& row : r.metrics_history) values.push_back(row.at("value").get<int>());
+    std::vector<int> expected;
+    for (int v = 1; v <= until; ++v) expected.push_back(v);
+    EXPECT_EQ(values, expected);
+    EXPECT_NE(r.metrics_history[1].at("pid"), r.metrics_history[2].at("pid"));
+    EXPECT_EQ(checkpoint_values(dir / "search" / r.trial_id)[0], 2);
+  }
+  // With one slot, trial 1 ran while trial 0 was paused.
+  EXPECT_LT(grid[1].metrics_history[0].at("timestamp").get<double>(),
+            grid[0].metrics_history[2].at("timestamp").get<double>());
+}
+
+}  // namespace
+}  // namespace cairn::tune
