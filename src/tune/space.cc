@@ -11,6 +11,7 @@
 
 #include "cairn/error.h"
 #include "cairn/tune.h"
+#include "tune/domain.h"
 
 namespace cairn::tune {
 
@@ -31,6 +32,10 @@ std::string path_of(const json::json_pointer& pointer) {
 
 json tagged(const char* kind) { return json{{kDomainTag, kind}}; }
 
+}  // namespace
+
+namespace internal {
+
 bool is_domain(const json& value) { return value.is_object() && value.contains(kDomainTag); }
 
 bool contains_domain(const json& value) {
@@ -42,6 +47,13 @@ bool contains_domain(const json& value) {
   }
   return false;
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::contains_domain;
+using internal::is_domain;
 
 void check_fields(const json& domain, const std::string& path,
                   std::initializer_list<std::string_view> fields) {
@@ -85,8 +97,17 @@ std::int64_t integer(const json& domain, const char* field, const std::string& p
   return v.get<std::int64_t>();
 }
 
-// Throws unless `domain` (an object with the tag) is well formed. Returns
-// whether it is a grid_search.
+double sample_double(double lo, double hi, double u) {
+  double v = lo + (hi - lo) * u;
+  if (v < lo) v = lo;
+  if (v >= hi) v = std::nextafter(hi, lo);
+  return v;
+}
+
+}  // namespace
+
+namespace internal {
+
 bool validate_domain(const json& domain, const std::string& path) {
   const json& tag = domain[kDomainTag];
   if (!tag.is_string()) invalid(path, fmt::format("'{}' must be a string", kDomainTag));
@@ -141,14 +162,7 @@ bool validate_domain(const json& domain, const std::string& path) {
   invalid(path, fmt::format("unknown domain '{}'", kind));
 }
 
-double sample_double(double lo, double hi, double u) {
-  double v = lo + (hi - lo) * u;
-  if (v < lo) v = lo;
-  if (v >= hi) v = std::nextafter(hi, lo);
-  return v;
-}
-
-json sample(const json& domain, Rng& rng) {
+json sample_domain(const json& domain, Rng& rng) {
   const std::string& kind = domain[kDomainTag].get_ref<const std::string&>();
   if (kind == "choice") {
     const json& values = domain["values"];
@@ -176,6 +190,11 @@ json sample(const json& domain, Rng& rng) {
   return std::min(std::max(k * q, lo), hi);
 }
 
+}  // namespace internal
+
+namespace {
+using internal::sample_domain;
+using internal::validate_domain;
 }  // namespace
 
 json grid_search(json values) {
@@ -285,7 +304,7 @@ json ParamSpace::resolve(std::size_t grid_index, Rng& rng) const {
     config[site.pointer] = values[rest % values.size()];
     rest /= values.size();
   }
-  for (const auto& site : random_) config[site.pointer] = sample(site.domain, rng);
+  for (const auto& site : random_) config[site.pointer] = sample_domain(site.domain, rng);
   return config;
 }
 

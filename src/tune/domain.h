@@ -1,0 +1,27 @@
+// Single-domain validation and sampling, shared by ParamSpace (space.cc) and
+// Population Based Training's explore step (schedulers.cc). Internal to
+// cairn_tune; the public contract of domains is in include/cairn/tune.h.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/tune.h"
+
+namespace cairn::tune::internal {
+
+// Whether `value` is a domain: an object holding kDomainTag.
+bool is_domain(const nlohmann::json& value);
+
+// Whether `value` is or holds a domain at any depth.
+bool contains_domain(const nlohmann::json& value);
+
+// Throws kInvalidArgument ("search space: <path>: ...") unless `domain` (an
+// object with the tag) is well formed. Returns whether it is a grid_search.
+bool validate_domain(const nlohmann::json& domain, const std::string& path);
+
+// One value drawn from a validated domain other than grid_search.
+nlohmann::json sample_domain(const nlohmann::json& domain, Rng& rng);
+
+}  // namespace cairn::tune::internal
