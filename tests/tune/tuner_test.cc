@@ -336,6 +336,8 @@ TEST(Tuner, APausedTrialCheckpointsFreesItsSlotAndResumesInANewProcess) {
   TuneConfig tc;
   tc.max_concurrent_trials = 1;
   tc.scheduler = std::make_shared<PauseOnce>();
+  auto rec = std::make_shared<Recorder>();
+  tc.callbacks = {rec};
   Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", grid_search({4, 5})}}, tc,
               run);
   ResultGrid grid = tuner.fit();
@@ -353,9 +355,14 @@ TEST(Tuner, APausedTrialCheckpointsFreesItsSlotAndResumesInANewProcess) {
     EXPECT_NE(r.metrics_history[1].at("pid"), r.metrics_history[2].at("pid"));
     EXPECT_EQ(checkpoint_values(dir / "search" / r.trial_id)[0], 2);
   }
-  // With one slot, trial 1 ran while trial 0 was paused.
-  EXPECT_LT(grid[1].metrics_history[0].at("timestamp").get<double>(),
-            grid[0].metrics_history[2].at("timestamp").get<double>());
+  // With one slot, trial 1 started while trial 0 was paused, then each resumed.
+  const std::vector<std::string> starts = {"start trial_00000", "start trial_00001",
+                                           "start trial_00000", "start trial_00001"};
+  std::vector<std::string> seen;
+  for (const auto& e : rec->events) {
+    if (e.rfind("start ", 0) == 0) seen.push_back(e);
+  }
+  EXPECT_EQ(seen, starts);
 }
 
 }  // namespace
