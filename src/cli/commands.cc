@@ -9,7 +9,9 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
+#include "cli/tuner_state.h"
 #include "manager/history_store.h"
+#include "util/json.h"
 #include "util/log.h"
 
 namespace cairn::cli {
@@ -126,12 +128,255 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view) {
   view.checkpoints.push_back(std::move(checked));
 }
 
+// One Trainer experiment (or trial folder) as `cairn ls` lists it: its
+// checkpoints from its history, read without the lock. A damaged history is
+// reported in `error`, and the checkpoints are then read from their manifests.
+ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::string name) {
+  ExperimentView e;
+  e.name = std::move(name);
+  e.uri = storage->uri();
+  ExperimentListing listing;
+  try {
+    listing = read_experiment(storage->uri());
+  } catch (const Error& err) {
+    // One damaged history does not hide the other experiments: this one is
+    // listed with the error, and its checkpoints from their own manifests.
+    if (err.code() != ErrorCode::kCorruption) throw;
+    e.error = err.what();
+    listing.uri = storage->uri();
+    for (const auto& [index, entry] : checkpoint_dirs(*storage)) {
+      const auto& [dir, committed] = entry;
+      if (!committed) {
+        listing.uncommitted.push_back(dir);
+        continue;
+      }
+      // Metrics and time come from the manifest in committed_row(); the
+      // config is unknown, so ranking is by recency.
+      listing.checkpoints.emplace_back(index, Checkpoint(storage->child(dir)));
+    }
+  }
+  e.config = listing.config;
+  for (const auto& r : rank_checkpoints(listing.checkpoints, listing.config)) {
+    e.best.push_back(r.name);
+  }
+  for (const auto& r : listing.checkpoints) e.checkpoints.push_back(committed_row(r));
+  for (const auto& n : listing.uncommitted) e.checkpoints.push_back(leftover_row(*storage, n));
+  std::stable_sort(
+      e.checkpoints.begin(), e.checkpoints.end(),
+      [](const CheckpointRow& a, const CheckpointRow& b) { return a.index < b.index; });
+  return e;
+}
+
+// Names in an experiment folder that make it one (find_experiments' markers):
+// checkpoint folders and the history's log folder.
+bool is_experiment_marker(std::string_view folder) {
+  return folder == history::kLogPrefix || parse_checkpoint_name(folder).has_value();
+}
+
+// Whether the folder `dir` of a Tuner experiment looks like a trial that the
+// state does not list (yet): it holds params.json or is a Trainer experiment.
+bool looks_like_trial(Storage& experiment, const std::string& dir) {
+  for (const auto& name : experiment.list_names(dir)) {
+    if (name == kParamsKey || name == kHistoryKey) return true;
+    if (name.back() == '/' &&
+        is_experiment_marker(std::string_view(name).substr(0, name.size() - 1)))
+      return true;
+  }
+  return false;
+}
+
+// The tuner state of the experiment at `storage`: kCorruption naming the file
+// when it cannot be read.
+TunerState read_tuner_state(Storage& storage) {
+  return parse_tuner_state(storage.get(kTunerStateKey), storage.uri_of(kTunerStateKey));
+}
+
+// params.json of a trial folder as JSON; nullopt when absent.
+std::optional<nlohmann::json> read_params(Storage& trial) {
+  if (!trial.exists(kParamsKey)) return std::nullopt;
+  return parse_json(trial.get(kParamsKey), trial.uri_of(kParamsKey));
+}
+
+TrialView trial_from_state(const TunerTrialState& t) {
+  TrialView v;
+  v.trial_id = t.trial_id;
+  v.dir = t.dir;
+  v.status = t.status;
+  v.in_state = true;
+  v.config = t.config;
+  v.last_result = t.last_result;
+  v.num_failures = t.num_failures;
+  v.error = t.error;
+  return v;
+}
+
+// A trial folder the state does not list (read_trial_folder() adds its config).
+TrialView unlisted_trial(const std::string& dir) {
+  TrialView v;
+  v.trial_id = dir;
+  v.dir = dir;
+  v.status = "UNKNOWN";
+  return v;
+}
+
+// Fills v.folder (and v.uri) from the trial's own folder; for a trial the
+// state does not list, its config from params.json.
+void read_trial_folder(TrialView& v, const std::shared_ptr<Storage>& trial) {
+  v.uri = trial->uri();
+  v.folder = trainer_experiment(trial, v.dir);
+  if (v.in_state) return;
+  try {
+    if (auto params = read_params(*trial)) v.config = std::move(*params);
+  } catch (const Error& err) {
+    if (err.code() != ErrorCode::kCorruption) throw;
+    if (!v.folder.error.empty()) v.folder.error += "; ";
+    v.folder.error += err.what();
+  }
+}
+
+// One Tuner experiment: tuner_state.json's trials, then any trial folder it
+// does not list yet, each with the checkpoints of its own folder. `strict`:
+// a damaged tuner_state.json is an error (kCorruption); otherwise it is
+// reported in the experiment's `error` and every trial folder is listed as
+// UNKNOWN.
+ExperimentView tuner_experiment(const std::shared_ptr<Storage>& storage, std::string name,
+                                bool strict) {
+  ExperimentView e;
+  e.name = std::move(name);
+  e.uri = storage->uri();
+  auto tuner = std::make_shared<TunerView>();
+  std::optional<TunerState> state;
+  try {
+    state = read_tuner_state(*storage);
+  } catch (const Error& err) {
+    if (strict || err.code() != ErrorCode::kCorruption) throw;
+    e.error = err.what();
+  }
+  std::set<std::string> folders;
+  for (const auto& n : storage->list_names("")) {
+    if (n.back() == '/') folders.insert(n.substr(0, n.size() - 1));
+  }
+  std::set<std::string> listed;
+  if (state) {
+    tuner->metric = state->metric;
+    tuner->mode = state->mode;
+    tuner->updated_at = state->updated_at;
+    for (const auto& t : state->trials) {
+      TrialView v = trial_from_state(t);
+      listed.insert(t.dir);
+      if (folders.count(t.dir) == 0) {
+        v.folder_missing = true;
+        v.uri = storage->uri_of(t.dir);
+        v.folder.name = t.dir;
+        v.folder.uri = v.uri;
+      } else {
+        read_trial_folder(v, storage->child(t.dir));
+      }
+      tuner->trials.push_back(std::move(v));
+    }
+  }
+  for (const auto& dir : folders) {
+    if (listed.count(dir) != 0 || !looks_like_trial(*storage, dir)) continue;
+    auto trial = storage->child(dir);
+    TrialView v = unlisted_trial(dir);
+    read_trial_folder(v, trial);
+    tuner->trials.push_back(std::move(v));
+  }
+  e.tuner = std::move(tuner);
+  return e;
+}
+
+// The URI of the folder holding `uri`; nullopt at the top of a bucket or
+// memory store.
+std::optional<std::string> parent_uri(std::string uri) {
+  while (!uri.empty() && uri.back() == '/') uri.pop_back();
+  const size_t scheme = uri.find("://");
+  const size_t top = scheme == std::string::npos ? 0 : scheme + 3;
+  const size_t slash = uri.rfind('/');
+  if (slash == std::string::npos || slash < top) return std::nullopt;
+  // file:///x: the parent is the root directory; s3://bucket/x: the bucket.
+  return slash == top ? uri.substr(0, slash + 1) : uri.substr(0, slash);
+}
+
+// The last segment of `uri`: a folder's name in its parent.
+std::string base_name(std::string uri) {
+  while (!uri.empty() && uri.back() == '/') uri.pop_back();
+  return uri.substr(uri.rfind('/') + 1);
+}
+
+// Complete lines of result.json (those ending in a line break; a last one
+// torn by a crash is left out), and the last of them parsed; {0, null} when
+// the file is absent.
+std::pair<uint64_t, nlohmann::json> read_results(Storage& trial) {
+  constexpr std::string_view kResults = "result.json";
+  if (!trial.exists(kResults)) return {0, nullptr};
+  const std::string text = trial.get(kResults);
+  uint64_t count = 0;
+  std::string_view last;
+  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    std::string_view line(text.data() + at, end - at);
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    ++count;
+    last = line;
+  }
+  if (last.empty()) return {count, nullptr};
+  nlohmann::json row = parse_json(last, trial.uri_of(kResults));
+  return {count, row.is_object() ? row : nlohmann::json(nullptr)};
+}
+
+// `storage` as a trial of a Tuner experiment, when it is one: it holds
+// params.json, or its parent's tuner_state.json lists it; nullopt otherwise.
+// A damaged tuner_state.json in the parent is kCorruption naming it.
+std::optional<TrialShowView> trial_show(const std::shared_ptr<Storage>& storage) {
+  const std::string dir = base_name(storage->uri());
+  std::optional<TunerState> state;
+  std::string experiment_uri;
+  if (auto parent_at = parent_uri(storage->uri())) {
+    auto parent = open_storage(*parent_at);
+    if (parent->exists(kTunerStateKey)) {
+      state = read_tuner_state(*parent);
+      experiment_uri = parent->uri();
+    }
+  }
+  const TunerTrialState* listed = nullptr;
+  if (state) {
+    for (const auto& t : state->trials) {
+      if (t.dir == dir) listed = &t;
+    }
+  }
+  std::optional<nlohmann::json> params = read_params(*storage);
+  if (!listed && !params) return std::nullopt;
+
+  TrialShowView show;
+  show.experiment_uri = experiment_uri;
+  if (state) {
+    show.state_updated_at = state->updated_at;
+    show.metric = state->metric;
+    show.mode = state->mode;
+  }
+  TrialView v = listed ? trial_from_state(*listed) : unlisted_trial(dir);
+  v.uri = storage->uri();
+  v.folder = trainer_experiment(storage, "");
+  if (params) v.config = std::move(*params);  // the trial's own copy of its config
+  auto [count, last] = read_results(*storage);
+  show.result_count = count;
+  if (v.last_result.is_null()) v.last_result = std::move(last);
+  show.trial = std::move(v);
+  return show;
+}
+
 }  // namespace
 
 LsView collect_ls(std::string_view path) {
   auto root = open_existing(path);
   LsView view;
   view.uri = root->uri();
+  const std::vector<std::string> top = root->list_names("");
+  if (std::binary_search(top.begin(), top.end(), std::string(kTunerStateKey))) {
+    // The path is a Tuner experiment: its state must be readable.
+    view.experiments.push_back(tuner_experiment(root, "", /*strict=*/true));
+    return view;
+  }
   auto names = find_experiments(root->uri());
   if (names.empty() && root->exists(kManifestKey)) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -139,42 +384,29 @@ LsView collect_ls(std::string_view path) {
                             "`cairn show` for a checkpoint)",
                             root->uri()));
   }
-  for (const auto& name : names) {
-    auto storage = name.empty() ? root : root->child(name);
-    ExperimentView e;
-    e.name = name;
-    e.uri = storage->uri();
-    ExperimentListing listing;
-    try {
-      listing = read_experiment(storage->uri());
-    } catch (const Error& err) {
-      // One damaged history does not hide the other experiments: this one is
-      // listed with the error, and its checkpoints from their own manifests.
-      if (err.code() != ErrorCode::kCorruption) throw;
-      e.error = err.what();
-      listing.uri = storage->uri();
-      for (const auto& [index, entry] : checkpoint_dirs(*storage)) {
-        const auto& [dir, committed] = entry;
-        if (!committed) {
-          listing.uncommitted.push_back(dir);
-          continue;
-        }
-        // Metrics and time come from the manifest in committed_row(); the
-        // config is unknown, so ranking is by recency.
-        listing.checkpoints.emplace_back(index, Checkpoint(storage->child(dir)));
-      }
+  // Tuner experiments directly below: folders that are no Trainer experiment
+  // (a Tuner's trials are one level further down, so find_experiments does
+  // not see them) but hold tuner_state.json.
+  std::vector<std::string> tuners;
+  for (const auto& name : top) {
+    if (name.back() != '/') continue;
+    std::string folder = name.substr(0, name.size() - 1);
+    if (is_experiment_marker(folder) ||
+        std::find(names.begin(), names.end(), folder) != names.end()) {
+      continue;
     }
-    e.config = listing.config;
-    for (const auto& r : rank_checkpoints(listing.checkpoints, listing.config)) {
-      e.best.push_back(r.name);
-    }
-    for (const auto& r : listing.checkpoints) e.checkpoints.push_back(committed_row(r));
-    for (const auto& n : listing.uncommitted) e.checkpoints.push_back(leftover_row(*storage, n));
-    std::stable_sort(
-        e.checkpoints.begin(), e.checkpoints.end(),
-        [](const CheckpointRow& a, const CheckpointRow& b) { return a.index < b.index; });
-    view.experiments.push_back(std::move(e));
+    if (root->exists(join_key(folder, kTunerStateKey))) tuners.push_back(std::move(folder));
   }
+  for (const auto& name : names) {
+    view.experiments.push_back(trainer_experiment(name.empty() ? root : root->child(name), name));
+  }
+  for (const auto& name : tuners) {
+    // One damaged tuner state does not hide the other experiments.
+    view.experiments.push_back(tuner_experiment(root->child(name), name, /*strict=*/false));
+  }
+  std::stable_sort(
+      view.experiments.begin(), view.experiments.end(),
+      [](const ExperimentView& a, const ExperimentView& b) { return a.name < b.name; });
   return view;
 }
 
@@ -184,6 +416,12 @@ ShowView collect_show(std::string_view path) {
   ShowView view;
   view.uri = cp.uri();
   view.committed = cp.is_committed();
+  if (!view.committed) {
+    if (auto trial = trial_show(storage)) {
+      view.trial = std::move(*trial);
+      return view;
+    }
+  }
   if (view.committed) {
     view.manifest = cp.manifest();
     for (const auto& f : view.manifest->files) view.files.push_back({f.path, f.size, f.xxh3});

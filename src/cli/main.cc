@@ -21,7 +21,8 @@ namespace {
 using namespace cairn::cli;
 
 constexpr const char* kRootHelp =
-    "a storage root holding experiments, or one experiment folder: a plain path, "
+    "a storage root holding experiments, or one experiment folder (a Tuner experiment lists "
+    "its trials): a plain path, "
     "file:///abs/path or memory://name/prefix";
 constexpr const char* kAnyHelp =
     "a storage root holding experiments, one experiment folder, or one checkpoint: a plain "
@@ -57,9 +58,14 @@ int main(int argc, char** argv) {
   ls->add_option("PATH", path, kRootHelp)->required();
 
   CLI::App* show = app.add_subcommand(
-      "show", "Show one checkpoint: its files with sizes and checksums, manifest and metadata");
+      "show",
+      "Show one checkpoint: its files with sizes and checksums, manifest and metadata; or one "
+      "trial of a Tuner experiment: its status, config, last result and checkpoints");
   show->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  show->add_option("CHECKPOINT", path, "the checkpoint folder (a path or URI)")->required();
+  show->add_option("CHECKPOINT", path,
+                   "the checkpoint folder, or a Tuner trial folder <experiment>/<trial> (a path "
+                   "or URI)")
+      ->required();
 
   CLI::App* verify = app.add_subcommand(
       "verify",
@@ -120,8 +126,13 @@ int main(int argc, char** argv) {
   try {
     if (ls->parsed()) {
       LsView view = collect_ls(path);
+      auto warn = [](const std::string& error) {
+        if (!error.empty()) std::cerr << render_text("cairn: warning: " + error) << '\n';
+      };
       for (const auto& e : view.experiments) {
-        if (!e.error.empty()) std::cerr << render_text("cairn: warning: " + e.error) << '\n';
+        warn(e.error);
+        if (!e.tuner) continue;
+        for (const auto& trial : e.tuner->trials) warn(trial.folder.error);
       }
       print(view, json);
     } else if (show->parsed()) {

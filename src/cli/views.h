@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,8 @@ struct CheckpointRow {
   std::string error;       // why the manifest could not be read ("" when it could)
 };
 
+struct TunerView;
+
 struct ExperimentView {
   std::string name;  // relative to the listed URI; "" when the URI is the experiment
   std::string uri;
@@ -41,6 +44,36 @@ struct ExperimentView {
   CheckpointConfig config;        // as last persisted by its manager
   std::vector<std::string> best;  // committed names, best first
   std::vector<CheckpointRow> checkpoints;  // committed and leftovers, in index order
+  // Set for a Tuner experiment (a folder holding tuner_state.json): its trials,
+  // each a Trainer experiment of its own. `config`, `best` and `checkpoints`
+  // are then unused, and `error` says why tuner_state.json could not be read.
+  std::shared_ptr<const TunerView> tuner;
+};
+
+// One trial of a Tuner experiment: what tuner_state.json says of it, and the
+// checkpoints of its folder (read from the folder itself, which is newer than
+// the periodically saved state).
+struct TrialView {
+  std::string trial_id;
+  std::string dir;  // its folder, relative to the experiment
+  std::string uri;
+  std::string status;           // as in tuner_state.json; "UNKNOWN" when not listed there
+  bool in_state = false;        // listed in tuner_state.json
+  bool folder_missing = false;  // listed there, but its folder does not exist
+  nlohmann::json config;        // tuner_state.json's (params.json's when not listed); or null
+  nlohmann::json last_result;   // tuner_state.json's; or null
+  int64_t num_failures = 0;
+  std::optional<std::string> error;  // the trial's failure, from tuner_state.json
+  // The folder as a Trainer experiment: its checkpoints, retention, and in
+  // `error` why its history (or params.json) could not be read.
+  ExperimentView folder;
+};
+
+struct TunerView {
+  std::string metric;  // "" when none
+  std::string mode;    // "min", "max" or ""
+  std::optional<double> updated_at;
+  std::vector<TrialView> trials;  // tuner_state.json's order, then unlisted folders by name
 };
 
 struct LsView {
@@ -59,7 +92,19 @@ struct FileRow {
   std::optional<uint64_t> xxh3;  // from the manifest; absent for uncommitted files
 };
 
+// `cairn show` of a trial folder: the trial, how many results it reported
+// (complete lines of result.json) and its latest.
+struct TrialShowView {
+  TrialView trial;
+  std::string experiment_uri;  // the Tuner experiment; "" when its parent holds no tuner_state.json
+  std::optional<double> state_updated_at;  // when that tuner_state.json was saved
+  std::string metric;                      // the tuner's metric, "" when none
+  std::string mode;
+  uint64_t result_count = 0;
+};
+
 struct ShowView {
+  std::optional<TrialShowView> trial;  // set when the path is a trial folder, not a checkpoint
   std::string uri;
   bool committed = false;
   std::optional<Manifest> manifest;  // present when committed

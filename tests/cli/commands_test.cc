@@ -90,5 +90,42 @@ TEST(CommandsOnMemoryStorage, LsOfACheckpointPointsToShow) {
   EXPECT_EQ(show.files[0].path, "model.bin");
 }
 
+TEST(CommandsOnMemoryStorage, LsOfATunerExperimentReadsTrialFoldersWithoutDirectories) {
+  make_experiment("memory://cli-tune/root/tune/trial_00000", "cli-tune-scratch-0", 2);
+  make_experiment("memory://cli-tune/root/other", "cli-tune-scratch-1", 1);
+  auto tune = open_storage("memory://cli-tune/root/tune");
+  tune->put("trial_00000/params.json", R"({"lr": 0.1})");
+  tune->put("tuner_state.json", R"({"format": "cairn-tuner-state", "version": 1, "name": "tune",
+    "updated_at": 1714564803, "metric": "epoch", "mode": "max", "trials": [
+      {"trial_id": "trial_00000", "dir": "trial_00000", "status": "RUNNING",
+       "config": {"lr": 0.1}, "last_result": {"epoch": 1}, "num_failures": 0, "error": null,
+       "latest_checkpoint": "checkpoint_000001"},
+      {"trial_id": "trial_00001", "dir": "trial_00001", "status": "PENDING",
+       "config": {"lr": 0.2}, "last_result": null, "num_failures": 0, "error": null,
+       "latest_checkpoint": null}]})");
+  LsView view = collect_ls("memory://cli-tune/root");
+  ASSERT_EQ(view.experiments.size(), 2u);
+  EXPECT_EQ(view.experiments[0].name, "other");
+  EXPECT_EQ(view.experiments[0].tuner, nullptr);
+  const ExperimentView& e = view.experiments[1];
+  EXPECT_EQ(e.name, "tune");
+  ASSERT_NE(e.tuner, nullptr);
+  ASSERT_EQ(e.tuner->trials.size(), 2u);
+  const TrialView& running = e.tuner->trials[0];
+  EXPECT_EQ(running.status, "RUNNING");
+  EXPECT_FALSE(running.folder_missing);
+  EXPECT_EQ(running.uri, "memory://cli-tune/root/tune/trial_00000");
+  ASSERT_EQ(running.folder.checkpoints.size(), 2u);
+  EXPECT_EQ(running.folder.checkpoints[1].uri,
+            "memory://cli-tune/root/tune/trial_00000/checkpoint_000001");
+  EXPECT_TRUE(e.tuner->trials[1].folder_missing);  // no object under it
+
+  ShowView show = collect_show("memory://cli-tune/root/tune/trial_00000");
+  ASSERT_TRUE(show.trial.has_value());
+  EXPECT_EQ(show.trial->experiment_uri, "memory://cli-tune/root/tune");
+  EXPECT_EQ(show.trial->trial.status, "RUNNING");
+  EXPECT_EQ(show.trial->trial.folder.checkpoints.size(), 2u);
+}
+
 }  // namespace
 }  // namespace cairn::cli

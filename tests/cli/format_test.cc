@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cairn/error.h"
 #include "cli/exit_codes.h"
 #include "cli/format.h"
+#include "cli/tuner_state.h"
 #include "cli/views.h"
 
 namespace cairn::cli {
@@ -187,6 +189,98 @@ TEST(ShowViews, GiveChecksumsAsSixteenHexDigits) {
   auto doc = to_json(v);
   EXPECT_EQ(doc["files"][0]["xxh3"], "0000000000000abc");
   EXPECT_NE(to_text(v).find("a.bin  3      0000000000000abc"), std::string::npos) << to_text(v);
+}
+
+TEST(TunerState, ReadsTheFieldsTheCliShowsAndIgnoresTheRest) {
+  TunerState s = parse_tuner_state(
+      R"({"format": "cairn-tuner-state", "version": 1, "name": "t", "updated_at": 12.5,
+          "metric": "loss", "mode": "min", "searcher": {"any": "thing"},
+          "trials": [{"trial_id": "trial_00001", "status": "ERROR", "config": {"lr": 1},
+                      "last_result": {"loss": 2}, "num_failures": 3, "error": "boom",
+                      "latest_checkpoint": null, "future_field": 1}]})",
+      "file:///e/tuner_state.json");
+  EXPECT_EQ(s.name, "t");
+  EXPECT_EQ(s.updated_at, 12.5);
+  EXPECT_EQ(s.metric, "loss");
+  ASSERT_EQ(s.trials.size(), 1u);
+  const TunerTrialState& t = s.trials[0];
+  EXPECT_EQ(t.dir, "trial_00001") << "dir defaults to the trial id";
+  EXPECT_EQ(t.status, "ERROR");
+  EXPECT_EQ(t.config, json({{"lr", 1}}));
+  EXPECT_EQ(t.num_failures, 3);
+  EXPECT_EQ(t.error, "boom");
+  EXPECT_FALSE(t.latest_checkpoint.has_value());
+}
+
+TEST(TunerState, DamageIsCorruptionNamingTheFile) {
+  for (
+      const char* text :
+      {"", "[]", R"({"version": 1})", R"({"format": "cairn-tuner-state", "version": "1"})",
+       R"({"format": "cairn-tuner-state", "version": 1, "trials": [7]})",
+       R"({"format": "cairn-tuner-state", "version": 1, "trials": [{"status": "RUNNING"}]})",
+       R"({"format": "cairn-tuner-state", "version": 1, "trials": [{"trial_id": "a", "dir": "x/y"}]})",
+       R"({"format": "cairn-tuner-state", "version": 1, "trials": [{"trial_id": "a", "dir": ".."}]})",
+       R"({"format": "cairn-tuner-state", "version": 1, "trials": [{"trial_id": "a", "last_result": 3}]})"}) {
+    SCOPED_TRACE(text);
+    try {
+      parse_tuner_state(text, "file:///e/tuner_state.json");
+      ADD_FAILURE() << "expected kCorruption";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+      EXPECT_NE(std::string(e.what()).find("file:///e/tuner_state.json"), std::string::npos);
+    }
+  }
+}
+
+TEST(LsViews, NestTrialsUnderATunerExperimentAndCountThemByStatus) {
+  auto tuner = std::make_shared<TunerView>();
+  tuner->metric = "acc/top1";
+  tuner->mode = "max";
+  TrialView done;
+  done.trial_id = done.dir = "trial_00000";
+  done.status = "TERMINATED";
+  done.in_state = true;
+  done.last_result = {{"training_iteration", 4}, {"acc", {{"top1", 0.5}}}};
+  CheckpointRow row;
+  row.name = "checkpoint_000003";
+  row.index = 3;
+  row.committed = true;
+  row.metrics = {{"acc", {{"top1", 0.5}}}};
+  done.folder.checkpoints.push_back(row);
+  TrialView failed;
+  failed.trial_id = failed.dir = "trial_00001";
+  failed.status = "ERROR";
+  failed.error = "\n  RuntimeError: out of memory\n  at line 3";
+  failed.folder_missing = true;
+  tuner->trials = {done, failed};
+  LsView v;
+  v.uri = "file:///s";
+  ExperimentView e;
+  e.name = "search";
+  e.uri = "file:///s/search";
+  e.tuner = tuner;
+  v.experiments.push_back(e);
+
+  std::string t = to_text(v);
+  EXPECT_NE(t.find("experiment search  (tuner, 2 trials: 1 TERMINATED, 1 ERROR; metric acc/top1 "
+                   "(max))\n  file:///s/search\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("\n  trial trial_00000  TERMINATED  training_iteration=4 acc/top1=0.5  (1 "
+                   "checkpoint, keep all)\n    CHECKPOINT         STATE"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("\n  trial trial_00001  ERROR  (folder missing)\n"
+                   "    error: RuntimeError: out of memory\n"),
+            std::string::npos)
+      << t;
+  auto doc = to_json(v);
+  const auto& j = doc["experiments"][0];
+  EXPECT_EQ(j["kind"], "tuner");
+  EXPECT_EQ(j["status_counts"]["ERROR"], 1);
+  EXPECT_EQ(j["trials"][0]["latest"], "checkpoint_000003");
+  EXPECT_EQ(j["trials"][1]["folder_missing"], true);
+  EXPECT_TRUE(j["trials"][1]["checkpoints"].empty());
 }
 
 }  // namespace
