@@ -7,8 +7,10 @@
 // Results are the rows a trial reports (its metrics plus training_iteration,
 // time_total_s, timestamp...; docs/train.md, "The run's result files").
 // A scheduler's time attribute (default "training_iteration") must be a
-// number in every result it is shown; its metric may be missing or not a
-// number in a result, which then does not count toward any decision.
+// number in every result it is shown (kInvalidArgument naming the trial and
+// the attribute otherwise); its metric may be missing, not a number or NaN in
+// a result, which then does not count toward any decision. Scores are
+// compared as "higher is better" (negated for mode "min").
 //
 // Determinism: every random choice draws from a tune::Rng seeded at
 // construction; save() holds the generator's state, so a restored scheduler
@@ -42,7 +44,7 @@ struct TrialView {
   std::string trial_id;
   nlohmann::json config;
   TrialStatus status = TrialStatus::kPending;
-  nlohmann::json last_result;  // null before its first result
+  nlohmann::json last_result;   // null before its first result
   bool has_checkpoint = false;  // the trial has a committed checkpoint to resume or clone from
 };
 
@@ -74,7 +76,10 @@ class TrialScheduler {
   // was built with its own metric/mode keeps them; one that needs a metric
   // and has none throws kInvalidArgument saying so.
   virtual void set_search_properties(const std::string& metric, const std::string& mode) = 0;
+  // Adding a trial the scheduler already knows (a restored Tuner re-adding
+  // its trials) keeps what the scheduler holds for it.
   virtual void on_trial_add(const TrialView& trial) = 0;
+  // kInvalidArgument for a trial never added.
   virtual SchedulerDecision on_trial_result(const TrialView& trial,
                                             const nlohmann::json& result) = 0;
   // The trial finished on its own or was stopped (TERMINATED).
@@ -99,13 +104,10 @@ class FIFOScheduler final : public TrialScheduler {
   std::string name() const override { return "fifo"; }
   void set_search_properties(const std::string&, const std::string&) override {}
   void on_trial_add(const TrialView&) override {}
-  SchedulerDecision on_trial_result(const TrialView&, const nlohmann::json&) override {
-    return {};
-  }
+  SchedulerDecision on_trial_result(const TrialView&, const nlohmann::json&) override { return {}; }
   void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
   void on_trial_error(const TrialView&) override {}
-  std::optional<std::string> choose_trial_to_run(
-      const std::vector<TrialView>& candidates) override;
+  std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>& candidates) override;
   nlohmann::json save() const override;
   void restore(const nlohmann::json& state) override;
 };
@@ -119,6 +121,18 @@ class FIFOScheduler final : public TrialScheduler {
 // stopped (it is done). Uses the metric of the first result at or past the
 // rung (a trial skipping a rung milestone is judged at the next result past
 // it, once per rung).
+//
+// Exactly: on a result with t < max_t and a usable metric, the rung that
+// judges is the highest one with milestone <= t; if the trial already has a
+// value there it goes on (rungs it skipped get no value from it). Otherwise
+// its score s joins the rung's values v (n of them, s included); when
+// n >= reduction_factor the cutoff is their (1 - 1/reduction_factor)
+// quantile by linear interpolation between closest ranks (numpy's default,
+// as Ray's ASHA): with v sorted ascending, p = (1 - 1/rf) * (n - 1),
+// cutoff = v[floor(p)] + frac(p) * (v[floor(p) + 1] - v[floor(p)]); the
+// trial stops when s < cutoff. Bracket b (0-based) has the rungs with
+// k >= b; trials go to brackets in the order they are added, round-robin.
+// Rung values stay when a trial completes or fails: they still set the bar.
 struct ASHAOptions {
   std::string time_attr = "training_iteration";
   std::string metric;  // empty: TuneConfig's
@@ -141,8 +155,7 @@ class ASHAScheduler final : public TrialScheduler {
   SchedulerDecision on_trial_result(const TrialView& trial, const nlohmann::json& result) override;
   void on_trial_complete(const TrialView& trial, const nlohmann::json& result) override;
   void on_trial_error(const TrialView& trial) override;
-  std::optional<std::string> choose_trial_to_run(
-      const std::vector<TrialView>& candidates) override;
+  std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>& candidates) override;
   nlohmann::json save() const override;
   void restore(const nlohmann::json& state) override;
 
@@ -176,13 +189,39 @@ class ASHAScheduler final : public TrialScheduler {
 // config not in hyperparam_mutations are kept. A trial is never its own
 // source. Uses the pause path: choose_trial_to_run prefers PAUSED trials
 // (clones waiting to resume) over PENDING ones.
+//
+// Exactly:
+// - A result whose metric is not usable changes nothing. Otherwise, at a
+//   perturbation, the trial's score and last perturbation time (= t) are
+//   updated, and the n trials with a score that have not completed or failed
+//   are ranked; equal scores rank the greater trial id lower. Each quantile
+//   holds k = ceil(n * quantile_fraction) trials, at most floor(n / 2), and
+//   none when n <= 1 (Ray's rule).
+// - Exploit: the sources are the top k trials with has_checkpoint (as the
+//   latest view of each said), the trial itself excluded, in trial id order;
+//   one is drawn with draw_below. The decision is kContinue with clone_from
+//   and new_config = explore(source's config); the scheduler holds
+//   new_config as the trial's config from then on, and the trial takes the
+//   source's last perturbation time (it resumes from the source's
+//   checkpoint).
+// - Explore: a choice domain acts as its list of values; grid_search is
+//   refused. Nested objects of hyperparam_mutations mutate nested keys; a key
+//   missing from the config is added, resampled. Perturbed numbers are not
+//   clamped to their domain; ints round to the nearest.
+// - Draw order (what a seed fixes): mutation keys in sorted order, depth
+//   first. Per leaf whose value can be perturbed, one draw_unit() (below
+//   resample_probability: resample), then, unless resampling, one
+//   draw_below(2): 0 is x0.8 or the entry below, 1 is x1.2 or the entry
+//   above. A resample makes the domain's own draws (or one draw_below(list
+//   size)).
 struct PBTOptions {
   std::string time_attr = "training_iteration";
-  std::string metric;  // empty: TuneConfig's
-  std::string mode;    // empty: TuneConfig's
+  std::string metric;                // empty: TuneConfig's
+  std::string mode;                  // empty: TuneConfig's
   double perturbation_interval = 5;  // > 0
-  nlohmann::json hyperparam_mutations = nlohmann::json::object();  // non-empty object
-  double quantile_fraction = 0.25;    // in (0, 0.5]
+  // A non-empty object (see above).
+  nlohmann::json hyperparam_mutations = nlohmann::json::object();
+  double quantile_fraction = 0.25;     // in (0, 0.5]
   double resample_probability = 0.25;  // in [0, 1]
   std::uint64_t seed = 0;
 };
@@ -199,8 +238,7 @@ class PopulationBasedTraining final : public TrialScheduler {
   SchedulerDecision on_trial_result(const TrialView& trial, const nlohmann::json& result) override;
   void on_trial_complete(const TrialView& trial, const nlohmann::json& result) override;
   void on_trial_error(const TrialView& trial) override;
-  std::optional<std::string> choose_trial_to_run(
-      const std::vector<TrialView>& candidates) override;
+  std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>& candidates) override;
   nlohmann::json save() const override;
   void restore(const nlohmann::json& state) override;
 
@@ -213,7 +251,7 @@ class PopulationBasedTraining final : public TrialScheduler {
     std::optional<double> last_score;  // metric as "higher is better"
     nlohmann::json config;
     bool has_checkpoint = false;
-    bool done = false;
+    bool done = false;  // completed or failed: out of the ranking
   };
   PBTOptions options_;
   Rng rng_;
