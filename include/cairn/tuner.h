@@ -173,6 +173,22 @@ struct TrialResult : Result {
   TrialStatus status = TrialStatus::kPending;
 };
 
+// What running the experiment cost the driver (ResultGrid::stats()).
+struct ExperimentStats {
+  double wall_seconds = 0;           // fit() from start to end
+  std::size_t state_saves = 0;       // tuner_state.json writes
+  double state_save_seconds = 0;     // time spent writing them
+  double last_state_save_seconds = 0;
+  std::size_t last_state_bytes = 0;  // size of the last state written
+  std::size_t trial_starts = 0;      // runner processes started (resumes included)
+  // From forking a trial's runner to the trial's first report reaching the
+  // driver (its trainable's first step included), summed over the starts
+  // that reported.
+  double trial_start_seconds = 0;
+  std::size_t trial_starts_timed = 0;
+  std::size_t results = 0;  // report rounds received
+};
+
 class ResultGrid {
  public:
   ResultGrid() = default;
@@ -186,6 +202,8 @@ class ResultGrid {
   std::size_t num_errors() const;
   std::size_t num_terminated() const;
   const std::string& experiment_path() const { return experiment_path_; }
+  const ExperimentStats& stats() const { return stats_; }
+  void set_stats(const ExperimentStats& stats) { stats_ = stats; }
 
   // The trial with the best `metric` (TuneConfig's when empty) in `mode`,
   // judged by `scope`: "last" (its last result), "all" (its best result
@@ -201,6 +219,7 @@ class ResultGrid {
   std::string metric_;
   std::string mode_;
   std::string experiment_path_;
+  ExperimentStats stats_;
 };
 
 struct RestoreOptions {

@@ -383,7 +383,8 @@ class Driver {
     preempt_requested_ = true;
     preempt_reason_ = source;
     preempt_deadline_ = now + spec_.run.failure_config.preemption_grace_s;
-    log::warn(
+    // A tuner's pause is routine; a platform's notice is news.
+    (source == "a SIGTERM notice" ? log::warn : log::info)(
         fmt::format("preemption: {}; the workers are told at their next report and the "
                     "group stops once a checkpoint they report after it is committed "
                     "(or in {} s)",

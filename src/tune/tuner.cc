@@ -101,6 +101,7 @@ struct Trial {
   // with (PAUSED or TERMINATED) unless it fails.
   std::optional<TrialStatus> ending;
   double started_at = 0;
+  bool first_result_seen = false;
 };
 
 TrialView view_of(const Trial& t) {
@@ -173,6 +174,7 @@ class Experiment {
   explicit Experiment(Spec spec) : spec_(std::move(spec)) {}
 
   ResultGrid run() {
+    const double started = monotonic_seconds();
     open_experiment();
     if (spec_.restore) {
       load_saved_state();
@@ -191,7 +193,10 @@ class Experiment {
     std::vector<TrialInfo> infos;
     for (const auto& t : trials_) infos.push_back(t.info);
     for (auto& cb : spec_.tune.callbacks) cb->on_experiment_end(infos);
-    return results();
+    ResultGrid grid = results();
+    stats_.wall_seconds = monotonic_seconds() - started;
+    grid.set_stats(stats_);
+    return grid;
   }
 
  private:
@@ -335,10 +340,15 @@ class Experiment {
 
   void save_state() {
     const double t0 = monotonic_seconds();
-    storage_->put(kStateKey, state_json().dump());
+    const std::string text = state_json().dump();
+    storage_->put(kStateKey, text);
     const double t1 = monotonic_seconds();
     last_save_ = t1;
     last_save_duration_ = t1 - t0;
+    ++stats_.state_saves;
+    stats_.state_save_seconds += last_save_duration_;
+    stats_.last_state_save_seconds = last_save_duration_;
+    stats_.last_state_bytes = text.size();
     for (const auto& t : trials_) saved_refs_[t.info.trial_id] = t.kept;
     dirty_ = false;
   }
@@ -499,6 +509,8 @@ class Experiment {
     t.end = nullptr;
     t.ending.reset();
     t.started_at = monotonic_seconds();
+    t.first_result_seen = false;
+    ++stats_.trial_starts;
     t.info.status = TrialStatus::kRunning;
     dirty_ = true;
     for (auto& cb : spec_.tune.callbacks) cb->on_trial_start(t.info);
@@ -597,6 +609,12 @@ class Experiment {
     if (type != "round") {
       throw Error(ErrorCode::kInternal,
                   fmt::format("trial {} sent an unknown message: {}", t.info.trial_id, m.dump()));
+    }
+    ++stats_.results;
+    if (!t.first_result_seen) {
+      t.first_result_seen = true;
+      stats_.trial_start_seconds += monotonic_seconds() - t.started_at;
+      ++stats_.trial_starts_timed;
     }
     nlohmann::json directive = on_round(t, m);
     try {
@@ -813,6 +831,7 @@ class Experiment {
   std::optional<double> fixed_period_;
   std::map<std::string, std::vector<std::string>> saved_refs_;  // trial -> kept when saved
   std::uint64_t clone_counter_ = 0;
+  ExperimentStats stats_;
 };
 
 double score_of(const TrialResult& r, const std::string& metric, std::string_view scope) {
