@@ -1,0 +1,403 @@
+// The Tuner's own overhead (docs/benchmarks.md, "Tuner overhead"): what
+// keeping the experiment state (tuner_state.json) costs against the wall
+// time, how long a trial takes to start, and how one state save grows with
+// the number of trials, in one run.
+//
+//   1. --trials short trials (a grid_search of that many values; a function
+//      trainable that reports one result, no checkpoint), at most
+//      --concurrent at once: the wall time, the time spent saving the state
+//      as a fraction of it (ExperimentStats::state_save_seconds /
+//      wall_seconds), the number of saves and the mean trial start latency
+//      (forking the trial's runner to its first result reaching the driver).
+//   2. --results reported results: --result-trials trials reporting
+//      results / result-trials results each, metrics only except a small
+//      checkpoint every --checkpoint-every results (num_to_keep = 2, so
+//      retention deletes checkpoints a saved state may name: those force a
+//      save). The same fraction.
+//   3. One state save as the state grows: experiments of trials/100,
+//      trials/10 and trials (the experiment of 1., reused) short trials, each
+//      restored --save-repeats times with Tuner::restore(...).fit() on the
+//      finished experiment, which runs nothing and saves the state exactly
+//      once; the median of those saves' durations and the state's size.
+//      cost / byte at the largest against the smallest should be <= ~2 (the
+//      cost grows no faster than the state); the growth exponent
+//      log(cost ratio) / log(size ratio) says the same (<= 1: linear or
+//      better).
+//
+// Goal (the issue; Ray Tune's default budget is 5%): the state costs <= 1%
+// of the wall time in 1. and 2. Prints a table with PASS/MISS; the verdict
+// never changes the exit status (only errors do). With --json FILE, writes
+// the figures. Everything is written in a fresh temporary folder under --dir
+// (default $TMPDIR or /tmp), removed at exit. The state's save period is the
+// Tuner's (automatic, or $CAIRN_TUNE_STATE_PERIOD_S when set).
+#include <sys/vfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "cairn/train.h"
+#include "cairn/tune.h"
+#include "cairn/tuner.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace tune = cairn::tune;
+
+constexpr double kGoal = 0.01;       // state saving <= 1% of the wall time
+constexpr double kGrowthGoal = 2.0;  // cost / byte, largest vs smallest state
+
+struct Args {
+  int trials = 1000;
+  int results = 10000;
+  int result_trials = 4;
+  int checkpoint_every = 100;
+  int concurrent = 2;
+  int save_repeats = 5;
+  std::string dir;
+  std::string json;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "tune_bench: %s\n"
+               "usage: tune_bench [--trials N] [--results N] [--result-trials N]\n"
+               "                  [--checkpoint-every N] [--concurrent N] [--save-repeats N]\n"
+               "                  [--dir DIR] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage("missing value for " + k);
+    const std::string v = argv[++i];
+    if (k == "--trials") {
+      a.trials = std::stoi(v);
+    } else if (k == "--results") {
+      a.results = std::stoi(v);
+    } else if (k == "--result-trials") {
+      a.result_trials = std::stoi(v);
+    } else if (k == "--checkpoint-every") {
+      a.checkpoint_every = std::stoi(v);
+    } else if (k == "--concurrent") {
+      a.concurrent = std::stoi(v);
+    } else if (k == "--save-repeats") {
+      a.save_repeats = std::stoi(v);
+    } else if (k == "--dir") {
+      a.dir = v;
+    } else if (k == "--json") {
+      a.json = v;
+    } else {
+      usage("unknown flag " + k);
+    }
+  }
+  if (a.trials < 1 || a.result_trials < 1 || a.concurrent < 1 || a.save_repeats < 1) {
+    usage("--trials, --result-trials, --concurrent and --save-repeats must be positive");
+  }
+  if (a.results < a.result_trials) usage("--results must be at least --result-trials");
+  if (a.checkpoint_every < 0) usage("--checkpoint-every must be >= 0 (0: no checkpoints)");
+  if (a.dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    a.dir = tmp && *tmp ? tmp : "/tmp";
+  }
+  return a;
+}
+
+// A fresh folder under `parent`, removed with this object.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& parent) {
+    fs::create_directories(parent);
+    std::string templ = (fs::path(parent) / "tune-bench.XXXXXX").string();
+    if (::mkdtemp(templ.data()) == nullptr) {
+      throw std::runtime_error(fmt::format("mkdtemp {}: {}", templ, std::strerror(errno)));
+    }
+    path_ = templ;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string fs_type(const fs::path& p) {
+  struct statfs s {};
+  if (::statfs(p.c_str(), &s) != 0) return "?";
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case 0xEF53:
+      return "ext4";
+    case 0x01021994:
+      return "tmpfs";
+    case 0x58465342:
+      return "xfs";
+    case 0x9123683E:
+      return "btrfs";
+    case 0x794C7630:
+      return "overlayfs";
+    default:
+      return fmt::format("0x{:x}", static_cast<unsigned long>(s.f_type));
+  }
+}
+
+// The trainable: config["results"] results, a checkpoint (one small file)
+// with every config["checkpoint_every"]-th of them.
+void trainable(const nlohmann::json& config) {
+  const int results = config.at("results");
+  const int every = config.at("checkpoint_every");
+  const double x = config.at("x");
+  for (int i = 1; i <= results; ++i) {
+    const nlohmann::json metrics = {{"i", i}, {"loss", (x + 1) / i}};
+    if (every > 0 && i % every == 0) {
+      cairn::train::TemporaryDirectory tmp;
+      std::ofstream(fs::path(tmp.path()) / "step.txt") << i << "\n";
+      cairn::train::report(metrics, cairn::Checkpoint::from_directory(tmp.path()));
+    } else {
+      cairn::train::report(metrics);
+    }
+  }
+}
+
+nlohmann::json grid(int n) {
+  nlohmann::json values = nlohmann::json::array();
+  for (int i = 0; i < n; ++i) values.push_back(i);
+  return tune::grid_search(values);
+}
+
+cairn::RunConfig run_config(const fs::path& root, const std::string& name) {
+  cairn::RunConfig run;
+  run.name = name;
+  run.storage_path = root.string();
+  run.checkpoint_config.num_to_keep = 2;
+  return run;
+}
+
+// Runs `trials` trials of `results` results each; every trial must end well.
+tune::ResultGrid run_experiment(const fs::path& root, const std::string& name, int trials,
+                                int results, int checkpoint_every, int concurrent) {
+  tune::TuneConfig tc;
+  tc.metric = "loss";
+  tc.mode = "min";
+  tc.max_concurrent_trials = concurrent;
+  tune::Tuner tuner(
+      trainable,
+      {{"x", grid(trials)}, {"results", results}, {"checkpoint_every", checkpoint_every}}, tc,
+      run_config(root, name));
+  tune::ResultGrid g = tuner.fit();
+  if (g.size() != static_cast<size_t>(trials) || g.num_errors() != 0 ||
+      g.num_terminated() != static_cast<size_t>(trials)) {
+    throw std::runtime_error(fmt::format("{}: {} trials, {} errors, {} terminated (expected {})",
+                                         name, g.size(), g.num_errors(), g.num_terminated(),
+                                         trials));
+  }
+  return g;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+struct Overhead {
+  std::string name;
+  int trials = 0;
+  int results_per_trial = 0;
+  tune::ExperimentStats s;
+
+  double fraction() const { return s.wall_seconds > 0 ? s.state_save_seconds / s.wall_seconds : 0; }
+  double start_latency() const {
+    return s.trial_starts_timed ? s.trial_start_seconds / s.trial_starts_timed : 0;
+  }
+  nlohmann::json to_json() const {
+    return {{"name", name},
+            {"trials", trials},
+            {"results_per_trial", results_per_trial},
+            {"wall_s", s.wall_seconds},
+            {"state_saves", s.state_saves},
+            {"state_save_s", s.state_save_seconds},
+            {"mean_state_save_s", s.state_saves ? s.state_save_seconds / s.state_saves : 0},
+            {"last_state_save_s", s.last_state_save_seconds},
+            {"last_state_bytes", s.last_state_bytes},
+            {"overhead_fraction", fraction()},
+            {"goal_fraction", kGoal},
+            {"pass", fraction() <= kGoal},
+            {"trial_starts", s.trial_starts},
+            {"trial_starts_timed", s.trial_starts_timed},
+            {"mean_trial_start_s", start_latency()},
+            {"results", s.results}};
+  }
+};
+
+struct SavePoint {
+  int trials = 0;
+  size_t bytes = 0;
+  std::vector<double> saves_s;
+  double median_s() const { return median(saves_s); }
+  double per_byte() const { return bytes ? median_s() / static_cast<double>(bytes) : 0; }
+};
+
+// One state save of the finished experiment at `path`, `repeats` times: a
+// restored experiment with nothing left to run saves exactly once, at its end.
+SavePoint time_saves(const fs::path& path, int trials, int repeats) {
+  SavePoint p;
+  p.trials = trials;
+  for (int r = 0; r < repeats; ++r) {
+    tune::ResultGrid g = tune::Tuner::restore(path.string(), trainable).fit();
+    const tune::ExperimentStats& s = g.stats();
+    if (s.state_saves != 1 || s.trial_starts != 0) {
+      throw std::runtime_error(
+          fmt::format("restoring {} saved {} times and started {} trials "
+                      "(expected one save, no trial)",
+                      path.string(), s.state_saves, s.trial_starts));
+    }
+    p.saves_s.push_back(s.last_state_save_seconds);
+    p.bytes = s.last_state_bytes;
+  }
+  return p;
+}
+
+std::string thousands(double v) {
+  const std::string digits = fmt::format("{:.0f}", v);
+  std::string s;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+int run(const Args& a) {
+  ScratchDir scratch(a.dir);
+  const fs::path root = scratch.path();
+  const char* period_env = std::getenv("CAIRN_TUNE_STATE_PERIOD_S");
+  const std::string period = period_env && *period_env
+                                 ? fmt::format("{} s ($CAIRN_TUNE_STATE_PERIOD_S)", period_env)
+                                 : std::string("automatic: max(1 s, 20 x last save)");
+  const std::string fstype = fs_type(root);
+
+  // 1. Many short trials.
+  Overhead many{fmt::format("{} short trials", thousands(a.trials)), a.trials, 1, {}};
+  many.s = run_experiment(root, "short", a.trials, 1, 0, a.concurrent).stats();
+
+  // 2. Many results.
+  const int per_trial = a.results / a.result_trials;
+  Overhead results{fmt::format("{} results ({} x {})", thousands(per_trial * a.result_trials),
+                               a.result_trials, thousands(per_trial)),
+                   a.result_trials,
+                   per_trial,
+                   {}};
+  results.s =
+      run_experiment(root, "results", a.result_trials, per_trial, a.checkpoint_every, a.concurrent)
+          .stats();
+
+  // 3. One save as the state grows.
+  std::vector<int> sizes;
+  for (int n : {a.trials / 100, a.trials / 10, a.trials}) {
+    if (n >= 1 && (sizes.empty() || n > sizes.back())) sizes.push_back(n);
+  }
+  std::vector<SavePoint> points;
+  for (int n : sizes) {
+    std::string name = "short";
+    if (n != a.trials) {
+      name = fmt::format("state_{}", n);
+      run_experiment(root, name, n, 1, 0, a.concurrent);
+    }
+    points.push_back(time_saves(root / name, n, a.save_repeats));
+  }
+
+  std::printf(
+      "Tuner overhead: at most %d trials at once, state saved %s,\n"
+      "storage %s (%s)\n",
+      a.concurrent, period.c_str(), root.c_str(), fstype.c_str());
+  std::printf("%-26s %9s %6s %10s %10s %10s %9s %8s  %s\n", "experiment", "wall", "saves", "saving",
+              "mean save", "last save", "state", "of wall", "trial start (mean)");
+  nlohmann::json out = {{"concurrent", a.concurrent},
+                        {"state_period", period},
+                        {"filesystem", fstype},
+                        {"checkpoint_every", a.checkpoint_every},
+                        {"save_repeats", a.save_repeats}};
+  for (const Overhead* o : {&many, &results}) {
+    const tune::ExperimentStats& s = o->s;
+    std::printf("%-26s %7.2f s %6zu %8.3f s %7.2f ms %7.2f ms %7.1f KB %7.3f%%  %.1f ms\n",
+                o->name.c_str(), s.wall_seconds, s.state_saves, s.state_save_seconds,
+                s.state_saves ? 1e3 * s.state_save_seconds / s.state_saves : 0.0,
+                1e3 * s.last_state_save_seconds, s.last_state_bytes / 1e3, 100 * o->fraction(),
+                1e3 * o->start_latency());
+    out["experiments"].push_back(o->to_json());
+  }
+  for (const Overhead* o : {&many, &results}) {
+    std::printf("goal: %s: state saving <= %.0f%% of the wall time: %.3f%% %s\n", o->name.c_str(),
+                100 * kGoal, 100 * o->fraction(), o->fraction() <= kGoal ? "PASS" : "MISS");
+  }
+
+  std::printf("\nOne state save as trials grow (median of %d restores of a finished experiment)\n",
+              a.save_repeats);
+  std::printf("%8s %12s %12s %14s %14s  %s\n", "trials", "state", "save", "per MB", "per byte vs",
+              "each save (ms)");
+  std::printf("%8s %12s %12s %14s %14s\n", "", "", "(median)", "", "smallest");
+  const SavePoint& small = points.front();
+  for (const SavePoint& p : points) {
+    std::string each;
+    for (double v : p.saves_s) each += fmt::format("{:.2f} ", 1e3 * v);
+    const double rel = small.per_byte() > 0 ? p.per_byte() / small.per_byte() : 0;
+    std::printf("%8d %9.1f KB %9.2f ms %11.2f ms %13.2fx  %s\n", p.trials, p.bytes / 1e3,
+                1e3 * p.median_s(), 1e3 * p.per_byte() * 1e6, rel, each.c_str());
+    out["state_saves"].push_back({{"trials", p.trials},
+                                  {"state_bytes", p.bytes},
+                                  {"median_save_s", p.median_s()},
+                                  {"saves_s", p.saves_s},
+                                  {"per_byte_vs_smallest", rel}});
+  }
+  const SavePoint& large = points.back();
+  if (points.size() > 1 && small.per_byte() > 0 && large.bytes > small.bytes) {
+    const double ratio = large.per_byte() / small.per_byte();
+    const double exponent = std::log(large.median_s() / small.median_s()) /
+                            std::log(static_cast<double>(large.bytes) / small.bytes);
+    std::printf("state %.0fx larger, save %.2fx longer: growth exponent %.2f (1 = linear)\n",
+                static_cast<double>(large.bytes) / small.bytes, large.median_s() / small.median_s(),
+                exponent);
+    std::printf("goal: save cost per byte at %d trials <= %.0fx that at %d: %.2fx %s\n",
+                large.trials, kGrowthGoal, small.trials, ratio,
+                ratio <= kGrowthGoal ? "PASS" : "MISS");
+    out["growth"] = {{"per_byte_ratio", ratio},
+                     {"exponent", exponent},
+                     {"goal_per_byte_ratio", kGrowthGoal},
+                     {"pass", ratio <= kGrowthGoal}};
+  }
+  if (!a.json.empty()) std::ofstream(a.json) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tune_bench: %s\n", e.what());
+    return 1;
+  }
+}
