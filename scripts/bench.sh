@@ -5,7 +5,10 @@
 # then prints one table with the targets (PASS/MISS and the ratio) and writes
 # the full report to build-bench/bench-results.json. Then the Trainer's step
 # time with asynchronous, synchronous and no checkpoints every step
-# (bench/train_step_bench.cc; build-bench/train-step-results.json).
+# (bench/train_step_bench.cc; build-bench/train-step-results.json). Then the
+# Tuner's overhead: experiment-state saving against the wall time with 1,000
+# short trials and with 10,000 results, trial start latency and one state
+# save as trials grow (bench/tune_bench.cc; build-bench/tune-results.json).
 #
 # Usage: scripts/bench.sh [--size-mib N] [--runs N] [--no-hugetlb] [--dir DIR] [--s3]
 #   --size-mib 64 --runs 1   a quick run (the default is 2048 MiB, 3 runs)
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCAIRN_TORCH=ON >/dev/null
-ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench cairn train_step_bench
+ninja -C build-bench -j "${JOBS:-2}" cairn_bench torch_bench cairn train_step_bench tune_bench
 
 base=build-bench
 args=()
@@ -53,6 +56,9 @@ trap 'rm -rf "$dir"' EXIT
 # The Trainer's step time: asynchronous vs synchronous report vs none.
 build-bench/bench/train_step_bench --dir "$dir/train-step" \
   --json build-bench/train-step-results.json
+
+# The Tuner's overhead (about a minute on 2 cores).
+build-bench/bench/tune_bench --dir "$dir/tune" --json build-bench/tune-results.json
 
 if [ "$s3" = 1 ]; then
   /usr/bin/python3 bench/s3_bench.py --cairn build-bench/src/cli/cairn --dir "$dir" \
