@@ -32,7 +32,7 @@
 // of the wall time in 1. and 2. Prints a table with PASS/MISS; the verdict
 // never changes the exit status (only errors do). With --json FILE, writes
 // the figures. Everything is written in a fresh temporary folder under --dir
-// (default $TMPDIR or /tmp), removed at exit. The state's save period is the
+// (default $TMPDIR or /tmp), removed at exit (--keep leaves it). The state's save period is the
 // Tuner's (automatic, or $CAIRN_TUNE_STATE_PERIOD_S when set).
 #include <sys/vfs.h>
 
@@ -75,6 +75,7 @@ struct Args {
   int save_repeats = 5;
   std::string dir;
   std::string json;
+  bool keep = false;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -82,7 +83,7 @@ struct Args {
                "tune_bench: %s\n"
                "usage: tune_bench [--trials N] [--results N] [--result-trials N]\n"
                "                  [--checkpoint-every N] [--concurrent N] [--save-repeats N]\n"
-               "                  [--dir DIR] [--json FILE]\n",
+               "                  [--dir DIR] [--json FILE] [--keep]\n",
                why.c_str());
   std::exit(2);
 }
@@ -91,6 +92,10 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--keep") {
+      a.keep = true;
+      continue;
+    }
     if (i + 1 >= argc) usage("missing value for " + k);
     const std::string v = argv[++i];
     if (k == "--trials") {
@@ -125,10 +130,10 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// A fresh folder under `parent`, removed with this object.
+// A fresh folder under `parent`, removed with this object unless `keep`.
 class ScratchDir {
  public:
-  explicit ScratchDir(const std::string& parent) {
+  ScratchDir(const std::string& parent, bool keep) : keep_(keep) {
     fs::create_directories(parent);
     std::string templ = (fs::path(parent) / "tune-bench.XXXXXX").string();
     if (::mkdtemp(templ.data()) == nullptr) {
@@ -137,6 +142,10 @@ class ScratchDir {
     path_ = templ;
   }
   ~ScratchDir() {
+    if (keep_) {
+      std::fprintf(stderr, "tune_bench: kept %s\n", path_.c_str());
+      return;
+    }
     std::error_code ec;
     fs::remove_all(path_, ec);
   }
@@ -146,6 +155,7 @@ class ScratchDir {
 
  private:
   fs::path path_;
+  bool keep_;
 };
 
 std::string fs_type(const fs::path& p) {
@@ -312,7 +322,7 @@ std::string thousands(double v) {
 }
 
 int run(const Args& a) {
-  ScratchDir scratch(a.dir);
+  ScratchDir scratch(a.dir, a.keep);
   const fs::path root = scratch.path();
   const char* period_env = std::getenv("CAIRN_TUNE_STATE_PERIOD_S");
   const std::string period = period_env && *period_env
