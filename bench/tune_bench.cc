@@ -10,7 +10,8 @@
 //      wall_seconds), the number of saves and the mean trial start latency
 //      (forking the trial's runner to its first result reaching the driver).
 //   2. --results reported results: --result-trials trials reporting
-//      results / result-trials results each, twice: metrics only, then with
+//      results / result-trials results each, each result after --result-ms
+//      of work (a sleep; default 1 ms), twice: metrics only, then with
 //      a small checkpoint every --checkpoint-every results (num_to_keep = 2,
 //      so retention deletes checkpoints a saved state may name, which forces
 //      a save; --checkpoint-every 0 leaves this run out). The same fraction.
@@ -47,6 +48,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -70,6 +72,7 @@ struct Args {
   int trials = 1000;
   int results = 10000;
   int result_trials = 4;
+  double result_ms = 1;
   int checkpoint_every = 100;
   int concurrent = 2;
   int save_repeats = 5;
@@ -81,7 +84,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "tune_bench: %s\n"
-               "usage: tune_bench [--trials N] [--results N] [--result-trials N]\n"
+               "usage: tune_bench [--trials N] [--results N] [--result-trials N] [--result-ms MS]\n"
                "                  [--checkpoint-every N] [--concurrent N] [--save-repeats N]\n"
                "                  [--dir DIR] [--json FILE] [--keep]\n",
                why.c_str());
@@ -102,6 +105,8 @@ Args parse(int argc, char** argv) {
       a.trials = std::stoi(v);
     } else if (k == "--results") {
       a.results = std::stoi(v);
+    } else if (k == "--result-ms") {
+      a.result_ms = std::stod(v);
     } else if (k == "--result-trials") {
       a.result_trials = std::stoi(v);
     } else if (k == "--checkpoint-every") {
@@ -122,6 +127,7 @@ Args parse(int argc, char** argv) {
     usage("--trials, --result-trials, --concurrent and --save-repeats must be positive");
   }
   if (a.results < a.result_trials) usage("--results must be at least --result-trials");
+  if (a.result_ms < 0) usage("--result-ms must be >= 0");
   if (a.checkpoint_every < 0) usage("--checkpoint-every must be >= 0 (0: no checkpoints)");
   if (a.dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -177,13 +183,17 @@ std::string fs_type(const fs::path& p) {
   }
 }
 
-// The trainable: config["results"] results, a checkpoint (one small file)
-// with every config["checkpoint_every"]-th of them.
+// The trainable: config["results"] results, each after config["result_ms"]
+// of "training" (a sleep: the trial's work leaves the CPU to the runtime, as
+// a GPU step does), a checkpoint (one small file) with every
+// config["checkpoint_every"]-th of them.
 void trainable(const nlohmann::json& config) {
   const int results = config.at("results");
   const int every = config.at("checkpoint_every");
   const double x = config.at("x");
+  const auto work = std::chrono::duration<double, std::milli>(config.at("result_ms").get<double>());
   for (int i = 1; i <= results; ++i) {
+    if (work.count() > 0) std::this_thread::sleep_for(work);
     const nlohmann::json metrics = {{"i", i}, {"loss", (x + 1) / i}};
     if (every > 0 && i % every == 0) {
       cairn::train::TemporaryDirectory tmp;
@@ -211,15 +221,18 @@ cairn::RunConfig run_config(const fs::path& root, const std::string& name) {
 
 // Runs `trials` trials of `results` results each; every trial must end well.
 tune::ResultGrid run_experiment(const fs::path& root, const std::string& name, int trials,
-                                int results, int checkpoint_every, int concurrent) {
+                                int results, double result_ms, int checkpoint_every,
+                                int concurrent) {
   tune::TuneConfig tc;
   tc.metric = "loss";
   tc.mode = "min";
   tc.max_concurrent_trials = concurrent;
-  tune::Tuner tuner(
-      trainable,
-      {{"x", grid(trials)}, {"results", results}, {"checkpoint_every", checkpoint_every}}, tc,
-      run_config(root, name));
+  tune::Tuner tuner(trainable,
+                    {{"x", grid(trials)},
+                     {"results", results},
+                     {"result_ms", result_ms},
+                     {"checkpoint_every", checkpoint_every}},
+                    tc, run_config(root, name));
   tune::ResultGrid g = tuner.fit();
   if (g.size() != static_cast<size_t>(trials) || g.num_errors() != 0 ||
       g.num_terminated() != static_cast<size_t>(trials)) {
@@ -334,23 +347,24 @@ int run(const Args& a) {
   // 1. Many short trials.
   const std::string short_name = fmt::format("{} short trials", thousands(a.trials));
   runs.push_back({short_name, short_name, a.trials, 1, {}});
-  runs.back().s = run_experiment(root, "short", a.trials, 1, 0, a.concurrent).stats();
+  runs.back().s = run_experiment(root, "short", a.trials, 1, 0, 0, a.concurrent).stats();
 
   // 2. Many results, without and with checkpoints.
   const int per_trial = a.results / a.result_trials;
   const std::string results_name =
-      fmt::format("{} results ({} x {})", thousands(per_trial * a.result_trials), a.result_trials,
-                  thousands(per_trial));
+      fmt::format("{} results ({} x {}, {:g} ms)", thousands(per_trial * a.result_trials),
+                  a.result_trials, thousands(per_trial), a.result_ms);
   runs.push_back({results_name, results_name, a.result_trials, per_trial, {}});
   runs.back().s =
-      run_experiment(root, "results", a.result_trials, per_trial, 0, a.concurrent).stats();
+      run_experiment(root, "results", a.result_trials, per_trial, a.result_ms, 0, a.concurrent)
+          .stats();
   if (a.checkpoint_every > 0) {
     runs.push_back({fmt::format("  + checkpoint every {}", a.checkpoint_every),
                     fmt::format("{}, a checkpoint every {}", results_name, a.checkpoint_every),
                     a.result_trials,
                     per_trial,
                     {}});
-    runs.back().s = run_experiment(root, "results_ckpt", a.result_trials, per_trial,
+    runs.back().s = run_experiment(root, "results_ckpt", a.result_trials, per_trial, a.result_ms,
                                    a.checkpoint_every, a.concurrent)
                         .stats();
   }
@@ -365,7 +379,7 @@ int run(const Args& a) {
     std::string name = "short";
     if (n != a.trials) {
       name = fmt::format("state_{}", n);
-      run_experiment(root, name, n, 1, 0, a.concurrent);
+      run_experiment(root, name, n, 1, 0, 0, a.concurrent);
     }
     points.push_back(time_saves(root / name, n, a.save_repeats));
   }
@@ -374,18 +388,19 @@ int run(const Args& a) {
       "Tuner overhead: at most %d trials at once, state saved %s,\n"
       "storage %s (%s)\n",
       a.concurrent, period.c_str(), root.c_str(), fstype.c_str());
-  std::printf("%-26s %9s %6s %10s %10s %10s %9s %8s  %s\n", "experiment", "wall", "saves", "saving",
+  std::printf("%-33s %9s %6s %10s %10s %10s %9s %8s  %s\n", "experiment", "wall", "saves", "saving",
               "mean save", "last save", "state", "of wall", "trial start (mean)");
   nlohmann::json out = {{"concurrent", a.concurrent},
                         {"state_period", period},
                         {"filesystem", fstype},
                         {"checkpoint_every", a.checkpoint_every},
+                        {"result_ms", a.result_ms},
                         {"save_repeats", a.save_repeats},
                         {"experiments", nlohmann::json::array()},
                         {"state_saves", nlohmann::json::array()}};
   for (const Overhead& o : runs) {
     const tune::ExperimentStats& s = o.s;
-    std::printf("%-26s %7.2f s %6zu %8.3f s %7.2f ms %7.2f ms %6.1f KB %7.3f%%  %.1f ms\n",
+    std::printf("%-33s %7.2f s %6zu %8.3f s %7.2f ms %7.2f ms %6.1f KB %7.3f%%  %.1f ms\n",
                 o.name.c_str(), s.wall_seconds, s.state_saves, s.state_save_seconds,
                 s.state_saves ? 1e3 * s.state_save_seconds / s.state_saves : 0.0,
                 1e3 * s.last_state_save_seconds, s.last_state_bytes / 1e3, 100 * o.fraction(),
@@ -433,6 +448,10 @@ int run(const Args& a) {
         "state %.0fx larger, save %.2fx longer: growth exponent %.2f (1 = linear), "
         "serialize alone %.2f\n",
         size_ratio, large.median_s() / small.median_s(), exponent, ser_exponent);
+    const double ser_ratio =
+        (median(large.serialize_s) / large.bytes) / (median(small.serialize_s) / small.bytes);
+    std::printf("serialize cost per byte at %d trials: %.2fx that at %d\n", large.trials, ser_ratio,
+                small.trials);
     std::printf("goal: save cost per byte at %d trials <= %.0fx that at %d: %.2fx %s\n",
                 large.trials, kGrowthGoal, small.trials, ratio,
                 ratio <= kGrowthGoal ? "PASS" : "MISS");
@@ -440,6 +459,7 @@ int run(const Args& a) {
                      {"per_byte_ratio", ratio},
                      {"exponent", exponent},
                      {"serialize_exponent", ser_exponent},
+                     {"serialize_per_byte_ratio", ser_ratio},
                      {"goal_per_byte_ratio", kGrowthGoal},
                      {"pass", ratio <= kGrowthGoal}};
   }
