@@ -25,16 +25,18 @@
 //      log(cost ratio) / log(size ratio) says the same (<= 1: linear or
 //      better). Beside each, a split of one save's cost measured here on the
 //      saved file (the driver's own save is not split): "serialize" copies
-//      the parsed state and dumps it (about what building and dumping the
-//      state costs the driver), "write" puts those bytes through
-//      Storage::put (temporary file, fsync, rename, fsync of the folder).
+//      the parsed state and dumps it (a lower bound of what building,
+//      dumping and freeing the state costs the driver), "write" puts those
+//      bytes through Storage::put (temporary file, fsync, rename, fsync of
+//      the folder).
 //
 // Goal (the issue; Ray Tune's default budget is 5%): the state costs <= 1%
 // of the wall time in 1. and 2. Prints a table with PASS/MISS; the verdict
 // never changes the exit status (only errors do). With --json FILE, writes
 // the figures. Everything is written in a fresh temporary folder under --dir
-// (default $TMPDIR or /tmp), removed at exit (--keep leaves it). The state's save period is the
-// Tuner's (automatic, or $CAIRN_TUNE_STATE_PERIOD_S when set).
+// (default $TMPDIR or /tmp), removed at exit (--keep leaves it). The state's
+// save period is the Tuner's (automatic, or $CAIRN_TUNE_STATE_PERIOD_S when
+// set).
 #include <sys/vfs.h>
 
 #include <algorithm>

@@ -57,7 +57,7 @@ trap 'rm -rf "$dir"' EXIT
 build-bench/bench/train_step_bench --dir "$dir/train-step" \
   --json build-bench/train-step-results.json
 
-# The Tuner's overhead (about a minute on 2 cores).
+# The Tuner's overhead (about half a minute on 2 cores).
 build-bench/bench/tune_bench --dir "$dir/tune" --json build-bench/tune-results.json
 
 if [ "$s3" = 1 ]; then
