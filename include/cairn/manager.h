@@ -102,6 +102,13 @@ struct ManagerOptions {
   // Receives warnings (a checkpoint without the score attribute, an adopted
   // or dropped record). Defaults to the log.
   std::function<void(const std::string&)> warn;
+  // Called before retention deletes checkpoints, with the names it is about
+  // to delete and the names kept after, oldest first (a Tuner saves its
+  // experiment state here, so that the state never names a deleted
+  // checkpoint). An exception leaves them in place: retention runs again on
+  // the next save or open.
+  std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
+      before_delete;
 };
 
 // A name for index `index`, and the index of a name (nullopt if not one).

@@ -40,13 +40,14 @@
 // Experiment state. tuner_state.json (replaced atomically) holds every
 // trial's id, status, config, last result, min/max/last of each numeric
 // metric, failure count, error, kept checkpoints, plus the searcher's and the
-// scheduler's state. It is saved when a trial starts, ends, pauses or is
-// cloned, when retention deleted a checkpoint the saved state names, and at
-// least every period otherwise: the period is automatic (20 times the last
-// save's duration, at least 1 s, so saving takes at most 5% of the wall
-// time) unless $CAIRN_TUNE_STATE_PERIOD_S gives one in seconds. A trial's
-// own folder is the truth for its checkpoints and history; the state is
-// the truth for statuses, configurations and the search.
+// scheduler's state. It is saved when a PBT clone is decided or a trial
+// fails for good, before a trial's retention deletes a checkpoint the saved
+// state names (so the state never names a deleted checkpoint), at the end,
+// and otherwise at most every period: automatically 100 times the last
+// save's duration, at least 1 s (so periodic saving takes at most 1% of the
+// wall time), or $CAIRN_TUNE_STATE_PERIOD_S seconds. A trial's own folder is
+// the truth for its checkpoints and history; the state is the truth for
+// statuses, configurations and the search, and restore() reconciles the two.
 //
 // Failure. A trial whose workers fail is restarted from its latest committed
 // checkpoint while RunConfig::failure_config.max_failures allows (as in the
@@ -175,9 +176,9 @@ struct TrialResult : Result {
 
 // What running the experiment cost the driver (ResultGrid::stats()).
 struct ExperimentStats {
-  double wall_seconds = 0;           // fit() from start to end
-  std::size_t state_saves = 0;       // tuner_state.json writes
-  double state_save_seconds = 0;     // time spent writing them
+  double wall_seconds = 0;        // fit() from start to end
+  std::size_t state_saves = 0;    // tuner_state.json writes
+  double state_save_seconds = 0;  // time spent writing them
   double last_state_save_seconds = 0;
   std::size_t last_state_bytes = 0;  // size of the last state written
   std::size_t trial_starts = 0;      // runner processes started (resumes included)

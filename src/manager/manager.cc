@@ -373,6 +373,16 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
   if (!config_.num_to_keep) return;
   std::vector<uint64_t> doomed =
       retention::to_delete(candidates_of(records_, config_), policy_of(config_));
+  if (doomed.empty()) return;
+  if (options_.before_delete) {
+    std::vector<std::string> names;
+    std::vector<std::string> kept;
+    for (const auto& r : records_) {
+      const bool dies = std::find(doomed.begin(), doomed.end(), r.index) != doomed.end();
+      (dies ? names : kept).push_back(r.name);
+    }
+    options_.before_delete(names, kept);
+  }
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });

@@ -131,8 +131,10 @@ class Driver {
     // applies this run's retention, which must not happen to an experiment
     // this run has no business continuing.
     if (!spec_.restoring) check_new_experiment();
-    manager_ =
-        std::make_unique<CheckpointManager>(spec_.experiment_uri, spec_.run.checkpoint_config);
+    ManagerOptions manager_options;
+    manager_options.before_delete = spec_.before_retention;
+    manager_ = std::make_unique<CheckpointManager>(spec_.experiment_uri,
+                                                   spec_.run.checkpoint_config, manager_options);
     // Another new run may have started the experiment between the check and
     // the lock; the lock makes this second look exact.
     if (!continuing_ && storage_->exists(kTrainerStateKey)) throw already_exists();
@@ -162,8 +164,10 @@ class Driver {
     history_ = std::make_unique<RunHistory>(storage_, wall_seconds);
     save_state();
     if (spec_.before_start) spec_.before_start();
-    for (const auto& p : sweep_dead_scratch_dirs()) {
-      log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));
+    if (spec_.sweep_scratch) {
+      for (const auto& p : sweep_dead_scratch_dirs()) {
+        log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));
+      }
     }
 
     std::optional<std::string> resume;
@@ -400,7 +404,8 @@ class Driver {
         if (m.value("preempted", false)) {
           note_preemption(fmt::format("rank {} received SIGTERM", e.rank), now);
         }
-        if (e.rank == 0 && m.value("attach", false)) attach_rounds_.insert(m.at("round").get<int>());
+        if (e.rank == 0 && m.value("attach", false))
+          attach_rounds_.insert(m.at("round").get<int>());
         return round.on_report(e.rank, m.at("round").get<int>(),
                                m.value("metrics", nlohmann::json::object()),
                                m.value("checkpoint", false), now);
@@ -512,8 +517,8 @@ class Driver {
       try {
         d = spec_.on_round(info);
       } catch (const Error& e) {
-        record_failure(round.fail({FailureKind::kDriver, -1,
-                                   fmt::format("after report #{}: {}", round_no, e.what())}));
+        record_failure(round.fail(
+            {FailureKind::kDriver, -1, fmt::format("after report #{}: {}", round_no, e.what())}));
         return;
       }
     }

@@ -66,6 +66,12 @@ struct DriverSpec {
   // before its ranks go on (the Tuner's trial runner asks its scheduler
   // here). An exception fails the round like a failed commit.
   std::function<RoundDirective(const RoundInfo&)> on_round;
+  // Passed to the experiment's CheckpointManager (ManagerOptions::before_delete).
+  std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
+      before_retention;
+  // Remove the scratch folders of dead drivers at the start (the Tuner does
+  // it once for all its trials instead).
+  bool sweep_scratch = true;
   // The run was stopped by on_round (RoundDirective::stop without save).
   // Set by run_driver when given.
   bool* stopped = nullptr;

@@ -67,12 +67,12 @@ Trainer::Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConf
   run_config_.validate();
   const CheckpointConfig& cc = run_config_.checkpoint_config;
   if (cc.checkpoint_frequency != 0 || cc.checkpoint_at_end) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("Trainer: CheckpointConfig.{} is for class trainables of a Tuner; "
-                            "train_fn decides when to checkpoint (pass a checkpoint to "
-                            "train::report())",
-                            cc.checkpoint_frequency != 0 ? "checkpoint_frequency"
-                                                         : "checkpoint_at_end"));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("Trainer: CheckpointConfig.{} is for class trainables of a Tuner; "
+                    "train_fn decides when to checkpoint (pass a checkpoint to "
+                    "train::report())",
+                    cc.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
   }
   // Stored with the experiment for Trainer::restore, and sent to every worker.
   check_storable_json(train_loop_config_, "Trainer: train_loop_config");

@@ -1,5 +1,9 @@
 #include "tune/trial_runner.h"
 
+#include <chrono>
+#include <optional>
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "cairn/error.h"
@@ -86,12 +90,13 @@ int run_trial(const RunnerSpec& rs, int fd) {
     spec.run.resume_existing = true;
     spec.experiment_uri = rs.trial_uri;
     spec.experiment_path = rs.trial_path;
+    spec.sweep_scratch = false;
     spec.restoring = open_storage(rs.trial_uri)->exists(train_internal::kTrainerStateKey);
     spec.on_round = [&channel](const train_internal::RoundInfo& info) {
       channel.send({{"t", "round"},
                     {"row", info.row},
-                    {"checkpoint", info.checkpoint ? nlohmann::json(*info.checkpoint)
-                                                   : nlohmann::json(nullptr)},
+                    {"checkpoint",
+                     info.checkpoint ? nlohmann::json(*info.checkpoint) : nlohmann::json(nullptr)},
                     {"kept", info.kept}});
       std::optional<nlohmann::json> reply = channel.recv();
       if (!reply) throw Error(ErrorCode::kUnavailable, "the tuner went away");
@@ -100,9 +105,25 @@ int run_trial(const RunnerSpec& rs, int fd) {
       d.stop = reply->value("stop", false);
       return d;
     };
+    spec.before_retention = [&channel](const std::vector<std::string>& doomed,
+                                       const std::vector<std::string>& kept) {
+      channel.send({{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
+      if (!channel.recv()) throw Error(ErrorCode::kUnavailable, "the tuner went away");
+    };
     bool stopped = false;
     spec.stopped = &stopped;
-    Result r = train_internal::run_driver(spec, train_internal::start_local_group);
+    // After a driver crash the runner of the previous driver may still be
+    // dying with the trial's lock: wait for it, boundedly.
+    std::optional<Result> result;
+    for (int attempt = 0; !result; ++attempt) {
+      try {
+        result = train_internal::run_driver(spec, train_internal::start_local_group);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kLocked || attempt >= 100) throw;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    const Result& r = *result;
     const char* status = r.preempted ? "preempted"
                          : r.error   ? "errored"
                          : stopped   ? "stopped"

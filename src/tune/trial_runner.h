@@ -4,6 +4,9 @@
 //
 //   runner -> tuner  {"t":"round","row":{...}|null,"checkpoint":name|null,"kept":[names]}
 //   tuner -> runner  {"save":bool,"stop":bool}              (RoundDirective)
+//   runner -> tuner  {"t":"retire","doomed":[names],"kept":[names]}  before
+//                    retention deletes checkpoints
+//   tuner -> runner  {"ok":true}                               (state saved if needed)
 //   runner -> tuner  {"t":"end","status":"finished"|"stopped"|"preempted"|"errored",
 //                     "error":text|null,"failures":n}
 //

@@ -32,6 +32,7 @@
 #include "cairn/manager.h"
 #include "train/channel.h"
 #include "train/driver.h"
+#include "train/scratch.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
 #include "util/json.h"
@@ -81,17 +82,19 @@ nlohmann::json failure_config_json(const FailureConfig& f) {
 // A pending PBT exploit: the copy of the source's checkpoint the trial
 // resumes from, with its new config.
 struct Clone {
-  std::string source;       // trial id
-  std::string staged_uri;   // experiment-like folder under .cairn_clones/
-  nlohmann::json metrics;   // of the source checkpoint
+  std::string source;      // trial id
+  std::string staged;      // its folder, relative to the experiment: .cairn_clones/<trial>_<n>
+  nlohmann::json metrics;  // of the source checkpoint
 };
 
 struct Trial {
   TrialInfo info;
   nlohmann::json metric_analysis = nlohmann::json::object();  // key -> {min, max, last}
-  std::vector<std::string> kept;                             // checkpoints, oldest first
+  std::vector<std::string> kept;                              // checkpoints, oldest first
   std::optional<Clone> clone;
   bool restart_from_scratch = false;  // remove its folder before it starts
+  bool searcher_told = false;         // the searcher heard it completed
+  std::string text;                   // its JSON while it has ended (state_text)
   // While running:
   pid_t pid = -1;
   std::unique_ptr<train_internal::Channel> channel;
@@ -110,24 +113,24 @@ TrialView view_of(const Trial& t) {
 }
 
 nlohmann::json trial_to_json(const Trial& t) {
-  nlohmann::json j = {{"trial_id", t.info.trial_id},
-                      {"dir", t.info.trial_id},
-                      {"index", t.info.index},
-                      {"status", std::string(to_string(t.info.status))},
-                      {"config", t.info.config},
-                      {"last_result", t.info.last_result},
-                      {"metric_analysis", t.metric_analysis},
-                      {"num_failures", t.info.num_failures},
-                      {"error", t.info.error ? nlohmann::json(*t.info.error) : nullptr},
-                      {"latest_checkpoint", t.info.latest_checkpoint
-                                                ? nlohmann::json(*t.info.latest_checkpoint)
-                                                : nullptr},
-                      {"checkpoints", t.kept},
-                      {"restart_from_scratch", t.restart_from_scratch}};
+  nlohmann::json j = {
+      {"trial_id", t.info.trial_id},
+      {"dir", t.info.trial_id},
+      {"index", t.info.index},
+      {"status", std::string(to_string(t.info.status))},
+      {"config", t.info.config},
+      {"last_result", t.info.last_result},
+      {"metric_analysis", t.metric_analysis},
+      {"num_failures", t.info.num_failures},
+      {"error", t.info.error ? nlohmann::json(*t.info.error) : nullptr},
+      {"latest_checkpoint",
+       t.info.latest_checkpoint ? nlohmann::json(*t.info.latest_checkpoint) : nullptr},
+      {"checkpoints", t.kept},
+      {"restart_from_scratch", t.restart_from_scratch},
+      {"searcher_told", t.searcher_told}};
   if (t.clone) {
-    j["clone"] = {{"source", t.clone->source},
-                  {"staged_uri", t.clone->staged_uri},
-                  {"metrics", t.clone->metrics}};
+    j["clone"] = {
+        {"source", t.clone->source}, {"staged", t.clone->staged}, {"metrics", t.clone->metrics}};
   } else {
     j["clone"] = nullptr;
   }
@@ -149,9 +152,10 @@ Trial trial_from_json(const nlohmann::json& j) {
   }
   t.kept = j.value("checkpoints", std::vector<std::string>());
   t.restart_from_scratch = j.value("restart_from_scratch", false);
+  t.searcher_told = j.value("searcher_told", false);
   if (j.contains("clone") && j["clone"].is_object()) {
     t.clone = Clone{j["clone"].at("source").get<std::string>(),
-                    j["clone"].at("staged_uri").get<std::string>(),
+                    j["clone"].at("staged").get<std::string>(),
                     j["clone"].value("metrics", nlohmann::json::object())};
   }
   return t;
@@ -178,6 +182,9 @@ class Experiment {
     open_experiment();
     if (spec_.restore) {
       load_saved_state();
+      // The reconciled trials, before any runner's retention can delete what
+      // the old state named.
+      save_state();
     } else {
       save_state();
     }
@@ -223,6 +230,10 @@ class Experiment {
           ParamSpace(spec_.param_space), static_cast<std::size_t>(spec_.tune.num_samples),
           spec_.tune.seed);
     }
+    // Once here, not in every trial's runner.
+    for (const auto& p : train_internal::sweep_dead_scratch_dirs()) {
+      log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));
+    }
     scheduler_ = spec_.tune.scheduler;
     if (!scheduler_) scheduler_ = std::make_shared<FIFOScheduler>();
     scheduler_->set_search_properties(spec_.tune.metric, spec_.tune.mode);
@@ -235,9 +246,9 @@ class Experiment {
       char* end = nullptr;
       const double v = std::strtod(env, &end);
       if (end == env || *end != '\0' || !(v >= 0)) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    fmt::format("CAIRN_TUNE_STATE_PERIOD_S=\"{}\" is not a number of seconds >= 0",
-                                env));
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            fmt::format("CAIRN_TUNE_STATE_PERIOD_S=\"{}\" is not a number of seconds >= 0", env));
       }
       fixed_period_ = v;
     }
@@ -264,6 +275,10 @@ class Experiment {
     for (auto& t : trials_) {
       t.info.path = trial_path(t.info.trial_id);
       reconcile(t);
+      // Ended after the state was saved: the searcher did not hear it then.
+      if (t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError) {
+        tell_searcher(t, t.info.status == TrialStatus::kError);
+      }
     }
   }
 
@@ -310,37 +325,57 @@ class Experiment {
     if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();
   }
 
-  nlohmann::json state_json() const {
+  // The state as text. A trial that has ended (TERMINATED, ERROR) does not
+  // change until it is resumed, so its JSON is kept as text and spliced in:
+  // the cost of a save grows with the trials that are still going, not with
+  // the experiment's length.
+  std::string state_text() {
     nlohmann::json cc = spec_.run.checkpoint_config.to_json();
     cc["checkpoint_frequency"] = spec_.run.checkpoint_config.checkpoint_frequency;
     cc["checkpoint_at_end"] = spec_.run.checkpoint_config.checkpoint_at_end;
-    nlohmann::json trials = nlohmann::json::array();
-    for (const auto& t : trials_) trials.push_back(trial_to_json(t));
-    return {{"format", "cairn-tuner-state"},
-            {"version", 1},
-            {"name", spec_.run.name},
-            {"storage_path", spec_.run.storage_path},
-            {"updated_at", wall_seconds()},
-            {"metric", spec_.tune.metric},
-            {"mode", spec_.tune.mode},
-            {"num_samples", spec_.tune.num_samples},
-            {"max_concurrent_trials", spec_.tune.max_concurrent_trials},
-            {"seed", std::to_string(spec_.tune.seed)},
-            {"stop", spec_.tune.stop},
-            {"param_space", spec_.param_space},
-            {"trainable", spec_.class_trainable ? "class" : "function"},
-            {"num_workers", spec_.num_workers},
-            {"checkpoint_config", cc},
-            {"failure_config", failure_config_json(spec_.run.failure_config)},
-            {"searcher", searcher_->save()},
-            {"scheduler", {{"name", scheduler_->name()}, {"state", scheduler_->save()}}},
-            {"next_trial_index", next_index_},
-            {"trials", trials}};
+    const nlohmann::json head = {
+        {"format", "cairn-tuner-state"},
+        {"version", 1},
+        {"name", spec_.run.name},
+        {"storage_path", spec_.run.storage_path},
+        {"updated_at", wall_seconds()},
+        {"metric", spec_.tune.metric},
+        {"mode", spec_.tune.mode},
+        {"num_samples", spec_.tune.num_samples},
+        {"max_concurrent_trials", spec_.tune.max_concurrent_trials},
+        {"seed", std::to_string(spec_.tune.seed)},
+        {"stop", spec_.tune.stop},
+        {"param_space", spec_.param_space},
+        {"trainable", spec_.class_trainable ? "class" : "function"},
+        {"num_workers", spec_.num_workers},
+        {"checkpoint_config", cc},
+        {"failure_config", failure_config_json(spec_.run.failure_config)},
+        {"searcher", searcher_->save()},
+        {"scheduler", {{"name", scheduler_->name()}, {"state", scheduler_->save()}}},
+        {"next_trial_index", next_index_}};
+    std::string text = head.dump();
+    text.pop_back();  // the closing '}'
+    text += ",\"trials\":[";
+    bool first = true;
+    for (auto& t : trials_) {
+      const bool ended =
+          t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError;
+      if (!ended) t.text.clear();
+      std::string fresh;
+      const std::string& part =
+          ended && !t.text.empty() ? t.text : (fresh = trial_to_json(t).dump());
+      if (ended && t.text.empty()) t.text = fresh;
+      if (!first) text += ',';
+      first = false;
+      text += part;
+    }
+    text += "]}";
+    return text;
   }
 
   void save_state() {
     const double t0 = monotonic_seconds();
-    const std::string text = state_json().dump();
+    const std::string text = state_text();
     storage_->put(kStateKey, text);
     const double t1 = monotonic_seconds();
     last_save_ = t1;
@@ -353,10 +388,10 @@ class Experiment {
     dirty_ = false;
   }
 
-  // The automatic period keeps saving under 5% of the wall time.
+  // The automatic period keeps periodic saving under 1% of the wall time.
   void maybe_save_state(double now) {
     if (!dirty_) return;
-    const double period = fixed_period_ ? *fixed_period_ : std::max(1.0, 20 * last_save_duration_);
+    const double period = fixed_period_ ? *fixed_period_ : std::max(1.0, 100 * last_save_duration_);
     if (now - last_save_ >= period) save_state();
   }
 
@@ -396,8 +431,8 @@ class Experiment {
       if (!have_pending && !searcher_->finished()) add_suggested_trial();
       std::vector<TrialView> candidates;
       for (const auto& t : trials_) {
-        if (t.pid < 0 && (t.info.status == TrialStatus::kPending ||
-                          t.info.status == TrialStatus::kPaused)) {
+        if (t.pid < 0 &&
+            (t.info.status == TrialStatus::kPending || t.info.status == TrialStatus::kPaused)) {
           candidates.push_back(view_of(t));
         }
       }
@@ -503,8 +538,8 @@ class Experiment {
     }
     ::close(sv[1]);
     t.pid = pid;
-    t.channel = std::make_unique<train_internal::Channel>(
-        UniqueFd(sv[0]), fmt::format("trial {}", t.info.trial_id));
+    t.channel = std::make_unique<train_internal::Channel>(UniqueFd(sv[0]),
+                                                          fmt::format("trial {}", t.info.trial_id));
     t.ended = false;
     t.end = nullptr;
     t.ending.reset();
@@ -522,8 +557,8 @@ class Experiment {
   std::optional<Clone> stage_clone(const Trial& target, const std::string& source_id) {
     Trial* source = find(source_id);
     if (source == nullptr) return std::nullopt;
-    const std::string staged = fmt::format("{}/{}_{}", kClonesFolder, target.info.trial_id,
-                                           ++clone_counter_);
+    const std::string staged =
+        fmt::format("{}/{}_{}", kClonesFolder, target.info.trial_id, ++clone_counter_);
     auto staging = storage_->child(staged);
     for (int attempt = 0; attempt < 5; ++attempt) {
       ExperimentListing listing = read_experiment(storage_->child(source_id)->uri());
@@ -543,11 +578,12 @@ class Experiment {
             throw_changed(source_id);
           }
         }
-        return Clone{source_id, staging->uri(), latest.metrics};
+        return Clone{source_id, staged, latest.metrics};
       } catch (const Error& e) {
-        log::info(fmt::format("PBT: copying trial {}'s {} for trial {} failed ({}); retrying "
-                              "with its newest checkpoint",
-                              source_id, latest.name, target.info.trial_id, e.what()));
+        log::info(
+            fmt::format("PBT: copying trial {}'s {} for trial {} failed ({}); retrying "
+                        "with its newest checkpoint",
+                        source_id, latest.name, target.info.trial_id, e.what()));
       }
     }
     return std::nullopt;
@@ -561,22 +597,29 @@ class Experiment {
   // Makes the staged copy the trial's latest checkpoint (no runner holds the
   // trial's folder now) and removes the staging folder.
   void import_clone(Trial& t) {
-    auto staging = open_storage(t.clone->staged_uri);
-    ExperimentListing listing = read_experiment(t.clone->staged_uri);
+    auto staging = storage_->child(t.clone->staged);
+    ExperimentListing listing = read_experiment(staging->uri());
     if (listing.checkpoints.empty()) {
       throw Error(ErrorCode::kNotFound,
                   fmt::format("trial {}: the copy of trial {}'s checkpoint at {} is gone",
-                              t.info.trial_id, t.clone->source, t.clone->staged_uri));
+                              t.info.trial_id, t.clone->source, staging->uri()));
     }
     {
-      CheckpointManager m(storage_->child(t.info.trial_id)->uri(), spec_.run.checkpoint_config);
-      CheckpointRecord r =
-          m.register_checkpoint(listing.checkpoints.back().metrics, listing.checkpoints.back().checkpoint);
+      ManagerOptions options;
+      options.before_delete = [this, &t](const std::vector<std::string>& doomed,
+                                         const std::vector<std::string>& kept) {
+        retire(t, doomed, kept);
+      };
+      CheckpointManager m(storage_->child(t.info.trial_id)->uri(), spec_.run.checkpoint_config,
+                          options);
+      CheckpointRecord r = m.register_checkpoint(listing.checkpoints.back().metrics,
+                                                 listing.checkpoints.back().checkpoint);
       t.kept.clear();
       for (const auto& h : m.history()) t.kept.push_back(h.name);
       t.info.latest_checkpoint = r.name;
     }
     staging->remove_prefix("");
+    storage_->remove_empty_folder(t.clone->staged);
     t.clone.reset();
   }
 
@@ -606,6 +649,12 @@ class Experiment {
       t.end = m;
       return;
     }
+    if (type == "retire") {
+      retire(t, m.at("doomed").get<std::vector<std::string>>(),
+             m.at("kept").get<std::vector<std::string>>());
+      reply(t, {{"ok", true}});
+      return;
+    }
     if (type != "round") {
       throw Error(ErrorCode::kInternal,
                   fmt::format("trial {} sent an unknown message: {}", t.info.trial_id, m.dump()));
@@ -616,12 +665,32 @@ class Experiment {
       stats_.trial_start_seconds += monotonic_seconds() - t.started_at;
       ++stats_.trial_starts_timed;
     }
-    nlohmann::json directive = on_round(t, m);
+    reply(t, on_round(t, m));
+  }
+
+  void reply(Trial& t, const nlohmann::json& message) {
     try {
-      t.channel->send(directive);
+      t.channel->send(message);
     } catch (const Error& e) {
       // ignore-error: the runner died; its exit is counted in reap_runners
       log::warn(fmt::format("trial {}: {}", t.info.trial_id, e.what()));
+    }
+  }
+
+  // Retention is about to delete `doomed`: if the saved state names one of
+  // them, save the state without it first, so that it never points at a
+  // deleted checkpoint (even if the driver dies right after).
+  void retire(Trial& t, const std::vector<std::string>& doomed,
+              const std::vector<std::string>& kept) {
+    t.kept = kept;
+    if (!kept.empty()) t.info.latest_checkpoint = kept.back();
+    dirty_ = true;
+    const auto& refs = saved_refs_[t.info.trial_id];
+    for (const auto& name : doomed) {
+      if (std::find(refs.begin(), refs.end(), name) != refs.end()) {
+        save_state();
+        return;
+      }
     }
   }
 
@@ -629,15 +698,6 @@ class Experiment {
     nlohmann::json kept = m.value("kept", nlohmann::json::array());
     t.kept = kept.get<std::vector<std::string>>();
     if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();
-    // Retention removed a checkpoint the saved state still names: save now.
-    const auto& refs = saved_refs_[t.info.trial_id];
-    for (const auto& name : refs) {
-      if (std::find(t.kept.begin(), t.kept.end(), name) == t.kept.end()) {
-        dirty_ = true;
-        save_state();
-        break;
-      }
-    }
     if (m["checkpoint"].is_string()) {
       for (auto& cb : spec_.tune.callbacks) {
         cb->on_checkpoint(t.info, m["checkpoint"].get<std::string>());
@@ -733,15 +793,15 @@ class Experiment {
       t.info.num_failures = t.end["failures"].get<int>();
     }
     if (!t.ended || end_status == "errored") {
-      std::string why = t.ended && t.end["error"].is_string()
-                            ? t.end["error"].get<std::string>()
-                            : fmt::format("its runner process {}",
-                                          WIFSIGNALED(wait_status)
-                                              ? fmt::format("was killed by signal {}",
-                                                            WTERMSIG(wait_status))
-                                              : fmt::format("exited with status {} before it "
-                                                            "ended",
-                                                            WEXITSTATUS(wait_status)));
+      std::string why =
+          t.ended && t.end["error"].is_string()
+              ? t.end["error"].get<std::string>()
+              : fmt::format("its runner process {}",
+                            WIFSIGNALED(wait_status)
+                                ? fmt::format("was killed by signal {}", WTERMSIG(wait_status))
+                                : fmt::format("exited with status {} before it "
+                                              "ended",
+                                              WEXITSTATUS(wait_status)));
       // The Trainer inside the runner already retried worker failures; a
       // runner that died is retried here, on the same budget.
       const int budget = spec_.run.failure_config.max_failures;
@@ -757,7 +817,7 @@ class Experiment {
       t.info.status = TrialStatus::kError;
       t.info.error = why;
       scheduler_->on_trial_error(view_of(t));
-      searcher_->on_trial_complete(t.info.trial_id, t.info.last_result, true);
+      tell_searcher(t, true);
       for (auto& cb : spec_.tune.callbacks) cb->on_trial_error(t.info);
       save_state();
       return;
@@ -776,8 +836,15 @@ class Experiment {
   void complete(Trial& t) {
     t.info.status = TrialStatus::kTerminated;
     scheduler_->on_trial_complete(view_of(t), t.info.last_result);
-    searcher_->on_trial_complete(t.info.trial_id, t.info.last_result, false);
+    tell_searcher(t, false);
     for (auto& cb : spec_.tune.callbacks) cb->on_trial_complete(t.info);
+  }
+
+  // A trial completes once for the searcher, however often it is resumed.
+  void tell_searcher(Trial& t, bool error) {
+    if (t.searcher_told) return;
+    t.searcher_told = true;
+    searcher_->on_trial_complete(t.info.trial_id, t.info.last_result, error);
   }
 
   void stop_all_runners() {
@@ -805,8 +872,7 @@ class Experiment {
       r.status = t.info.status;
       if (t.info.status == TrialStatus::kError) r.error = t.info.error;
       if (r.metrics.is_null() || r.metrics.empty()) {
-        r.metrics = t.info.last_result.is_object() ? t.info.last_result
-                                                   : nlohmann::json::object();
+        r.metrics = t.info.last_result.is_object() ? t.info.last_result : nlohmann::json::object();
       }
       out.push_back(std::move(r));
     }
@@ -882,15 +948,14 @@ void TuneConfig::validate() const {
   }
   for (auto it = stop.begin(); it != stop.end(); ++it) {
     if (!it->is_number()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("TuneConfig::stop[\"{}\"] must be a number, got {}", it.key(),
-                              it->dump()));
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("TuneConfig::stop[\"{}\"] must be a number, got {}", it.key(), it->dump()));
     }
   }
   for (size_t i = 0; i < callbacks.size(); ++i) {
     if (!callbacks[i]) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("TuneConfig::callbacks[{}] is null", i));
+      throw Error(ErrorCode::kInvalidArgument, fmt::format("TuneConfig::callbacks[{}] is null", i));
     }
   }
 }
@@ -903,15 +968,15 @@ ResultGrid::ResultGrid(std::vector<TrialResult> results, std::string metric, std
       experiment_path_(std::move(experiment_path)) {}
 
 std::size_t ResultGrid::num_errors() const {
-  return static_cast<std::size_t>(std::count_if(results_.begin(), results_.end(), [](const auto& r) {
-    return r.status == TrialStatus::kError;
-  }));
+  return static_cast<std::size_t>(
+      std::count_if(results_.begin(), results_.end(),
+                    [](const auto& r) { return r.status == TrialStatus::kError; }));
 }
 
 std::size_t ResultGrid::num_terminated() const {
-  return static_cast<std::size_t>(std::count_if(results_.begin(), results_.end(), [](const auto& r) {
-    return r.status == TrialStatus::kTerminated;
-  }));
+  return static_cast<std::size_t>(
+      std::count_if(results_.begin(), results_.end(),
+                    [](const auto& r) { return r.status == TrialStatus::kTerminated; }));
 }
 
 const TrialResult& ResultGrid::get_best_result(std::string metric, std::string mode,
@@ -972,12 +1037,12 @@ Tuner::Tuner(TrainFn trainable, nlohmann::json param_space, TuneConfig tune_conf
   if (!fn_) throw Error(ErrorCode::kInvalidArgument, "Tuner: the trainable is empty");
   const CheckpointConfig& cc = run_config_.checkpoint_config;
   if (cc.checkpoint_frequency != 0 || cc.checkpoint_at_end) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("Tuner: CheckpointConfig.{} is for class trainables; a function "
-                            "trainable decides when to checkpoint in its own loop (pass a "
-                            "checkpoint to train::report())",
-                            cc.checkpoint_frequency != 0 ? "checkpoint_frequency"
-                                                         : "checkpoint_at_end"));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("Tuner: CheckpointConfig.{} is for class trainables; a function "
+                    "trainable decides when to checkpoint in its own loop (pass a "
+                    "checkpoint to train::report())",
+                    cc.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
   }
   check();
 }
@@ -1046,9 +1111,8 @@ nlohmann::json read_tuner_state(std::string_view path) {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: not a Cairn tuner state file", where));
   }
   if (!j.value("version", nlohmann::json()).is_number_integer() || j["version"].get<int>() > 1) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: unsupported tuner state version {}", where,
-                            j.value("version", nlohmann::json()).dump()));
+    throw Error(ErrorCode::kCorruption, fmt::format("{}: unsupported tuner state version {}", where,
+                                                    j.value("version", nlohmann::json()).dump()));
   }
   return j;
 }
@@ -1070,7 +1134,8 @@ bool Tuner::can_restore(std::string_view path) {
 
 Tuner Tuner::restore(std::string_view path, TrainFn trainable, RestoreOptions options,
                      TuneConfig code) {
-  if (!trainable) throw Error(ErrorCode::kInvalidArgument, "Tuner::restore: the trainable is empty");
+  if (!trainable)
+    throw Error(ErrorCode::kInvalidArgument, "Tuner::restore: the trainable is empty");
   return restore_impl(path, std::move(trainable), nullptr, options, std::move(code));
 }
 
@@ -1088,8 +1153,9 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
   const std::string uri = experiment_uri_of(path);
   nlohmann::json s = read_tuner_state(uri);
   if (!s.is_object()) {
-    throw Error(ErrorCode::kNotFound,
-                fmt::format("{}: no tuner state here (tuner_state.json); nothing to restore", path));
+    throw Error(
+        ErrorCode::kNotFound,
+        fmt::format("{}: no tuner state here (tuner_state.json); nothing to restore", path));
   }
   const std::string state_uri = open_storage(uri)->uri_of(kStateKey);
   TuneConfig tc = std::move(code);

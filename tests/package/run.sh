@@ -124,7 +124,7 @@ check "static: headers, archives, CairnConfig, pkg-config files, cairn installed
   lib/cmake/Cairn/CairnConfig.cmake lib/cmake/Cairn/CairnConfigVersion.cmake \
   lib/cmake/Cairn/CairnTargets.cmake lib/cmake/Cairn/Findxxhash.cmake \
   lib/pkgconfig/cairn.pc lib/pkgconfig/cairn-core.pc lib/pkgconfig/cairn-format.pc \
-  lib/pkgconfig/cairn-train.pc lib/pkgconfig/cairn-tune.pc include/cairn/tune.h bin/cairn
+  lib/pkgconfig/cairn-train.pc lib/pkgconfig/cairn-tune.pc include/cairn/tune.h include/cairn/tuner.h bin/cairn
 check "static: torch.h and torch_distributed.h not installed without the adapter" \
   test ! -e "$static/include/cairn/torch.h" -a ! -e "$static/include/cairn/torch_distributed.h"
 check "static: cairn --version prints 'cairn $version'" version_is "$static/bin/cairn"

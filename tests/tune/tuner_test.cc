@@ -149,8 +149,7 @@ TEST(Tuner, ATrialOutOfRetriesIsAnErrorAndTheOthersFinish) {
   tc.metric = "loss";
   tc.mode = "min";
   tc.max_concurrent_trials = 2;
-  Tuner tuner(counting_trainable, {{"x", 1.0}, {"fail_at", grid_search({2, -1})}}, tc,
-              run_in(dir));
+  Tuner tuner(counting_trainable, {{"x", 1.0}, {"fail_at", grid_search({2, -1})}}, tc, run_in(dir));
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 2u);
   EXPECT_EQ(grid.num_errors(), 1u);
@@ -204,8 +203,8 @@ TEST(Tuner, ClassTrainableCheckpointsByFrequencyFlagAndAtEnd) {
   run.checkpoint_config.checkpoint_at_end = true;
   TuneConfig tc;
   tc.max_concurrent_trials = 1;
-  Tuner tuner([] { return std::make_unique<Counter>(); },
-              {{"until", 7}, {"checkpoint_at", 2}}, tc, run);
+  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 7}, {"checkpoint_at", 2}}, tc,
+              run);
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 1u);
   EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
@@ -232,12 +231,14 @@ TEST(Tuner, FunctionTrainablesRefuseCheckpointFrequencyAndAtEnd) {
   TempDir dir;
   RunConfig run = run_in(dir);
   run.checkpoint_config.checkpoint_frequency = 2;
-  expect_error(ErrorCode::kInvalidArgument, "checkpoint_frequency",
-                        [&] { Tuner t(counting_trainable, {{"x", 1.0}}, {}, run); });
+  expect_error(ErrorCode::kInvalidArgument, "checkpoint_frequency", [&] {
+    Tuner t(counting_trainable, {{"x", 1.0}}, {}, run);
+  });
   run.checkpoint_config.checkpoint_frequency = 0;
   run.checkpoint_config.checkpoint_at_end = true;
-  expect_error(ErrorCode::kInvalidArgument, "checkpoint_at_end",
-                        [&] { Tuner t(counting_trainable, {{"x", 1.0}}, {}, run); });
+  expect_error(ErrorCode::kInvalidArgument, "checkpoint_at_end", [&] {
+    Tuner t(counting_trainable, {{"x", 1.0}}, {}, run);
+  });
 }
 
 TEST(Tuner, BadConfigurationNamesTheField) {
@@ -286,14 +287,13 @@ TEST(Tuner, CallbacksSeeTheTrialLifecycleAndCanAskForACheckpoint) {
   Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 3}}, tc, run_in(dir));
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 1u);
-  const std::vector<std::string> expected = {
-      "start trial_00000",
-      "result trial_00000 1",
-      "result trial_00000 2",
-      "checkpoint trial_00000 checkpoint_000000",
-      "result trial_00000 3",
-      "complete trial_00000",
-      "end 1"};
+  const std::vector<std::string> expected = {"start trial_00000",
+                                             "result trial_00000 1",
+                                             "result trial_00000 2",
+                                             "checkpoint trial_00000 checkpoint_000000",
+                                             "result trial_00000 3",
+                                             "complete trial_00000",
+                                             "end 1"};
   EXPECT_EQ(rec->events, expected);
   EXPECT_EQ(checkpoint_values(dir / "search" / "trial_00000"), (std::vector<int>{2}));
 }
@@ -363,6 +363,110 @@ TEST(Tuner, APausedTrialCheckpointsFreesItsSlotAndResumesInANewProcess) {
     if (e.rfind("start ", 0) == 0) seen.push_back(e);
   }
   EXPECT_EQ(seen, starts);
+}
+
+}  // namespace
+}  // namespace cairn::tune
+
+namespace cairn::tune {
+namespace {
+
+// Fails at step 2 while the file named by config["fail_flag"] exists.
+void flaky_counter(const nlohmann::json& config) {
+  int start = 0;
+  if (auto c = train::get_checkpoint()) {
+    start = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  }
+  for (int step = start + 1; step <= 4; ++step) {
+    if (step == 2 && fs::exists(config.at("fail_flag").get<std::string>())) {
+      throw std::runtime_error("flag set: failing at step 2");
+    }
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}, {"resumed_from", start}},
+                  Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST(TunerRestore, ErroredTrialsResumeOrRestartAsAskedAndFinishedOnesStayDone) {
+  for (const bool restart : {false, true}) {
+    SCOPED_TRACE(restart ? "restart_errored" : "resume_errored");
+    TempDir dir;
+    const std::string flag = (dir / "fail.flag").string();
+    write_file(flag, "x");
+    TuneConfig tc;
+    tc.max_concurrent_trials = 2;
+    Tuner(flaky_counter, {{"fail_flag", grid_search({flag, (dir / "never").string()})}}, tc,
+          run_in(dir))
+        .fit();
+    fs::remove(flag);
+    const std::string path = (dir / "search").string();
+    ASSERT_TRUE(Tuner::can_restore(path));
+    // Without options, an errored trial stays errored and nothing runs again.
+    ResultGrid same = Tuner::restore(path, flaky_counter).fit();
+    EXPECT_EQ(same.num_errors(), 1u);
+    RestoreOptions o;
+    o.resume_errored = !restart;
+    o.restart_errored = restart;
+    ResultGrid grid = Tuner::restore(path, flaky_counter, o).fit();
+    ASSERT_EQ(grid.size(), 2u);
+    EXPECT_EQ(grid.num_errors(), 0u);
+    for (const auto& r : grid) {
+      EXPECT_EQ(r.status, TrialStatus::kTerminated);
+      EXPECT_EQ(r.metrics.at("step"), 4);
+    }
+    // The errored trial (the first): resumed from step 1's checkpoint, or
+    // restarted from scratch with a fresh history; the finished one ran once.
+    EXPECT_EQ(grid[0].metrics.at("resumed_from"), restart ? 0 : 1);
+    EXPECT_EQ(grid[0].metrics_history.size(), 4u);
+    EXPECT_EQ(grid[1].metrics_history.size(), 4u);
+  }
+}
+
+TEST(TunerRestore, RefusesAMissingOrDamagedStateAndAnotherTrainableKind) {
+  TempDir dir;
+  expect_error(ErrorCode::kNotFound, "tuner_state.json",
+               [&] { Tuner::restore((dir / "nothing").string(), counting_trainable); });
+  fs::create_directories(dir / "bad");
+  write_file(dir / "bad" / "tuner_state.json", "{not json");
+  expect_error(ErrorCode::kCorruption, "tuner_state.json",
+               [&] { Tuner::can_restore((dir / "bad").string()); });
+  Tuner(counting_trainable, {{"x", 1.0}, {"iters", 1}}, {}, run_in(dir)).fit();
+  expect_error(ErrorCode::kInvalidArgument, "function trainable", [&] {
+    Tuner::restore((dir / "search").string(), [] { return std::make_unique<Counter>(); });
+  });
+  // A new Tuner refuses a name that already holds an experiment.
+  expect_error(ErrorCode::kAlreadyExists, "Tuner::restore", [&] {
+    Tuner(counting_trainable, {{"x", 1.0}}, {}, run_in(dir)).fit();
+  });
+}
+
+TEST(TunerSchedulers, AshaStopsWeakTrialsEarlyAndLetsTheBestRunToMaxT) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.metric = "loss";
+  tc.mode = "min";
+  tc.max_concurrent_trials = 2;
+  ASHAOptions o;
+  o.max_t = 9;
+  o.grace_period = 1;
+  o.reduction_factor = 3;
+  tc.scheduler = std::make_shared<ASHAScheduler>(o);
+  Tuner tuner(counting_trainable,
+              {{"x", grid_search({1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0})}, {"iters", 20}}, tc,
+              run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 8u);
+  EXPECT_EQ(grid.num_terminated(), 8u);
+  size_t early = 0;
+  for (const auto& r : grid) {
+    EXPECT_LE(r.metrics_history.size(), 9u) << r.trial_id;
+    early += r.metrics_history.size() < 9 ? 1 : 0;
+  }
+  EXPECT_GE(early, 3u);
+  const TrialResult& best = grid.get_best_result();
+  EXPECT_EQ(best.config.at("x"), 1.0);
+  EXPECT_EQ(best.metrics_history.size(), 9u);
 }
 
 }  // namespace

@@ -1,0 +1,240 @@
+// The Tuner's driver killed by SIGKILL at random moments, then restored:
+// every trial finishes, the saved state never names a missing checkpoint,
+// and no trial that had a checkpoint starts again from scratch. Also PBT
+// with num_to_keep = 1: a clone always resumes from an intact copy.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "cairn/manager.h"
+#include "cairn/tuner.h"
+#include "support/temp_dir.h"
+#include "train/train_support.h"
+
+namespace cairn::tune {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::slurp;
+using testing::TempDir;
+using testing::write_file;
+
+void append_line(const fs::path& p, const std::string& line) {
+  std::ofstream out(p, std::ios::app);
+  out << line << "\n";
+}
+
+// Counts to config["iters"], a checkpoint every step (num_to_keep = 1 in the
+// tests), sleeping a little so that kills land in every phase. Writes a
+// violation next to the experiment when it starts from scratch although its
+// trial has a committed checkpoint.
+void slow_counter(const nlohmann::json& config) {
+  const TrainContext& ctx = train::get_context();
+  int start = 0;
+  std::optional<Checkpoint> c = train::get_checkpoint();
+  if (c) {
+    start = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  } else if (!read_experiment(ctx.experiment_path).checkpoints.empty()) {
+    append_line(fs::path(ctx.storage_path).parent_path() / "violations.txt",
+                ctx.experiment_name + " started from scratch with a checkpoint");
+  }
+  for (int step = start + 1; step <= config.at("iters").get<int>(); ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 40)));
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}, {"score", config.at("x").get<double>() * step}},
+                  Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+RunConfig run_config(const fs::path& storage) {
+  RunConfig r;
+  r.name = "crashy";
+  r.storage_path = storage.string();
+  r.checkpoint_config.num_to_keep = 1;
+  r.failure_config.max_failures = 3;
+  return r;
+}
+
+// Runs fit() (or restore + fit) in a child process leading its own process
+// group; returns its pid.
+pid_t spawn_driver(const fs::path& storage, bool restore) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::setpgid(0, 0);
+  int code = 1;
+  try {
+    const std::string path = (storage / "crashy").string();
+    TuneConfig tc;
+    tc.metric = "score";
+    tc.mode = "max";
+    tc.max_concurrent_trials = 2;
+    ResultGrid grid =
+        restore && Tuner::can_restore(path)
+            ? Tuner::restore(path, slow_counter).fit()
+            : Tuner(slow_counter, {{"x", grid_search({1.0, 2.0, 3.0, 4.0, 5.0})}, {"iters", 40}},
+                    tc, run_config(storage))
+                  .fit();
+    code = grid.num_terminated() == grid.size() && grid.size() == 5 ? 0 : 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "driver: %s\n", e.what());
+    code = 2;
+  }
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+// Kills the driver's process group and waits until every process it
+// started is gone: the test is a child subreaper (see the test), so the
+// orphaned runners and workers become its children, reaped here.
+void kill_group(pid_t pid) {
+  ::kill(-pid, SIGKILL);
+  for (int i = 0; i < 1000; ++i) {
+    const pid_t r = ::waitpid(-1, nullptr, WNOHANG);
+    if (r < 0 && errno == ECHILD) return;
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "processes of the killed driver are still running after 5 s";
+}
+
+// Every checkpoint the saved state names exists, committed, in its trial.
+void expect_state_references_exist(const fs::path& experiment, int round) {
+  if (!fs::exists(experiment / "tuner_state.json")) return;
+  const nlohmann::json s = nlohmann::json::parse(slurp(experiment / "tuner_state.json"));
+  for (const auto& t : s.at("trials")) {
+    std::vector<std::string> names = t.at("checkpoints").get<std::vector<std::string>>();
+    if (t.at("latest_checkpoint").is_string()) names.push_back(t["latest_checkpoint"]);
+    for (const auto& name : names) {
+      const fs::path manifest =
+          experiment / t.at("dir").get<std::string>() / name / ".cairn" / "manifest.json";
+      EXPECT_TRUE(fs::exists(manifest))
+          << "after kill " << round << ": the state names " << t.at("dir") << "/" << name
+          << ", which is not a committed checkpoint";
+    }
+  }
+}
+
+TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
+  // Orphans of a killed driver are reparented here, not to init, so that
+  // kill_group can wait for them (init may reap zombies only now and then).
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  TempDir dir;
+  const fs::path storage = dir / "results";
+  fs::create_directories(storage);
+  const fs::path experiment = storage / "crashy";
+  std::mt19937 rng(20261125);
+  constexpr int kKills = 50;
+  int kills = 0;
+  for (int round = 0; round < kKills; ++round) {
+    const pid_t pid = spawn_driver(storage, round > 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 200));
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      // It finished before the kill: the experiment is done.
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "round " << round;
+      kill_group(pid);
+      break;
+    }
+    kill_group(pid);
+    ++kills;
+    expect_state_references_exist(experiment, round);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+  }
+  // The last restore runs to the end.
+  const pid_t pid = spawn_driver(storage, true);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  kill_group(pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(kills, kKills) << "the experiment finished before every kill landed";
+  EXPECT_FALSE(fs::exists(dir / "violations.txt")) << slurp(dir / "violations.txt");
+  const nlohmann::json s = nlohmann::json::parse(slurp(experiment / "tuner_state.json"));
+  ASSERT_EQ(s.at("trials").size(), 5u);
+  for (const auto& t : s.at("trials")) {
+    EXPECT_EQ(t.at("status"), "TERMINATED") << t.at("trial_id");
+    const fs::path trial = experiment / t.at("dir").get<std::string>();
+    ExperimentListing listing = read_experiment(trial.string());
+    ASSERT_FALSE(listing.checkpoints.empty());
+    EXPECT_EQ(slurp(listing.checkpoints.back().checkpoint.as_directory().path() / "step.txt"),
+              "40");
+    testing::expect_all_verify(trial.string());
+  }
+  expect_state_references_exist(experiment, kKills);
+}
+
+// PBT's trainable: value grows by lr each step; the checkpoint holds value
+// and a check (value * 7) that a torn or foreign copy would break.
+void pbt_trainable(const nlohmann::json& config) {
+  double value = 0;
+  int step = 0;
+  if (auto c = train::get_checkpoint()) {
+    const std::string text = slurp(c->as_directory().path() / "state.json");
+    const nlohmann::json st = nlohmann::json::parse(text);
+    value = st.at("value").get<double>();
+    step = st.at("step").get<int>();
+    if (st.at("check").get<double>() != value * 7) {
+      throw std::runtime_error("checkpoint state does not check: " + text);
+    }
+  }
+  const double lr = config.at("lr").get<double>();
+  while (step < 12) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ++step;
+    value += lr;
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "state.json",
+               nlohmann::json({{"value", value}, {"step", step}, {"check", value * 7}}).dump());
+    train::report({{"score", value}, {"lr", lr}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
+  TempDir dir;
+  RunConfig run;
+  run.name = "pbt";
+  run.storage_path = dir.str();
+  run.checkpoint_config.num_to_keep = 1;  // every commit deletes the previous checkpoint
+  TuneConfig tc;
+  tc.metric = "score";
+  tc.mode = "max";
+  tc.max_concurrent_trials = 4;
+  PBTOptions o;
+  o.perturbation_interval = 2;
+  o.quantile_fraction = 0.5;
+  o.resample_probability = 0.5;
+  o.hyperparam_mutations = {{"lr", uniform(0.1, 10.0)}};
+  o.seed = 7;
+  tc.scheduler = std::make_shared<PopulationBasedTraining>(o);
+  Tuner tuner(pbt_trainable, {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}}, tc, run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  EXPECT_EQ(grid.num_errors(), 0u);
+  size_t cloned = 0;
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+    std::set<double> lrs;
+    for (const auto& row : r.metrics_history) lrs.insert(row.at("lr").get<double>());
+    cloned += lrs.size() > 1 ? 1 : 0;
+    testing::expect_all_verify((dir / "pbt" / r.trial_id).string());
+  }
+  EXPECT_GE(cloned, 1u) << "no trial was ever cloned";
+  // No pending copy is left behind.
+  const fs::path clones = dir / "pbt" / ".cairn_clones";
+  EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
+}
+
+}  // namespace
+}  // namespace cairn::tune
