@@ -21,6 +21,7 @@
 #include "cairn/state_manager.h"
 #include "cairn/train.h"
 #include "cairn/transfer.h"
+#include "cairn/tuner.h"
 #include "cli/commands.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
@@ -229,6 +230,77 @@ TEST_F(S3EndToEnd, AKilledDriverIsRestoredFromS3AndContinues) {
   ASSERT_FALSE(r.error) << *r.error;
   EXPECT_EQ(r.metrics["epoch"], last + 2);
   for (const auto& c : read_experiment(exp).checkpoints) EXPECT_TRUE(c.checkpoint.verify().empty());
+}
+
+// A Tuner whose experiment lives on S3: a killed driver, restore, PBT
+// clones copied on S3, retention with num_to_keep = 1.
+void tune_counter(const nlohmann::json& config) {
+  int step = 0;
+  if (auto c = train::get_checkpoint()) step = std::stoi(c->storage().get("step.txt"));
+  while (step < 8) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 30)));
+    ++step;
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}, {"score", config.at("lr").get<double>() * step}},
+                  Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST_F(S3EndToEnd, ATunerOnS3IsRestoredAfterItsDriverIsKilledAndPbtClonesThere) {
+  RunConfig run;
+  run.name = "tuned";
+  run.storage_path = root;
+  run.checkpoint_config.num_to_keep = 1;
+  const std::string exp = root + "/tuned";
+  auto tune_config = [] {
+    tune::TuneConfig tc;
+    tc.metric = "score";
+    tc.mode = "max";
+    tc.max_concurrent_trials = 2;
+    tune::PBTOptions o;
+    o.perturbation_interval = 2;
+    o.quantile_fraction = 0.5;
+    o.hyperparam_mutations = {{"lr", tune::uniform(0.5, 4.0)}};
+    tc.scheduler = std::make_shared<tune::PopulationBasedTraining>(o);
+    return tc;
+  };
+  std::fflush(nullptr);
+  pid_t driver = ::fork();
+  if (driver == 0) {
+    tune::Tuner(tune_counter, {{"lr", tune::grid_search({0.5, 1.0, 2.0, 3.0})}}, tune_config(), run)
+        .fit();
+    ::_exit(0);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  size_t committed = 0;
+  while (std::chrono::steady_clock::now() < deadline && committed < 3) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    try {
+      committed = read_experiment(exp + "/trial_00000").checkpoints.empty()
+                      ? 0
+                      : std::stoul(read_experiment(exp + "/trial_00000")
+                                       .checkpoints.back()
+                                       .checkpoint.storage()
+                                       .get("step.txt"));
+    } catch (const Error&) {  // not created yet
+    }
+  }
+  ASSERT_EQ(::kill(driver, SIGKILL), 0);
+  ::waitpid(driver, nullptr, 0);
+  ASSERT_GE(committed, 3u) << "the driver made no progress";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its runners die with it
+  ASSERT_TRUE(tune::Tuner::can_restore(exp));
+  tune::ResultGrid grid = tune::Tuner::restore(exp, tune_counter, {}, tune_config()).fit();
+  ASSERT_EQ(grid.size(), 4u);
+  EXPECT_EQ(grid.num_terminated(), 4u);
+  for (const auto& r : grid) {
+    EXPECT_FALSE(r.error) << r.trial_id << ": " << r.error.value_or("");
+    ASSERT_TRUE(r.checkpoint) << r.trial_id;
+    EXPECT_TRUE(r.checkpoint->verify().empty());
+    EXPECT_EQ(r.path, exp + "/" + r.trial_id);
+  }
+  EXPECT_TRUE(open_storage(exp)->list(".cairn_clones").empty());
 }
 
 TEST_F(S3EndToEnd, CliListsVerifiesAndCleansAnExperimentOnS3) {

@@ -106,6 +106,46 @@ TEST(Tuner, RunsEveryGridPointAsATrialWithItsOwnFolderAndHistory) {
   testing::expect_no_children();
 }
 
+// Counts the trials running at once from the callbacks' point of view.
+struct Concurrency : Callback {
+  int running = 0;
+  int most = 0;
+  void on_trial_start(const TrialInfo&) override { most = std::max(most, ++running); }
+  void on_trial_complete(const TrialInfo&) override { --running; }
+  void on_trial_error(const TrialInfo&) override { --running; }
+};
+
+TEST(Tuner, MultiWorkerTrialsRunAsTrainerGroupsNeverMoreThanConfiguredAtOnce) {
+  TempDir dir;
+  auto concurrency = std::make_shared<Concurrency>();
+  TuneConfig tc;
+  tc.max_concurrent_trials = 2;
+  tc.callbacks = {concurrency};
+  ScalingConfig scaling;
+  scaling.num_workers = 2;
+  Tuner tuner(
+      [](const nlohmann::json& config) {
+        const TrainContext& ctx = train::get_context();
+        for (int step = 1; step <= 2; ++step) {
+          train::report({{"world_size", ctx.world_size},
+                         {"rank", ctx.world_rank},
+                         {"x", config.at("x")},
+                         {"trial", ctx.experiment_name}});
+        }
+      },
+      {{"x", grid_search({1, 2, 3, 4, 5})}}, tc, run_in(dir), scaling);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 5u);
+  EXPECT_EQ(grid.num_terminated(), 5u);
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.metrics.at("world_size"), 2);
+    EXPECT_EQ(r.metrics.at("rank"), 0);  // metrics come from rank 0
+    EXPECT_EQ(r.metrics.at("trial"), r.trial_id);
+  }
+  EXPECT_EQ(concurrency->most, 2);
+  EXPECT_EQ(concurrency->running, 0);
+}
+
 TEST(Tuner, StopCriteriaAndAStopperEndTrialsEarly) {
   TempDir dir;
   struct LossBelow : Stopper {
