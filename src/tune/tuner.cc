@@ -32,6 +32,7 @@
 #include "cairn/manager.h"
 #include "train/channel.h"
 #include "train/driver.h"
+#include "train/history.h"
 #include "train/scratch.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
@@ -94,7 +95,8 @@ struct Trial {
   std::optional<Clone> clone;
   bool restart_from_scratch = false;  // remove its folder before it starts
   bool searcher_told = false;         // the searcher heard it completed
-  std::string text;                   // its JSON while it has ended (state_text)
+  int expected_starts = 0;  // its trainer_state's driver_starts once its last runner began
+  std::string text;         // its JSON while it has ended (state_text)
   // While running:
   pid_t pid = -1;
   std::unique_ptr<train_internal::Channel> channel;
@@ -127,7 +129,8 @@ nlohmann::json trial_to_json(const Trial& t) {
        t.info.latest_checkpoint ? nlohmann::json(*t.info.latest_checkpoint) : nullptr},
       {"checkpoints", t.kept},
       {"restart_from_scratch", t.restart_from_scratch},
-      {"searcher_told", t.searcher_told}};
+      {"searcher_told", t.searcher_told},
+      {"expected_driver_starts", t.expected_starts}};
   if (t.clone) {
     j["clone"] = {
         {"source", t.clone->source}, {"staged", t.clone->staged}, {"metrics", t.clone->metrics}};
@@ -153,6 +156,7 @@ Trial trial_from_json(const nlohmann::json& j) {
   t.kept = j.value("checkpoints", std::vector<std::string>());
   t.restart_from_scratch = j.value("restart_from_scratch", false);
   t.searcher_told = j.value("searcher_told", false);
+  t.expected_starts = j.value("expected_driver_starts", 0);
   if (j.contains("clone") && j["clone"].is_object()) {
     t.clone = Clone{j["clone"].at("source").get<std::string>(),
                     j["clone"].at("staged").get<std::string>(),
@@ -290,6 +294,13 @@ class Experiment {
     nlohmann::json ts = train_internal::read_trainer_state(trial_storage->uri());
     const std::string status = ts.is_object() ? ts.value("status", "") : "";
     refresh_checkpoints(t);
+    // trainer_state.json speaks for the runner started last only once that
+    // runner's driver has begun (counted in driver_starts); before that it
+    // still tells how an earlier runner ended (stopped for a clone, paused).
+    const int starts = ts.is_object() ? ts.value("driver_starts", 0) : 0;
+    if (t.info.status == TrialStatus::kRunning && starts < t.expected_starts) {
+      t.info.status = TrialStatus::kPaused;
+    }
     if (t.info.status == TrialStatus::kRunning) {
       if (status == "finished" || (status == "stopped" && !t.clone)) {
         t.info.status = TrialStatus::kTerminated;
@@ -300,6 +311,20 @@ class Experiment {
         // Interrupted by the driver's death, paused, or cloned: it goes on.
         t.info.status = TrialStatus::kPaused;
       }
+    }
+    // A result the driver died before judging may already meet the stop
+    // criteria: the trial is done, not resumed for one more.
+    if (t.info.status == TrialStatus::kPaused && !t.clone) {
+      const std::vector<nlohmann::json> rows = train_internal::read_result_history(*trial_storage);
+      if (!rows.empty()) {
+        t.info.last_result = rows.back();
+        if (meets_stop_criteria(rows.back())) t.info.status = TrialStatus::kTerminated;
+      }
+    }
+    // A clone whose copy is gone was committed into the trial before the
+    // driver died (the copy is removed only after the state says so).
+    if (t.clone && read_experiment(storage_->child(t.clone->staged)->uri()).checkpoints.empty()) {
+      t.clone.reset();
     }
     if (t.info.status == TrialStatus::kPaused || t.info.status == TrialStatus::kPending) {
       if (!o.resume_unfinished) t.info.status = TrialStatus::kTerminated;
@@ -498,6 +523,8 @@ class Experiment {
     }
     trial_storage->put(kParamsKey, t.info.config.dump(2));
     if (t.clone) import_clone(t);
+    const nlohmann::json before = train_internal::read_trainer_state(trial_storage->uri());
+    t.expected_starts = (before.is_object() ? before.value("driver_starts", 0) : 0) + 1;
 
     tune_internal::RunnerSpec rs;
     rs.train_fn = spec_.train_fn;
@@ -530,11 +557,14 @@ class Experiment {
       // The runner: dies with the driver; keeps only its own channel.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);
-      ::close(sv[0]);
-      for (const auto& other : trials_) {
-        if (other.channel) ::close(other.channel->fd());
+      // Only its channel (as fd 3) and stdio: no other trial's channel, and
+      // not the experiment's lock (a flock lives while any copy of its
+      // descriptor does), as the Trainer's workers do.
+      if (sv[1] != 3) {
+        ::dup2(sv[1], 3);
       }
-      ::_exit(tune_internal::run_trial(rs, sv[1]));
+      ::close_range(4, ~0u, 0);
+      ::_exit(tune_internal::run_trial(rs, 3));
     }
     ::close(sv[1]);
     t.pid = pid;
@@ -618,9 +648,13 @@ class Experiment {
       for (const auto& h : m.history()) t.kept.push_back(h.name);
       t.info.latest_checkpoint = r.name;
     }
-    staging->remove_prefix("");
-    storage_->remove_empty_folder(t.clone->staged);
+    const std::string staged = t.clone->staged;
     t.clone.reset();
+    // The state must stop naming the copy before the copy goes (a restore
+    // would otherwise look for it).
+    save_state();
+    staging->remove_prefix("");
+    storage_->remove_empty_folder(staged);
   }
 
   // ---- runners ------------------------------------------------------------

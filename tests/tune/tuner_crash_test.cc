@@ -236,5 +236,75 @@ TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
   EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
 }
 
+// Kills its own driver at the n-th trial start or the n-th result.
+struct KillAt : Callback {
+  KillAt(int starts, int results) : starts_left(starts), results_left(results) {}
+  int starts_left;
+  int results_left;
+  void on_trial_start(const TrialInfo&) override {
+    if (--starts_left == 0) ::raise(SIGKILL);
+  }
+  void on_trial_result(const TrialInfo&, nlohmann::json&) override {
+    if (--results_left == 0) ::raise(SIGKILL);
+  }
+};
+
+TuneConfig pbt_config(std::shared_ptr<Callback> callback) {
+  TuneConfig tc;
+  tc.metric = "score";
+  tc.mode = "max";
+  tc.max_concurrent_trials = 2;
+  PBTOptions o;
+  o.perturbation_interval = 2;
+  o.quantile_fraction = 0.5;
+  o.resample_probability = 0.5;
+  o.hyperparam_mutations = {{"lr", uniform(0.1, 10.0)}};
+  o.seed = 11;
+  tc.scheduler = std::make_shared<PopulationBasedTraining>(o);
+  if (callback) tc.callbacks = {callback};
+  return tc;
+}
+
+// The driver killed as a clone restarts (right after the copy was committed
+// into the trial) and at results around perturbations: restore finishes
+// every trial, each to its last step, with nothing left in .cairn_clones.
+TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
+  const std::vector<std::pair<int, int>> kill_points = {{5, -1}, {6, -1},  {7, -1},
+                                                        {-1, 9}, {-1, 14}, {-1, 23}};
+  for (const auto& [starts, results] : kill_points) {
+    SCOPED_TRACE(fmt::format("kill at start {} / result {}", starts, results));
+    TempDir dir;
+    RunConfig run;
+    run.name = "pbt";
+    run.storage_path = dir.str();
+    run.checkpoint_config.num_to_keep = 1;
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      Tuner(pbt_trainable, {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}},
+            pbt_config(std::make_shared<KillAt>(starts, results)), run)
+          .fit();
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::kill(-pid, SIGKILL);
+    const std::string path = (dir / "pbt").string();
+    ResultGrid grid = Tuner::restore(path, pbt_trainable, {}, pbt_config(nullptr)).fit();
+    ASSERT_EQ(grid.size(), 4u);
+    for (const auto& r : grid) {
+      EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+      ExperimentListing listing = read_experiment((dir / "pbt" / r.trial_id).string());
+      ASSERT_FALSE(listing.checkpoints.empty()) << r.trial_id;
+      const nlohmann::json st = nlohmann::json::parse(
+          slurp(listing.checkpoints.back().checkpoint.as_directory().path() / "state.json"));
+      EXPECT_EQ(st.at("step"), 12) << r.trial_id;
+    }
+    const fs::path clones = dir / "pbt" / ".cairn_clones";
+    EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
+  }
+}
+
 }  // namespace
 }  // namespace cairn::tune
