@@ -158,6 +158,8 @@ std::shared_ptr<tune::PopulationBasedTraining> make_pbt() {
 // trial TERMINATED without running it, or runs a finished trial once more.
 // So the crash waits, from the N-th result on, until no trial is starting
 // (started, no result yet) or ending (its last result in, not completed).
+// That avoids the first two for sure; the third only mostly, since a trial
+// may have written its last result that the driver has not read yet.
 class CrashAfterResults : public tune::Callback {
  public:
   explicit CrashAfterResults(int n) : n_(n) {}
