@@ -51,3 +51,9 @@ if [ -f scripts/demo-train.sh ]; then
   echo "== distributed training demo (scripts/demo-train.sh)"
   CAIRN_DEPS_READY=1 bash scripts/demo-train.sh
 fi
+
+if [ -f scripts/demo-tune.sh ]; then
+  echo
+  echo "== tuning demo: PBT over a LibTorch model, a driver crash and Tuner::restore (scripts/demo-tune.sh)"
+  CAIRN_DEPS_READY=1 bash scripts/demo-tune.sh
+fi
