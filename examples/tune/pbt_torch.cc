@@ -24,7 +24,6 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -150,26 +149,11 @@ std::shared_ptr<tune::PopulationBasedTraining> make_pbt() {
 
 // Kills the driver at the N-th result: the way a real driver dies (OOM
 // killer, node loss), with no destructor or handler running.
-//
-// Work-around for Tuner bugs: a driver killed while a trial is between two
-// runner processes (restarted after a PBT exploit and not yet reporting) or
-// while one is ending leaves a state that Tuner::restore mishandles: it fails
-// ("the copy of trial ...'s checkpoint ... is gone"), marks the restarted
-// trial TERMINATED without running it, or runs a finished trial once more.
-// So the crash waits, from the N-th result on, until no trial is starting
-// (started, no result yet) or ending (its last result in, not completed).
-// That avoids the first two for sure; the third only mostly, since a trial
-// may have written its last result that the driver has not read yet.
 class CrashAfterResults : public tune::Callback {
  public:
   explicit CrashAfterResults(int n) : n_(n) {}
-  void on_trial_start(const tune::TrialInfo& trial) override { starting_.insert(trial.trial_id); }
-  void on_trial_complete(const tune::TrialInfo& trial) override { ending_.erase(trial.trial_id); }
-  void on_trial_error(const tune::TrialInfo& trial) override { ending_.erase(trial.trial_id); }
-  void on_trial_result(const tune::TrialInfo& trial, nlohmann::json& result) override {
-    starting_.erase(trial.trial_id);
-    if (result.value("training_iteration", 0) >= kIterations) ending_.insert(trial.trial_id);
-    if (++seen_ >= n_ && starting_.empty() && ending_.empty()) {
+  void on_trial_result(const tune::TrialInfo& trial, nlohmann::json&) override {
+    if (++seen_ == n_) {
       std::printf("driver: result %d (trial %s): killing the driver with SIGKILL\n", seen_,
                   trial.trial_id.c_str());
       std::fflush(stdout);
@@ -180,8 +164,6 @@ class CrashAfterResults : public tune::Callback {
  private:
   int n_;
   int seen_ = 0;
-  std::set<std::string> starting_;  // started, no result yet
-  std::set<std::string> ending_;    // reported its last result, not completed yet
 };
 
 std::string number_or_dash(const nlohmann::json& j, const char* key, const char* format) {
