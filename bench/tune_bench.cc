@@ -343,7 +343,7 @@ int run(const Args& a) {
   const char* period_env = std::getenv("CAIRN_TUNE_STATE_PERIOD_S");
   const std::string period = period_env && *period_env
                                  ? fmt::format("{} s ($CAIRN_TUNE_STATE_PERIOD_S)", period_env)
-                                 : std::string("automatic: max(1 s, 20 x last save)");
+                                 : std::string("automatic: max(1 s, 100 x last save)");
   const std::string fstype = fs_type(root);
 
   std::vector<Overhead> runs;
