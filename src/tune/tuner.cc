@@ -533,6 +533,11 @@ class Experiment {
     rs.run = spec_.run;
     rs.run.name = t.info.trial_id;
     rs.run.storage_path = uri_;
+    // One failure budget per trial, however many runners it takes.
+    if (rs.run.failure_config.max_failures >= 0) {
+      rs.run.failure_config.max_failures =
+          std::max(0, rs.run.failure_config.max_failures - t.info.num_failures);
+    }
     rs.run.checkpoint_config.checkpoint_frequency = 0;
     rs.run.checkpoint_config.checkpoint_at_end = false;
     rs.trial_uri = trial_storage->uri();
@@ -823,8 +828,9 @@ class Experiment {
     dirty_ = true;
     refresh_checkpoints(t);
     const std::string end_status = t.ended ? t.end.value("status", "") : "";
+    // The runner's Trainer counted the group failures it restarted from.
     if (t.ended && t.end.contains("failures") && t.end["failures"].is_number_integer()) {
-      t.info.num_failures = t.end["failures"].get<int>();
+      t.info.num_failures += t.end["failures"].get<int>();
     }
     if (!t.ended || end_status == "errored") {
       std::string why =

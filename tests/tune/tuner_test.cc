@@ -511,3 +511,71 @@ TEST(TunerSchedulers, AshaStopsWeakTrialsEarlyAndLetsTheBestRunToMaxT) {
 
 }  // namespace
 }  // namespace cairn::tune
+
+namespace cairn::tune {
+namespace {
+
+// The trainable kills its own trial runner (its parent) once, after writing
+// a checkpoint's files and before reporting it: the runner dies mid-checkpoint
+// and its worker with it. The Tuner counts a failure and resumes the trial
+// from its latest committed checkpoint in a new runner.
+void kills_its_runner(const nlohmann::json& config) {
+  int start = 0;
+  if (auto c = train::get_checkpoint()) {
+    start = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  }
+  const fs::path marker = config.at("marker").get<std::string>();
+  for (int step = start + 1; step <= 4; ++step) {
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    if (step == 3 && !fs::exists(marker)) {
+      write_file(marker, "killed");
+      ::kill(::getppid(), SIGKILL);
+      ::pause();
+    }
+    train::report({{"step", step}, {"resumed_from", start}},
+                  Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST(Tuner, ATrialWhoseRunnerIsKilledMidCheckpointResumesFromItsLatestCommitted) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.failure_config.max_failures = 1;
+  ResultGrid grid = Tuner(kills_its_runner, {{"marker", (dir / "killed").string()}}, {}, run).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+  EXPECT_EQ(grid[0].metrics.at("step"), 4);
+  EXPECT_EQ(grid[0].metrics.at("resumed_from"), 2);
+  const nlohmann::json state = nlohmann::json::parse(slurp(dir / "search" / "tuner_state.json"));
+  EXPECT_EQ(state.at("trials")[0].at("num_failures"), 1);
+  testing::expect_all_verify((dir / "search" / grid[0].trial_id).string());
+}
+
+TEST(Tuner, ARunnerKilledWithNoRetriesLeftIsAnErrorNamingHowItDied) {
+  TempDir dir;
+  ResultGrid grid =
+      Tuner(kills_its_runner, {{"marker", (dir / "killed").string()}}, {}, run_in(dir)).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kError);
+  ASSERT_TRUE(grid[0].error.has_value());
+  EXPECT_NE(grid[0].error->find("killed by signal 9"), std::string::npos) << *grid[0].error;
+}
+
+TEST(Tuner, AMalformedStatePeriodIsRefusedNamingTheVariable) {
+  TempDir dir;
+  ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "soon", 1);
+  expect_error(ErrorCode::kInvalidArgument, "CAIRN_TUNE_STATE_PERIOD_S", [&] {
+    Tuner(counting_trainable, {{"x", 1.0}}, {}, run_in(dir)).fit();
+  });
+  ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "0", 1);  // save whenever something changed
+  ResultGrid grid =
+      Tuner(counting_trainable, {{"x", grid_search({1.0, 2.0})}}, {}, run_in(dir, "every_change"))
+          .fit();
+  ::unsetenv("CAIRN_TUNE_STATE_PERIOD_S");
+  EXPECT_GE(grid.stats().state_saves, 4u);
+  EXPECT_EQ(grid.num_terminated(), 2u);
+}
+
+}  // namespace
+}  // namespace cairn::tune
