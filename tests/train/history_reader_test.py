@@ -12,7 +12,9 @@ Cairn's code:
     then per round an Event whose step is training_iteration and whose
     summary holds every numeric metric (tags, simple_value floats), the
     protobuf wire format decoded by hand.
-Usage: history_reader_test.py PATH_TO_HISTORY_TOOL
+Usage: history_reader_test.py PATH_TO_HISTORY_TOOL [--tune]
+(with --tune the tool runs the same loop as a Tuner's one trial and the
+trial's folder is read)
 """
 import csv
 import glob
@@ -138,9 +140,9 @@ def f32(x):
 
 def main():
     assert crc32c(b"123456789") == 0xE3069283  # the reader's own CRC
-    tool = sys.argv[1]
+    tool = sys.argv[1:]  # the tool and its options
     with tempfile.TemporaryDirectory() as tmp:
-        exp = subprocess.run([tool, tmp], check=True, capture_output=True,
+        exp = subprocess.run(tool + [tmp], check=True, capture_output=True,
                              text=True).stdout.strip()
         assert os.path.isdir(exp), exp
 
