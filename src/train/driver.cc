@@ -602,6 +602,17 @@ Result run_driver(const DriverSpec& spec, const GroupFactory& start_group) {
   return d.run();
 }
 
+void refuse_class_trainable_triggers(const CheckpointConfig& config, std::string_view who) {
+  if (config.checkpoint_frequency == 0 && !config.checkpoint_at_end) return;
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      fmt::format("{}: CheckpointConfig.{} is for class trainables of a Tuner; a "
+                  "train_fn decides in its own loop when to checkpoint (pass a "
+                  "checkpoint to train::report())",
+                  who,
+                  config.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
+}
+
 void check_experiment_name(std::string_view name, std::string_view field) {
   const char* why = nullptr;
   if (name.empty()) {

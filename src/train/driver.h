@@ -79,6 +79,11 @@ struct DriverSpec {
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);
 
+// Throws kInvalidArgument naming `who` and the field when `config` asks for
+// the checkpoint triggers of class trainables (checkpoint_frequency,
+// checkpoint_at_end): a train_fn decides in its own loop when to checkpoint.
+void refuse_class_trainable_triggers(const CheckpointConfig& config, std::string_view who);
+
 // Throws kInvalidArgument naming `field` unless `name` is one path component:
 // not "", "." or "..", without '/', '\\' or NUL. An experiment name is a
 // folder directly under storage_path; anything else could nest one experiment

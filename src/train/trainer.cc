@@ -65,15 +65,7 @@ Trainer::Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConf
   if (!train_fn_) throw Error(ErrorCode::kInvalidArgument, "Trainer: train_fn is empty");
   scaling_config_.validate();
   run_config_.validate();
-  const CheckpointConfig& cc = run_config_.checkpoint_config;
-  if (cc.checkpoint_frequency != 0 || cc.checkpoint_at_end) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("Trainer: CheckpointConfig.{} is for class trainables of a Tuner; "
-                    "train_fn decides when to checkpoint (pass a checkpoint to "
-                    "train::report())",
-                    cc.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
-  }
+  train_internal::refuse_class_trainable_triggers(run_config_.checkpoint_config, "Trainer");
   // Stored with the experiment for Trainer::restore, and sent to every worker.
   check_storable_json(train_loop_config_, "Trainer: train_loop_config");
 }

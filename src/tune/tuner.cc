@@ -1075,15 +1075,8 @@ Tuner::Tuner(TrainFn trainable, nlohmann::json param_space, TuneConfig tune_conf
       run_config_(std::move(run_config)),
       scaling_(scaling) {
   if (!fn_) throw Error(ErrorCode::kInvalidArgument, "Tuner: the trainable is empty");
-  const CheckpointConfig& cc = run_config_.checkpoint_config;
-  if (cc.checkpoint_frequency != 0 || cc.checkpoint_at_end) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("Tuner: CheckpointConfig.{} is for class trainables; a function "
-                    "trainable decides when to checkpoint in its own loop (pass a "
-                    "checkpoint to train::report())",
-                    cc.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
-  }
+  train_internal::refuse_class_trainable_triggers(run_config_.checkpoint_config,
+                                                  "Tuner (a function trainable)");
   check();
 }
 

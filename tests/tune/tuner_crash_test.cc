@@ -201,41 +201,6 @@ void pbt_trainable(const nlohmann::json& config) {
   }
 }
 
-TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
-  TempDir dir;
-  RunConfig run;
-  run.name = "pbt";
-  run.storage_path = dir.str();
-  run.checkpoint_config.num_to_keep = 1;  // every commit deletes the previous checkpoint
-  TuneConfig tc;
-  tc.metric = "score";
-  tc.mode = "max";
-  tc.max_concurrent_trials = 4;
-  PBTOptions o;
-  o.perturbation_interval = 2;
-  o.quantile_fraction = 0.5;
-  o.resample_probability = 0.5;
-  o.hyperparam_mutations = {{"lr", uniform(0.1, 10.0)}};
-  o.seed = 7;
-  tc.scheduler = std::make_shared<PopulationBasedTraining>(o);
-  Tuner tuner(pbt_trainable, {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}}, tc, run);
-  ResultGrid grid = tuner.fit();
-  ASSERT_EQ(grid.size(), 4u);
-  EXPECT_EQ(grid.num_errors(), 0u);
-  size_t cloned = 0;
-  for (const auto& r : grid) {
-    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
-    std::set<double> lrs;
-    for (const auto& row : r.metrics_history) lrs.insert(row.at("lr").get<double>());
-    cloned += lrs.size() > 1 ? 1 : 0;
-    testing::expect_all_verify((dir / "pbt" / r.trial_id).string());
-  }
-  EXPECT_GE(cloned, 1u) << "no trial was ever cloned";
-  // No pending copy is left behind.
-  const fs::path clones = dir / "pbt" / ".cairn_clones";
-  EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
-}
-
 // Kills its own driver at the n-th trial start or the n-th result.
 struct KillAt : Callback {
   KillAt(int starts, int results) : starts_left(starts), results_left(results) {}
@@ -263,6 +228,32 @@ TuneConfig pbt_config(std::shared_ptr<Callback> callback) {
   tc.scheduler = std::make_shared<PopulationBasedTraining>(o);
   if (callback) tc.callbacks = {callback};
   return tc;
+}
+
+TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
+  TempDir dir;
+  RunConfig run;
+  run.name = "pbt";
+  run.storage_path = dir.str();
+  run.checkpoint_config.num_to_keep = 1;  // every commit deletes the previous checkpoint
+  TuneConfig tc = pbt_config(nullptr);
+  tc.max_concurrent_trials = 4;
+  Tuner tuner(pbt_trainable, {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}}, tc, run);
+  ResultGrid grid = tuner.fit();
+  ASSERT_EQ(grid.size(), 4u);
+  EXPECT_EQ(grid.num_errors(), 0u);
+  size_t cloned = 0;
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+    std::set<double> lrs;
+    for (const auto& row : r.metrics_history) lrs.insert(row.at("lr").get<double>());
+    cloned += lrs.size() > 1 ? 1 : 0;
+    testing::expect_all_verify((dir / "pbt" / r.trial_id).string());
+  }
+  EXPECT_GE(cloned, 1u) << "no trial was ever cloned";
+  // No pending copy is left behind.
+  const fs::path clones = dir / "pbt" / ".cairn_clones";
+  EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
 }
 
 // The driver killed as a clone restarts (right after the copy was committed
