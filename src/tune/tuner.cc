@@ -427,6 +427,12 @@ class Experiment {
       if (!stop_experiment_) fill_slots();
       if (running_count() == 0) {
         if (stop_experiment_ || !has_runnable()) break;
+        // Nothing runs and nothing could be started: waiting would be forever.
+        throw Error(ErrorCode::kFailedPrecondition,
+                    fmt::format("{}: no trial is running and none can start: the {} scheduler "
+                                "chose none of the waiting trials, or the searcher has no "
+                                "configuration to suggest now although it is not finished",
+                                path_, scheduler_->name()));
       }
       wait_for_runners(100);
       reap_runners();
@@ -761,7 +767,8 @@ class Experiment {
       a["last"] = v;
     }
 
-    bool stop = meets_stop_criteria(row);
+    // Stopper::stop_all() ends every running trial at its next result.
+    bool stop = stop_experiment_ || meets_stop_criteria(row);
     if (!stop && spec_.tune.stopper) {
       stop = (*spec_.tune.stopper)(t.info.trial_id, row);
       if (spec_.tune.stopper->stop_all()) {

@@ -169,6 +169,63 @@ TEST(Tuner, StopCriteriaAndAStopperEndTrialsEarly) {
   }
 }
 
+TEST(Tuner, StopAllEndsTheRunningTrialsAndStartsNoOther) {
+  TempDir dir;
+  // Ends the experiment once any trial reports step 2.
+  struct StopAll : Stopper {
+    bool all = false;
+    bool operator()(const std::string&, const nlohmann::json& r) override {
+      all = all || r.at("step") == 2;
+      return false;
+    }
+    bool stop_all() override { return all; }
+  };
+  TuneConfig tc;
+  tc.max_concurrent_trials = 2;
+  tc.stopper = std::make_shared<StopAll>();
+  Tuner tuner(counting_trainable, {{"x", grid_search({1.0, 2.0, 3.0, 4.0})}, {"iters", 50}}, tc,
+              run_in(dir));
+  ResultGrid grid = tuner.fit();
+  ASSERT_LE(grid.size(), 3u);  // a third may have been added, never started
+  size_t ran = 0;
+  for (const auto& r : grid) {
+    if (r.metrics_history.empty()) {
+      EXPECT_EQ(r.status, TrialStatus::kPending) << r.trial_id;
+      continue;
+    }
+    ++ran;
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+    EXPECT_LE(r.metrics_history.size(), 3u) << r.trial_id;
+  }
+  EXPECT_EQ(ran, 2u);
+}
+
+// A scheduler that never lets a waiting trial start.
+class ChoosesNothing : public TrialScheduler {
+ public:
+  std::string name() const override { return "nothing"; }
+  void set_search_properties(const std::string&, const std::string&) override {}
+  void on_trial_add(const TrialView&) override {}
+  SchedulerDecision on_trial_result(const TrialView&, const nlohmann::json&) override { return {}; }
+  void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
+  void on_trial_error(const TrialView&) override {}
+  std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>&) override {
+    return std::nullopt;
+  }
+  nlohmann::json save() const override { return nlohmann::json::object(); }
+  void restore(const nlohmann::json&) override {}
+};
+
+TEST(Tuner, AnExperimentThatCanMakeNoProgressFailsInsteadOfWaitingForever) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.scheduler = std::make_shared<ChoosesNothing>();
+  expect_error(ErrorCode::kFailedPrecondition, "none can start", [&] {
+    Tuner(counting_trainable, {{"x", 1.0}}, tc, run_in(dir)).fit();
+  });
+  EXPECT_TRUE(Tuner::can_restore((dir / "search").string()));  // the state was saved
+}
+
 TEST(Tuner, AFailedTrialResumesFromItsLatestCheckpointWithinMaxFailures) {
   TempDir dir;
   RunConfig run = run_in(dir);
