@@ -260,6 +260,7 @@ TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
 // into the trial) and at results around perturbations: restore finishes
 // every trial, each to its last step, with nothing left in .cairn_clones.
 TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // see kill_group
   const std::vector<std::pair<int, int>> kill_points = {{5, -1}, {6, -1},  {7, -1},
                                                         {-1, 9}, {-1, 14}, {-1, 23}};
   for (const auto& [starts, results] : kill_points) {
@@ -280,7 +281,7 @@ TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
     }
     int status = 0;
     ::waitpid(pid, &status, 0);
-    ::kill(-pid, SIGKILL);
+    kill_group(pid);  // its runners may be dying still, holding the lock
     const std::string path = (dir / "pbt").string();
     ResultGrid grid = Tuner::restore(path, pbt_trainable, {}, pbt_config(nullptr)).fit();
     ASSERT_EQ(grid.size(), 4u);
