@@ -186,6 +186,7 @@ class Experiment {
     open_experiment();
     if (spec_.restore) {
       load_saved_state();
+      remove_orphan_clones();
       // The reconciled trials, before any runner's retention can delete what
       // the old state named.
       save_state();
@@ -627,7 +628,28 @@ class Experiment {
                         source_id, latest.name, target.info.trial_id, e.what()));
       }
     }
+    staging->remove_prefix("");
+    storage_->remove_empty_folder(staged);
     return std::nullopt;
+  }
+
+  // Copies under .cairn_clones/ that no trial waits for: what a driver that
+  // died while copying left behind.
+  void remove_orphan_clones() {
+    std::set<std::string> wanted;
+    for (const auto& t : trials_) {
+      if (t.clone) wanted.insert(t.clone->staged);
+    }
+    std::set<std::string> orphans;
+    for (const auto& o : storage_->child(kClonesFolder)->list("")) {
+      const std::string folder =
+          fmt::format("{}/{}", kClonesFolder, o.key.substr(0, o.key.find('/')));
+      if (!wanted.count(folder)) orphans.insert(folder);
+    }
+    for (const auto& folder : orphans) {
+      storage_->child(folder)->remove_prefix("");
+      storage_->remove_empty_folder(folder);
+    }
   }
 
   [[noreturn]] static void throw_changed(const std::string& source_id) {

@@ -538,6 +538,16 @@ TEST(TunerRestore, RefusesAMissingOrDamagedStateAndAnotherTrainableKind) {
   });
 }
 
+TEST(TunerRestore, RemovesCopiesADriverLeftWhileCloningThatNoTrialWaitsFor) {
+  TempDir dir;
+  Tuner(counting_trainable, {{"x", 1.0}, {"iters", 1}}, {}, run_in(dir)).fit();
+  const fs::path orphan = dir / "search" / ".cairn_clones" / "trial_00007_3";
+  write_file(orphan / "checkpoint_000000" / "step.txt", "1");
+  Tuner::restore((dir / "search").string(), counting_trainable).fit();
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_FALSE(fs::exists(dir / "search" / ".cairn_clones"));
+}
+
 TEST(TunerSchedulers, AshaStopsWeakTrialsEarlyAndLetsTheBestRunToMaxT) {
   TempDir dir;
   TuneConfig tc;
