@@ -58,7 +58,8 @@ struct SchedulerDecision {
   // Population Based Training's exploit: restart this trial from the latest
   // checkpoint of trial `clone_from` with `new_config`. The Tuner copies that
   // checkpoint at once (so the source's retention cannot take it away),
-  // stops the trial and resumes it from the copy in a new process. Only with
+  // stops the trial and resumes it from the copy in a new process (a class
+  // trainable takes it in place: Trainable::reset_config). Only with
   // kContinue.
   std::optional<std::string> clone_from;
   nlohmann::json new_config;

@@ -94,6 +94,15 @@ class Trainable {
   // Read back what save_checkpoint wrote (a local directory).
   virtual void load_checkpoint(const std::string& checkpoint_dir) = 0;
   virtual void cleanup() {}
+  // PBT's exploit in place: adopt `new_config` and return true, and the
+  // trial goes on in this process with load_checkpoint() of the cloned
+  // checkpoint next; return false (the default) and this instance is
+  // cleaned up and replaced by a fresh one (setup(new_config), then
+  // load_checkpoint) in the same process.
+  virtual bool reset_config(const nlohmann::json& new_config) {
+    (void)new_config;
+    return false;
+  }
 };
 
 using TrainableFactory = std::function<std::unique_ptr<Trainable>()>;

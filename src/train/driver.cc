@@ -145,7 +145,8 @@ class Driver {
     state_["name"] = spec_.run.name;
     state_["storage_path"] = spec_.run.storage_path;
     state_["num_workers"] = spec_.world_size;
-    state_["train_loop_config"] = spec_.train_loop_config;
+    config_ = spec_.train_loop_config;
+    state_["train_loop_config"] = config_;
     state_["checkpoint_config"] = spec_.run.checkpoint_config.to_json();
     state_["failure_config"] = {
         {"max_failures", spec_.run.failure_config.max_failures},
@@ -285,7 +286,7 @@ class Driver {
     attempt_ = attempt;
     LaunchSpec launch;
     launch.train_fn = spec_.train_fn;
-    launch.train_loop_config = spec_.train_loop_config;
+    launch.train_loop_config = config_;
     launch.context.world_size = spec_.world_size;
     launch.context.local_world_size = spec_.world_size;
     launch.context.experiment_name = spec_.run.name;
@@ -526,6 +527,24 @@ class Driver {
       stop_now_ = true;
       return;
     }
+    nlohmann::json reset = nullptr;
+    if (d.reset) {
+      try {
+        const Checkpoint from =
+            Checkpoint::from_directory(d.reset->at("checkpoint").get<std::string>());
+        CheckpointRecord rec = manager_->register_checkpoint(
+            d.reset->value("metrics", nlohmann::json::object()), from);
+        config_ = d.reset->at("config");
+        state_["train_loop_config"] = config_;
+        save_state();
+        reset = {{"config", config_}, {"checkpoint", rec.checkpoint.uri()}};
+      } catch (const std::exception& e) {
+        record_failure(round.fail(
+            {FailureKind::kDriver, -1,
+             fmt::format("after report #{}: taking the tuner's clone: {}", round_no, e.what())}));
+        return;
+      }
+    }
     if (d.stop) {
       note_preemption("the tuner asked for a final checkpoint", monotonic_seconds(),
                       "the tuner's request for a final checkpoint");
@@ -538,7 +557,8 @@ class Driver {
                      {"round", round_no},
                      {"checkpoint", uri ? nlohmann::json(*uri) : nlohmann::json(nullptr)},
                      {"preempt", preempt_requested_},
-                     {"save", d.save}});
+                     {"save", d.save},
+                     {"reset", reset}});
     }
   }
 
@@ -578,6 +598,7 @@ class Driver {
   std::shared_ptr<Storage> storage_;
   nlohmann::json state_;
   nlohmann::json last_metrics_ = nlohmann::json::object();
+  nlohmann::json config_;  // train_loop_config, as a tuner's reset left it
   std::unique_ptr<RunHistory> history_;
   int attempt_ = 0;
   std::optional<Failure> failure_;

@@ -43,6 +43,12 @@ struct RoundDirective {
   // should_checkpoint() is true in the ranks). The run then ends finished,
   // or preempted, as Result says.
   bool stop = false;
+  // PBT's exploit in place (a class trainable's reset_config): commit the
+  // checkpoint at reset["checkpoint"] (a committed checkpoint's URI) into
+  // this run with reset["metrics"] as its newest checkpoint, make
+  // reset["config"] the run's config (also for later restarts), and send
+  // both to the ranks with the release (take_reset_request() in the worker).
+  std::optional<nlohmann::json> reset;
 };
 
 struct DriverSpec {

@@ -73,6 +73,9 @@ int run_worker(const LaunchSpec& spec, int fd);
 // report_checkpoint(): a synchronous report round that commits `checkpoint`
 // with the metrics of this rank's previous report() and adds no history row.
 bool take_save_request();
+// The release's reset request (RoundDirective::reset: {"config", "checkpoint"}),
+// once; nothing if none came since the last call.
+std::optional<nlohmann::json> take_reset_request();
 void report_checkpoint(const Checkpoint& checkpoint);
 
 // Keeps the last `max_bytes` of a stream, whole lines where possible, and

@@ -69,6 +69,8 @@ struct Session {
   std::atomic<bool> preempt_notice{false};
   // A release asked for a checkpoint (the Tuner; take_save_request()).
   std::atomic<bool> save_request{false};
+  std::mutex reset_mu;  // guards reset_request
+  std::optional<nlohmann::json> reset_request;
   nlohmann::json last_metrics = nlohmann::json::object();  // of the last report()
   // SIGTERM to this worker: sent with its next report.
   const train_internal::SigtermNotice* sigterm = nullptr;
@@ -161,6 +163,10 @@ void run_round(Session& s, const RoundJob& job, bool background) {
     if (t == "release") {
       if (m->value("preempt", false)) s.preempt_notice = true;
       if (m->value("save", false)) s.save_request = true;
+      if (m->contains("reset") && (*m)["reset"].is_object()) {
+        std::lock_guard<std::mutex> lock(s.reset_mu);
+        s.reset_request = (*m)["reset"];
+      }
       return;
     }
     if (t == "upload" && job.files) {
@@ -469,6 +475,14 @@ int run_worker(const LaunchSpec& spec, int fd) {
 namespace cairn::train_internal {
 
 bool take_save_request() { return session("take_save_request").save_request.exchange(false); }
+
+std::optional<nlohmann::json> take_reset_request() {
+  Session& s = session("take_reset_request");
+  std::lock_guard<std::mutex> lock(s.reset_mu);
+  std::optional<nlohmann::json> r = std::move(s.reset_request);
+  s.reset_request.reset();
+  return r;
+}
 
 void report_checkpoint(const Checkpoint& checkpoint) {
   Session& s = session("report_checkpoint");

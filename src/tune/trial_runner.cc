@@ -32,6 +32,14 @@ void save_and_report(tune::Trainable& t, const nlohmann::json* result, int itera
   }
 }
 
+int iteration_of(const Checkpoint& c) {
+  const nlohmann::json meta = c.get_metadata();
+  if (meta.is_object() && meta.contains(kIterationKey) && meta[kIterationKey].is_number_integer()) {
+    return meta[kIterationKey].get<int>();
+  }
+  return 0;
+}
+
 }  // namespace
 
 TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_frequency,
@@ -45,11 +53,7 @@ TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_freq
     if (auto c = train::get_checkpoint()) {
       LocalDirectory dir = c->as_directory();
       t->load_checkpoint(dir.path().string());
-      const nlohmann::json meta = c->get_metadata();
-      if (meta.is_object() && meta.contains(kIterationKey) &&
-          meta[kIterationKey].is_number_integer()) {
-        iteration = meta[kIterationKey].get<int>();
-      }
+      iteration = iteration_of(*c);
     }
     while (true) {
       nlohmann::json result = t->step();
@@ -74,6 +78,21 @@ TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_freq
       // pause, checkpoint_at_end for a trial it stops).
       if (train_internal::take_save_request() && !save) save_and_report(*t, nullptr, iteration);
       if (done) break;
+      // PBT's exploit in place: the run's newest checkpoint is now the
+      // source's copy and the config the perturbed one. A trainable whose
+      // reset_config() declines is replaced by a fresh one in this process.
+      if (std::optional<nlohmann::json> reset = train_internal::take_reset_request()) {
+        const nlohmann::json& new_config = reset->at("config");
+        if (!t->reset_config(new_config)) {
+          t->cleanup();
+          t = factory();
+          if (!t) throw Error(ErrorCode::kInvalidArgument, "the trainable factory returned null");
+          t->setup(new_config);
+        }
+        const Checkpoint c = Checkpoint::from_directory(reset->at("checkpoint").get<std::string>());
+        t->load_checkpoint(c.as_directory().path().string());
+        iteration = iteration_of(c);
+      }
     }
     t->cleanup();
   };
@@ -103,6 +122,7 @@ int run_trial(const RunnerSpec& rs, int fd) {
       train_internal::RoundDirective d;
       d.save = reply->value("save", false);
       d.stop = reply->value("stop", false);
+      if (reply->contains("reset") && (*reply)["reset"].is_object()) d.reset = (*reply)["reset"];
       return d;
     };
     spec.before_retention = [&channel](const std::vector<std::string>& doomed,

@@ -107,6 +107,10 @@ struct Trial {
   std::optional<TrialStatus> ending;
   double started_at = 0;
   bool first_result_seen = false;
+  // A class trainable was told to take its clone in place (reset_config);
+  // its next round says the runner did, and the staged copy can go.
+  bool reset_sent = false;
+  nlohmann::json config_before_reset;  // its config if it ends without taking it
 };
 
 TrialView view_of(const Trial& t) {
@@ -585,6 +589,7 @@ class Experiment {
     t.ended = false;
     t.end = nullptr;
     t.ending.reset();
+    t.reset_sent = false;
     t.started_at = monotonic_seconds();
     t.first_result_seen = false;
     ++stats_.trial_starts;
@@ -761,7 +766,22 @@ class Experiment {
     }
   }
 
+  // The staged copy of a clone the trial no longer needs.
+  void drop_clone(Trial& t) {
+    const std::string staged = t.clone->staged;
+    t.clone.reset();
+    t.reset_sent = false;
+    dirty_ = true;
+    storage_->child(staged)->remove_prefix("");
+    storage_->remove_empty_folder(staged);
+  }
+
   nlohmann::json on_round(Trial& t, const nlohmann::json& m) {
+    if (t.reset_sent && t.clone) {
+      // The runner took the clone in place: its config is the trial's now.
+      drop_clone(t);
+      storage_->child(t.info.trial_id)->put(kParamsKey, t.info.config.dump(2));
+    }
     nlohmann::json kept = m.value("kept", nlohmann::json::array());
     t.kept = kept.get<std::vector<std::string>>();
     if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();
@@ -811,6 +831,24 @@ class Experiment {
     }
     if (d.clone_from) {
       std::optional<Clone> c = stage_clone(t, *d.clone_from);
+      if (c && spec_.class_trainable) {
+        // In place: the runner commits the copy into the trial and the
+        // trainable adopts the config (Trainable::reset_config). Until the
+        // next round shows it did, the copy stays, and a restart of the
+        // trial commits it instead.
+        log::info(fmt::format("PBT: trial {} continues in place from trial {}'s checkpoint with {}",
+                              t.info.trial_id, *d.clone_from, d.new_config.dump()));
+        const std::string from =
+            read_experiment(storage_->child(c->staged)->uri()).checkpoints.back().checkpoint.uri();
+        nlohmann::json reset = {
+            {"config", d.new_config}, {"checkpoint", from}, {"metrics", c->metrics}};
+        t.clone = std::move(c);
+        t.config_before_reset = t.info.config;
+        t.info.config = d.new_config;
+        t.reset_sent = true;
+        save_state();
+        return {{"save", false}, {"stop", false}, {"reset", reset}};
+      }
       if (c) {
         log::info(fmt::format("PBT: trial {} continues from trial {}'s checkpoint with {}",
                               t.info.trial_id, *d.clone_from, d.new_config.dump()));
@@ -903,6 +941,12 @@ class Experiment {
   }
 
   void complete(Trial& t) {
+    // Ended before it took a clone sent in place: the clone is moot, and
+    // the trial ran with its config before.
+    if (t.reset_sent && t.clone) {
+      t.info.config = t.config_before_reset;
+      drop_clone(t);
+    }
     t.info.status = TrialStatus::kTerminated;
     scheduler_->on_trial_complete(view_of(t), t.info.last_result);
     tell_searcher(t, false);

@@ -256,6 +256,93 @@ TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
   EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
 }
 
+// PBT over a class trainable: value grows by lr each step. With
+// config["reuse"], reset_config() adopts the new config in place; without,
+// the instance is replaced. Either way the trial stays in its process.
+class Grower : public Trainable {
+ public:
+  void setup(const nlohmann::json& config) override {
+    lr_ = config.at("lr").get<double>();
+    reuse_ = config.value("reuse", false);
+    ++setups_;
+  }
+  nlohmann::json step() override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));
+    ++step_;
+    value_ += lr_;
+    return {{"score", value_},    {"lr", lr_},         {"step", step_},
+            {"setups", setups_},  {"resets", resets_}, {"pid", static_cast<int>(::getpid())},
+            {"done", step_ >= 12}};
+  }
+  void save_checkpoint(const std::string& dir) override {
+    write_file(fs::path(dir) / "state.json",
+               nlohmann::json({{"value", value_}, {"step", step_}, {"check", value_ * 7}}).dump());
+  }
+  void load_checkpoint(const std::string& dir) override {
+    const nlohmann::json st = nlohmann::json::parse(slurp(fs::path(dir) / "state.json"));
+    value_ = st.at("value").get<double>();
+    step_ = st.at("step").get<int>();
+    if (st.at("check").get<double>() != value_ * 7) throw std::runtime_error("torn checkpoint");
+  }
+  bool reset_config(const nlohmann::json& config) override {
+    if (!reuse_) return false;
+    lr_ = config.at("lr").get<double>();
+    ++resets_;
+    return true;
+  }
+
+ private:
+  static inline int setups_ = 0;  // per process: counts replaced instances too
+  double lr_ = 0;
+  bool reuse_ = false;
+  double value_ = 0;
+  int step_ = 0;
+  int resets_ = 0;
+};
+
+TEST(TunerPbt, ClassTrainablesTakeClonesInPlaceWithResetConfigOrAFreshInstance) {
+  for (const bool reuse : {true, false}) {
+    SCOPED_TRACE(reuse ? "reset_config adopts" : "reset_config declines");
+    TempDir dir;
+    RunConfig run;
+    run.name = "inplace";
+    run.storage_path = dir.str();
+    run.checkpoint_config.num_to_keep = 1;
+    run.checkpoint_config.checkpoint_frequency = 1;
+    TuneConfig tc = pbt_config(nullptr);
+    tc.max_concurrent_trials = 4;
+    ResultGrid grid = Tuner([] { return std::make_unique<Grower>(); },
+                            {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}, {"reuse", reuse}}, tc, run)
+                          .fit();
+    ASSERT_EQ(grid.size(), 4u);
+    size_t in_place = 0;
+    for (const auto& r : grid) {
+      EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+      std::set<int> pids;
+      std::set<double> lrs;
+      for (const auto& row : r.metrics_history) {
+        pids.insert(row.at("pid").get<int>());
+        lrs.insert(row.at("lr").get<double>());
+      }
+      EXPECT_EQ(pids.size(), 1u) << r.trial_id << ": a clone in place keeps the process";
+      const nlohmann::json& last = r.metrics_history.back();
+      if (lrs.size() > 1) {
+        ++in_place;
+        EXPECT_EQ(last.at(reuse ? "resets" : "setups").get<int>() > (reuse ? 0 : 1), true)
+            << r.trial_id;
+      }
+      EXPECT_EQ(r.config.at("lr"), last.at("lr")) << r.trial_id;
+      EXPECT_EQ(nlohmann::json::parse(slurp(dir / "inplace" / r.trial_id / "params.json")),
+                r.config)
+          << r.trial_id;
+      testing::expect_all_verify((dir / "inplace" / r.trial_id).string());
+    }
+    EXPECT_GE(in_place, 1u) << "no trial was cloned";
+    const fs::path clones = dir / "inplace" / ".cairn_clones";
+    EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
+  }
+}
+
 // The driver killed as a clone restarts (right after the copy was committed
 // into the trial) and at results around perturbations: restore finishes
 // every trial, each to its last step, with nothing left in .cairn_clones.
