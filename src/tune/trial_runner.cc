@@ -133,13 +133,15 @@ int run_trial(const RunnerSpec& rs, int fd) {
     bool stopped = false;
     spec.stopped = &stopped;
     // After a driver crash the runner of the previous driver may still be
-    // dying with the trial's lock: wait for it, boundedly.
+    // dying with the trial's lock (or its S3 lease not yet expired): wait
+    // for it, boundedly.
     std::optional<Result> result;
     for (int attempt = 0; !result; ++attempt) {
       try {
         result = train_internal::run_driver(spec, train_internal::start_local_group);
       } catch (const Error& e) {
-        if (e.code() != ErrorCode::kLocked || attempt >= 100) throw;
+        // 30 s: past an S3 lease of a runner that died with its driver.
+        if (e.code() != ErrorCode::kLocked || attempt >= 300) throw;
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }

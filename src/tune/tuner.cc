@@ -47,6 +47,10 @@ constexpr std::string_view kStateKey = "tuner_state.json";
 constexpr std::string_view kLockKey = ".cairn.lock";
 constexpr std::string_view kClonesFolder = ".cairn_clones";
 constexpr std::string_view kParamsKey = "params.json";
+// How long to wait for a trial's lock held by a runner of a driver that died
+// (a file lock goes with the process; an S3 lease only when it expires).
+constexpr int kLockedRetries = 300;
+constexpr std::chrono::milliseconds kLockedRetryPause{100};
 
 double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -678,8 +682,19 @@ class Experiment {
                                          const std::vector<std::string>& kept) {
         retire(t, doomed, kept);
       };
-      CheckpointManager m(storage_->child(t.info.trial_id)->uri(), spec_.run.checkpoint_config,
-                          options);
+      // The trial's previous runner, if the driver died with it, may still
+      // hold the trial's lock for a moment (an S3 lease until it expires).
+      std::unique_ptr<CheckpointManager> opened;
+      for (int attempt = 0; !opened; ++attempt) {
+        try {
+          opened = std::make_unique<CheckpointManager>(storage_->child(t.info.trial_id)->uri(),
+                                                       spec_.run.checkpoint_config, options);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kLocked || attempt >= kLockedRetries) throw;
+          std::this_thread::sleep_for(kLockedRetryPause);
+        }
+      }
+      CheckpointManager& m = *opened;
       CheckpointRecord r = m.register_checkpoint(listing.checkpoints.back().metrics,
                                                  listing.checkpoints.back().checkpoint);
       t.kept.clear();
