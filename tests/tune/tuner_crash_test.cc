@@ -84,7 +84,7 @@ pid_t spawn_driver(const fs::path& storage, bool restore) {
     ResultGrid grid =
         restore && Tuner::can_restore(path)
             ? Tuner::restore(path, slow_counter).fit()
-            : Tuner(slow_counter, {{"x", grid_search({1.0, 2.0, 3.0, 4.0, 5.0})}, {"iters", 40}},
+            : Tuner(slow_counter, {{"x", grid_search({1.0, 2.0, 3.0, 4.0, 5.0})}, {"iters", 60}},
                     tc, run_config(storage))
                   .fit();
     code = grid.num_terminated() == grid.size() && grid.size() == 5 ? 0 : 3;
@@ -139,7 +139,9 @@ TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
   int kills = 0;
   for (int round = 0; round < kKills; ++round) {
     const pid_t pid = spawn_driver(storage, round > 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 200));
+    // At most 50 x 150 ms of progress before the last kill: well under the
+    // experiment's 3 waves x 60 steps x 40 ms, however fast the machine.
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 150));
     int status = 0;
     if (::waitpid(pid, &status, WNOHANG) == pid) {
       // It finished before the kill: the experiment is done.
@@ -169,7 +171,7 @@ TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
     ExperimentListing listing = read_experiment(trial.string());
     ASSERT_FALSE(listing.checkpoints.empty());
     EXPECT_EQ(slurp(listing.checkpoints.back().checkpoint.as_directory().path() / "step.txt"),
-              "40");
+              "60");
     testing::expect_all_verify(trial.string());
   }
   expect_state_references_exist(experiment, kKills);
