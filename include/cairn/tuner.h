@@ -43,15 +43,19 @@
 // scheduler's state. It is saved when a PBT clone is decided or a trial
 // fails for good, before a trial's retention deletes a checkpoint the saved
 // state names (so the state never names a deleted checkpoint), at the end,
-// and otherwise at most every period: automatically 100 times the last
+// and otherwise every period while something changed: 100 times the last
 // save's duration, at least 1 s (so periodic saving takes at most 1% of the
 // wall time), or $CAIRN_TUNE_STATE_PERIOD_S seconds. A trial's own folder is
 // the truth for its checkpoints and history; the state is the truth for
 // statuses, configurations and the search, and restore() reconciles the two.
 //
-// Failure. A trial whose workers fail is restarted from its latest committed
-// checkpoint while RunConfig::failure_config.max_failures allows (as in the
-// Trainer); then it is ERROR and the experiment goes on. Errors of the
+// Failure. A trial whose workers fail, or whose runner process dies, is
+// restarted from its latest committed checkpoint while
+// RunConfig::failure_config.max_failures allows (one budget per trial, across
+// its runners); then it is ERROR and the experiment goes on. An experiment
+// in which nothing runs and nothing can start (a scheduler that chooses no
+// waiting trial, a searcher that suggests nothing yet is not finished) fails
+// with kFailedPrecondition rather than wait forever. Errors of the
 // experiment itself (a malformed space or configuration, storage that cannot
 // be used, an experiment locked by another live driver, a name already
 // holding an experiment for a new Tuner) throw cairn::Error from the
