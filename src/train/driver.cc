@@ -226,7 +226,6 @@ class Driver {
                       budget < 0 ? std::string("unlimited") : std::to_string(budget), message));
       save_state();
     }
-    if (spec_.stopped != nullptr) *spec_.stopped = stop_now_;
     result.metrics = last_metrics_;
     result.metrics_history = history_->rows();
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
@@ -239,6 +238,10 @@ class Driver {
     state_["error"] = result.error ? nlohmann::json(*result.error) : nlohmann::json(nullptr);
     state_["metrics"] = last_metrics_;
     save_state();
+    if (spec_.outcome != nullptr) {
+      spec_.outcome->status = state_["status"].get<std::string>();
+      spec_.outcome->failures = failures;
+    }
     return result;
   }
 

@@ -78,9 +78,14 @@ struct DriverSpec {
   // Remove the scratch folders of dead drivers at the start (the Tuner does
   // it once for all its trials instead).
   bool sweep_scratch = true;
-  // The run was stopped by on_round (RoundDirective::stop without save).
-  // Set by run_driver when given.
-  bool* stopped = nullptr;
+  // Filled by run_driver when given: how the run ended, as trainer_state.json
+  // records it ("finished", "stopped" by on_round, "preempted", "errored"),
+  // and the group failures it restarted from.
+  struct Outcome {
+    std::string status;
+    int failures = 0;
+  };
+  Outcome* outcome = nullptr;
 };
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);

@@ -1,9 +1,5 @@
 #include "tune/trial_runner.h"
 
-#include <chrono>
-#include <optional>
-#include <thread>
-
 #include <fmt/format.h>
 
 #include "cairn/error.h"
@@ -130,31 +126,16 @@ int run_trial(const RunnerSpec& rs, int fd) {
       channel.send({{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
       if (!channel.recv()) throw Error(ErrorCode::kUnavailable, "the tuner went away");
     };
-    bool stopped = false;
-    spec.stopped = &stopped;
+    train_internal::DriverSpec::Outcome outcome;
+    spec.outcome = &outcome;
     // After a driver crash the runner of the previous driver may still be
-    // dying with the trial's lock (or its S3 lease not yet expired): wait
-    // for it, boundedly.
-    std::optional<Result> result;
-    for (int attempt = 0; !result; ++attempt) {
-      try {
-        result = train_internal::run_driver(spec, train_internal::start_local_group);
-      } catch (const Error& e) {
-        // 30 s: past an S3 lease of a runner that died with its driver.
-        if (e.code() != ErrorCode::kLocked || attempt >= 300) throw;
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
-    const Result& r = *result;
-    const char* status = r.preempted ? "preempted"
-                         : r.error   ? "errored"
-                         : stopped   ? "stopped"
-                                     : "finished";
-    const nlohmann::json state = train_internal::read_trainer_state(rs.trial_uri);
+    // dying with the trial's lock (or its S3 lease not yet expired).
+    const Result r = retry_while_locked(
+        [&] { return train_internal::run_driver(spec, train_internal::start_local_group); });
     channel.send({{"t", "end"},
-                  {"status", status},
+                  {"status", outcome.status},
                   {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json(nullptr)},
-                  {"failures", state.is_object() ? state.value("failures", 0) : 0}});
+                  {"failures", outcome.failures}});
     return 0;
   } catch (const std::exception& e) {
     try {

@@ -14,10 +14,13 @@
 // counts a failure.
 #pragma once
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include "cairn/error.h"
 #include "cairn/run_config.h"
 #include "cairn/train.h"
 #include "cairn/tuner.h"
@@ -32,6 +35,22 @@ struct RunnerSpec {
   std::string trial_uri;
   std::string trial_path;  // as shown to users
 };
+
+// Runs `open` (something that takes a trial's lock) again while it throws
+// kLocked, for at most about 30 s: after a driver crash the trial's lock may
+// still be held by a runner of that driver that is dying (a file lock goes
+// with the process, an S3 lease only when it expires).
+template <class Open>
+auto retry_while_locked(Open&& open) -> decltype(open()) {
+  for (int attempt = 0;; ++attempt) {
+    try {
+      return open();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kLocked || attempt >= 300) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
 
 // Runs in the forked child; returns its exit status. `fd` is its end of the
 // channel to the Tuner.

@@ -47,10 +47,6 @@ constexpr std::string_view kStateKey = "tuner_state.json";
 constexpr std::string_view kLockKey = ".cairn.lock";
 constexpr std::string_view kClonesFolder = ".cairn_clones";
 constexpr std::string_view kParamsKey = "params.json";
-// How long to wait for a trial's lock held by a runner of a driver that died
-// (a file lock goes with the process; an S3 lease only when it expires).
-constexpr int kLockedRetries = 300;
-constexpr std::chrono::milliseconds kLockedRetryPause{100};
 
 double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -395,13 +391,15 @@ class Experiment {
       const bool ended =
           t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError;
       if (!ended) t.text.clear();
-      std::string fresh;
-      const std::string& part =
-          ended && !t.text.empty() ? t.text : (fresh = trial_to_json(t).dump());
-      if (ended && t.text.empty()) t.text = fresh;
       if (!first) text += ',';
       first = false;
+      if (!t.text.empty()) {
+        text += t.text;
+        continue;
+      }
+      std::string part = trial_to_json(t).dump();
       text += part;
+      if (ended) t.text = std::move(part);
     }
     text += "]}";
     return text;
@@ -522,8 +520,8 @@ class Experiment {
   }
 
   std::string trial_path(const std::string& id) const {
-    return uri_.find("://") != std::string::npos && path_ == uri_ ? storage_->child(id)->uri()
-                                                                  : path_ + "/" + id;
+    // A plain path for local storage (as the Trainer shows it), else the URI.
+    return path_ == uri_ ? storage_->child(id)->uri() : path_ + "/" + id;
   }
 
   void start(Trial& t) {
@@ -682,18 +680,11 @@ class Experiment {
                                          const std::vector<std::string>& kept) {
         retire(t, doomed, kept);
       };
-      // The trial's previous runner, if the driver died with it, may still
-      // hold the trial's lock for a moment (an S3 lease until it expires).
-      std::unique_ptr<CheckpointManager> opened;
-      for (int attempt = 0; !opened; ++attempt) {
-        try {
-          opened = std::make_unique<CheckpointManager>(storage_->child(t.info.trial_id)->uri(),
-                                                       spec_.run.checkpoint_config, options);
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::kLocked || attempt >= kLockedRetries) throw;
-          std::this_thread::sleep_for(kLockedRetryPause);
-        }
-      }
+      // A runner of a driver that died may still hold the trial's lock.
+      std::unique_ptr<CheckpointManager> opened = tune_internal::retry_while_locked([&] {
+        return std::make_unique<CheckpointManager>(storage_->child(t.info.trial_id)->uri(),
+                                                   spec_.run.checkpoint_config, options);
+      });
       CheckpointManager& m = *opened;
       CheckpointRecord r = m.register_checkpoint(listing.checkpoints.back().metrics,
                                                  listing.checkpoints.back().checkpoint);
@@ -908,7 +899,9 @@ class Experiment {
 
   void finish(Trial& t, int wait_status) {
     dirty_ = true;
-    refresh_checkpoints(t);
+    // Rounds and retention tell the kept checkpoints as they change; a
+    // runner that died may have committed one it could not tell.
+    if (!t.ended) refresh_checkpoints(t);
     const std::string end_status = t.ended ? t.end.value("status", "") : "";
     // The runner's Trainer counted the group failures it restarted from.
     if (t.ended && t.end.contains("failures") && t.end["failures"].is_number_integer()) {
@@ -990,9 +983,10 @@ class Experiment {
     std::vector<TrialResult> out;
     for (const auto& t : trials_) {
       TrialResult r;
-      const std::string uri = storage_->child(t.info.trial_id)->uri();
-      if (train_internal::read_trainer_state(uri).is_object()) {
-        static_cast<Result&>(r) = Result::from_path(uri);
+      try {
+        static_cast<Result&>(r) = Result::from_path(storage_->child(t.info.trial_id)->uri());
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kNotFound) throw;  // a trial that never ran
       }
       r.path = t.info.path;
       r.trial_id = t.info.trial_id;
