@@ -34,4 +34,18 @@ inline ErrorCode code_of(const std::function<void()>& fn) {
   return ErrorCode::kInternal;
 }
 
+// Runs `fn` and expects a cairn::Error with code `want` whose message holds
+// `words` (what the error must name).
+inline void expect_error_naming(ErrorCode want, const std::string& words,
+                                const std::function<void()>& fn) {
+  const std::string message = error_message_of(fn, want);
+  EXPECT_NE(message.find(words), std::string::npos)
+      << "expected an error naming \"" << words << "\", got: " << message;
+}
+
+// The same for kInvalidArgument, the error of a bad option or argument.
+inline void expect_invalid_argument(const std::function<void()>& fn, const std::string& words) {
+  expect_error_naming(ErrorCode::kInvalidArgument, words, fn);
+}
+
 }  // namespace cairn::testing

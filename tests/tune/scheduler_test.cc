@@ -10,6 +10,7 @@
 #include "cairn/error.h"
 #include "cairn/tune.h"
 #include "cairn/tune_schedulers.h"
+#include "support/errors.h"
 
 namespace cairn::tune {
 namespace {
@@ -29,16 +30,6 @@ TrialView view(const std::string& id, json config = json::object(), bool has_che
 
 json result(double t, double score) { return {{"training_iteration", t}, {"score", score}}; }
 
-void expect_invalid(auto&& call, const std::string& words) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one with: " << words;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
-  }
-}
-
 // A saved state as it comes back from a file.
 json round_trip(const json& state) { return json::parse(state.dump()); }
 
@@ -50,8 +41,8 @@ TEST(TrialStatus, RoundTripsThroughItsRayName) {
     EXPECT_EQ(trial_status_from_string(to_string(s)), s);
   }
   EXPECT_EQ(to_string(TrialStatus::kTerminated), "TERMINATED");
-  expect_invalid([] { trial_status_from_string("running"); }, "\"running\"");
-  expect_invalid([] { trial_status_from_string(""); }, "unknown trial status");
+  testing::expect_invalid_argument([] { trial_status_from_string("running"); }, "\"running\"");
+  testing::expect_invalid_argument([] { trial_status_from_string(""); }, "unknown trial status");
 }
 
 TEST(FIFOScheduler, RunsPendingBeforePausedAndNeverStops) {
@@ -69,17 +60,17 @@ TEST(FIFOScheduler, SavesItsKindAndRefusesOthers) {
   FIFOScheduler fifo;
   EXPECT_EQ(fifo.save(), (json{{"scheduler", "fifo"}, {"version", 1}}));
   fifo.restore(round_trip(fifo.save()));
-  expect_invalid(
+  testing::expect_invalid_argument(
       [&] {
         fifo.restore({{"scheduler", "asha"}, {"version", 1}});
       },
       "state of scheduler \"asha\", not \"fifo\"");
-  expect_invalid(
+  testing::expect_invalid_argument(
       [&] {
         fifo.restore({{"scheduler", "fifo"}, {"version", 2}});
       },
       "unsupported version 2");
-  expect_invalid([&] { fifo.restore(json::array()); }, "not a JSON object");
+  testing::expect_invalid_argument([&] { fifo.restore(json::array()); }, "not a JSON object");
 }
 
 // --- ASHA --------------------------------------------------------------------
@@ -101,7 +92,7 @@ TEST(ASHAScheduler, RungsAreGracePeriodTimesPowersOfTheFactorBelowMaxT) {
   EXPECT_EQ(asha.rungs(0), (std::vector<double>{64, 16, 4, 1}));
   EXPECT_EQ(asha.rungs(1), (std::vector<double>{64, 16, 4}));
   EXPECT_EQ(asha.rungs(2), (std::vector<double>{64, 16}));
-  expect_invalid([&] { asha.rungs(3); }, "bracket 3");
+  testing::expect_invalid_argument([&] { asha.rungs(3); }, "bracket 3");
   // A milestone equal to max_t is no rung: the trial is done there anyway.
   EXPECT_EQ(ASHAScheduler(asha_options(4, 16)).rungs(0), (std::vector<double>{4, 1}));
 }
@@ -223,24 +214,34 @@ TEST(ASHAScheduler, ValidationErrorsNameTheField) {
     change(o);
     return [o] { ASHAScheduler s(o); };
   };
-  expect_invalid(with([](ASHAOptions& o) { o.reduction_factor = 1; }),
-                 "ASHAOptions::reduction_factor must be > 1, got 1");
-  expect_invalid(with([](ASHAOptions& o) { o.max_t = 0; }), "ASHAOptions::max_t");
-  expect_invalid(with([](ASHAOptions& o) { o.grace_period = 0; }), "ASHAOptions::grace_period");
-  expect_invalid(with([](ASHAOptions& o) { o.grace_period = 200; }), "ASHAOptions::grace_period");
-  expect_invalid(with([](ASHAOptions& o) { o.brackets = 0; }), "ASHAOptions::brackets");
-  expect_invalid(with([](ASHAOptions& o) { o.mode = "maximize"; }), "ASHAOptions::mode");
-  expect_invalid(with([](ASHAOptions& o) { o.time_attr = ""; }), "ASHAOptions::time_attr");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.reduction_factor = 1; }),
+                                   "ASHAOptions::reduction_factor must be > 1, got 1");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.max_t = 0; }), "ASHAOptions::max_t");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.grace_period = 0; }),
+                                   "ASHAOptions::grace_period");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.grace_period = 200; }),
+                                   "ASHAOptions::grace_period");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.brackets = 0; }),
+                                   "ASHAOptions::brackets");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.mode = "maximize"; }),
+                                   "ASHAOptions::mode");
+  testing::expect_invalid_argument(with([](ASHAOptions& o) { o.time_attr = ""; }),
+                                   "ASHAOptions::time_attr");
 }
 
 TEST(ASHAScheduler, NeedsAMetricAndModeFromItsOptionsOrTheTuneConfig) {
   ASHAScheduler none;
-  expect_invalid([&] { none.set_search_properties("", "max"); }, "TuneConfig::metric");
-  expect_invalid([&] { none.set_search_properties("", "max"); }, "ASHAOptions::metric");
-  expect_invalid([&] { none.set_search_properties("score", ""); }, "TuneConfig::mode");
-  expect_invalid([&] { none.set_search_properties("score", "up"); }, "TuneConfig::mode");
+  testing::expect_invalid_argument([&] { none.set_search_properties("", "max"); },
+                                   "TuneConfig::metric");
+  testing::expect_invalid_argument([&] { none.set_search_properties("", "max"); },
+                                   "ASHAOptions::metric");
+  testing::expect_invalid_argument([&] { none.set_search_properties("score", ""); },
+                                   "TuneConfig::mode");
+  testing::expect_invalid_argument([&] { none.set_search_properties("score", "up"); },
+                                   "TuneConfig::mode");
   none.on_trial_add(view("a"));
-  expect_invalid([&] { none.on_trial_result(view("a"), result(1, 1)); }, "ASHAOptions::metric");
+  testing::expect_invalid_argument([&] { none.on_trial_result(view("a"), result(1, 1)); },
+                                   "ASHAOptions::metric");
   none.set_search_properties("score", "max");
   EXPECT_EQ(none.save()["metric"], "score");
 
@@ -254,17 +255,18 @@ TEST(ASHAScheduler, NeedsAMetricAndModeFromItsOptionsOrTheTuneConfig) {
 TEST(ASHAScheduler, TheTimeAttributeMustBeANumber) {
   ASHAScheduler asha(asha_options(4, 100));
   asha.on_trial_add(view("trial_7"));
-  expect_invalid(
+  testing::expect_invalid_argument(
       [&] {
         asha.on_trial_result(view("trial_7"), json{{"score", 1}});
       },
       "trial 'trial_7': result['training_iteration'] must be a number");
-  expect_invalid(
+  testing::expect_invalid_argument(
       [&] {
         asha.on_trial_result(view("trial_7"), {{"training_iteration", "3"}, {"score", 1}});
       },
       "training_iteration");
-  expect_invalid([&] { asha.on_trial_result(view("ghost"), result(1, 1)); }, "'ghost'");
+  testing::expect_invalid_argument([&] { asha.on_trial_result(view("ghost"), result(1, 1)); },
+                                   "'ghost'");
 }
 
 // A reproducible stream of results for `trials` trials: each result comes from
@@ -335,19 +337,20 @@ TEST(ASHAScheduler, RestoreRefusesAnotherStateAndChangesNothing) {
 
   json other = before;
   other["scheduler"] = "pbt";
-  expect_invalid([&] { asha.restore(other); }, "state of scheduler \"pbt\", not \"asha\"");
+  testing::expect_invalid_argument([&] { asha.restore(other); },
+                                   "state of scheduler \"pbt\", not \"asha\"");
   json newer = before;
   newer["version"] = 2;
-  expect_invalid([&] { asha.restore(newer); }, "unsupported version 2");
+  testing::expect_invalid_argument([&] { asha.restore(newer); }, "unsupported version 2");
   json reshaped = before;
   reshaped["brackets"][0][0]["milestone"] = 5;
-  expect_invalid([&] { asha.restore(reshaped); }, "milestone");
+  testing::expect_invalid_argument([&] { asha.restore(reshaped); }, "milestone");
   json bad_value = before;
   bad_value["brackets"][0][2]["recorded"]["zzz"] = "lots";
-  expect_invalid([&] { asha.restore(bad_value); }, "'zzz'");
+  testing::expect_invalid_argument([&] { asha.restore(bad_value); }, "'zzz'");
   json other_metric = before;
   other_metric["metric"] = "loss";
-  expect_invalid([&] { asha.restore(other_metric); }, "metric");
+  testing::expect_invalid_argument([&] { asha.restore(other_metric); }, "metric");
   EXPECT_EQ(asha.save(), before);
 
   // An infinite score (a diverged loss) survives the JSON round trip.
@@ -563,7 +566,7 @@ TEST(PopulationBasedTraining, AResultWithoutTheMetricChangesNothing) {
   json st = pbt.save()["trials"]["trial_0"];
   EXPECT_EQ(st["last_perturbation_time"], 0.0);
   EXPECT_TRUE(st["last_score"].is_null());
-  expect_invalid(
+  testing::expect_invalid_argument(
       [&] {
         pbt.on_trial_result(view("trial_0"), json{{"score", 1}});
       },
@@ -650,16 +653,17 @@ TEST(PopulationBasedTraining, RestoreRefusesAnotherStateAndChangesNothing) {
   const json before = pbt.save();
   json other = before;
   other["scheduler"] = "asha";
-  expect_invalid([&] { pbt.restore(other); }, "state of scheduler \"asha\", not \"pbt\"");
+  testing::expect_invalid_argument([&] { pbt.restore(other); },
+                                   "state of scheduler \"asha\", not \"pbt\"");
   json newer = before;
   newer["version"] = 7;
-  expect_invalid([&] { pbt.restore(newer); }, "unsupported version 7");
+  testing::expect_invalid_argument([&] { pbt.restore(newer); }, "unsupported version 7");
   json bad_rng = before;
   bad_rng["rng"] = "12 34";
-  expect_invalid([&] { pbt.restore(bad_rng); }, "'rng'");
+  testing::expect_invalid_argument([&] { pbt.restore(bad_rng); }, "'rng'");
   json bad_trial = before;
   bad_trial["trials"]["trial_1"].erase("done");
-  expect_invalid([&] { pbt.restore(bad_trial); }, "trial 'trial_1' lacks 'done'");
+  testing::expect_invalid_argument([&] { pbt.restore(bad_trial); }, "trial 'trial_1' lacks 'done'");
   EXPECT_EQ(pbt.save(), before);
 }
 
@@ -669,45 +673,49 @@ TEST(PopulationBasedTraining, ValidationErrorsNameTheField) {
     change(o);
     return [o] { PopulationBasedTraining s(o); };
   };
-  expect_invalid(with([](PBTOptions& o) { o.quantile_fraction = 0.6; }),
-                 "PBTOptions::quantile_fraction must be in (0, 0.5], got 0.6");
-  expect_invalid(with([](PBTOptions& o) { o.quantile_fraction = 0; }),
-                 "PBTOptions::quantile_fraction");
-  expect_invalid(with([](PBTOptions& o) { o.resample_probability = 1.5; }),
-                 "PBTOptions::resample_probability");
-  expect_invalid(with([](PBTOptions& o) { o.perturbation_interval = 0; }),
-                 "PBTOptions::perturbation_interval");
-  expect_invalid(with([](PBTOptions& o) { o.mode = "best"; }), "PBTOptions::mode");
-  expect_invalid(with([](PBTOptions& o) { o.hyperparam_mutations = json::object(); }),
-                 "PBTOptions::hyperparam_mutations must be a non-empty JSON object");
-  expect_invalid(with([](PBTOptions& o) {
-                   o.hyperparam_mutations = {{"lr", 0.1}};
-                 }),
-                 "PBTOptions::hyperparam_mutations: lr: must be a domain");
-  expect_invalid(with([](PBTOptions& o) {
-                   o.hyperparam_mutations = {{"model", {{"p", uniform(1, 0)}}}};
-                 }),
-                 "model/p");
-  expect_invalid(with([](PBTOptions& o) {
-                   o.hyperparam_mutations = {{"b", grid_search({1, 2})}};
-                 }),
-                 "b: grid_search");
-  expect_invalid(with([](PBTOptions& o) {
-                   o.hyperparam_mutations = {{"b", json::array()}};
-                 }),
-                 "b: a list of values must not be empty");
-  expect_invalid(with([](PBTOptions& o) {
-                   o.hyperparam_mutations = {{"m", json::object()}};
-                 }),
-                 "m: an object of nested mutations must not be empty");
+  testing::expect_invalid_argument(with([](PBTOptions& o) { o.quantile_fraction = 0.6; }),
+                                   "PBTOptions::quantile_fraction must be in (0, 0.5], got 0.6");
+  testing::expect_invalid_argument(with([](PBTOptions& o) { o.quantile_fraction = 0; }),
+                                   "PBTOptions::quantile_fraction");
+  testing::expect_invalid_argument(with([](PBTOptions& o) { o.resample_probability = 1.5; }),
+                                   "PBTOptions::resample_probability");
+  testing::expect_invalid_argument(with([](PBTOptions& o) { o.perturbation_interval = 0; }),
+                                   "PBTOptions::perturbation_interval");
+  testing::expect_invalid_argument(with([](PBTOptions& o) { o.mode = "best"; }),
+                                   "PBTOptions::mode");
+  testing::expect_invalid_argument(
+      with([](PBTOptions& o) { o.hyperparam_mutations = json::object(); }),
+      "PBTOptions::hyperparam_mutations must be a non-empty JSON object");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"lr", 0.1}};
+                                   }),
+                                   "PBTOptions::hyperparam_mutations: lr: must be a domain");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"model", {{"p", uniform(1, 0)}}}};
+                                   }),
+                                   "model/p");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"b", grid_search({1, 2})}};
+                                   }),
+                                   "b: grid_search");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"b", json::array()}};
+                                   }),
+                                   "b: a list of values must not be empty");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"m", json::object()}};
+                                   }),
+                                   "m: an object of nested mutations must not be empty");
 
   PopulationBasedTraining none([] {
     PBTOptions o = pbt_options();
     o.metric = "";
     return o;
   }());
-  expect_invalid([&] { none.set_search_properties("", "max"); }, "PBTOptions::metric");
-  expect_invalid([&] { none.set_search_properties("", "max"); }, "TuneConfig::metric");
+  testing::expect_invalid_argument([&] { none.set_search_properties("", "max"); },
+                                   "PBTOptions::metric");
+  testing::expect_invalid_argument([&] { none.set_search_properties("", "max"); },
+                                   "TuneConfig::metric");
 }
 
 }  // namespace

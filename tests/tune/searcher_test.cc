@@ -7,6 +7,7 @@
 
 #include "cairn/error.h"
 #include "cairn/tune.h"
+#include "support/errors.h"
 
 namespace cairn::tune {
 namespace {
@@ -32,16 +33,6 @@ void expect_same(const std::vector<Variant>& a, const std::vector<Variant>& b) {
   for (std::size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].index, b[i].index);
     EXPECT_EQ(a[i].config, b[i].config) << "at " << i;
-  }
-}
-
-void expect_invalid(auto&& call, const std::string& words) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one with: " << words;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
   }
 }
 
@@ -113,7 +104,7 @@ TEST(BasicVariantGenerator, VariantAtIndexMatchesTheSequence) {
   BasicVariantGenerator probe(ParamSpace(example_space()), 2, 5);
   std::vector<Variant> all = drain(g);
   for (std::size_t k = all.size(); k-- > 0;) EXPECT_EQ(probe.variant(k).config, all[k].config);
-  expect_invalid([&] { probe.variant(all.size()); }, "out of range");
+  testing::expect_invalid_argument([&] { probe.variant(all.size()); }, "out of range");
 }
 
 TEST(BasicVariantGenerator, RestoreAtEveryCutPointContinuesTheSequence) {
@@ -140,9 +131,10 @@ TEST(BasicVariantGenerator, SearcherInterfaceTracksLiveTrialsAcrossRestore) {
   Searcher& s = g;
   EXPECT_EQ(s.suggest("t0"), (json{{"g", 1}}));
   EXPECT_EQ(s.suggest("t1"), (json{{"g", 2}}));
-  expect_invalid([&] { s.suggest("t1"); }, "trial 't1' was already suggested");
+  testing::expect_invalid_argument([&] { s.suggest("t1"); }, "trial 't1' was already suggested");
   s.on_trial_complete("t0", json{{"loss", 0.5}}, false);
-  expect_invalid([&] { s.on_trial_complete("t0", nullptr, false); }, "unknown trial 't0'");
+  testing::expect_invalid_argument([&] { s.on_trial_complete("t0", nullptr, false); },
+                                   "unknown trial 't0'");
 
   BasicVariantGenerator restored(ParamSpace({{"g", grid_search({1, 2, 3})}}), 1, 0);
   restored.restore(json::parse(s.save().dump()));
@@ -162,7 +154,7 @@ TEST(BasicVariantGenerator, RestoreRefusesForeignStateAndStaysUnchanged) {
   json good = g.save();
   BasicVariantGenerator target(ParamSpace(example_space()), 2, 7);
   auto refused = [&](json state, const std::string& words) {
-    expect_invalid([&] { target.restore(state); }, words);
+    testing::expect_invalid_argument([&] { target.restore(state); }, words);
     EXPECT_EQ(target.produced(), 0u);
   };
   json s = good;
@@ -201,7 +193,7 @@ TEST(BasicVariantGenerator, RestoreRefusesForeignStateAndStaysUnchanged) {
 }
 
 TEST(BasicVariantGenerator, BadArgumentsAreRefused) {
-  expect_invalid(
+  testing::expect_invalid_argument(
       [] {
         BasicVariantGenerator(ParamSpace({{"x", 1}}), 0, 0);
       },
@@ -210,8 +202,8 @@ TEST(BasicVariantGenerator, BadArgumentsAreRefused) {
   for (int i = 0; i < 65536; ++i) values.push_back(i);
   json spec = {{"a", grid_search(values)}, {"b", grid_search(values)}, {"c", grid_search(values)}};
   ParamSpace big(spec);  // 2^48 points
-  expect_invalid([&] { BasicVariantGenerator(big, std::size_t{1} << 16, 0); },
-                 "more trials than can be counted");
+  testing::expect_invalid_argument([&] { BasicVariantGenerator(big, std::size_t{1} << 16, 0); },
+                                   "more trials than can be counted");
   EXPECT_EQ(BasicVariantGenerator(big, (std::size_t{1} << 16) - 1, 0).total(),
             (std::size_t{1} << 48) * ((std::size_t{1} << 16) - 1));
 }

@@ -24,11 +24,6 @@ using testing::slurp;
 using testing::TempDir;
 using testing::write_file;
 
-void expect_error(ErrorCode code, const std::string& needle, const std::function<void()>& fn) {
-  const std::string message = testing::error_message_of(fn, code);
-  EXPECT_NE(message.find(needle), std::string::npos) << message;
-}
-
 RunConfig run_in(const TempDir& dir, std::string name = "search") {
   RunConfig r;
   r.name = std::move(name);
@@ -200,27 +195,33 @@ TEST(Tuner, StopAllEndsTheRunningTrialsAndStartsNoOther) {
   EXPECT_EQ(ran, 2u);
 }
 
-// A scheduler that never lets a waiting trial start.
-class ChoosesNothing : public TrialScheduler {
+// A scheduler that decides nothing; the tests' schedulers override what they
+// exercise.
+class QuietScheduler : public TrialScheduler {
  public:
-  std::string name() const override { return "nothing"; }
   void set_search_properties(const std::string&, const std::string&) override {}
   void on_trial_add(const TrialView&) override {}
   SchedulerDecision on_trial_result(const TrialView&, const nlohmann::json&) override { return {}; }
   void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
   void on_trial_error(const TrialView&) override {}
+  nlohmann::json save() const override { return nlohmann::json::object(); }
+  void restore(const nlohmann::json&) override {}
+};
+
+// A scheduler that never lets a waiting trial start.
+class ChoosesNothing : public QuietScheduler {
+ public:
+  std::string name() const override { return "nothing"; }
   std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>&) override {
     return std::nullopt;
   }
-  nlohmann::json save() const override { return nlohmann::json::object(); }
-  void restore(const nlohmann::json&) override {}
 };
 
 TEST(Tuner, AnExperimentThatCanMakeNoProgressFailsInsteadOfWaitingForever) {
   TempDir dir;
   TuneConfig tc;
   tc.scheduler = std::make_shared<ChoosesNothing>();
-  expect_error(ErrorCode::kFailedPrecondition, "none can start", [&] {
+  testing::expect_error_naming(ErrorCode::kFailedPrecondition, "none can start", [&] {
     Tuner(counting_trainable, {{"x", 1.0}}, tc, run_in(dir)).fit();
   });
   EXPECT_TRUE(Tuner::can_restore((dir / "search").string()));  // the state was saved
@@ -328,12 +329,12 @@ TEST(Tuner, FunctionTrainablesRefuseCheckpointFrequencyAndAtEnd) {
   TempDir dir;
   RunConfig run = run_in(dir);
   run.checkpoint_config.checkpoint_frequency = 2;
-  expect_error(ErrorCode::kInvalidArgument, "checkpoint_frequency", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "checkpoint_frequency", [&] {
     Tuner t(counting_trainable, {{"x", 1.0}}, {}, run);
   });
   run.checkpoint_config.checkpoint_frequency = 0;
   run.checkpoint_config.checkpoint_at_end = true;
-  expect_error(ErrorCode::kInvalidArgument, "checkpoint_at_end", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "checkpoint_at_end", [&] {
     Tuner t(counting_trainable, {{"x", 1.0}}, {}, run);
   });
 }
@@ -342,15 +343,15 @@ TEST(Tuner, BadConfigurationNamesTheField) {
   TempDir dir;
   TuneConfig tc;
   tc.metric = "loss";
-  expect_error(ErrorCode::kInvalidArgument, "TuneConfig::mode", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "TuneConfig::mode", [&] {
     Tuner t(counting_trainable, {{"x", 1.0}}, tc, run_in(dir));
   });
   tc.mode = "min";
   tc.num_samples = 0;
-  expect_error(ErrorCode::kInvalidArgument, "TuneConfig::num_samples", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "TuneConfig::num_samples", [&] {
     Tuner t(counting_trainable, {{"x", 1.0}}, tc, run_in(dir));
   });
-  expect_error(ErrorCode::kInvalidArgument, "x", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "x", [&] {
     Tuner t(counting_trainable, {{"x", uniform(2, 1)}}, {}, run_in(dir));
   });
 }
@@ -398,11 +399,9 @@ TEST(Tuner, CallbacksSeeTheTrialLifecycleAndCanAskForACheckpoint) {
 // A scheduler that pauses every trial once at iteration 2 and then lets it
 // go on: the paused trial checkpoints, frees its slot, and resumes later in
 // a new process from that checkpoint.
-class PauseOnce : public TrialScheduler {
+class PauseOnce : public QuietScheduler {
  public:
   std::string name() const override { return "pause_once"; }
-  void set_search_properties(const std::string&, const std::string&) override {}
-  void on_trial_add(const TrialView&) override {}
   SchedulerDecision on_trial_result(const TrialView& t, const nlohmann::json& r) override {
     SchedulerDecision d;
     if (r.at("training_iteration") == 2 && paused_.insert(t.trial_id).second) {
@@ -410,8 +409,6 @@ class PauseOnce : public TrialScheduler {
     }
     return d;
   }
-  void on_trial_complete(const TrialView&, const nlohmann::json&) override {}
-  void on_trial_error(const TrialView&) override {}
   std::optional<std::string> choose_trial_to_run(const std::vector<TrialView>& c) override {
     for (const auto& t : c) {
       if (t.status == TrialStatus::kPending) return t.trial_id;
@@ -522,18 +519,19 @@ TEST(TunerRestore, ErroredTrialsResumeOrRestartAsAskedAndFinishedOnesStayDone) {
 
 TEST(TunerRestore, RefusesAMissingOrDamagedStateAndAnotherTrainableKind) {
   TempDir dir;
-  expect_error(ErrorCode::kNotFound, "tuner_state.json",
-               [&] { Tuner::restore((dir / "nothing").string(), counting_trainable); });
+  testing::expect_error_naming(ErrorCode::kNotFound, "tuner_state.json", [&] {
+    Tuner::restore((dir / "nothing").string(), counting_trainable);
+  });
   fs::create_directories(dir / "bad");
   write_file(dir / "bad" / "tuner_state.json", "{not json");
-  expect_error(ErrorCode::kCorruption, "tuner_state.json",
-               [&] { Tuner::can_restore((dir / "bad").string()); });
+  testing::expect_error_naming(ErrorCode::kCorruption, "tuner_state.json",
+                               [&] { Tuner::can_restore((dir / "bad").string()); });
   Tuner(counting_trainable, {{"x", 1.0}, {"iters", 1}}, {}, run_in(dir)).fit();
-  expect_error(ErrorCode::kInvalidArgument, "function trainable", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "function trainable", [&] {
     Tuner::restore((dir / "search").string(), [] { return std::make_unique<Counter>(); });
   });
   // A new Tuner refuses a name that already holds an experiment.
-  expect_error(ErrorCode::kAlreadyExists, "Tuner::restore", [&] {
+  testing::expect_error_naming(ErrorCode::kAlreadyExists, "Tuner::restore", [&] {
     Tuner(counting_trainable, {{"x", 1.0}}, {}, run_in(dir)).fit();
   });
 }
@@ -632,7 +630,7 @@ TEST(Tuner, ARunnerKilledWithNoRetriesLeftIsAnErrorNamingHowItDied) {
 TEST(Tuner, AMalformedStatePeriodIsRefusedNamingTheVariable) {
   TempDir dir;
   ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "soon", 1);
-  expect_error(ErrorCode::kInvalidArgument, "CAIRN_TUNE_STATE_PERIOD_S", [&] {
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "CAIRN_TUNE_STATE_PERIOD_S", [&] {
     Tuner(counting_trainable, {{"x", 1.0}}, {}, run_in(dir)).fit();
   });
   ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "0", 1);  // save whenever something changed
