@@ -1,15 +1,20 @@
 // Single-domain validation and sampling, shared by ParamSpace (space.cc) and
-// Population Based Training's explore step (schedulers.cc). Internal to
+// Population Based Training's explore step (schedulers.cc), and the check of
+// a "max"/"min" mode shared by the schedulers and the Tuner. Internal to
 // cairn_tune; the public contract of domains is in include/cairn/tune.h.
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "cairn/tune.h"
 
 namespace cairn::tune::internal {
+
+// kInvalidArgument naming `field` unless `mode` is "max", "min" or empty.
+void check_mode(const std::string& mode, std::string_view field);
 
 // Whether `value` is a domain: an object holding kDomainTag.
 bool is_domain(const nlohmann::json& value);

@@ -18,6 +18,8 @@ namespace cairn::tune {
 
 using nlohmann::json;
 
+using internal::check_mode;
+
 namespace {
 
 constexpr int kStateVersion = 1;
@@ -32,12 +34,6 @@ constexpr std::size_t kMaxRungs = 1000;
 
 [[noreturn]] void bad_state(std::string_view who, std::string_view what) {
   invalid(fmt::format("{}: restoring state: {}", who, what));
-}
-
-void check_mode(const std::string& mode, std::string_view field) {
-  if (!mode.empty() && mode != "max" && mode != "min") {
-    invalid(fmt::format("{} must be \"max\" or \"min\", got \"{}\"", field, mode));
-  }
 }
 
 // The scheduler's own metric and mode win; TuneConfig's fill the gaps. Both
@@ -747,3 +743,14 @@ void PopulationBasedTraining::restore(const json& state) {
 }
 
 }  // namespace cairn::tune
+
+namespace cairn::tune::internal {
+
+void check_mode(const std::string& mode, std::string_view field) {
+  if (!mode.empty() && mode != "max" && mode != "min") {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} must be \"max\" or \"min\", got \"{}\"", field, mode));
+  }
+}
+
+}  // namespace cairn::tune::internal

@@ -34,12 +34,15 @@
 #include "train/driver.h"
 #include "train/history.h"
 #include "train/scratch.h"
+#include "tune/domain.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
 
 namespace cairn::tune {
+
+using internal::check_mode;
 
 namespace {
 
@@ -65,13 +68,6 @@ std::optional<double> number_at(const nlohmann::json& result, const std::string&
   const double v = it->get<double>();
   if (std::isnan(v)) return std::nullopt;
   return v;
-}
-
-void check_mode(const std::string& mode, std::string_view field) {
-  if (!mode.empty() && mode != "max" && mode != "min") {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{} must be \"max\" or \"min\", got \"{}\"", field, mode));
-  }
 }
 
 nlohmann::json failure_config_json(const FailureConfig& f) {
