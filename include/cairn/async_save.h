@@ -37,6 +37,15 @@
 //     the much slower first touch of fresh memory (page faults: a first
 //     save without it stalled 10-14x as long as a memcpy of the state on
 //     the virtual machines the project measures on).
+//   - Device tensors (StateDict::add_device, cairn/device.h): the snapshot
+//     copies them device-to-host on a stream of their device, ordered after
+//     the work their producer had queued when save() was called, into the
+//     same staging buffers, which the first such save pins (page-locks) for
+//     the device; they stay pinned while reused (stats().staging_pinned_bytes;
+//     a device that refuses to pin still works, at pageable-copy speed).
+//     save() returns once those copies are complete, so the caller may change
+//     its device tensors right away; the stall is the copy at the link's
+//     speed. reserve() pins too when given a state with device tensors.
 //   - Persisting goes through the commit protocol (commit.h): the file is
 //     written durably in parallel blocks, then the manifest; with a
 //     CheckpointManager, reserve_next() happens in save() and
@@ -246,6 +255,8 @@ class AsyncSaver {
     uint64_t extra_buffer_saves = 0;   // kExtraBuffer saves taken beyond max_in_flight
     uint64_t staging_allocations = 0;  // times a staging buffer was (re)allocated
     uint64_t staging_bytes = 0;        // bytes of staging memory held now
+    // Of those, bytes page-locked for device copies (see below).
+    uint64_t staging_pinned_bytes = 0;
     // The caller's stall: how long save() blocked, from the call to its
     // return (waiting for a slot, allocating, copying, reserving the
     // manager's index), for saves taken or skipped; save() calls that threw

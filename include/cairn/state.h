@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/checkpoint.h"
+#include "cairn/device.h"
 #include "cairn/safetensors.h"
 #include "cairn/storage.h"
 
@@ -55,14 +56,18 @@ inline constexpr std::string_view kCairnMetadataKey = "cairn.metadata";
 inline constexpr std::string_view kStateFileName = "state.safetensors";
 
 // A tensor: dtype, shape and a non-owning view of its bytes (row-major).
+// `device` is null for host memory; otherwise `bytes` are device addresses
+// the CPU must not read (see device.h).
 struct TensorView {
   DType dtype = DType::kU8;
   Shape shape;
   std::span<const std::byte> bytes;
+  const Device* device = nullptr;
 
   // The bytes as elements of T. Throws kInvalidArgument if T is not this
   // dtype's C++ type or the bytes are not aligned for T (possible only for a
-  // foreign file whose writer did not align its tensors).
+  // foreign file whose writer did not align its tensors), and
+  // kFailedPrecondition for a view of device memory.
   template <class T>
   std::span<const T> as() const;
 };
@@ -76,7 +81,10 @@ class StateDict {
     uint64_t nbytes = 0;
     bool writable = false;        // may be a load/restore target
     std::shared_ptr<void> owner;  // keeps owned bytes or a mapping alive (may be null)
-    TensorView view() const { return {dtype, shape, {data, nbytes}}; }
+    // Where the bytes live: null for host memory, else a device whose memory
+    // the CPU must not read (`data` is a device address; see device.h).
+    std::shared_ptr<const Device> device;
+    TensorView view() const { return {dtype, shape, {data, nbytes}, device.get()}; }
   };
 
   // Adds (or replaces) a read-only entry viewing the caller's bytes: it can be
@@ -100,6 +108,12 @@ class StateDict {
   // An entry that shares ownership of bytes kept alive by `owner`.
   void add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
                   std::shared_ptr<void> owner, bool writable);
+  // An entry whose bytes live in `device`'s memory (`bytes` are device
+  // addresses), kept alive by `owner` (may be null). Saved through device
+  // copies and, when writable, loaded into the same way (device.h).
+  // kInvalidArgument as add(), or when `device` is null.
+  void add_device(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
+                  std::shared_ptr<const Device> device, std::shared_ptr<void> owner, bool writable);
 
   bool contains(std::string_view name) const { return entries().contains(name); }
   size_t size() const { return entries().size(); }
@@ -109,7 +123,8 @@ class StateDict {
   // kNotFound naming the tensor if absent.
   const Entry& entry(std::string_view name) const;
   TensorView view(std::string_view name) const { return entry(name).view(); }
-  // kFailedPrecondition naming the tensor if the entry is read-only.
+  // kFailedPrecondition naming the tensor if the entry is read-only. For a
+  // device entry these are device addresses.
   std::span<std::byte> mutable_bytes(std::string_view name) const;
   using Entries = std::map<std::string, Entry, std::less<>>;
   // Copies of a StateDict share their entries until one of them adds or
@@ -125,6 +140,8 @@ class StateDict {
   uint64_t entries_version() const { return shared_ ? shared_->version : 0; }
   // Sum of every entry's bytes.
   uint64_t total_bytes() const;
+  // Whether any entry lives in device memory.
+  bool has_device_entries() const;
 
   // JSON metadata, an object (epoch, step, loss, lr, RNG state, ...).
   nlohmann::json metadata = nlohmann::json::object();

@@ -277,6 +277,14 @@ struct AsyncSaver::Impl {
     std::lock_guard<std::mutex> g(mu);
     slots[slot] = std::move(fresh);
     ++stats.staging_allocations;
+    stats.staging_pinned_bytes = pinned_bytes_locked();
+  }
+
+  // Bytes of staging pinned for device copies. Call with mu.
+  uint64_t pinned_bytes_locked() const {
+    uint64_t n = 0;
+    for (const auto& b : slots) n += b.pinned() ? b.size() : 0;
+    return n;
   }
 
   // Records the stall of a save() that started at `t0`. Call with mu.
@@ -562,7 +570,7 @@ struct AsyncSaver::Impl {
     if (images.size() > 1) {
       for (size_t i = 0; i < images.size(); ++i) {
         for (const format::Piece& p : plans[i].pieces) {
-          shifted.push_back({images[i].offset + p.offset, p.data});
+          shifted.push_back({images[i].offset + p.offset, p.data, p.device});
         }
       }
     }
@@ -588,6 +596,12 @@ struct AsyncSaver::Impl {
       // No separate pre-fault here: the copy below writes every page of the
       // images on snapshot_threads threads, which is the touch itself.
       ensure_buffer(slot, size, /*prefault_pages=*/false);
+      // Device tensors copy at full speed only into page-locked memory: the
+      // buffer is pinned once and stays pinned while it is reused.
+      if (format::pin_for(slots[slot], pieces) > 0) {
+        std::lock_guard<std::mutex> g(mu);
+        stats.staging_pinned_bytes = pinned_bytes_locked();
+      }
       format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, snapshot_threads());
       if (r.manager) r.target = r.manager->reserve_next();
     } catch (...) {
@@ -619,7 +633,8 @@ struct AsyncSaver::Impl {
     return SaveHandle(st);
   }
 
-  void reserve(uint64_t bytes, unsigned buffers) {
+  // `device`: pin the buffers for it too (a state with device tensors).
+  void reserve(uint64_t bytes, unsigned buffers, const std::shared_ptr<const Device>& device = {}) {
     std::lock_guard<std::mutex> call(call_mu);
     {
       std::lock_guard<std::mutex> g(mu);
@@ -637,10 +652,17 @@ struct AsyncSaver::Impl {
         // Only a too small buffer still holding a pending save is waited for.
         std::unique_lock<std::mutex> g(mu);
         cv.wait(g, [&] { return !slot_busy[i] || slots[i].size() >= bytes; });
-        if (slots[i].size() >= bytes) continue;
+        if (slots[i].size() < bytes) {
+          g.unlock();
+          // Free, and no save() can claim it while this call holds call_mu.
+          ensure_buffer(i, bytes, /*prefault_pages=*/true);
+        }
       }
-      // Free, and no save() can claim it while this call holds call_mu.
-      ensure_buffer(i, bytes, /*prefault_pages=*/true);
+      // Pinning reads nothing a pending save's write reads: the buffer may be busy.
+      if (device && slots[i].pin(device)) {
+        std::lock_guard<std::mutex> g(mu);
+        stats.staging_pinned_bytes = pinned_bytes_locked();
+      }
     }
   }
 
@@ -706,8 +728,18 @@ SaveHandle AsyncSaver::save_sharded(const std::vector<ShardedPart>& parts,
 
 void AsyncSaver::reserve(uint64_t bytes, unsigned buffers) { impl_->reserve(bytes, buffers); }
 
+namespace {
+// The device of a state's first device entry (null when it has none).
+std::shared_ptr<const Device> first_device(const StateDict& state) {
+  for (const auto& [name, e] : state.entries()) {
+    if (e.device) return e.device;
+  }
+  return nullptr;
+}
+}  // namespace
+
 void AsyncSaver::reserve(const StateDict& state, unsigned buffers) {
-  impl_->reserve(layout_state(state).parsed.file_size(), buffers);
+  impl_->reserve(layout_state(state).parsed.file_size(), buffers, first_device(state));
 }
 
 void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers) {
@@ -715,7 +747,11 @@ void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers
   for (const StateDict& s : Impl::sharded_request(parts).states) {
     sizes.push_back(layout_state(s).parsed.file_size());
   }
-  impl_->reserve(Impl::staging_size(sizes), buffers);
+  std::shared_ptr<const Device> device;
+  for (const ShardedPart& p : parts) {
+    if (!device) device = first_device(p.state);
+  }
+  impl_->reserve(Impl::staging_size(sizes), buffers, device);
 }
 
 void AsyncSaver::wait_all() {

@@ -141,7 +141,7 @@ std::vector<Piece> file_pieces(const FileLayout& layout, const StateDict& state)
                                                     "where the state has \"{}\"",
                                                     tensors[i].name, e->first));
     }
-    out[1 + i] = {base + tensors[i].begin, {e->second.data, e->second.nbytes}};
+    out[1 + i] = {base + tensors[i].begin, {e->second.data, e->second.nbytes}, e->second.device};
     ++e;
   }
   return out;
@@ -223,7 +223,13 @@ HugeBuffer::HugeBuffer(size_t size) {
 HugeBuffer::~HugeBuffer() { release(); }
 
 HugeBuffer::HugeBuffer(HugeBuffer&& o) noexcept
-    : map_(o.map_), map_size_(o.map_size_), data_(o.data_), size_(o.size_) {
+    : pinned_(std::move(o.pinned_)),
+      pin_tried_(o.pin_tried_),
+      map_(o.map_),
+      map_size_(o.map_size_),
+      data_(o.data_),
+      size_(o.size_) {
+  o.pin_tried_ = false;
   o.map_ = nullptr;
   o.data_ = nullptr;
   o.size_ = o.map_size_ = 0;
@@ -232,6 +238,9 @@ HugeBuffer::HugeBuffer(HugeBuffer&& o) noexcept
 HugeBuffer& HugeBuffer::operator=(HugeBuffer&& o) noexcept {
   if (this != &o) {
     release();
+    pinned_ = std::move(o.pinned_);
+    pin_tried_ = o.pin_tried_;
+    o.pin_tried_ = false;
     map_ = o.map_;
     map_size_ = o.map_size_;
     data_ = o.data_;
@@ -243,11 +252,32 @@ HugeBuffer& HugeBuffer::operator=(HugeBuffer&& o) noexcept {
   return *this;
 }
 
+bool HugeBuffer::pin(const std::shared_ptr<const Device>& device) {
+  if (pin_tried_ || !data_) return pinned_ != nullptr;
+  pin_tried_ = true;
+  if (device->pin(data_, size_)) pinned_ = device;
+  return pinned_ != nullptr;
+}
+
 void HugeBuffer::release() {
+  if (pinned_) pinned_->unpin(data_);
+  pinned_.reset();
+  pin_tried_ = false;
   if (map_) ::munmap(map_, map_size_);  // ignore-error: nothing to do if unmapping fails
   map_ = nullptr;
   data_ = nullptr;
   size_ = map_size_ = 0;
+}
+
+bool has_device_pieces(const std::vector<Piece>& pieces) {
+  return std::any_of(pieces.begin(), pieces.end(), [](const Piece& p) { return p.device; });
+}
+
+uint64_t pin_for(HugeBuffer& buffer, const std::vector<Piece>& pieces) {
+  for (const Piece& p : pieces) {
+    if (p.device) return buffer.pin(p.device) ? buffer.size() : 0;
+  }
+  return 0;
 }
 
 void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, unsigned threads) {
@@ -258,9 +288,22 @@ void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, un
   parts.reserve(pieces.size());
   std::vector<size_t> job_end;  // job j copies parts [job_end[j - 1], job_end[j])
   size_t in_job = 0;
+  // Device pieces are enqueued on their device's stream first, so that the
+  // device copies while the host pieces are copied below.
+  std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams;
   for (const auto& p : pieces) {
     if (p.offset > dest.size() || p.data.size() > dest.size() - p.offset) {
       throw Error(ErrorCode::kInternal, "staging buffer smaller than the file image");
+    }
+    if (p.device) {
+      auto s = std::find_if(streams.begin(), streams.end(),
+                            [&](const auto& e) { return e.first == p.device.get(); });
+      if (s == streams.end()) {
+        streams.emplace_back(p.device.get(), p.device->open_stream());
+        s = std::prev(streams.end());
+      }
+      if (!p.data.empty()) s->second->to_host(dest.data() + p.offset, p.data.data(), p.data.size());
+      continue;
     }
     for (size_t off = 0; off < p.data.size(); off += kChunk) {
       const size_t n = std::min(kChunk, p.data.size() - off);
@@ -278,6 +321,44 @@ void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, un
       std::memcpy(dest.data() + parts[i].offset, parts[i].data.data(), parts[i].data.size());
     }
   });
+  for (auto& [device, stream] : streams) stream->synchronize();
+}
+
+namespace {
+// The pinned staging of synchronous device saves (DeviceImage).
+struct SyncStaging {
+  std::mutex mu;
+  HugeBuffer buffer;
+};
+SyncStaging& sync_staging() {
+  static SyncStaging* s = new SyncStaging();  // never destroyed: no exit-time unpinning
+  return *s;
+}
+}  // namespace
+
+DeviceImage::DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads) {
+  if (!has_device_pieces(pieces)) return;
+  SyncStaging& s = sync_staging();
+  s.mu.lock();
+  held_ = true;
+  try {
+    if (s.buffer.size() < file_size) {
+      s.buffer = HugeBuffer();  // release (and unpin) before allocating the larger one
+      s.buffer = HugeBuffer(file_size);
+    }
+    pin_for(s.buffer, pieces);
+    copy_pieces(pieces, {s.buffer.data(), s.buffer.size()}, threads);
+  } catch (...) {
+    s.mu.unlock();
+    held_ = false;
+    throw;
+  }
+  pieces = {{0, {s.buffer.data(), static_cast<size_t>(file_size)}, nullptr}};
+  readable_ = s.buffer.size();
+}
+
+DeviceImage::~DeviceImage() {
+  if (held_) sync_staging().mu.unlock();
 }
 
 std::string direct_io_env() {

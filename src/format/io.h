@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cairn/device.h"
 #include "cairn/safetensors.h"
 #include "cairn/state.h"
 #include "util/hash.h"
@@ -26,11 +27,16 @@ unsigned pick_threads(unsigned requested);
 void run_parallel(size_t n, unsigned threads, const std::function<void(size_t)>& body,
                   const std::function<void()>& also = {});
 
-// A contiguous piece of a file: `data` goes at `offset`.
+// A contiguous piece of a file: `data` goes at `offset`. With a `device`,
+// `data` is device memory, which only copy_pieces() may read (through the
+// device); every other function here takes host pieces only.
 struct Piece {
   uint64_t offset = 0;
   std::span<const std::byte> data;
+  std::shared_ptr<const Device> device = nullptr;
 };
+// Whether any piece lives in device memory.
+bool has_device_pieces(const std::vector<Piece>& pieces);
 
 // The pieces of a safetensors file for `state` laid out as `layout` (from
 // layout_state or update_plan of that state): the header, then each tensor
@@ -71,7 +77,8 @@ struct ReadJob {
 void read_blocks(const std::vector<ReadJob>& jobs, const ReadAt& read_at, size_t block_size,
                  unsigned threads);
 
-// Anonymous memory, 2 MiB-aligned, with transparent huge pages asked for.
+// Anonymous memory, 2 MiB-aligned, with transparent huge pages asked for;
+// page-locked for device copies on demand (pin()).
 class HugeBuffer {
  public:
   HugeBuffer() = default;
@@ -81,17 +88,48 @@ class HugeBuffer {
   HugeBuffer& operator=(HugeBuffer&& o) noexcept;
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
+  // Pins the whole buffer through `device` (once: later calls return the
+  // first one's result, see Device::pin); unpinned when released.
+  bool pin(const std::shared_ptr<const Device>& device);
+  bool pinned() const { return pinned_ != nullptr; }
 
  private:
   void release();
+  std::shared_ptr<const Device> pinned_;  // the device that pinned it
+  bool pin_tried_ = false;
   void* map_ = nullptr;
   size_t map_size_ = 0;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
 };
 
-// Copies `pieces` into `dest` (a whole file image) on `threads` threads.
+// Copies `pieces` into `dest` (a whole file image) on `threads` threads;
+// device pieces through one stream per device (opened first, so their copies
+// follow the work their producers had queued), complete on return.
 void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, unsigned threads);
+
+// Pins `buffer` through every device `pieces` copy from (see
+// HugeBuffer::pin); returns the bytes pinned (0 when none or refused).
+uint64_t pin_for(HugeBuffer& buffer, const std::vector<Piece>& pieces);
+
+// A synchronous save of device tensors: when `pieces` hold any, copies the
+// whole file image of `file_size` bytes into this process's pinned staging
+// buffer (grown to the largest image saved, kept for the next save) and
+// replaces `pieces` with that one image; nothing otherwise. The buffer is
+// held (other synchronous device saves wait) until this object is destroyed.
+class DeviceImage {
+ public:
+  DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads);
+  ~DeviceImage();
+  DeviceImage(const DeviceImage&) = delete;
+  DeviceImage& operator=(const DeviceImage&) = delete;
+  // What write_file() may read from the image's start (0 without one).
+  size_t readable() const { return readable_; }
+
+ private:
+  bool held_ = false;
+  size_t readable_ = 0;
+};
 
 // ---- direct I/O (O_DIRECT) ----
 

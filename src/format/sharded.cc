@@ -702,8 +702,21 @@ LoadReport ShardedReader::load(StateDict& local, const std::map<std::string, Sha
     throw invalid(fmt::format("{}: the state does not match the sharded checkpoint: {}",
                               impl_->checkpoint.uri(), report.describe()));
   }
+  // A device tensor is assembled in (pinned) host memory, then copied to
+  // its device; the buffer is reused once the copy is complete.
+  format::HugeBuffer host;
   for (const auto& [name, box] : todo) {
-    read(name, box, local.mutable_bytes(name));
+    const StateDict::Entry& e = local.entry(name);
+    if (!e.device) {
+      read(name, box, local.mutable_bytes(name));
+    } else {
+      if (host.size() < e.nbytes) host = format::HugeBuffer(e.nbytes);
+      host.pin(e.device);
+      read(name, box, {host.data(), static_cast<size_t>(e.nbytes)});
+      std::unique_ptr<DeviceStream> stream = e.device->open_stream();
+      stream->to_device(e.data, host.data(), e.nbytes);
+      stream->synchronize();
+    }
     report.loaded.push_back(name);
   }
   return report;

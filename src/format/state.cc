@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -221,6 +222,137 @@ void load_and_check_file(const SafetensorsHeader& header, std::string_view heade
   }
 }
 
+// Bytes of each bounce buffer of a load into device tensors: large enough
+// that a read of one keeps the disk busy (parallel blocks), small enough
+// that two cost little memory.
+constexpr uint64_t kBounceBytes = uint64_t{64} << 20;
+
+// The two pinned bounce buffers of loads into device tensors, kept from one
+// load to the next (pinning costs about as much as the copies it speeds up).
+// One load at a time uses them; a concurrent one makes its own.
+struct BouncePool {
+  std::mutex mu;
+  format::HugeBuffer buffers[2];
+};
+BouncePool& bounce_pool() {
+  static BouncePool* pool = new BouncePool();  // never destroyed: no exit-time unpinning
+  return *pool;
+}
+
+// A load with device tensors among `matches`: the file is read in order, in
+// chunks, into two pinned bounce buffers; while one chunk's tensors are
+// copied to their devices (one stream each, opened first so the copies
+// follow the work queued on the tensors) and host tensors are copied by
+// memcpy, the next chunk is read into the other buffer. Every byte copied
+// out was checked first when block checksums are given; with the whole
+// file's checksum alone, every byte of the file is read and hashed in order
+// (as load_and_check_file does).
+void load_through_bounce(const SafetensorsHeader& header, std::string_view header_bytes,
+                         std::vector<Match> matches, const format::ReadAt& read_at,
+                         const format::ReadJobs& read_jobs, const LoadOptions& options,
+                         const std::string& source) {
+  const uint64_t file_size = header.file_size();
+  const uint64_t data_start = header.data_start();
+  const uint64_t bs = options.expected_block_size;
+  const bool blocks = blocks_cover(file_size, bs, options.expected_block_xxh3.size());
+  const bool whole = options.expected_xxh3.has_value() && !blocks;
+  std::sort(matches.begin(), matches.end(),
+            [](const Match& a, const Match& b) { return a.tensor->begin < b.tensor->begin; });
+  uint64_t begin = 0, end = file_size;
+  if (!whole) {
+    if (matches.empty()) return;
+    uint64_t last = 0;
+    for (const Match& m : matches) last = std::max(last, m.tensor->end);
+    begin = data_start + matches.front().tensor->begin;
+    end = data_start + last;
+    // Checked reads start at the header's blocks (they are checked too) and
+    // end at a block boundary.
+    if (blocks) {
+      begin = 0;
+      end = std::min(file_size, (end + bs - 1) / bs * bs);
+    }
+  }
+  const uint64_t chunk = blocks ? std::max<uint64_t>(1, kBounceBytes / bs) * bs : kBounceBytes;
+
+  std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams;
+  auto stream_of = [&](const Device* d) -> DeviceStream& {
+    for (auto& [device, stream] : streams) {
+      if (device == d) return *stream;
+    }
+    streams.emplace_back(d, d->open_stream());
+    return *streams.back().second;
+  };
+  for (const Match& m : matches) {
+    if (m.entry->device) stream_of(m.entry->device.get());
+  }
+
+  BouncePool& pool = bounce_pool();
+  std::unique_lock<std::mutex> pool_lock(pool.mu, std::try_to_lock);
+  BouncePool own;
+  format::HugeBuffer* buffers = pool_lock.owns_lock() ? pool.buffers : own.buffers;
+  const size_t count = std::min<uint64_t>(2, (end - begin + chunk - 1) / chunk);
+  for (size_t i = 0; i < count; ++i) {
+    if (buffers[i].size() < chunk) buffers[i] = format::HugeBuffer(chunk);
+    for (const Match& m : matches) {
+      if (m.entry->device) {
+        buffers[i].pin(m.entry->device);
+        break;
+      }
+    }
+  }
+  // The copies out of each buffer still in flight: (stream, mark).
+  std::vector<std::pair<DeviceStream*, uint64_t>> in_flight[2];
+  Hasher hasher;
+  const unsigned threads = format::pick_threads(options.threads);
+  auto next = matches.begin();  // the first match that ends after the chunk's start
+  for (uint64_t off = begin, k = 0; off < end; off += chunk, ++k) {
+    format::HugeBuffer& buffer = buffers[k % 2];
+    for (auto& [stream, mark] : in_flight[k % 2]) stream->wait(mark);
+    in_flight[k % 2].clear();
+    const uint64_t n = std::min(chunk, end - off);
+    const std::span<std::byte> bytes(buffer.data(), n);
+    if (read_jobs) {
+      read_jobs({{off, bytes}});
+    } else {
+      format::read_blocks({{off, bytes}}, read_at, options.block_size, threads);
+    }
+    if (off < header_bytes.size()) {
+      const uint64_t in_header = std::min<uint64_t>(n, header_bytes.size() - off);
+      if (std::memcmp(bytes.data(), header_bytes.data() + off, in_header) != 0) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: the header changed while the file was read", source));
+      }
+    }
+    if (whole) hasher.update(bytes);
+    if (blocks) {
+      const uint64_t first = off / bs, last = (off + n + bs - 1) / bs;
+      format::run_parallel(last - first, threads, [&](size_t i) {
+        const uint64_t b = first + i, from = b * bs, to = std::min(from + bs, off + n);
+        check_block(bytes.subspan(from - off, to - from), from, b, options.expected_block_xxh3[b],
+                    source);
+      });
+    }
+    while (next != matches.end() && data_start + next->tensor->end <= off) ++next;
+    for (auto it = next; it != matches.end() && data_start + it->tensor->begin < off + n; ++it) {
+      const uint64_t t_begin = data_start + it->tensor->begin;
+      const uint64_t lo = std::max(off, t_begin);
+      const uint64_t hi = std::min(off + n, data_start + it->tensor->end);
+      if (lo >= hi) continue;
+      std::byte* dst = it->entry->data + (lo - t_begin);
+      const std::byte* src = bytes.data() + (lo - off);
+      if (it->entry->device) {
+        stream_of(it->entry->device.get()).to_device(dst, src, hi - lo);
+      } else {
+        std::memcpy(dst, src, hi - lo);
+      }
+    }
+    for (auto& [device, stream] : streams)
+      in_flight[k % 2].push_back({stream.get(), stream->mark()});
+  }
+  for (auto& [device, stream] : streams) stream->synchronize();
+  if (whole) check_file_digest(hasher.digest(), *options.expected_xxh3, source);
+}
+
 // The loading path shared by files and storage objects.
 LoadReport load_common(const SafetensorsHeader& header, std::string_view header_bytes,
                        const format::ReadAt& read_at, StateDict& state, const LoadOptions& options,
@@ -234,9 +366,20 @@ LoadReport load_common(const SafetensorsHeader& header, std::string_view header_
   }
   nlohmann::json metadata = decode_metadata(header.metadata, source);
   const bool partial = matches.size() < header.tensors.size();
-  if (blocks_cover(header.file_size(), options.expected_block_size,
-                   options.expected_block_xxh3.size()) &&
-      (partial || !options.expected_xxh3)) {
+  const bool device = std::any_of(matches.begin(), matches.end(),
+                                  [](const Match& m) { return m.entry->device != nullptr; });
+  if (device) {
+    if (options.report) {
+      *options.report = {read_jobs ? IoPath::kDirect : IoPath::kBuffered,
+                         read_jobs
+                             ? "direct reads into pinned bounce buffers for device tensors"
+                             : "buffered reads into pinned bounce buffers for device tensors"};
+    }
+    load_through_bounce(header, header_bytes, std::move(matches), read_at, read_jobs, options,
+                        source);
+  } else if (blocks_cover(header.file_size(), options.expected_block_size,
+                          options.expected_block_xxh3.size()) &&
+             (partial || !options.expected_xxh3)) {
     if (options.report) {
       *options.report = {IoPath::kBuffered,
                          "a load checked block by block reads through the page cache"};
@@ -331,6 +474,11 @@ LoadReport load_local(const std::filesystem::path& path, StateDict& state,
 
 namespace detail {
 void check_view_cast(const TensorView& view, DType want, size_t align) {
+  if (view.device != nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("tensor of dtype {} lives in {} memory, which the CPU cannot read",
+                            dtype_name(view.dtype), view.device->name()));
+  }
   if (view.dtype != want) {
     throw Error(ErrorCode::kInvalidArgument, fmt::format("tensor of dtype {} viewed as {}",
                                                          dtype_name(view.dtype), dtype_name(want)));
@@ -348,14 +496,15 @@ void check_view_cast(const TensorView& view, DType want, size_t align) {
 
 void StateDict::add(std::string name, DType dtype, Shape shape, std::span<const std::byte> bytes) {
   check_entry(name, dtype, shape, bytes.size());
-  Entry e{dtype, std::move(shape), const_cast<std::byte*>(bytes.data()), bytes.size(), false, {}};
+  Entry e{dtype, std::move(shape), const_cast<std::byte*>(bytes.data()), bytes.size(), false, {},
+          {}};
   own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::add_mutable(std::string name, DType dtype, Shape shape,
                             std::span<std::byte> bytes) {
   check_entry(name, dtype, shape, bytes.size());
-  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), true, {}};
+  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), true, {}, {}};
   own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
@@ -363,14 +512,27 @@ void StateDict::add_owned(std::string name, DType dtype, Shape shape,
                           std::vector<std::byte> bytes) {
   check_entry(name, dtype, shape, bytes.size());
   auto owned = std::make_shared<std::vector<std::byte>>(std::move(bytes));
-  Entry e{dtype, std::move(shape), owned->data(), owned->size(), true, owned};
+  Entry e{dtype, std::move(shape), owned->data(), owned->size(), true, owned, {}};
   own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
 void StateDict::add_shared(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
                            std::shared_ptr<void> owner, bool writable) {
   check_entry(name, dtype, shape, bytes.size());
-  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), writable, std::move(owner)};
+  Entry e{dtype, std::move(shape), bytes.data(), bytes.size(), writable, std::move(owner), {}};
+  own_entries().insert_or_assign(std::move(name), std::move(e));
+}
+
+void StateDict::add_device(std::string name, DType dtype, Shape shape, std::span<std::byte> bytes,
+                           std::shared_ptr<const Device> device, std::shared_ptr<void> owner,
+                           bool writable) {
+  check_entry(name, dtype, shape, bytes.size());
+  if (!device) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("tensor \"{}\": add_device needs a device", name));
+  }
+  Entry e{dtype,    std::move(shape), bytes.data(),     bytes.size(),
+          writable, std::move(owner), std::move(device)};
   own_entries().insert_or_assign(std::move(name), std::move(e));
 }
 
@@ -430,6 +592,13 @@ uint64_t StateDict::total_bytes() const {
   uint64_t n = 0;
   for (const auto& [k, e] : entries()) n += e.nbytes;
   return n;
+}
+
+bool StateDict::has_device_entries() const {
+  for (const auto& [k, e] : entries()) {
+    if (e.device) return true;
+  }
+  return false;
 }
 
 namespace {
@@ -511,6 +680,8 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
                const SaveOptions& options) {
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
+  // Device tensors are copied into pinned staging first (device.h).
+  format::DeviceImage image(pieces, layout.parsed.file_size(), format::pick_threads(0));
   static std::atomic<uint64_t> counter{0};
   std::filesystem::path temp = path;
   temp += fmt::format(".tmp.{}.{}", ::getpid(), counter++);
@@ -537,7 +708,7 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
         };
       }
     }
-    format::write_file(pieces, layout.parsed.file_size(), sink, options, name);
+    format::write_file(pieces, layout.parsed.file_size(), sink, options, name, image.readable());
     // The last direct write is padded to the alignment; cut the padding off.
     if (direct && ::ftruncate(fd.get(), static_cast<off_t>(layout.parsed.file_size())) != 0) {
       throw errno_error(errno, "truncate", name);
@@ -560,11 +731,12 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
                    const SaveOptions& options) {
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
-  auto writer = storage.open_writer(key);
   const uint64_t size = layout.parsed.file_size();
+  format::DeviceImage image(pieces, size, format::pick_threads(0));
+  auto writer = storage.open_writer(key);
   format::FileDigest digest = format::write_file(
       pieces, size, format::sink_of(*writer, format::wants_direct(options, size)), options,
-      storage.uri_of(key));
+      storage.uri_of(key), image.readable());
   writer->commit();
   return digest.entry(std::string(key), size);
 }
