@@ -18,6 +18,11 @@ set(header_excludes)
 if(NOT TARGET cairn_torch)
   # No adapter to link them with.
   list(APPEND header_excludes PATTERN torch.h EXCLUDE PATTERN torch_distributed.h EXCLUDE)
+elseif(NOT CAIRN_TORCH_DISTRIBUTED)
+  list(APPEND header_excludes PATTERN torch_distributed.h EXCLUDE)
+endif()
+if(NOT TARGET cairn_cuda)
+  list(APPEND header_excludes PATTERN cuda.h EXCLUDE)
 endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/cairn ${PROJECT_BINARY_DIR}/include/cairn
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
@@ -33,7 +38,7 @@ set(main_libraries)
 foreach(lib IN LISTS cairn_libraries)
   get_target_property(component ${lib} EXPORT_NAME)
   list(APPEND cairn_components ${component})
-  if(NOT lib STREQUAL "cairn_torch")
+  if(NOT lib STREQUAL "cairn_torch" AND NOT lib STREQUAL "cairn_cuda")
     list(APPEND main_libraries ${lib})
   endif()
 endforeach()
@@ -48,6 +53,12 @@ if(TARGET cairn_torch)
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
           LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
   install(EXPORT CairnTorchTargets NAMESPACE Cairn:: DESTINATION ${CAIRN_CMAKE_DIR})
+endif()
+if(TARGET cairn_cuda)
+  install(TARGETS cairn_cuda EXPORT CairnCudaTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT CairnCudaTargets NAMESPACE Cairn:: DESTINATION ${CAIRN_CMAKE_DIR})
 endif()
 if(TARGET cairn)
   install(TARGETS cairn RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
@@ -94,8 +105,12 @@ else()
   # libcurl as -lcurl, not through libcurl.pc: `pkg-config --static` would
   # expand its Libs.private (ldap, ssh2, rtmp, ...), whose development links
   # are not installed; the shared libcurl brings those in itself.
-  set(CAIRN_PC_CORE_PRIVATE
-      "Requires.private: fmt spdlog libxxhash libcrypto pugixml\nLibs.private: -lcurl")
+  if(CAIRN_S3)
+    set(CAIRN_PC_CORE_PRIVATE
+        "Requires.private: fmt spdlog libxxhash libcrypto pugixml\nLibs.private: -lcurl")
+  else()
+    set(CAIRN_PC_CORE_PRIVATE "Requires.private: fmt spdlog libxxhash")
+  endif()
   set(CAIRN_PC_FORMAT_PRIVATE "Requires.private: fmt libxxhash")
   set(CAIRN_PC_TRAIN_PRIVATE "Requires.private: fmt")
   set(CAIRN_PC_TRAIN_LIBS_PRIVATE "")

@@ -151,7 +151,14 @@ std::shared_ptr<Storage> open_storage(std::string_view uri) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("{}: an s3:// URI needs a bucket (s3://bucket/prefix)", uri));
     }
+#ifdef CAIRN_HAVE_S3
     return open_s3_storage(bucket, prefix);
+#else
+    (void)prefix;
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        fmt::format("{}: this build of Cairn has no S3 backend (built with CAIRN_S3=OFF)", uri));
+#endif
   }
   throw Error(ErrorCode::kInvalidArgument,
               fmt::format("{}: unsupported storage scheme \"{}\" (supported: a path, file://, "

@@ -1,8 +1,16 @@
 #include "adapter_tensors.h"
 
+#include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
+#ifdef CAIRN_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "cairn/cuda.h"
+#endif
 #include "cairn/error.h"
 
 namespace cairn::libtorch_internal {
@@ -57,11 +65,22 @@ bool has_prefix(std::string_view name, std::string_view prefix) {
          name.substr(0, prefix.size()) == prefix;
 }
 
-void check_cpu(const torch::Tensor& t, const std::string& name) {
+namespace {
+#ifdef CAIRN_TORCH_CUDA
+constexpr bool kCuda = true;
+#else
+constexpr bool kCuda = false;
+#endif
+}  // namespace
+
+void check_tensor(const torch::Tensor& t, const std::string& name) {
   if (!t.defined()) throw Error(ErrorCode::kInvalidArgument, name + ": tensor is undefined");
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !(kCuda && t.device().is_cuda())) {
     throw Error(ErrorCode::kInvalidArgument,
-                name + ": tensor is on " + t.device().str() + "; only CPU tensors are supported");
+                name + ": tensor is on " + t.device().str() +
+                    (kCuda ? "; only CPU and CUDA tensors are supported"
+                           : "; only CPU tensors are supported (CUDA tensors need a Cairn "
+                             "built with CAIRN_CUDA)"));
   }
   if (!to_cairn(t.scalar_type())) {
     throw Error(ErrorCode::kInvalidArgument, name + ": dtype " +
@@ -70,13 +89,54 @@ void check_cpu(const torch::Tensor& t, const std::string& name) {
   }
 }
 
+std::shared_ptr<const Device> engine_device_of(const torch::Tensor& t) {
+  if (!t.device().is_cuda()) return nullptr;
+#ifdef CAIRN_TORCH_CUDA
+  // One engine device per CUDA device, whose producer is the current stream
+  // of whichever thread saves or loads.
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<const Device>> devices;
+  const int index = t.device().index();
+  std::lock_guard<std::mutex> g(mu);
+  std::shared_ptr<const Device>& d = devices[index];
+  if (!d) {
+    d = cuda::device(index, [index] {
+      return static_cast<void*>(
+          c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).stream());
+    });
+  }
+  return d;
+#else
+  throw Error(ErrorCode::kInvalidArgument,
+              "a CUDA tensor needs a Cairn built with CAIRN_CUDA (" + t.device().str() + ")");
+#endif
+}
+
 void add_tensor(StateDict& state, const std::string& name, const torch::Tensor& t) {
-  check_cpu(t, name);
+  check_tensor(t, name);
   torch::Tensor c = t.is_contiguous() ? t : t.contiguous();
   // The entry shares ownership of the storage, so it stays valid even if the
   // module drops the tensor.
   auto owner = std::make_shared<torch::Tensor>(c);
+  if (std::shared_ptr<const Device> device = engine_device_of(c)) {
+    state.add_device(name, *to_cairn(c.scalar_type()), shape_of(c), bytes_of(c), device, owner,
+                     true);
+    return;
+  }
   state.add_shared(name, *to_cairn(c.scalar_type()), shape_of(c), bytes_of(c), owner, true);
+}
+
+void copy_into(const torch::Tensor& dst, const TensorView& v) {
+  if (dst.device().is_cpu()) {
+    std::memcpy(dst.data_ptr(), v.bytes.data(), v.bytes.size());
+    return;
+  }
+  // torch copies host to device; the view is only read.
+  std::vector<int64_t> sizes(v.shape.begin(), v.shape.end());
+  torch::Tensor host = torch::from_blob(const_cast<std::byte*>(v.bytes.data()), sizes,
+                                        torch::TensorOptions().dtype(dst.scalar_type()));
+  torch::NoGradGuard no_grad;
+  dst.copy_(host);
 }
 
 torch::Tensor empty_for(DType dtype, const Shape& shape) {

@@ -26,13 +26,23 @@ std::string join(std::string_view prefix, std::string_view name);
 // Whether `name` lies under `prefix` ("optim" holds "optim.x", not "optimx").
 bool has_prefix(std::string_view name, std::string_view prefix);
 
-// Throws kInvalidArgument naming `name` for an undefined tensor, one not on
-// the CPU, or one whose dtype safetensors cannot hold.
-void check_cpu(const torch::Tensor& t, const std::string& name);
+// Throws kInvalidArgument naming `name` for an undefined tensor, one on a
+// device the adapter does not handle (anything but the CPU, and CUDA in a
+// build with CAIRN_CUDA), or one whose dtype safetensors cannot hold.
+void check_tensor(const torch::Tensor& t, const std::string& name);
+
+// The engine's device for a CUDA tensor (its caller's current stream is the
+// producer), null for a CPU tensor.
+std::shared_ptr<const Device> engine_device_of(const torch::Tensor& t);
 
 // Adds `t` as a writable entry viewing its memory (or a contiguous copy kept
-// alive by the entry); the entry shares ownership of the storage.
+// alive by the entry); the entry shares ownership of the storage. A CUDA
+// tensor becomes a device entry.
 void add_tensor(StateDict& state, const std::string& name, const torch::Tensor& t);
+
+// Copies a host view's bytes (of `dst`'s dtype and size) into the
+// contiguous tensor `dst`, on the CPU or its device.
+void copy_into(const torch::Tensor& dst, const TensorView& v);
 
 // A new CPU tensor of the entry's dtype and shape (zeroed when it holds at
 // most one element, so scalars read before they are filled are defined).

@@ -245,8 +245,17 @@ const OptimizerCodec kCodecs[] = {
 }  // namespace
 
 FieldReader::FieldReader(std::map<std::string, torch::Tensor> fields, std::string where,
-                         torch::Tensor param)
-    : fields_(std::move(fields)), where_(std::move(where)), param_(std::move(param)) {}
+                         torch::Tensor param, bool on_param_device)
+    : fields_(std::move(fields)),
+      where_(std::move(where)),
+      param_(std::move(param)),
+      on_param_device_(on_param_device) {}
+
+torch::Tensor FieldReader::placed(torch::Tensor t) const {
+  if (on_param_device_ && t.defined() && t.device() != param_.device())
+    return t.to(param_.device());
+  return t;
+}
 
 void FieldReader::fail(const std::string& field, const std::string& why) const {
   throw Error(ErrorCode::kInvalidArgument,
@@ -271,7 +280,7 @@ torch::Tensor FieldReader::like_param(const std::string& field) {
                             shape_str(*to_cairn(t.scalar_type()), shape_of(t)),
                             shape_str(*to_cairn(param_.scalar_type()), shape_of(param_))));
   }
-  return t;
+  return placed(std::move(t));
 }
 
 torch::Tensor FieldReader::optional_like_param(const std::string& field) {
@@ -285,7 +294,7 @@ torch::Tensor FieldReader::optional_tensor(const std::string& field) {
                             dtype_name(*to_cairn(t.scalar_type())),
                             dtype_name(*to_cairn(param_.scalar_type()))));
   }
-  return t;
+  return placed(std::move(t));
 }
 
 int64_t FieldReader::i64(const std::string& field) {

@@ -28,7 +28,10 @@ class FieldReader {
  public:
   // `fields`: field name -> tensor; `where`: the entries' common name
   // ("optim.fc1.weight"); `param`: the parameter the state belongs to.
-  FieldReader(std::map<std::string, torch::Tensor> fields, std::string where, torch::Tensor param);
+  // With `on_param_device`, tensors are returned on the parameter's device
+  // (state read into CPU memory for a CUDA parameter is moved there).
+  FieldReader(std::map<std::string, torch::Tensor> fields, std::string where, torch::Tensor param,
+              bool on_param_device = false);
 
   torch::Tensor like_param(const std::string& field);           // param's dtype and shape
   torch::Tensor optional_like_param(const std::string& field);  // undefined when absent
@@ -43,11 +46,13 @@ class FieldReader {
 
  private:
   torch::Tensor take(const std::string& field, bool required);
+  torch::Tensor placed(torch::Tensor t) const;
   [[noreturn]] void fail(const std::string& field, const std::string& why) const;
 
   std::map<std::string, torch::Tensor> fields_;
   std::string where_;
   torch::Tensor param_;
+  bool on_param_device_ = false;
 };
 
 struct OptimizerCodec {

@@ -89,7 +89,7 @@ LoadStateReport load_from(const std::vector<MappedState>& files, torch::nn::Modu
   std::set<std::string> claimed;
   for (const auto& [name, t] : module_tensors(module)) {
     const std::string full = join(prefix, name);
-    check_cpu(t, name);
+    check_tensor(t, name);
     auto it = by_name.find(full);
     if (it == by_name.end()) {
       report.missing_keys.push_back(name);
@@ -140,7 +140,7 @@ LoadStateReport load_from(const std::vector<MappedState>& files, torch::nn::Modu
   for (Copy& c : copies) {
     TensorView v = files[c.source.file].tensor(c.source.info->name);
     if (c.source.info->dtype == *to_cairn(c.target.scalar_type()) && c.target.is_contiguous()) {
-      std::memcpy(c.target.data_ptr(), v.bytes.data(), v.bytes.size());
+      copy_into(c.target, v);
       continue;
     }
     // Through an aligned tensor of the file's dtype; copy_ converts.
@@ -184,7 +184,7 @@ std::vector<std::string> save_pretrained(std::string_view directory_or_uri,
   const auto tensors = module_tensors(module);
   std::vector<uint64_t> sizes;
   for (const auto& [name, t] : tensors) {
-    check_cpu(t, name);
+    check_tensor(t, name);
     sizes.push_back(static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size()));
   }
   const auto shards = plan_shards(sizes, options.max_shard_size);

@@ -247,12 +247,14 @@ size_t add_target_for(Plan& plan, const MappedState& file, const TensorInfo& inf
   return plan.targets.size() - 1;
 }
 
-// Decodes a slot's state from its targets' tensors (filled or not).
+// Decodes a slot's state from its targets' tensors (filled or not); with
+// `install`, on the parameter's device (the state the optimizer gets).
 std::unique_ptr<torch::optim::OptimizerParamState> decode_slot(const Plan& plan,
-                                                               const OptimSlot& slot) {
+                                                               const OptimSlot& slot,
+                                                               bool install = false) {
   std::map<std::string, torch::Tensor> fields;
   for (const auto& [field, index] : slot.fields) fields.emplace(field, plan.targets[index].tensor);
-  FieldReader reader(std::move(fields), slot.where, slot.param);
+  FieldReader reader(std::move(fields), slot.where, slot.param, install);
   auto state = plan.codec->from_fields(reader);
   reader.finish();
   return state;
@@ -303,7 +305,7 @@ void plan_optimizer(Plan& plan, const MappedState& file, const nlohmann::json& t
         OptimSlot slot;
         slot.param = params[i];
         slot.where = join(optim_prefix, pnames[g][i]);
-        check_cpu(slot.param, slot.where);
+        check_tensor(slot.param, slot.where);
         const std::string prefix = slot.where + ".";
         for (const TensorInfo* info : entries_under(header, prefix)) {
           slot.fields.emplace_back(
@@ -350,7 +352,7 @@ Plan plan_restore(const MappedState& file, torch::nn::Module& module, const Trai
   auto& targets = plan.targets;
   for (const auto& [name, t] : module_tensors(module)) {
     const std::string full = join(model_prefix, name);
-    check_cpu(t, full);
+    check_tensor(t, full);
     const bool contiguous = t.is_contiguous();
     targets.push_back({full, "parameter or buffer " + full, *to_cairn(t.scalar_type()), shape_of(t),
                        contiguous ? t : t.contiguous(), contiguous ? torch::Tensor() : t});
@@ -441,7 +443,7 @@ void finish_restore(Plan& plan, const TrainState& train) {
     }
     train.optimizer->state().clear();
     for (const OptimSlot& slot : plan.slots) {
-      train.optimizer->state()[state_key(slot.param)] = decode_slot(plan, slot);
+      train.optimizer->state()[state_key(slot.param)] = decode_slot(plan, slot, /*install=*/true);
     }
   }
   if (train.scheduler != nullptr) {
@@ -459,8 +461,7 @@ nlohmann::json restore(const MappedState& file, torch::nn::Module& module, const
                        const TorchNames& names) {
   Plan plan = plan_restore(file, module, train, names, /*consume_all=*/false);
   for (Target& t : plan.targets) {
-    TensorView v = file.tensor(t.name);
-    std::memcpy(t.tensor.data_ptr(), v.bytes.data(), v.bytes.size());
+    copy_into(t.tensor, file.tensor(t.name));
   }
   finish_restore(plan, train);
   return std::move(plan.metadata);
@@ -515,7 +516,9 @@ nlohmann::json restore(const StateCheckpointManager& manager, torch::nn::Module&
   Plan plan = plan_restore(manager.open(*record), module, train, TorchNames{},
                            /*consume_all=*/true);
   StateDict state;
-  for (Target& t : plan.targets) state.add_mutable(t.name, t.dtype, t.shape, bytes_of(t.tensor));
+  // Writable entries viewing the targets: CUDA ones load straight into the
+  // device through pinned bounce buffers.
+  for (Target& t : plan.targets) add_tensor(state, t.name, t.tensor);
   // The engine's copying load: checks the manifest checksum and that every
   // saved tensor was consumed.
   manager.restore(state, *record);
