@@ -1,5 +1,7 @@
 #include "optimizer_codecs.h"
 
+#include <sstream>
+
 #include <c10/util/string_utils.h>
 #include <fmt/format.h>
 #include <torch/optim.h>
@@ -350,8 +352,25 @@ const OptimizerCodec* codec_named(std::string_view type) {
   return nullptr;
 }
 
-std::string state_key(const torch::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+namespace {
+// LibTorch 1.x keys an optimizer's state by the printed address of the
+// parameter's TensorImpl, 2.x by the address itself.
+template <class Key>
+Key key_of(void* impl);
+template <>
+[[maybe_unused]] std::string key_of<std::string>(void* impl) {
+  std::ostringstream o;
+  o << impl;
+  return o.str();
+}
+template <>
+[[maybe_unused]] void* key_of<void*>(void* impl) {
+  return impl;
+}
+}  // namespace
+
+StateKey state_key(const torch::Tensor& param) {
+  return key_of<StateKey>(static_cast<void*>(param.unsafeGetTensorImpl()));
 }
 
 }  // namespace cairn::libtorch_internal

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -71,7 +72,9 @@ const OptimizerCodec& codec_of(const torch::optim::Optimizer& optimizer);
 // The codec named `type`, or nullptr.
 const OptimizerCodec* codec_named(std::string_view type);
 
-// The key LibTorch's optimizers file a parameter's state under.
-std::string state_key(const torch::Tensor& param);
+// The key LibTorch's optimizers file a parameter's state under (a string
+// in LibTorch 1.x, the TensorImpl's address in 2.x).
+using StateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+StateKey state_key(const torch::Tensor& param);
 
 }  // namespace cairn::libtorch_internal

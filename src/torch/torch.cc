@@ -53,6 +53,19 @@ struct SchedulerAccess : torch::optim::LRScheduler {
   }
 };
 
+// A CUDA device's default generator: getDefaultGenerator() in LibTorch 2.x,
+// getDefaultCUDAGenerator() in 1.x (the int/long tag prefers the first).
+template <class Hooks>
+auto default_cuda_generator(const Hooks& hooks, c10::DeviceIndex i, int)
+    -> decltype(hooks.getDefaultGenerator(i)) {
+  return hooks.getDefaultGenerator(i);
+}
+template <class Hooks>
+auto default_cuda_generator(const Hooks& hooks, c10::DeviceIndex i, long)
+    -> decltype(hooks.getDefaultCUDAGenerator(i)) {
+  return hooks.getDefaultCUDAGenerator(i);
+}
+
 // The default generators whose state add_rng() saves, with their entry
 // names: the CPU's, then each CUDA device's when CUDA is available.
 std::vector<std::pair<std::string, at::Generator>> generators(const TorchNames& names) {
@@ -61,8 +74,9 @@ std::vector<std::pair<std::string, at::Generator>> generators(const TorchNames& 
   if (torch::cuda::is_available()) {
     const auto n = static_cast<int64_t>(torch::cuda::device_count());
     for (int64_t i = 0; i < n; ++i) {
-      out.emplace_back(join(names.rng, "cuda." + std::to_string(i)),
-                       at::detail::getCUDAHooks().getDefaultCUDAGenerator(i));
+      out.emplace_back(
+          join(names.rng, "cuda." + std::to_string(i)),
+          default_cuda_generator(at::detail::getCUDAHooks(), static_cast<c10::DeviceIndex>(i), 0));
     }
   }
   return out;
