@@ -59,8 +59,13 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCAIRN_CUDA=ON -DCAIRN_TORCH=ON -DCAIRN_TORCH_DISTRIBUTED=OFF -DCAIRN_S3=OFF -DCAIRN_MPI=OFF \
   -DCAIRN_BUILD_CLI=OFF -DCAIRN_BUILD_EXAMPLES=OFF -DCAIRN_INSTALL=OFF -DCAIRN_WERROR=OFF \
-  -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" "${cuda_args[@]}"
+  -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" "${cuda_args[@]}" \
+  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state"
+# pip's LibTorch exports std::filesystem functions that crash when called
+# from outside it; libstdc++ must come first among a program's libraries
+# (the flag above; src/torch/CMakeLists.txt says more).
 ninja -C "$build" cuda_device_test cuda_torch_test gpu_bench
+readelf -d "$build/tests/cuda/cuda_torch_test" | grep -m 3 NEEDED
 
 echo "== GPU tests"
 status=0
