@@ -53,7 +53,10 @@ def main():
           f"GPU: {base.get('gpu', '?')}; torch {base.get('torch', '?')}; "
           f"cache drop: {cairn.get('cache_drop')}; load path: {cairn.get('load_io')}")
     print(f"staging: {cairn.get('staging_pinned_bytes', 0) / 2**30:.3f} GiB pinned, "
-          f"reserve() took {cairn.get('reserve_s', 0):.3f} s")
+          f"AsyncSaver::reserve() took {cairn.get('reserve_s', 0):.3f} s, "
+          f"reserve_device_staging() {cairn.get('reserve_sync_s', float('nan')):.3f} s")
+    gpu_saves = next(r["runs_s"] for r in cairn["results"] if r["name"] == "cairn_save_gpu")
+    print("GPU state saves, run by run: " + ", ".join(f"{t:.3f} s" for t in gpu_saves))
     if markdown:
         print("\n| figure | median |\n| --- | --- |")
         for name, v, unit, _ in rows:

@@ -65,7 +65,10 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 # from outside it; libstdc++ must come first among a program's libraries
 # (the flag above; src/torch/CMakeLists.txt says more).
 ninja -C "$build" cuda_device_test cuda_torch_test gpu_bench
-readelf -d "$build/tests/cuda/cuda_torch_test" | grep -m 3 NEEDED
+# The link order alone did not hold (CMake's Torch package puts LibTorch
+# first among a program's libraries): libstdc++ is also loaded first.
+stdcxx=$(ldd "$build/tests/cuda/cuda_torch_test" | awk '/libstdc\+\+/ {print $3; exit}')
+export LD_PRELOAD=$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}
 
 echo "== GPU tests"
 status=0
@@ -73,6 +76,7 @@ status=0
 
 if [ -z "${CAIRN_GPU_SKIP_BENCH:-}" ]; then
   echo "== GPU benchmark ($mib MiB, $runs runs each)"
+  rm -rf "$bench_dir"  # a run that died leaves its checkpoints behind
   mkdir -p "$bench_dir" "$results"
   "$build/bench/gpu_bench" --size-mib "$mib" --workload > "$results/workload.json"
   "$build/bench/gpu_bench" --size-mib "$mib" --runs "$runs" --dir "$bench_dir" \

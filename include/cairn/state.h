@@ -207,6 +207,19 @@ struct SaveOptions {
 void save_file(const StateDict& state, const std::filesystem::path& path,
                const SaveOptions& options = {});
 
+// Synchronous saves of device tensors (save_file, save, save_checkpoint and
+// the managers' saves of a StateDict with device entries; device.h) copy the
+// file image into one per-process pinned staging buffer, grown to the
+// largest image saved and kept for the next save. reserve_device_staging()
+// allocates, touches and pins it for `state`'s file image ahead of the first
+// save, which then costs only the copy (allocating and pinning 2 GiB took
+// about 0.8 s on the machine of docs/benchmarks.md); nothing for a state
+// without device entries. release_device_staging() frees it (a later device
+// save allocates it again). Both wait while a save uses it. Failure: kIO
+// when the memory cannot be had; a device that refuses to pin is not one.
+void reserve_device_staging(const StateDict& state);
+void release_device_staging();
+
 // Writes `state` as object `key` of `storage`; durable and visible when it
 // returns. Returns the entry (size, XXH3-64) a manifest needs.
 ManifestEntry save(const StateDict& state, Storage& storage, std::string_view key,

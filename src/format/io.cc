@@ -336,6 +336,26 @@ SyncStaging& sync_staging() {
 }
 }  // namespace
 
+void reserve_device_image(uint64_t bytes, const std::shared_ptr<const Device>& device) {
+  SyncStaging& s = sync_staging();
+  std::lock_guard<std::mutex> g(s.mu);
+  if (s.buffer.size() < bytes) {
+    s.buffer = HugeBuffer();
+    s.buffer = HugeBuffer(bytes);
+    // Touch every page now: the first save should cost the copy alone.
+    if (::madvise(s.buffer.data(), s.buffer.size(), MADV_POPULATE_WRITE) != 0) {
+      std::memset(s.buffer.data(), 0, s.buffer.size());  // a kernel without MADV_POPULATE_WRITE
+    }
+  }
+  if (device) s.buffer.pin(device);
+}
+
+void release_device_image() {
+  SyncStaging& s = sync_staging();
+  std::lock_guard<std::mutex> g(s.mu);
+  s.buffer = HugeBuffer();
+}
+
 DeviceImage::DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads) {
   if (!has_device_pieces(pieces)) return;
   SyncStaging& s = sync_staging();

@@ -117,6 +117,11 @@ uint64_t pin_for(HugeBuffer& buffer, const std::vector<Piece>& pieces);
 // buffer (grown to the largest image saved, kept for the next save) and
 // replaces `pieces` with that one image; nothing otherwise. The buffer is
 // held (other synchronous device saves wait) until this object is destroyed.
+// The buffer DeviceImage uses: allocated, touched and pinned through
+// `device` for `bytes` now (reserve), or freed (release).
+void reserve_device_image(uint64_t bytes, const std::shared_ptr<const Device>& device);
+void release_device_image();
+
 class DeviceImage {
  public:
   DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads);

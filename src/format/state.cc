@@ -741,6 +741,17 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
   return digest.entry(std::string(key), size);
 }
 
+void reserve_device_staging(const StateDict& state) {
+  for (const auto& [name, e] : state.entries()) {
+    if (e.device) {
+      format::reserve_device_image(layout_state(state).parsed.file_size(), e.device);
+      return;
+    }
+  }
+}
+
+void release_device_staging() { format::release_device_image(); }
+
 Checkpoint in_memory_checkpoint(const StateDict& state, const nlohmann::json& dict) {
   Checkpoint checkpoint = dict.is_null() ? Checkpoint::in_memory() : Checkpoint::from_dict(dict);
   save(state, checkpoint.storage(), kStateFileName);

@@ -89,6 +89,25 @@ TEST(DeviceState, SyncSavesOfDeviceTensorsWriteTheBytesOfTheSameHostState) {
   EXPECT_GT(device->counters().to_host, 0u);
 }
 
+TEST(DeviceState, ReservedSyncStagingIsPinnedOnceAndReusedUntilReleased) {
+  release_device_staging();
+  auto device = FakeDevice::create(size_t{16} << 20);
+  Twin twin(device, {200000, 9});
+  reserve_device_staging(twin.device_state);
+  EXPECT_EQ(device->counters().pins, 1u);
+  TempDir dir;
+  for (int i = 0; i < 3; ++i) save_file(twin.device_state, dir / "s.safetensors");
+  save_file(twin.host_state, dir / "h.safetensors");
+  EXPECT_EQ(file_bytes(dir / "s.safetensors"), file_bytes(dir / "h.safetensors"));
+  EXPECT_EQ(device->counters().pins, 1u);
+  EXPECT_EQ(device->counters().unpinned_copies, 0u);
+  release_device_staging();
+  EXPECT_EQ(device->counters().unpins, 1u);
+  // A host-only state reserves nothing.
+  reserve_device_staging(twin.host_state);
+  EXPECT_EQ(device->counters().pins, 1u);
+}
+
 TEST(DeviceState, AsyncSnapshotHoldsTheBytesAfterQueuedWorkAndBeforeLaterWork) {
   auto device = FakeDevice::create(size_t{16} << 20);
   device->set_copy_delay(std::chrono::microseconds(500));
