@@ -60,7 +60,12 @@
 // the scheduler its step count and the generators their state, so the next
 // step is bit-for-bit the step the saving process would have taken.
 //
-// Tensors must live on the CPU. Contiguous tensors are saved without a copy
+// Tensors must live on the CPU, or on a CUDA device when Cairn is built with
+// CAIRN_CUDA and a CUDA LibTorch (docs/gpu.md): CUDA tensors become device
+// entries (cairn/device.h) whose producer is the caller's current CUDA
+// stream, saved through device-to-host copies ordered after the work queued
+// on it, and restored into the same device (an optimizer's state is put on
+// its parameter's device). Contiguous tensors are saved without a copy
 // (the StateDict views their memory: keep the module alive and unchanged until
 // the save returns; AsyncSaver::save copies them before returning) and
 // restored in place.
@@ -112,7 +117,7 @@ struct TrainState {
 // can be saved from and loaded into). A non-contiguous tensor is added as a
 // contiguous copy (saving works; loading into it does not reach the module:
 // use restore()). Throws kInvalidArgument naming a tensor that is not on the
-// CPU or has a dtype safetensors cannot hold, or, with no model prefix, a
+// CPU (or CUDA, see above) or has a dtype safetensors cannot hold, or, with no model prefix, a
 // weight whose name falls under the optim or rng prefix.
 void add_module(StateDict& state, torch::nn::Module& module, const TorchNames& names = {});
 
