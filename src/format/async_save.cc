@@ -602,7 +602,12 @@ struct AsyncSaver::Impl {
         std::lock_guard<std::mutex> g(mu);
         stats.staging_pinned_bytes = pinned_bytes_locked();
       }
-      format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, snapshot_threads());
+      try {
+        format::copy_pieces(pieces, {slots[slot].data(), slots[slot].size()}, snapshot_threads());
+      } catch (const Error& e) {
+        throw with_context(
+            e, fmt::format("snapshot of {}", r.target ? r.target->uri() : r.manager->uri()));
+      }
       if (r.manager) r.target = r.manager->reserve_next();
     } catch (...) {
       std::lock_guard<std::mutex> g(mu);

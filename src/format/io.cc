@@ -356,7 +356,8 @@ void release_device_image() {
   s.buffer = HugeBuffer();
 }
 
-DeviceImage::DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads) {
+DeviceImage::DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads,
+                         std::string_view source) {
   if (!has_device_pieces(pieces)) return;
   SyncStaging& s = sync_staging();
   s.mu.lock();
@@ -368,6 +369,10 @@ DeviceImage::DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigne
     }
     pin_for(s.buffer, pieces);
     copy_pieces(pieces, {s.buffer.data(), s.buffer.size()}, threads);
+  } catch (const Error& e) {
+    s.mu.unlock();
+    held_ = false;
+    throw with_context(e, fmt::format("{}: copying its device tensors", source));
   } catch (...) {
     s.mu.unlock();
     held_ = false;

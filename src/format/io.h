@@ -124,7 +124,9 @@ void release_device_image();
 
 class DeviceImage {
  public:
-  DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads);
+  // `source` names the file for errors.
+  DeviceImage(std::vector<Piece>& pieces, uint64_t file_size, unsigned threads,
+              std::string_view source);
   ~DeviceImage();
   DeviceImage(const DeviceImage&) = delete;
   DeviceImage& operator=(const DeviceImage&) = delete;

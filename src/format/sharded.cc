@@ -713,9 +713,14 @@ LoadReport ShardedReader::load(StateDict& local, const std::map<std::string, Sha
       if (host.size() < e.nbytes) host = format::HugeBuffer(e.nbytes);
       host.pin(e.device);
       read(name, box, {host.data(), static_cast<size_t>(e.nbytes)});
-      std::unique_ptr<DeviceStream> stream = e.device->open_stream();
-      stream->to_device(e.data, host.data(), e.nbytes);
-      stream->synchronize();
+      try {
+        std::unique_ptr<DeviceStream> stream = e.device->open_stream();
+        stream->to_device(e.data, host.data(), e.nbytes);
+        stream->synchronize();
+      } catch (const Error& err) {
+        throw with_context(err, fmt::format("{}: loading tensor \"{}\" into device memory",
+                                            impl_->checkpoint.uri(), name));
+      }
     }
     report.loaded.push_back(name);
   }

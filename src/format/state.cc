@@ -274,12 +274,20 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
   }
   const uint64_t chunk = blocks ? std::max<uint64_t>(1, kBounceBytes / bs) * bs : kBounceBytes;
 
+  // A failed device operation names the file too.
+  auto on_device = [&](const auto& op) {
+    try {
+      op();
+    } catch (const Error& e) {
+      throw with_context(e, fmt::format("{}: loading into device tensors", source));
+    }
+  };
   std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams;
   auto stream_of = [&](const Device* d) -> DeviceStream& {
     for (auto& [device, stream] : streams) {
       if (device == d) return *stream;
     }
-    streams.emplace_back(d, d->open_stream());
+    on_device([&] { streams.emplace_back(d, d->open_stream()); });
     return *streams.back().second;
   };
   for (const Match& m : matches) {
@@ -307,7 +315,9 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
   auto next = matches.begin();  // the first match that ends after the chunk's start
   for (uint64_t off = begin, k = 0; off < end; off += chunk, ++k) {
     format::HugeBuffer& buffer = buffers[k % 2];
-    for (auto& [stream, mark] : in_flight[k % 2]) stream->wait(mark);
+    on_device([&] {
+      for (auto& [stream, mark] : in_flight[k % 2]) stream->wait(mark);
+    });
     in_flight[k % 2].clear();
     const uint64_t n = std::min(chunk, end - off);
     const std::span<std::byte> bytes(buffer.data(), n);
@@ -341,15 +351,21 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
       std::byte* dst = it->entry->data + (lo - t_begin);
       const std::byte* src = bytes.data() + (lo - off);
       if (it->entry->device) {
-        stream_of(it->entry->device.get()).to_device(dst, src, hi - lo);
+        DeviceStream& stream = stream_of(it->entry->device.get());
+        on_device([&] { stream.to_device(dst, src, hi - lo); });
       } else {
         std::memcpy(dst, src, hi - lo);
       }
     }
-    for (auto& [device, stream] : streams)
-      in_flight[k % 2].push_back({stream.get(), stream->mark()});
+    on_device([&] {
+      for (auto& [device, stream] : streams) {
+        in_flight[k % 2].push_back({stream.get(), stream->mark()});
+      }
+    });
   }
-  for (auto& [device, stream] : streams) stream->synchronize();
+  on_device([&] {
+    for (auto& [device, stream] : streams) stream->synchronize();
+  });
   if (whole) check_file_digest(hasher.digest(), *options.expected_xxh3, source);
 }
 
@@ -681,7 +697,8 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
   // Device tensors are copied into pinned staging first (device.h).
-  format::DeviceImage image(pieces, layout.parsed.file_size(), format::pick_threads(0));
+  format::DeviceImage image(pieces, layout.parsed.file_size(), format::pick_threads(0),
+                            path.string());
   static std::atomic<uint64_t> counter{0};
   std::filesystem::path temp = path;
   temp += fmt::format(".tmp.{}.{}", ::getpid(), counter++);
@@ -732,7 +749,7 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
   const uint64_t size = layout.parsed.file_size();
-  format::DeviceImage image(pieces, size, format::pick_threads(0));
+  format::DeviceImage image(pieces, size, format::pick_threads(0), storage.uri_of(key));
   auto writer = storage.open_writer(key);
   format::FileDigest digest = format::write_file(
       pieces, size, format::sink_of(*writer, format::wants_direct(options, size)), options,
