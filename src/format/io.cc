@@ -472,11 +472,29 @@ FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, cons
   const size_t chunk = round_up(std::max(options.block_size, align), align);
   const uint64_t padded = round_up(file_size, align);
   const size_t windows = (file_size + chunk - 1) / chunk;
+  // The block checksums of a window are taken by the thread that writes it,
+  // from the bytes it writes (whole blocks, as windows hold whole blocks),
+  // so the one sequential pass left beside the writers is the whole file's.
+  constexpr uint64_t bs = kChecksumBlockSize;
+  const bool blocks_in_windows = chunk % bs == 0;
+  std::vector<uint64_t> window_blocks(blocks_in_windows ? (file_size + bs - 1) / bs : 0);
+  auto hash_blocks = [&](const std::byte* data, uint64_t begin, uint64_t valid) {
+    if (!blocks_in_windows) return;
+    for (uint64_t b = begin / bs; b * bs < begin + valid; ++b) {
+      const uint64_t from = b * bs, to = std::min(from + bs, begin + valid);
+      Hasher h;
+      h.update({data + (from - begin), to - from});
+      window_blocks[b] = h.digest();
+    }
+  };
+  auto digest = [&](Hasher& hasher) -> FileDigest {
+    return {hasher.digest(), blocks_in_windows ? std::move(window_blocks) : blocks.finish()};
+  };
   Hasher hasher;
   auto hash_all = [&] {
     for (const auto& p : pieces) {
       hasher.update(p.data);
-      blocks.update(p.data);
+      if (!blocks_in_windows) blocks.update(p.data);
     }
   };
   const bool whole_image = pieces.size() == 1 && pieces[0].offset == 0 && readable >= padded &&
@@ -488,11 +506,12 @@ FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, cons
         [&](size_t i) {
           const uint64_t begin = i * chunk;
           const uint64_t end = std::min<uint64_t>(begin + chunk, padded);
-          sink.write_direct(begin, {image + begin, end - begin},
-                            std::min<uint64_t>(end, file_size) - begin);
+          const uint64_t valid = std::min<uint64_t>(end, file_size) - begin;
+          hash_blocks(image + begin, begin, valid);
+          sink.write_direct(begin, {image + begin, end - begin}, valid);
         },
         hash_all);
-    return {hasher.digest(), blocks.finish()};
+    return digest(hasher);
   }
   run_parallel(
       windows, direct_threads(options.threads),
@@ -515,10 +534,11 @@ FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, cons
         }
         const uint64_t length = round_up(end - begin, align);
         std::memset(staging.data() + (end - begin), 0, length - (end - begin));
+        hash_blocks(staging.data(), begin, end - begin);
         sink.write_direct(begin, {staging.data(), length}, end - begin);
       },
       hash_all);
-  return {hasher.digest(), blocks.finish()};
+  return digest(hasher);
 }
 
 std::vector<Window> plan_windows(const std::vector<ReadJob>& jobs, size_t align, size_t max_window,

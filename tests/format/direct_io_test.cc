@@ -179,6 +179,10 @@ TEST(DirectIoSave, StorageSavesGoDirectByDefaultForLargeFilesAndMatchTheBuffered
   EXPECT_EQ(auto_report.path, IoPath::kDirect) << auto_report.reason;
   EXPECT_EQ(a.size, b.size);
   EXPECT_EQ(a.xxh3, b.xxh3);
+  // The direct path takes block checksums window by window: the same ones.
+  EXPECT_EQ(a.block_size, b.block_size);
+  EXPECT_EQ(a.block_xxh3, b.block_xxh3);
+  EXPECT_EQ(a.block_xxh3.size(), (a.size + a.block_size - 1) / a.block_size);
   EXPECT_TRUE(file_bytes(dir / "auto.safetensors") == file_bytes(dir / "buffered.safetensors"));
   // A small state stays buffered, and says why.
   std::vector<float> tiny(10, 1.0f);
@@ -293,6 +297,11 @@ TEST(DirectIoAsync, AsyncSavesWriteTheStagingImageDirectlyAndMatchASynchronousSa
   Checkpoint dest = Checkpoint::from_directory("file://" + (dir / "async").string());
   SaveHandle h = saver.save(state, dest);
   h.wait();
+  // Block checksums of the whole-image direct path match a buffered save's.
+  auto storage_b = open_storage("file://" + dir.str());
+  ManifestEntry buffered = save(state, *storage_b, "b.safetensors", {.io = IoPath::kBuffered});
+  EXPECT_EQ(h.manifest()->files.at(0).block_xxh3, buffered.block_xxh3);
+  EXPECT_EQ(h.manifest()->files.at(0).xxh3, buffered.xxh3);
   save_file(state, dir / "sync.safetensors", {.io = IoPath::kBuffered});
   EXPECT_TRUE(file_bytes(dir / "async" / std::string(kStateFileName)) ==
               file_bytes(dir / "sync.safetensors"));
