@@ -127,6 +127,8 @@ check "static: headers, archives, CairnConfig, pkg-config files, cairn installed
   lib/pkgconfig/cairn-train.pc lib/pkgconfig/cairn-tune.pc include/cairn/tune.h include/cairn/tuner.h bin/cairn
 check "static: torch.h and torch_distributed.h not installed without the adapter" \
   test ! -e "$static/include/cairn/torch.h" -a ! -e "$static/include/cairn/torch_distributed.h"
+check "static: cuda.h not installed without CAIRN_CUDA; device.h (core) installed" \
+  test ! -e "$static/include/cairn/cuda.h" -a -e "$static/include/cairn/device.h"
 check "static: cairn --version prints 'cairn $version'" version_is "$static/bin/cairn"
 link_into_shared_object() {
   # shellcheck disable=SC2046  # pkg-config's output is a word list
