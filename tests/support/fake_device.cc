@@ -143,6 +143,7 @@ std::byte* FakeDevice::backing(const void* p, size_t n) const {
 }
 
 void FakeDevice::write(std::span<std::byte> device, std::span<const std::byte> host) {
+  if (host.empty()) return;
   std::memcpy(backing(device.data(), host.size()), host.data(), host.size());
 }
 
