@@ -109,6 +109,16 @@ struct ManagerOptions {
   // the next save or open.
   std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
       before_delete;
+  // Deletes the data of the checkpoints retention removes on a background
+  // thread (as Orbax's enable_background_delete). A save then returns once
+  // its checkpoint is committed and the removed ones are uncommitted (their
+  // manifests deleted, their records written out of the history), without
+  // waiting for their files to go, which costs about 0.3 s for 2 GiB on a
+  // file system with online discard. wait_for_deletes() and the destructor
+  // wait for the pending deletions (the experiment's lock is held until
+  // then); a failed deletion is a warning, and what a crash leaves is an
+  // uncommitted folder that the next open removes.
+  bool background_delete = false;
 };
 
 // A name for index `index`, and the index of a name (nullopt if not one).
@@ -156,6 +166,10 @@ class CheckpointManager {
   // Gives up a reservation after a failed distributed save: removes whatever
   // was written there and forgets it. Its index is not reused.
   void abandon_reserved(const Checkpoint& reserved);
+
+  // With ManagerOptions::background_delete: blocks until the data of every
+  // checkpoint retention has removed so far is deleted. Nothing otherwise.
+  void wait_for_deletes();
 
   std::optional<CheckpointRecord> latest() const;
   // Every kept checkpoint, best first (by score, or newest first without one).
@@ -205,6 +219,9 @@ class CheckpointManager {
   uint64_t log_records_ = 0;        // log records after the snapshot
   std::vector<uint64_t> log_seqs_;  // log objects on storage (to remove on compaction)
   std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
+  // ManagerOptions::background_delete's thread and queue (src/manager/manager.cc).
+  struct Deleter;
+  std::unique_ptr<Deleter> deleter_;
 };
 
 // The experiment as stored, read without taking the lock or changing

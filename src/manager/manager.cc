@@ -25,9 +25,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -194,7 +199,72 @@ CheckpointManager::CheckpointManager(std::string_view experiment_uri, Checkpoint
   open();
 }
 
+// Deletes uncommitted checkpoints' data on a thread of its own, in order.
+struct CheckpointManager::Deleter {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Checkpoint> queue;
+  bool busy = false;
+  bool stopping = false;
+  std::function<void(const std::string&)> warn;
+  std::thread thread;
+
+  explicit Deleter(std::function<void(const std::string&)> w) : warn(std::move(w)) {
+    thread = std::thread([this] { run(); });
+  }
+  ~Deleter() {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    thread.join();  // the queue is drained first
+  }
+  void push(Checkpoint c) {
+    {
+      std::lock_guard<std::mutex> g(mu);
+      queue.push_back(std::move(c));
+    }
+    cv.notify_all();
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> g(mu);
+    cv.wait(g, [&] { return queue.empty() && !busy; });
+  }
+  void run() {
+    for (;;) {
+      std::optional<Checkpoint> next;
+      {
+        std::unique_lock<std::mutex> g(mu);
+        cv.wait(g, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        next.emplace(std::move(queue.front()));
+        queue.pop_front();
+        busy = true;
+      }
+      try {
+        remove_uncommitted(*next);
+      } catch (const Error& e) {
+        // ignore-error: the checkpoint is uncommitted already; the next open
+        // removes the leftover.
+        warn(fmt::format("{}: deleting in the background failed, removed on the next open: {}",
+                         next->uri(), e.what()));
+      }
+      {
+        std::lock_guard<std::mutex> g(mu);
+        busy = false;
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+void CheckpointManager::wait_for_deletes() {
+  if (deleter_) deleter_->wait_idle();
+}
+
 CheckpointManager::~CheckpointManager() {
+  deleter_.reset();  // pending deletions finish while the lock is still held
   if (!history_stale_) return;
   try {
     compact();
@@ -386,7 +456,17 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });
-    delete_checkpoint(it->checkpoint);
+    if (options_.background_delete) {
+      // Uncommitted now (the manifest goes first, as delete_checkpoint does
+      // it); the data goes on the deleter's thread.
+      it->checkpoint.storage().remove(kManifestKey);
+      if (!deleter_) {
+        deleter_ = std::make_unique<Deleter>([this](const std::string& m) { warn(m); });
+      }
+      deleter_->push(it->checkpoint);
+    } else {
+      delete_checkpoint(it->checkpoint);
+    }
     records_.erase(it);
     removed.push_back(index);
   }

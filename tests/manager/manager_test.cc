@@ -3,6 +3,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -12,6 +13,7 @@
 #include "cairn/manager.h"
 #include "storage/backends.h"
 #include "support/errors.h"
+#include "support/gate.h"
 #include "support/temp_dir.h"
 #include "support/tmpfs.h"
 #include "util/hash.h"
@@ -114,6 +116,71 @@ TEST_F(ManagerTest, KeepsTheKBestAndDeletesTheRestFromStorage) {
   m.register_checkpoint({{"val", {{"acc", 0.8}}}}, source("s", "x"));
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1, 4}));
   EXPECT_EQ(m.latest()->index, 4u);
+}
+
+TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveReturns) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  ManagerOptions o = quiet();
+  o.background_delete = true;
+  Gate gate;
+  std::atomic<int> data_removals{0};
+  set_memory_faults("exp",
+                    MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
+                                   if (op == "remove" && key.ends_with("model.bin")) {
+                                     gate.wait();
+                                     ++data_removals;
+                                   }
+                                 }});
+  {
+    CheckpointManager m(uri, c, o);
+    m.register_checkpoint({}, source("s", "x"));
+    // Returns although the deletion of checkpoint 0's data is held.
+    m.register_checkpoint({}, source("s", "y"));
+    auto s = open_storage(uri);
+    EXPECT_FALSE(Checkpoint(s->child("checkpoint_000000")).is_committed());
+    EXPECT_TRUE(s->exists("checkpoint_000000/model.bin"));
+    EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1}));
+    EXPECT_EQ(read_experiment(uri).checkpoints.size(), 1u);
+    EXPECT_EQ(data_removals.load(), 0);
+    gate.open();
+    m.wait_for_deletes();
+    EXPECT_EQ(data_removals.load(), 1);
+    EXPECT_TRUE(s->list("checkpoint_000000").empty());
+    // The destructor waits for deletions still queued.
+    m.register_checkpoint({}, source("s", "z"));
+  }
+  set_memory_faults("exp", {});
+  EXPECT_EQ(data_removals.load(), 2);
+  EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty());
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST_F(ManagerTest, AFailedBackgroundDeleteWarnsAndTheNextOpenRemovesTheLeftover) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  ManagerOptions o = quiet();
+  o.background_delete = true;
+  set_memory_faults(
+      "exp", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                            if (op == "remove" && key.ends_with("model.bin")) {
+                              throw Error(ErrorCode::kIO, std::string(key) + ": injected failure");
+                            }
+                          }});
+  {
+    CheckpointManager m(uri, c, o);
+    m.register_checkpoint({}, source("s", "x"));
+    m.register_checkpoint({}, source("s", "y"));
+    m.wait_for_deletes();
+  }
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("checkpoint_000000"), std::string::npos) << warnings[0];
+  set_memory_faults("exp", {});
+  auto s = open_storage(uri);
+  EXPECT_TRUE(s->exists("checkpoint_000000/model.bin"));  // an uncommitted leftover
+  CheckpointManager again(uri, c, quiet());
+  EXPECT_TRUE(s->list("checkpoint_000000").empty());
+  EXPECT_EQ(indices(again.history()), (std::vector<uint64_t>{1}));
 }
 
 TEST_F(ManagerTest, WithoutAttributeKeepsTheMostRecent) {
