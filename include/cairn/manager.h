@@ -116,8 +116,9 @@ struct ManagerOptions {
   // waiting for their files to go, which costs about 0.3 s for 2 GiB on a
   // file system with online discard. wait_for_deletes() and the destructor
   // wait for the pending deletions (the experiment's lock is held until
-  // then); a failed deletion is a warning, and what a crash leaves is an
-  // uncommitted folder that the next open removes.
+  // then); a failed deletion is a warning (given to `warn` on the deleter's
+  // thread), and what a crash leaves is an uncommitted folder that the next
+  // open removes.
   bool background_delete = false;
 };
 
