@@ -274,6 +274,22 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
   }
   const uint64_t chunk = blocks ? std::max<uint64_t>(1, kBounceBytes / bs) * bs : kBounceBytes;
 
+  // The buffers are declared before the streams, so that on an error the
+  // streams (which wait for their copies) go before the buffers do.
+  BouncePool& pool = bounce_pool();
+  std::unique_lock<std::mutex> pool_lock(pool.mu, std::try_to_lock);
+  BouncePool own;
+  format::HugeBuffer* buffers = pool_lock.owns_lock() ? pool.buffers : own.buffers;
+  const size_t count = std::min<uint64_t>(2, (end - begin + chunk - 1) / chunk);
+  for (size_t i = 0; i < count; ++i) {
+    if (buffers[i].size() < chunk) buffers[i] = format::HugeBuffer(chunk);
+    for (const Match& m : matches) {
+      if (m.entry->device) {
+        buffers[i].pin(m.entry->device);
+        break;
+      }
+    }
+  }
   // A failed device operation names the file too.
   auto on_device = [&](const auto& op) {
     try {
@@ -294,20 +310,6 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
     if (m.entry->device) stream_of(m.entry->device.get());
   }
 
-  BouncePool& pool = bounce_pool();
-  std::unique_lock<std::mutex> pool_lock(pool.mu, std::try_to_lock);
-  BouncePool own;
-  format::HugeBuffer* buffers = pool_lock.owns_lock() ? pool.buffers : own.buffers;
-  const size_t count = std::min<uint64_t>(2, (end - begin + chunk - 1) / chunk);
-  for (size_t i = 0; i < count; ++i) {
-    if (buffers[i].size() < chunk) buffers[i] = format::HugeBuffer(chunk);
-    for (const Match& m : matches) {
-      if (m.entry->device) {
-        buffers[i].pin(m.entry->device);
-        break;
-      }
-    }
-  }
   // The copies out of each buffer still in flight: (stream, mark).
   std::vector<std::pair<DeviceStream*, uint64_t>> in_flight[2];
   Hasher hasher;
