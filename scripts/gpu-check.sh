@@ -59,14 +59,12 @@ fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCAIRN_CUDA=ON -DCAIRN_TORCH=ON -DCAIRN_TORCH_DISTRIBUTED=OFF -DCAIRN_S3=OFF -DCAIRN_MPI=OFF \
   -DCAIRN_BUILD_CLI=OFF -DCAIRN_BUILD_EXAMPLES=OFF -DCAIRN_INSTALL=OFF -DCAIRN_WERROR=OFF \
-  -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" "${cuda_args[@]}" \
-  -DCMAKE_EXE_LINKER_FLAGS="-Wl,--push-state,--no-as-needed,-lstdc++,--pop-state"
-# pip's LibTorch exports std::filesystem functions that crash when called
-# from outside it; libstdc++ must come first among a program's libraries
-# (the flag above; src/torch/CMakeLists.txt says more).
+  -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" "${cuda_args[@]}"
 ninja -C "$build" cuda_device_test cuda_torch_test gpu_bench
-# The link order alone did not hold (CMake's Torch package puts LibTorch
-# first among a program's libraries): libstdc++ is also loaded first.
+# pip's LibTorch exports copies of std::filesystem functions that crash when
+# a program calls them (remove_all jumps to address 0), and it comes before
+# libstdc++ among the programs' libraries: libstdc++ is loaded first, so
+# those calls bind to it (docs/gpu.md).
 stdcxx=$(ldd "$build/tests/cuda/cuda_torch_test" | awk '/libstdc\+\+/ {print $3; exit}')
 export LD_PRELOAD=$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}
 
