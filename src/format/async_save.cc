@@ -66,31 +66,6 @@ SaveHandle::State& checked(const std::shared_ptr<SaveHandle::State>& s) {
   return *s;
 }
 
-// Writes every page of [data, data + size) now, so that a later copy into it
-// does not pay the first touch of fresh memory: MADV_POPULATE_WRITE (Linux
-// 5.14) where the kernel has it, else zeros written by hand. `data` is
-// page-aligned. Runs on `threads` threads in 64 MiB pieces.
-void prefault(std::byte* data, size_t size, unsigned threads) {
-  constexpr size_t kPiece = size_t{64} << 20;
-  const size_t pieces = (size + kPiece - 1) / kPiece;
-  std::atomic<bool> populate{true};
-  format::run_parallel(pieces, threads, [&](size_t i) {
-    std::byte* p = data + i * kPiece;
-    const size_t n = std::min(kPiece, size - i * kPiece);
-#ifdef MADV_POPULATE_WRITE
-    if (populate.load(std::memory_order_relaxed)) {
-      if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
-      // EINVAL: a kernel without MADV_POPULATE_WRITE; write by hand. Any
-      // other error (ENOMEM) would fail the same way when written by hand.
-      if (errno != EINVAL)
-        throw errno_error(errno, "madvise(MADV_POPULATE_WRITE)", "staging memory");
-      populate.store(false, std::memory_order_relaxed);
-    }
-#endif
-    std::memset(p, 0, n);
-  });
-}
-
 }  // namespace
 
 void SaveHandle::wait() const {
@@ -273,7 +248,7 @@ struct AsyncSaver::Impl {
     }
     old = format::HugeBuffer();  // release before allocating the larger one
     format::HugeBuffer fresh(size);
-    if (prefault_pages) prefault(fresh.data(), fresh.size(), snapshot_threads());
+    if (prefault_pages) format::prefault(fresh.data(), fresh.size(), snapshot_threads());
     std::lock_guard<std::mutex> g(mu);
     slots[slot] = std::move(fresh);
     ++stats.staging_allocations;
@@ -733,18 +708,8 @@ SaveHandle AsyncSaver::save_sharded(const std::vector<ShardedPart>& parts,
 
 void AsyncSaver::reserve(uint64_t bytes, unsigned buffers) { impl_->reserve(bytes, buffers); }
 
-namespace {
-// The device of a state's first device entry (null when it has none).
-std::shared_ptr<const Device> first_device(const StateDict& state) {
-  for (const auto& [name, e] : state.entries()) {
-    if (e.device) return e.device;
-  }
-  return nullptr;
-}
-}  // namespace
-
 void AsyncSaver::reserve(const StateDict& state, unsigned buffers) {
-  impl_->reserve(layout_state(state).parsed.file_size(), buffers, first_device(state));
+  impl_->reserve(layout_state(state).parsed.file_size(), buffers, format::first_device(state));
 }
 
 void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers) {
@@ -754,7 +719,7 @@ void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers
   }
   std::shared_ptr<const Device> device;
   for (const ShardedPart& p : parts) {
-    if (!device) device = first_device(p.state);
+    if (!device) device = format::first_device(p.state);
   }
   impl_->reserve(Impl::staging_size(sizes), buffers, device);
 }

@@ -269,6 +269,50 @@ void HugeBuffer::release() {
   size_ = map_size_ = 0;
 }
 
+void prefault(std::byte* data, size_t size, unsigned threads) {
+  constexpr size_t kPiece = size_t{64} << 20;
+  const size_t pieces = (size + kPiece - 1) / kPiece;
+  std::atomic<bool> populate{true};
+  run_parallel(pieces, threads, [&](size_t i) {
+    std::byte* p = data + i * kPiece;
+    const size_t n = std::min(kPiece, size - i * kPiece);
+#ifdef MADV_POPULATE_WRITE
+    if (populate.load(std::memory_order_relaxed)) {
+      if (::madvise(p, n, MADV_POPULATE_WRITE) == 0) return;
+      // EINVAL: a kernel without MADV_POPULATE_WRITE; write by hand. Any
+      // other error (ENOMEM) would fail the same way when written by hand.
+      if (errno != EINVAL)
+        throw errno_error(errno, "madvise(MADV_POPULATE_WRITE)", "staging memory");
+      populate.store(false, std::memory_order_relaxed);
+    }
+#endif
+    std::memset(p, 0, n);
+  });
+}
+
+std::shared_ptr<const Device> first_device(const StateDict& state) {
+  for (const auto& [name, e] : state.entries()) {
+    if (e.device) return e.device;
+  }
+  return nullptr;
+}
+
+DeviceStream& DeviceStreams::of(const Device& device) {
+  for (auto& [d, stream] : streams_) {
+    if (d == &device) return *stream;
+  }
+  streams_.emplace_back(&device, device.open_stream());
+  return *streams_.back().second;
+}
+
+void DeviceStreams::mark(std::vector<std::pair<DeviceStream*, uint64_t>>& out) {
+  for (auto& [d, stream] : streams_) out.push_back({stream.get(), stream->mark()});
+}
+
+void DeviceStreams::synchronize() {
+  for (auto& [d, stream] : streams_) stream->synchronize();
+}
+
 bool has_device_pieces(const std::vector<Piece>& pieces) {
   return std::any_of(pieces.begin(), pieces.end(), [](const Piece& p) { return p.device; });
 }
@@ -290,19 +334,14 @@ void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, un
   size_t in_job = 0;
   // Device pieces are enqueued on their device's stream first, so that the
   // device copies while the host pieces are copied below.
-  std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams;
+  DeviceStreams streams;
   for (const auto& p : pieces) {
     if (p.offset > dest.size() || p.data.size() > dest.size() - p.offset) {
       throw Error(ErrorCode::kInternal, "staging buffer smaller than the file image");
     }
     if (p.device) {
-      auto s = std::find_if(streams.begin(), streams.end(),
-                            [&](const auto& e) { return e.first == p.device.get(); });
-      if (s == streams.end()) {
-        streams.emplace_back(p.device.get(), p.device->open_stream());
-        s = std::prev(streams.end());
-      }
-      if (!p.data.empty()) s->second->to_host(dest.data() + p.offset, p.data.data(), p.data.size());
+      DeviceStream& stream = streams.of(*p.device);
+      if (!p.data.empty()) stream.to_host(dest.data() + p.offset, p.data.data(), p.data.size());
       continue;
     }
     for (size_t off = 0; off < p.data.size(); off += kChunk) {
@@ -321,7 +360,7 @@ void copy_pieces(const std::vector<Piece>& pieces, std::span<std::byte> dest, un
       std::memcpy(dest.data() + parts[i].offset, parts[i].data.data(), parts[i].data.size());
     }
   });
-  for (auto& [device, stream] : streams) stream->synchronize();
+  streams.synchronize();
 }
 
 namespace {
@@ -343,9 +382,7 @@ void reserve_device_image(uint64_t bytes, const std::shared_ptr<const Device>& d
     s.buffer = HugeBuffer();
     s.buffer = HugeBuffer(bytes);
     // Touch every page now: the first save should cost the copy alone.
-    if (::madvise(s.buffer.data(), s.buffer.size(), MADV_POPULATE_WRITE) != 0) {
-      std::memset(s.buffer.data(), 0, s.buffer.size());  // a kernel without MADV_POPULATE_WRITE
-    }
+    prefault(s.buffer.data(), s.buffer.size(), pick_threads(0));
   }
   if (device) s.buffer.pin(device);
 }

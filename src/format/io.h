@@ -103,6 +103,31 @@ class HugeBuffer {
   size_t size_ = 0;
 };
 
+// Writes every page of [data, data + size) now, so that a later copy into it
+// does not pay the first touch of fresh memory: MADV_POPULATE_WRITE (Linux
+// 5.14) where the kernel has it, else zeros written by hand. `data` is
+// page-aligned. Runs on `threads` threads in 64 MiB pieces. kIO when the
+// kernel cannot populate the pages.
+void prefault(std::byte* data, size_t size, unsigned threads);
+
+// The device of `state`'s first device entry (null when it has none).
+std::shared_ptr<const Device> first_device(const StateDict& state);
+
+// The streams of one save or load: one per device, opened on first use (so
+// its copies follow the work that device's producer had queued by then).
+// Destroying it destroys the streams, each of which waits for its copies
+// first, so buffers the copies use must outlive it.
+class DeviceStreams {
+ public:
+  DeviceStream& of(const Device& device);
+  // Appends a mark of every stream (DeviceStream::mark) to `out`.
+  void mark(std::vector<std::pair<DeviceStream*, uint64_t>>& out);
+  void synchronize();
+
+ private:
+  std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams_;
+};
+
 // Copies `pieces` into `dest` (a whole file image) on `threads` threads;
 // device pieces through one stream per device (opened first, so their copies
 // follow the work their producers had queued), complete on return.

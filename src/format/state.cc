@@ -298,16 +298,14 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
       throw with_context(e, fmt::format("{}: loading into device tensors", source));
     }
   };
-  std::vector<std::pair<const Device*, std::unique_ptr<DeviceStream>>> streams;
-  auto stream_of = [&](const Device* d) -> DeviceStream& {
-    for (auto& [device, stream] : streams) {
-      if (device == d) return *stream;
-    }
-    on_device([&] { streams.emplace_back(d, d->open_stream()); });
-    return *streams.back().second;
+  format::DeviceStreams streams;
+  auto stream_of = [&](const Device& d) -> DeviceStream& {
+    DeviceStream* s = nullptr;
+    on_device([&] { s = &streams.of(d); });
+    return *s;
   };
   for (const Match& m : matches) {
-    if (m.entry->device) stream_of(m.entry->device.get());
+    if (m.entry->device) stream_of(*m.entry->device);
   }
 
   // The copies out of each buffer still in flight: (stream, mark).
@@ -353,21 +351,15 @@ void load_through_bounce(const SafetensorsHeader& header, std::string_view heade
       std::byte* dst = it->entry->data + (lo - t_begin);
       const std::byte* src = bytes.data() + (lo - off);
       if (it->entry->device) {
-        DeviceStream& stream = stream_of(it->entry->device.get());
+        DeviceStream& stream = stream_of(*it->entry->device);
         on_device([&] { stream.to_device(dst, src, hi - lo); });
       } else {
         std::memcpy(dst, src, hi - lo);
       }
     }
-    on_device([&] {
-      for (auto& [device, stream] : streams) {
-        in_flight[k % 2].push_back({stream.get(), stream->mark()});
-      }
-    });
+    on_device([&] { streams.mark(in_flight[k % 2]); });
   }
-  on_device([&] {
-    for (auto& [device, stream] : streams) stream->synchronize();
-  });
+  on_device([&] { streams.synchronize(); });
   if (whole) check_file_digest(hasher.digest(), *options.expected_xxh3, source);
 }
 
@@ -761,11 +753,8 @@ ManifestEntry save(const StateDict& state, Storage& storage, std::string_view ke
 }
 
 void reserve_device_staging(const StateDict& state) {
-  for (const auto& [name, e] : state.entries()) {
-    if (e.device) {
-      format::reserve_device_image(layout_state(state).parsed.file_size(), e.device);
-      return;
-    }
+  if (std::shared_ptr<const Device> device = format::first_device(state)) {
+    format::reserve_device_image(layout_state(state).parsed.file_size(), device);
   }
 }
 

@@ -32,13 +32,8 @@ std::vector<std::byte> random_bytes(size_t n, unsigned seed) {
   return out;
 }
 
-std::vector<std::byte> file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
-  return out;
-}
+// A file's bytes, for comparisons.
+std::string file_bytes(const std::filesystem::path& p) { return read_text(p); }
 
 std::vector<std::byte> tensor_bytes(const MappedState& file, const std::string& name) {
   TensorView v = file.tensor(name);
