@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -128,7 +129,9 @@ TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveR
   set_memory_faults("exp",
                     MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
                                    if (op == "remove" && key.ends_with("model.bin")) {
-                                     gate.wait();
+                                     // A deletion inside the save waits 5 s, then
+                                     // counts, and the check below fails.
+                                     gate.wait_for(std::chrono::seconds(5));
                                      ++data_removals;
                                    }
                                  }});

@@ -3,6 +3,7 @@
 // an event of another thread.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,14 @@ class Gate {
   void wait() {
     std::unique_lock<std::mutex> g(mu_);
     cv_.wait(g, [&] { return open_; });
+  }
+  // As wait(), giving up after `timeout`; returns whether the gate opened
+  // (so a test of background work fails instead of hanging when the work
+  // turns out to run in the foreground).
+  template <class Duration>
+  bool wait_for(Duration timeout) {
+    std::unique_lock<std::mutex> g(mu_);
+    return cv_.wait_for(g, timeout, [&] { return open_; });
   }
   void open() {
     {
