@@ -23,28 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-
-def drop_caches(path):
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for root, _, files in os.walk(path):
-            for name in files:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
-        return "fadvise"
-
-
-def fsync_tree(path):
-    for root, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+from cache import drop_caches
 
 
 def main():
@@ -122,7 +101,7 @@ def main():
     runs = []
     method = ""
     for _ in range(args.runs):
-        method = drop_caches(last)
+        method = drop_caches([os.path.join(last, f) for f in os.listdir(last)])
         t0 = time.perf_counter()
         dcp.load(state, checkpoint_id=last)
         torch.cuda.synchronize()
