@@ -26,15 +26,6 @@ ProcessResult example(const TempDir& storage, std::vector<std::string> extra) {
   return testing::run_process(CAIRN_TUNE_EXAMPLE_PATH, args);
 }
 
-std::vector<nlohmann::json> rows_of(const fs::path& result_json) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(result_json);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  }
-  return rows;
-}
-
 TEST(TuneDemo, ADriverKilledMidSearchIsRestoredAndEveryTrialFinishes) {
   TempDir storage;
   ProcessResult crashed = example(storage, {"--crash-after-results", "20"});
@@ -57,7 +48,7 @@ TEST(TuneDemo, ADriverKilledMidSearchIsRestoredAndEveryTrialFinishes) {
     // The trial ran with the config it ends with: the last result's lr is
     // the one PBT gave it (the trainable sets it after loading a checkpoint).
     const nlohmann::json params = nlohmann::json::parse(testing::read_text(trial / "params.json"));
-    const std::vector<nlohmann::json> rows = rows_of(trial / "result.json");
+    const std::vector<nlohmann::json> rows = testing::read_json_lines(trial / "result.json");
     // TuneConfig::stop: 12, also when the driver died after the trial wrote
     // its 12th result and before it ended (restore judges that result).
     EXPECT_EQ(rows.size(), 12u) << id;

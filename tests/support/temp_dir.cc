@@ -33,4 +33,13 @@ std::string read_text(const std::filesystem::path& path) {
   return ss.str();
 }
 
+std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(read_text(path));
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
 }  // namespace cairn::testing

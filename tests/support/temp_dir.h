@@ -4,6 +4,9 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace cairn::testing {
 
@@ -24,5 +27,7 @@ class TempDir {
 // Writes `bytes` to `path`, creating parent directories.
 void write_text(const std::filesystem::path& path, const std::string& bytes);
 std::string read_text(const std::filesystem::path& path);
+// A JSON Lines file (result.json) as one value per non-empty line.
+std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& path);
 
 }  // namespace cairn::testing

@@ -230,10 +230,7 @@ TEST(Trainer, ExceptionRestartsTheGroupFromTheLatestCheckpoint) {
 
 // result.json's lines, read back.
 std::vector<nlohmann::json> result_lines(const fs::path& experiment) {
-  std::vector<nlohmann::json> rows;
-  std::istringstream in(slurp(experiment / "result.json"));
-  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
-  return rows;
+  return testing::read_json_lines(experiment / "result.json");
 }
 
 std::vector<std::string> csv_lines(const fs::path& experiment) {

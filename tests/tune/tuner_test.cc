@@ -53,15 +53,6 @@ void counting_trainable(const nlohmann::json& config) {
   }
 }
 
-std::vector<nlohmann::json> read_lines(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
-
 TEST(Tuner, RunsEveryGridPointAsATrialWithItsOwnFolderAndHistory) {
   TempDir dir;
   TuneConfig tc;
@@ -82,7 +73,7 @@ TEST(Tuner, RunsEveryGridPointAsATrialWithItsOwnFolderAndHistory) {
     ASSERT_TRUE(r.checkpoint.has_value());
     const fs::path trial = dir / "search" / r.trial_id;
     EXPECT_EQ(nlohmann::json::parse(slurp(trial / "params.json")), r.config);
-    EXPECT_EQ(read_lines(trial / "result.json").size(), 3u);
+    EXPECT_EQ(testing::read_json_lines(trial / "result.json").size(), 3u);
     EXPECT_TRUE(fs::exists(trial / "progress.csv"));
     bool events = false;
     for (const auto& e : fs::directory_iterator(trial)) {
