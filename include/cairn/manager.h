@@ -118,7 +118,10 @@ struct ManagerOptions {
   // wait for the pending deletions (the experiment's lock is held until
   // then); a failed deletion is a warning (given to `warn` on the deleter's
   // thread), and what a crash leaves is an uncommitted folder that the next
-  // open removes.
+  // open removes. The next save (reserve_next, register_checkpoint) first
+  // waits for the deletions queued before it, so the disk never holds more
+  // than with deletion in the save; the deletion overlaps whatever the
+  // program does between saves.
   bool background_delete = false;
 };
 

@@ -537,6 +537,7 @@ void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_v
 
 CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics,
                                                         const Checkpoint& checkpoint) {
+  wait_for_deletes();  // see reserve_next()
   std::lock_guard<std::mutex> g(mu_);
   const std::string name = checkpoint_name(next_index_);
   check_score(metrics, storage_->uri_of(name));
@@ -576,6 +577,11 @@ void CheckpointManager::discard_failed(const Checkpoint& dest) {
 }
 
 Checkpoint CheckpointManager::reserve_next() {
+  // With background deletion, a new checkpoint starts once the deletions
+  // queued by earlier saves are done, so the disk never holds more than with
+  // deletion in the save (the kept checkpoints and the one being written).
+  // Waited for outside the lock: the deleter's warnings may call back.
+  wait_for_deletes();
   std::lock_guard<std::mutex> g(mu_);
   const uint64_t index = take_index();
   Checkpoint dest(storage_->child(checkpoint_name(index)));

@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
@@ -156,6 +160,43 @@ TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveR
   set_memory_faults("exp", {});
   EXPECT_EQ(data_removals.load(), 2);
   EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty());
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST_F(ManagerTest, WithBackgroundDeletesTheNextSaveWritesOnlyAfterTheQueuedDeletions) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  ManagerOptions o = quiet();
+  o.background_delete = true;
+  Gate gate;
+  std::mutex mu;
+  std::vector<std::string> events;
+  set_memory_faults("exp",
+                    MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
+                                   if (op == "remove" && key == "run/checkpoint_000000/model.bin") {
+                                     gate.wait_for(std::chrono::seconds(5));
+                                     std::lock_guard<std::mutex> g(mu);
+                                     events.push_back("removed 0");
+                                   } else if (key.starts_with("run/checkpoint_000002/")) {
+                                     std::lock_guard<std::mutex> g(mu);
+                                     events.push_back(std::string(op) + " 2");
+                                   }
+                                 }});
+  {
+    CheckpointManager m(uri, c, o);
+    m.register_checkpoint({}, source("s", "x"));
+    m.register_checkpoint({}, source("s", "y"));  // queues checkpoint 0's deletion, held
+    std::thread third([&] { m.register_checkpoint({}, source("s", "z")); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gate.open();
+    third.join();
+    EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{2}));
+  }
+  set_memory_faults("exp", {});
+  // Had the third save not waited, it would have written during the 100 ms
+  // the deletion was held.
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[0], "removed 0");
   EXPECT_TRUE(warnings.empty());
 }
 
