@@ -87,6 +87,14 @@ class Writer {
   // unchanged: nothing is durable before commit(). kFailedPrecondition when
   // direct_alignment() is 0 or the arguments are not aligned.
   virtual void write_direct(uint64_t offset, std::span<const std::byte> data, size_t valid);
+  // A hint before parallel writes that the object will take `size` bytes
+  // (the padding of a last direct write included). A local file allocates
+  // them now, so that parallel direct writes overwrite allocated blocks
+  // instead of extending the file, which file systems serialize. The
+  // object's size is still the end of what is written (commit() cuts the
+  // rest off). kNoSpace when the space is not there; a file system that
+  // cannot preallocate is no error. Other backends ignore it (the default).
+  virtual void preallocate(uint64_t size) { (void)size; }
 };
 
 // An exclusive lock on a key, held until destroyed. It is released by the

@@ -485,6 +485,7 @@ Sink sink_of(Writer& writer, bool direct_wanted) {
   sink.write_direct = [&writer](uint64_t off, std::span<const std::byte> d, size_t valid) {
     writer.write_direct(off, d, valid);
   };
+  sink.preallocate = [&writer](uint64_t size) { writer.preallocate(size); };
   return sink;
 }
 
@@ -509,6 +510,9 @@ FileDigest write_file(const std::vector<Piece>& pieces, uint64_t file_size, cons
   const size_t chunk = round_up(std::max(options.block_size, align), align);
   const uint64_t padded = round_up(file_size, align);
   const size_t windows = (file_size + chunk - 1) / chunk;
+  // Parallel direct writes into allocated blocks run side by side; into a
+  // growing file or a hole, the file system takes them one at a time.
+  if (sink.preallocate) sink.preallocate(padded);
   // The block checksums of a window are taken by the thread that writes it,
   // from the bytes it writes (whole blocks, as windows hold whole blocks),
   // so the one sequential pass left beside the writers is the whole file's.

@@ -188,6 +188,9 @@ struct Sink {
   WriteAt write_at;
   size_t alignment = 0;  // of write_direct; 0 when there is no direct path
   std::function<void(uint64_t offset, std::span<const std::byte> data, size_t valid)> write_direct;
+  // Called once before direct writes with the padded file size (optional;
+  // see Writer::preallocate).
+  std::function<void(uint64_t size)> preallocate;
 };
 // A Sink writing through a storage Writer; its direct path is looked up (a
 // second open of the file) only when `direct_wanted`, see wants_direct().

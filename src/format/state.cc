@@ -717,6 +717,7 @@ void save_file(const StateDict& state, const std::filesystem::path& path,
         sink.write_direct = [&](uint64_t off, std::span<const std::byte> d, size_t) {
           pwrite_all(direct.get(), d, off, name);
         };
+        sink.preallocate = [&](uint64_t size) { preallocate(fd.get(), size, name); };
       }
     }
     format::write_file(pieces, layout.parsed.file_size(), sink, options, name, image.readable());

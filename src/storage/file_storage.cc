@@ -199,6 +199,8 @@ class FileWriter final : public Writer {
     }
   }
 
+  void preallocate(uint64_t size) override { cairn::preallocate(fd_.get(), size, name_); }
+
   void commit() override {
     if (committed_)
       throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: committed twice", name_));

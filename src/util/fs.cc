@@ -117,6 +117,18 @@ void fsync_fd(int fd, std::string_view path) {
   if (::fsync(fd) != 0) throw errno_error(errno, "fsync", path);
 }
 
+bool preallocate(int fd, uint64_t size, std::string_view path) {
+  if (size == 0) return true;
+  for (;;) {
+    if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0) return true;
+    if (errno == EINTR) continue;
+    // ignore-error: a file system without fallocate (or without it for this
+    // file) just writes into a file that grows as before.
+    if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) return false;
+    throw errno_error(errno, fmt::format("preallocate {} bytes of", size), path);
+  }
+}
+
 void fsync_dir(const std::filesystem::path& dir) {
   UniqueFd fd = open_file(dir, O_RDONLY | O_DIRECTORY);
   fsync_fd(fd.get(), dir.string());

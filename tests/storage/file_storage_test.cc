@@ -133,6 +133,35 @@ TEST(FileStorage, AFullDeviceIsNoSpaceNamingTheObjectAndLeavesNothingBehind) {
   EXPECT_TRUE(s->list_incomplete("").empty()) << "the abandoned temp file is removed";
 }
 
+TEST(FileStorage, PreallocatedSpaceBeyondWhatIsWrittenIsCutOffAtCommit) {
+  TempDir root;
+  auto s = open_storage(root.path().string());
+  auto w = s->open_writer("obj");
+  w->preallocate(1 << 20);
+  w->write_at(4, as_bytes(std::string("tail")));
+  w->write_at(0, as_bytes(std::string("head")));
+  w->commit();
+  EXPECT_EQ(s->get("obj"), "headtail");
+  EXPECT_EQ(fs::file_size(root.path() / "obj"), 8u);
+}
+
+TEST(FileStorage, APreallocationThatDoesNotFitIsNoSpaceNamingTheObjectAndLeavesNothingBehind) {
+  SmallTmpfs tmpfs(256);
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  auto s = open_storage(tmpfs.path().string());
+  s->put("committed", "safe");
+  try {
+    auto w = s->open_writer("big.bin");
+    w->preallocate(1 << 20);
+    FAIL() << "1 MiB was preallocated in a 256 KiB tmpfs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNoSpace);
+    EXPECT_NE(std::string(e.what()).find("big.bin"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s->get("committed"), "safe");
+  EXPECT_TRUE(s->list_incomplete("").empty()) << "the abandoned temp file is removed";
+}
+
 TEST(FileStorage, AReadOnlyDeviceIsPermissionDeniedNamingTheObject) {
   SmallTmpfs tmpfs(256);
   if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
