@@ -204,6 +204,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.idle_s = std::stod(value());
     } else if (a == "--reshard") {
       o.reshard = true;
+    } else if (a == "--fio") {
+      o.fio = value();
     } else {
       std::cerr << usage;
       std::exit(2);
@@ -214,6 +216,34 @@ Options parse_options(int argc, char** argv, const char* usage) {
     std::exit(2);
   }
   return o;
+}
+
+std::vector<std::string> fio_args(const std::filesystem::path& file, uint64_t bytes, bool direct) {
+  std::vector<std::string> a{"--name=round", "--filename=" + file.string(), "--bs=1M",
+                             "--size=" + std::to_string(bytes >> 20) + "M"};
+  if (direct) {
+    a.insert(a.end(), {"--direct=1", "--ioengine=libaio", "--iodepth=8"});
+  } else {
+    a.insert(a.end(), {"--direct=0", "--ioengine=psync"});
+  }
+  return a;
+}
+
+double run_fio(const std::string& fio, const std::vector<std::string>& args, const char* rw) {
+  std::string cmd = "'" + (fio.empty() ? std::string("fio") : fio) + "' --output-format=json";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("cannot start fio");
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  if (::pclose(p) != 0) throw std::runtime_error("fio failed: " + cmd);
+  // fio may print notes before the JSON document.
+  const size_t start = out.find('{');
+  if (start == std::string::npos) throw std::runtime_error("fio printed no JSON: " + cmd);
+  auto j = nlohmann::json::parse(out.substr(start));
+  return j["jobs"][0][rw]["runtime"].get<double>() / 1000.0;
 }
 
 void write_report(const Options& opts, const std::string& tool,

@@ -124,8 +124,21 @@ struct Options {
   double idle_s = 0;
   // --reshard: bytes read by a 2 -> 4 rank re-shard (reshard.h).
   bool reshard = false;
+  // --fio PATH: the fio binary for reference runs (empty: fio on PATH, and
+  // gpu_bench runs none).
+  std::string fio;
 };
 Options parse_options(int argc, char** argv, const char* usage);
+
+// fio's options for one sequential job over the first `bytes` of `file`
+// (whole MiB) in 1 MiB requests: with `direct`, O_DIRECT through libaio with
+// 8 in flight (the strongest O_DIRECT figure fio reached here); otherwise
+// buffered psync. Add --rw=... and the like.
+std::vector<std::string> fio_args(const std::filesystem::path& file, uint64_t bytes, bool direct);
+
+// Runs `fio` (empty: fio on PATH) with --output-format=json and `args`; returns the first job's
+// runtime in seconds for `rw` ("write" or "read"). Throws if fio fails.
+double run_fio(const std::string& fio, const std::vector<std::string>& args, const char* rw);
 
 // Writes {"tool", "size_mib", "bytes", "tensors", "cache_drop", "results"}
 // plus the keys of `extra` to opts.out (or stdout).

@@ -23,34 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Runs fio once and returns the job's seconds for `rw` ("write" or "read").
-double run_fio(const std::vector<std::string>& args, const char* rw) {
-  std::string cmd = "fio --output-format=json";
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("cannot start fio");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  if (::pclose(p) != 0) throw std::runtime_error("fio failed: " + cmd);
-  // fio may print notes before the JSON document.
-  auto j = nlohmann::json::parse(out.substr(out.find('{')));
-  return j["jobs"][0][rw]["runtime"].get<double>() / 1000.0;
-}
-
-std::vector<std::string> fio_args(const fs::path& file, uint64_t bytes, bool direct) {
-  std::vector<std::string> a{"--name=round", "--filename=" + file.string(), "--bs=1M",
-                             fmt::format("--size={}M", bytes >> 20)};
-  if (direct) {
-    // The strongest O_DIRECT figure fio reached here: libaio, 8 in flight.
-    a.insert(a.end(), {"--direct=1", "--ioengine=libaio", "--iodepth=8"});
-  } else {
-    a.insert(a.end(), {"--direct=0", "--ioengine=psync"});
-  }
-  return a;
-}
-
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -105,31 +77,62 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
     fn();
     seconds[name].push_back(now_seconds() - t0);
   };
-  for (int round = 0; round < opts.runs; ++round) {
-    // fio writes its file of this round while last round's is still there,
-    // as a manager writes a checkpoint while the previous one is kept.
-    const fs::path fio_file = dir / fmt::format("fio.{}", round % 2);
-    fs::remove(fio_file);
-    seconds["fio.write_direct"].push_back(
-        run_fio(concat(fio_args(fio_file, bytes, true), {"--rw=write", "--end_fsync=1"}), "write"));
+  // fio's O_DIRECT writes rotate over two files: each write replaces the
+  // older one while the other is kept, as a manager writes a checkpoint while
+  // the previous one is kept.
+  int fio_writes = 0;
+  fs::path fio_file;
+  auto fio_write_direct = [&] {
+    fio_file = dir / fmt::format("fio.{}", fio_writes++ % 2);
     fs::remove(fio_file);
     sync_all();
-    seconds["fio.write_buffered"].push_back(run_fio(
-        concat(fio_args(fio_file, bytes, false), {"--rw=write", "--end_fsync=1"}), "write"));
+    const double s =
+        run_fio(opts.fio, concat(fio_args(fio_file, bytes, true), {"--rw=write", "--end_fsync=1"}),
+                "write");
+    seconds["fio.write_direct"].push_back(s);
+    return s;
+  };
+  for (int round = 0; round < opts.runs; ++round) {
+    // The disk's speed drifts within seconds here, so each direct manager
+    // save runs between two fio O_DIRECT writes and is judged against their
+    // mean; the two saves swap places every round.
+    std::optional<CheckpointRecord> direct_record;
+    auto save_direct = [&] {
+      timed("cairn.manager_save", [&] { direct_record = direct_mgr.save(state, round); });
+    };
+    auto save_background = [&] {
+      timed("cairn.manager_save_background_delete", [&] { background_mgr.save(state, round); });
+      background_mgr.base().wait_for_deletes();
+    };
+    const bool swap = round % 2 == 1;
+    const double first = fio_write_direct();
+    swap ? save_background() : save_direct();
+    const double middle = fio_write_direct();
+    swap ? save_direct() : save_background();
+    const double last = fio_write_direct();
+    seconds["fio.write_direct.around_manager_save"].push_back(swap ? (middle + last) / 2
+                                                                   : (first + middle) / 2);
+    seconds["fio.write_direct.around_background_delete"].push_back(swap ? (first + middle) / 2
+                                                                        : (middle + last) / 2);
 
-    std::optional<CheckpointRecord> direct_record, buffered_record;
-    timed("cairn.manager_save", [&] { direct_record = direct_mgr.save(state, round); });
-    timed("cairn.manager_save_buffered",
-          [&] { buffered_record = buffered_mgr.save(state, round); });
-    timed("cairn.manager_save_background_delete", [&] { background_mgr.save(state, round); });
-    background_mgr.base().wait_for_deletes();
+    // Buffered: fio, then Cairn, each right after the last direct write.
+    fs::remove(dir / "fio.buffered");
+    sync_all();
+    seconds["fio.write_buffered"].push_back(run_fio(
+        opts.fio,
+        concat(fio_args(dir / "fio.buffered", bytes, false), {"--rw=write", "--end_fsync=1"}),
+        "write"));
+    fs::remove(dir / "fio.buffered");
+    timed("cairn.manager_save_buffered", [&] { buffered_mgr.save(state, round); });
+    seconds["fio.write_direct.before_buffered"].push_back(last);
 
     cold(fio_file);
     seconds["fio.read_direct"].push_back(
-        run_fio(concat(fio_args(fio_file, bytes, true), {"--rw=read"}), "read"));
+        run_fio(opts.fio, concat(fio_args(fio_file, bytes, true), {"--rw=read"}), "read"));
     cold(fio_file);
     seconds["fio.read_buffered"].push_back(
-        run_fio(concat(fio_args(fio_file, bytes, false), {"--rw=read", "--invalidate=1"}), "read"));
+        run_fio(opts.fio, concat(fio_args(fio_file, bytes, false), {"--rw=read", "--invalidate=1"}),
+                "read"));
 
     const fs::path file = state_file(*direct_record);
     IoReport load_report;
@@ -169,10 +172,10 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
     out["gbps"][name] = gbps;
   }
   out["ratios"] = {
-      ratio("cairn.manager_save", "fio.write_direct"),
-      ratio("cairn.manager_save_buffered", "fio.write_direct"),
+      ratio("cairn.manager_save", "fio.write_direct.around_manager_save"),
+      ratio("cairn.manager_save_background_delete", "fio.write_direct.around_background_delete"),
+      ratio("cairn.manager_save_buffered", "fio.write_direct.before_buffered"),
       ratio("cairn.manager_save", "fio.write_buffered"),
-      ratio("cairn.manager_save_background_delete", "fio.write_direct"),
       ratio("cairn.cold_load", "fio.read_direct"),
       ratio("cairn.cold_load_buffered", "fio.read_direct"),
       ratio("cairn.cold_load", "fio.read_buffered"),

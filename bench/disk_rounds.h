@@ -1,13 +1,16 @@
-// Disk rounds (cairn_bench --disk-rounds): in every round, fio writes with
-// O_DIRECT (libaio, 8 in flight) and buffered while its previous file is
-// still on disk; then Cairn's StateCheckpointManager saves with the
-// automatic (direct) path and with buffered I/O, keeping the previous
-// checkpoint as every manager save does; then fio reads its file cold with
-// O_DIRECT and buffered, and Cairn loads the checkpoint cold (automatic and
-// buffered) into preallocated buffers. Ratios are taken within a round and
-// reported as their median over rounds: the disk's speed drifts by 2x within
-// an hour on these machines, so figures from different moments do not
-// compare.
+// Disk rounds (cairn_bench --disk-rounds). Every round: three fio
+// sequential writes with O_DIRECT (libaio, 8 in flight, end fsync), each
+// replacing the older of two fio files while the other is kept, with a
+// StateCheckpointManager save (automatic path, max_to_keep=1, the previous
+// checkpoint kept until the new one commits) between the first two and a
+// save of a second manager with background deletion between the last two
+// (the two swap places every other round); each save is judged against the
+// mean of the fio writes around it. Then fio writes buffered and a third
+// manager saves with IoPath::kBuffered; fio reads its file cold with O_DIRECT
+// and buffered, and Cairn loads the checkpoint cold (automatic and buffered)
+// into preallocated buffers. Ratios are taken within a round and reported as
+// their median over rounds: the disk's speed drifts by 2x within minutes on
+// these machines, so figures from different moments do not compare.
 #pragma once
 
 #include <functional>

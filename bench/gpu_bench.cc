@@ -19,6 +19,13 @@
 //   cairn_load_gpu    load_into() the CUDA tensors, page cache dropped first
 //   disk_read_direct  O_DIRECT read of the same file into aligned memory on
 //                     4 threads in 16 MiB blocks, page cache dropped first
+//   fio_read_direct   with --fio PATH: fio's O_DIRECT read of the same file
+//                     (libaio, 8 x 1 MiB in flight, as cairn_bench
+//                     --disk-rounds), page cache dropped first, scaled to the
+//                     state's bytes (fio reads whole MiB)
+//
+//   gpu_bench ... --fio PATH   (scripts/gpu-check.sh passes a static fio
+//                               built by scripts/gpu-deps.sh)
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -172,13 +179,22 @@ int run(int argc, char** argv) {
 
   // Cold loads into the CUDA tensors against the disk's O_DIRECT read.
   std::string cache_drop;
-  std::vector<double> load_runs, read_runs;
+  std::vector<double> load_runs, read_runs, fio_runs;
   cairn::IoReport report;
+  const bool with_fio = !opts.fio.empty();
   for (int i = 0; i < opts.runs; ++i) {
     cache_drop = cb::drop_caches({last});
     double t0 = cb::now_seconds();
     read_direct(last, 4, size_t{16} << 20);
     read_runs.push_back(cb::now_seconds() - t0);
+    if (with_fio) {
+      cache_drop = cb::drop_caches({last});
+      const uint64_t whole_mib = bytes >> 20 << 20;
+      std::vector<std::string> args = cb::fio_args(last, bytes, true);
+      args.push_back("--rw=read");
+      const double s = cb::run_fio(opts.fio, args, "read");
+      fio_runs.push_back(s * static_cast<double>(bytes) / static_cast<double>(whole_mib));
+    }
     cache_drop = cb::drop_caches({last});
     cairn::LoadOptions o;
     o.report = &report;
@@ -198,6 +214,10 @@ int run(int argc, char** argv) {
   results.push_back({"cairn_load_gpu", "load_into() the CUDA tensors, cold", bytes, load_runs});
   results.push_back({"disk_read_direct", "O_DIRECT read of the file, 4 threads x 16 MiB, cold",
                      bytes, read_runs});
+  if (with_fio) {
+    results.push_back({"fio_read_direct", "fio O_DIRECT read of the file (libaio, 8 x 1 MiB), cold",
+                       bytes, fio_runs});
+  }
 
   const cairn::AsyncSaver::Stats st = saver.stats();
   nlohmann::json extra = {

@@ -77,8 +77,12 @@ if [ -z "${CAIRN_GPU_SKIP_BENCH:-}" ]; then
   rm -rf "$bench_dir"  # a run that died leaves its checkpoints behind
   mkdir -p "$bench_dir" "$results"
   "$build/bench/gpu_bench" --size-mib "$mib" --workload > "$results/workload.json"
+  fio_args=()
+  # The static fio of scripts/gpu-deps.sh: the disk's O_DIRECT read, measured
+  # between Cairn's loads.
+  if [ -x "$deps/fio" ]; then fio_args=(--fio "$(readlink -f "$deps/fio")"); fi
   "$build/bench/gpu_bench" --size-mib "$mib" --runs "$runs" --dir "$bench_dir" \
-    --out "$results/cairn.json"
+    --out "$results/cairn.json" "${fio_args[@]}"
   PYTHONUNBUFFERED=1 "$python" bench/gpu_baseline.py --workload "$results/workload.json" \
     --dir "$bench_dir" --runs "$runs" > "$results/baseline.json"
   "$python" bench/gpu_report.py "$results/cairn.json" "$results/baseline.json" --markdown \
