@@ -1,15 +1,19 @@
 // CUDA devices through the runtime API alone (no LibTorch): device memory
 // saved and loaded by the engine, ordering after the producer's stream,
-// pinned staging, and the errors. Skips without a GPU.
+// pinned staging, sharded saves and re-sharded loads, and the errors. Skips
+// without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cairn/async_save.h"
 #include "cairn/cuda.h"
 #include "cairn/error.h"
+#include "cairn/sharded.h"
 #include "cairn/state.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
@@ -98,6 +102,67 @@ TEST_F(CudaDevice, StagingIsPageLockedMemory) {
   AsyncSaver saver;
   saver.reserve(state);
   EXPECT_GT(saver.stats().staging_pinned_bytes, 0u);
+}
+
+// Two ranks' row halves of a 1001 x 1024 float32 tensor, each in CUDA memory,
+// saved synchronously (save_rank_shards + commit_sharded) and asynchronously
+// (AsyncSaver::save_sharded), then loaded by three ranks into CUDA memory and
+// by one rank whole: every box holds the bytes of the same rows.
+TEST_F(CudaDevice, ShardedSavesOfCudaShardsReshardIntoCudaTensorsBitForBit) {
+  auto gpu = cuda::device(0);
+  const Shape global = {1001, 1024};
+  const size_t row = 1024 * 4;
+  std::vector<std::byte> host(global[0] * row);
+  for (size_t i = 0; i < host.size(); ++i)
+    host[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  auto rows_of = [&](const Box& b) {
+    return std::vector<std::byte>(
+        host.begin() + static_cast<std::ptrdiff_t>(b.offsets[0] * row),
+        host.begin() + static_cast<std::ptrdiff_t>((b.offsets[0] + b.shape[0]) * row));
+  };
+  std::vector<std::unique_ptr<DeviceBuffer>> held;
+  std::vector<ShardedPart> parts;
+  for (int r = 0; r < 2; ++r) {
+    const Box box = even_split(global, 0, r, 2);
+    const std::vector<std::byte> bytes = rows_of(box);
+    held.push_back(std::make_unique<DeviceBuffer>(bytes.size()));
+    ASSERT_EQ(cudaMemcpy(held.back()->ptr, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ShardedPart p;
+    p.rank = r;
+    p.state.add_device("w", DType::kF32, box.shape, held.back()->span(), gpu, nullptr, true);
+    p.specs["w"] = ShardSpec{global, box.offsets};
+    parts.push_back(std::move(p));
+  }
+  TempDir dir;
+  Checkpoint sync_cp = Checkpoint::from_directory((dir / "sync").string());
+  std::vector<RankShards> ranks;
+  for (const ShardedPart& p : parts) {
+    ranks.push_back(save_rank_shards(p.state, p.specs, sync_cp, p.rank));
+  }
+  commit_sharded(sync_cp, ranks);
+  Checkpoint async_cp = Checkpoint::from_directory((dir / "async").string());
+  AsyncSaver saver;
+  saver.save_sharded(parts, async_cp).wait();
+
+  for (const Checkpoint& cp : {sync_cp, async_cp}) {
+    SCOPED_TRACE(cp.uri());
+    ShardedReader reader(cp);
+    for (int r = 0; r < 3; ++r) {
+      const Box box = even_split(global, 0, r, 3);
+      DeviceBuffer d(box.shape[0] * row);
+      ASSERT_EQ(cudaMemset(d.ptr, 0, d.size), cudaSuccess);
+      StateDict local;
+      local.add_device("w", DType::kF32, box.shape, d.span(), gpu, nullptr, true);
+      reader.load(local, {{"w", ShardSpec{global, box.offsets}}});
+      EXPECT_EQ(d.read(), rows_of(box)) << "rank " << r << " of 3";
+    }
+    DeviceBuffer whole(host.size());
+    StateDict all;
+    all.add_device("w", DType::kF32, global, whole.span(), gpu, nullptr, true);
+    reader.load(all, {});
+    EXPECT_EQ(whole.read(), host);
+  }
 }
 
 TEST_F(CudaDevice, AnIndexOutOfRangeIsAnErrorNamingTheDevice) {
