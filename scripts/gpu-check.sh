@@ -60,7 +60,7 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCAIRN_CUDA=ON -DCAIRN_TORCH=ON -DCAIRN_TORCH_DISTRIBUTED=OFF -DCAIRN_S3=OFF -DCAIRN_MPI=OFF \
   -DCAIRN_BUILD_CLI=OFF -DCAIRN_BUILD_EXAMPLES=OFF -DCAIRN_INSTALL=OFF -DCAIRN_WERROR=OFF \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" "${cuda_args[@]}"
-ninja -C "$build" cuda_device_test cuda_torch_test gpu_bench
+ninja -C "$build" cuda_device_test cuda_torch_test cuda_trainer_test gpu_bench
 # pip's LibTorch exports copies of std::filesystem functions that crash when
 # a program calls them (remove_all jumps to address 0), and it comes before
 # libstdc++ among the programs' libraries: libstdc++ is loaded first, so
@@ -70,7 +70,7 @@ export LD_PRELOAD=$stdcxx${LD_PRELOAD:+:$LD_PRELOAD}
 
 echo "== GPU tests"
 status=0
-(cd "$build" && ctest --output-on-failure -R '^(CudaDevice|CudaTorch)\.') || status=$?
+(cd "$build" && ctest --output-on-failure -R '(^|/)Cuda(Device|Torch|Trainer)\.') || status=$?
 
 if [ -z "${CAIRN_GPU_SKIP_BENCH:-}" ]; then
   echo "== GPU benchmark ($mib MiB, $runs runs each)"
