@@ -121,7 +121,8 @@ struct ManagerOptions {
   // open removes. The next save (reserve_next, register_checkpoint) first
   // waits for the deletions queued before it, so the disk never holds more
   // than with deletion in the save; the deletion overlaps whatever the
-  // program does between saves.
+  // program does between saves. (An AsyncSaver reserves in the save() call,
+  // so an async save issued while a deletion is pending waits for it there.)
   bool background_delete = false;
 };
 
