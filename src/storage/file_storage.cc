@@ -371,7 +371,9 @@ class FileStorage final : public Storage {
     // Who holds it, for the error message of the next one who tries.
     std::string who = fmt::format("pid {} on {}\n", ::getpid(), hostname());
     if (::ftruncate(fd.get(), 0) == 0) {
-      ::pwrite(fd.get(), who.data(), who.size(), 0);  // ignore-error: informational only
+      // ignore-error: informational only. (A cast to void does not quiet
+      // g++'s warn_unused_result, which glibc's fortified pwrite carries.)
+      [[maybe_unused]] const ssize_t n = ::pwrite(fd.get(), who.data(), who.size(), 0);
     }
     return std::make_unique<FileLock>(std::move(fd));
   }
