@@ -1,7 +1,9 @@
-// S3's XML replies and request bodies, and the retry policy: pure functions.
+// S3's XML replies and request bodies, the retry policy and the lease
+// read-back decision: pure functions.
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
+#include "storage/s3/lease.h"
 #include "storage/s3/retry.h"
 #include "storage/s3/xml.h"
 
@@ -138,6 +140,24 @@ TEST(S3Retry, TransientStatusesAndCodesAreRetryableOthersNot) {
   EXPECT_TRUE(is_retryable_status(503, "SlowDown"));
   for (int s : {400, 403, 404, 409, 412}) EXPECT_FALSE(is_retryable_status(s, "")) << s;
   EXPECT_FALSE(is_retryable_status(403, "AccessDenied"));
+}
+
+TEST(S3Lease, AReadBackOfOurTokenIsOurs) {
+  EXPECT_EQ(classify_lease_read_back(true, "mine", "mine", "old"), LeaseReadBack::kOurs);
+  EXPECT_EQ(classify_lease_read_back(true, "mine", "mine", ""), LeaseReadBack::kOurs);
+}
+
+TEST(S3Lease, AWriteTheServerDoesNotShowYetIsReadAgain) {
+  // Missing, unreadable (read mid-write) or still the lease it replaced.
+  EXPECT_EQ(classify_lease_read_back(false, "", "mine", ""), LeaseReadBack::kNotYetVisible);
+  EXPECT_EQ(classify_lease_read_back(true, "", "mine", "old"), LeaseReadBack::kNotYetVisible);
+  EXPECT_EQ(classify_lease_read_back(true, "old", "mine", "old"), LeaseReadBack::kNotYetVisible);
+}
+
+TEST(S3Lease, AnotherHoldersTokenMeansTheLeaseWasTaken) {
+  EXPECT_EQ(classify_lease_read_back(true, "theirs", "mine", "old"),
+            LeaseReadBack::kTakenByAnother);
+  EXPECT_EQ(classify_lease_read_back(true, "theirs", "mine", ""), LeaseReadBack::kTakenByAnother);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include <array>
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -39,6 +40,7 @@
 #include "cairn/error.h"
 #include "storage/backends.h"
 #include "storage/s3/client.h"
+#include "storage/s3/lease.h"
 #include "storage/s3/sigv4.h"
 #include "storage/s3/xml.h"
 #include "util/hash.h"
@@ -839,9 +841,17 @@ class S3Storage final : public Storage {
                   fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
                   /*retryable=*/true);
     }
-    // Elsewhere the last writer wins: read back to see who did.
+    // Elsewhere the last writer wins: read back to see who did, again
+    // (bounded, ~0.3 s in all) while the server does not show the write yet.
     LeaseState after = read_lease(*ctx_, k);
-    if (!after.exists || after.token != h.token) {
+    s3::LeaseReadBack seen =
+        s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
+    for (int i = 0; i < 5 && seen == s3::LeaseReadBack::kNotYetVisible; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
+      after = read_lease(*ctx_, k);
+      seen = s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
+    }
+    if (seen != s3::LeaseReadBack::kOurs) {
       throw Error(ErrorCode::kLocked,
                   fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
                   /*retryable=*/true);
