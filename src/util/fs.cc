@@ -117,14 +117,14 @@ void fsync_fd(int fd, std::string_view path) {
   if (::fsync(fd) != 0) throw errno_error(errno, "fsync", path);
 }
 
-bool preallocate(int fd, uint64_t size, std::string_view path) {
-  if (size == 0) return true;
+void preallocate(int fd, uint64_t size, std::string_view path) {
+  if (size == 0) return;
   for (;;) {
-    if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0) return true;
+    if (::fallocate(fd, 0, 0, static_cast<off_t>(size)) == 0) return;
     if (errno == EINTR) continue;
     // ignore-error: a file system without fallocate (or without it for this
     // file) just writes into a file that grows as before.
-    if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) return false;
+    if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL) return;
     throw errno_error(errno, fmt::format("preallocate {} bytes of", size), path);
   }
 }

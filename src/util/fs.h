@@ -52,10 +52,10 @@ void fsync_fd(int fd, std::string_view path);
 // Allocates the blocks of [0, size) of an open file (fallocate(2), mode 0:
 // the file grows to at least `size`), so that parallel O_DIRECT writes
 // overwrite allocated space: ext4 and XFS serialize direct writes that extend
-// a file or fill a hole. Returns false, doing nothing, where the file system
-// cannot preallocate; throws kNoSpace naming `path` when the space is not
-// there, kIO on other failures.
-bool preallocate(int fd, uint64_t size, std::string_view path);
+// a file or fill a hole. Does nothing where the file system cannot
+// preallocate; throws kNoSpace naming `path` when the space is not there,
+// kIO on other failures.
+void preallocate(int fd, uint64_t size, std::string_view path);
 // fsyncs a directory so that entries created, renamed or removed in it last.
 void fsync_dir(const std::filesystem::path& dir);
 // mkdir -p, fsyncing each parent of a directory it creates.

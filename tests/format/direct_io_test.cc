@@ -215,6 +215,31 @@ TEST(DirectIoSave, AskingForDirectOnAStorageWithoutItFailsNamingTheObjectAndComm
   EXPECT_FALSE(storage->stat("s.safetensors"));
 }
 
+// Direct writes allocate the whole file first (parallel direct writes into a
+// growing file are serialized): a file that cannot fit fails there, naming
+// it, before any of its data is written.
+TEST(DirectIoSave, ADirectSaveThatCannotFitFailsAtItsPreallocationNamingTheFile) {
+  SmallTmpfs disk(4 * 1024);  // less than one 9 MiB file
+  if (!disk.mounted()) GTEST_SKIP() << disk.why_not();
+  auto storage = open_storage("file://" + disk.path().string());
+  Odd src;
+  for (const std::string name : {"through-storage.safetensors", "save-file.safetensors"}) {
+    std::string msg = error_message_of(
+        [&] {
+          if (name == "save-file.safetensors") {
+            save_file(src.state(), disk.path() / name, {.io = IoPath::kDirect});
+          } else {
+            save(src.state(), *storage, name, {.io = IoPath::kDirect});
+          }
+        },
+        ErrorCode::kNoSpace);
+    EXPECT_NE(msg.find("preallocate"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(name), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(disk.path() / name));
+  }
+  EXPECT_TRUE(storage->list_incomplete("").empty());
+}
+
 TEST(DirectIoSave, AFullDiskFailsTheDirectSaveNamingTheFileAndKeepsTheCommittedOne) {
   SmallTmpfs disk(12 * 1024);  // room for one 9 MiB file, not two
   if (!disk.mounted()) GTEST_SKIP() << disk.why_not();

@@ -62,6 +62,12 @@ class ManagerTest : public ::testing::Test {
     o.warn = [this](const std::string& w) { warnings.push_back(w); };
     return o;
   }
+  // quiet(), deleting in the background.
+  ManagerOptions background() {
+    ManagerOptions o = quiet();
+    o.background_delete = true;
+    return o;
+  }
   std::vector<std::string> warnings;
 };
 
@@ -126,8 +132,7 @@ TEST_F(ManagerTest, KeepsTheKBestAndDeletesTheRestFromStorage) {
 TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveReturns) {
   CheckpointConfig c;
   c.num_to_keep = 1;
-  ManagerOptions o = quiet();
-  o.background_delete = true;
+  ManagerOptions o = background();
   Gate gate;
   std::atomic<int> data_removals{0};
   set_memory_faults("exp",
@@ -166,8 +171,7 @@ TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveR
 TEST_F(ManagerTest, WithBackgroundDeletesTheNextSaveWritesOnlyAfterTheQueuedDeletions) {
   CheckpointConfig c;
   c.num_to_keep = 1;
-  ManagerOptions o = quiet();
-  o.background_delete = true;
+  ManagerOptions o = background();
   Gate gate;
   std::mutex mu;
   std::vector<std::string> events;
@@ -203,8 +207,7 @@ TEST_F(ManagerTest, WithBackgroundDeletesTheNextSaveWritesOnlyAfterTheQueuedDele
 TEST_F(ManagerTest, AFailedBackgroundDeleteWarnsAndTheNextOpenRemovesTheLeftover) {
   CheckpointConfig c;
   c.num_to_keep = 1;
-  ManagerOptions o = quiet();
-  o.background_delete = true;
+  ManagerOptions o = background();
   set_memory_faults(
       "exp", MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
                             if (op == "remove" && key.ends_with("model.bin")) {
