@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -82,11 +81,6 @@ void train_on_gpu(const nlohmann::json& config) {
   }
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // Runs the loop in `dir`/`name` and returns the files of its latest
 // checkpoint, by name.
 std::map<std::string, std::string> run(const TempDir& dir, const std::string& name,
@@ -102,9 +96,9 @@ std::map<std::string, std::string> run(const TempDir& dir, const std::string& na
   EXPECT_EQ(r.metrics.at("epoch"), config.at("epochs").get<int>() - 1);
   auto local = r.checkpoint->as_directory();
   for (int rank = 0; rank < 2; ++rank) {
-    files[file_name(rank)] = slurp(local.path() / file_name(rank));
+    files[file_name(rank)] = read_text(local.path() / file_name(rank));
   }
-  auto state = nlohmann::json::parse(slurp(dir.path() / name / "trainer_state.json"));
+  auto state = nlohmann::json::parse(read_text(dir.path() / name / "trainer_state.json"));
   *failures = state.value("failures", 0);
   // One round per epoch: a restart resumed where the latest checkpoint ended.
   const std::vector<nlohmann::json> rounds = read_json_lines(dir.path() / name / "result.json");
