@@ -56,6 +56,11 @@ struct Manifest {
   nlohmann::json layout;             // optional writer-defined layout, e.g. a sharded
                                      // save's global tensor layout (null when unused)
   std::vector<ManifestEntry> files;  // sorted by path
+  // For a checkpoint a Trainer's ranks wrote together: {"world_size": W,
+  // "contributed": [ranks that passed files, ascending]} (null otherwise).
+  // The driver commits only a round whose ranks all agreed on what they were
+  // saving (docs/train.md, "Preemption"); this says who took part.
+  nlohmann::json ranks;
 
   uint64_t total_bytes() const;
   std::string to_json() const;

@@ -162,12 +162,14 @@ class CheckpointManager {
   // index below 2^64-1 has been used.
   Checkpoint reserve_next();
   // Each entry is checked to exist with its size before the manifest is
-  // written; `layout` goes into Manifest::layout and `metadata`, when given,
-  // into the checkpoint's metadata. Failure as for register_checkpoint.
+  // written; `layout` goes into Manifest::layout, `ranks` into
+  // Manifest::ranks and `metadata`, when given, into the checkpoint's
+  // metadata. Failure as for register_checkpoint.
   CheckpointRecord commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
                                    const std::vector<ManifestEntry>& files,
                                    const nlohmann::json& layout = nullptr,
-                                   const nlohmann::json* metadata = nullptr);
+                                   const nlohmann::json* metadata = nullptr,
+                                   const nlohmann::json& ranks = nullptr);
   // Gives up a reservation after a failed distributed save: removes whatever
   // was written there and forgets it. Its index is not reused.
   void abandon_reserved(const Checkpoint& reserved);

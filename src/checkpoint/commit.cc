@@ -145,6 +145,11 @@ void CheckpointWriter::set_layout(nlohmann::json layout) {
   layout_ = std::move(layout);
 }
 
+void CheckpointWriter::set_ranks(nlohmann::json ranks) {
+  std::lock_guard<std::mutex> g(mu_);
+  ranks_ = std::move(ranks);
+}
+
 Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_at,
                                   const nlohmann::json* metadata) {
   std::lock_guard<std::mutex> g(mu_);
@@ -163,6 +168,7 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
   m.created_at = created_at;
   m.metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
   m.layout = layout_;
+  m.ranks = ranks_;
   m.files = entries_;
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.path < b.path; });

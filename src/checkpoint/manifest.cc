@@ -77,6 +77,7 @@ std::string Manifest::to_json() const {
   j["created_at"] = created_at;
   j["metrics"] = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (!layout.is_null()) j["layout"] = layout;
+  if (!ranks.is_null()) j["ranks"] = ranks;
   nlohmann::json list = nlohmann::json::array();
   for (const auto& f : files) {
     list.push_back(entry_to_json(f));
@@ -111,6 +112,25 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   m.metrics = metrics ? *metrics : nlohmann::json::object();
   if (!m.metrics.is_object()) corrupt(source, "manifest \"metrics\" is not an object");
   if (const nlohmann::json* layout = field(j, "layout")) m.layout = *layout;
+  if (const nlohmann::json* ranks = field(j, "ranks")) {
+    const nlohmann::json* world = ranks->is_object() ? field(*ranks, "world_size") : nullptr;
+    const nlohmann::json* contributed = ranks->is_object() ? field(*ranks, "contributed") : nullptr;
+    if (!world || !world->is_number_integer() || *world < 1 || !contributed ||
+        !contributed->is_array()) {
+      corrupt(source, "manifest \"ranks\" is not {\"world_size\": N, \"contributed\": [...]}");
+    }
+    const int64_t w = world->get<int64_t>();
+    int64_t previous = -1;
+    for (const nlohmann::json& r : *contributed) {
+      if (!r.is_number_integer() || r.get<int64_t>() <= previous || r.get<int64_t>() >= w) {
+        corrupt(source, fmt::format("manifest \"ranks\": contributed rank {} is not an ascending "
+                                    "rank below world_size {}",
+                                    r.dump(), w));
+      }
+      previous = r.get<int64_t>();
+    }
+    m.ranks = *ranks;
+  }
   const nlohmann::json* files = field(j, "files");
   if (!files || !files->is_array()) corrupt(source, "manifest \"files\" is not an array");
   std::set<std::string> seen;

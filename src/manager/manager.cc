@@ -602,7 +602,8 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
                                                     const nlohmann::json& metrics,
                                                     const std::vector<ManifestEntry>& files,
                                                     const nlohmann::json& layout,
-                                                    const nlohmann::json* metadata) {
+                                                    const nlohmann::json* metadata,
+                                                    const nlohmann::json& ranks) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = reserved_.find(reserved.uri());
   if (it == reserved_.end()) {
@@ -617,6 +618,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
     CheckpointWriter writer(reserved);
     for (const auto& f : files) writer.add_written(f);
     if (!layout.is_null()) writer.set_layout(layout);
+    if (!ranks.is_null()) writer.set_ranks(ranks);
     manifest = writer.commit(metrics, now(), metadata);
   } catch (const Error& e) {
     throw with_context(e, fmt::format("committing {}", reserved.uri()));

@@ -408,6 +408,23 @@ TEST(Manifest, RoundTripsThroughJson) {
   EXPECT_EQ(back.total_bytes(), 3u);
 }
 
+TEST(Manifest, TheRanksOfADistributedCommitRoundTripAndAreAbsentOtherwise) {
+  Manifest m;
+  m.ranks = {{"world_size", 4}, {"contributed", {0, 2}}};
+  EXPECT_EQ(Manifest::parse(m.to_json(), "M").ranks, m.ranks);
+  EXPECT_TRUE(Manifest::parse(Manifest().to_json(), "M").ranks.is_null());
+  for (const char* bad :
+       {R"("all")", R"({"world_size":0,"contributed":[]})", R"({"world_size":2,"contributed":[2]})",
+        R"({"world_size":4,"contributed":[1,1]})", R"({"world_size":4,"contributed":[2,1]})",
+        R"({"world_size":4})"}) {
+    std::string text = Manifest().to_json();
+    text.insert(text.rfind('}'), std::string(",\"ranks\":") + bad);
+    const std::string message =
+        error_message_of([&] { Manifest::parse(text, "M"); }, ErrorCode::kCorruption);
+    EXPECT_NE(message.find("ranks"), std::string::npos) << message;
+  }
+}
+
 TEST(Manifest, BlockChecksumsRoundTripAndOlderEntriesHaveNone) {
   Manifest m;
   m.files = {{"a", 3 * 4096 + 1, 7, 4096, {1, 2, 3, 0xfedcba9876543210ull}}, {"b", 5, 9}};
