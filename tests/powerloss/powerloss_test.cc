@@ -112,7 +112,7 @@ std::set<uint64_t> committed(const fs::path& exp) {
   return out;
 }
 
-// Whether checkpoint `record` holds exactly what save number n wrote.
+// Expects checkpoint `r` to hold exactly the bytes its save wrote.
 void expect_exact(const Workload& w, const CheckpointRecord& r, const std::string& where) {
   const Manifest m = r.checkpoint.manifest();
   ASSERT_TRUE(m.metrics.contains("seed")) << where << r.name;
