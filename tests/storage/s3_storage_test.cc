@@ -128,6 +128,19 @@ TEST_F(S3Storage, AnUploadCutShortByAKillIsAnIncompleteWriteThatDiscardRemoves) 
   EXPECT_NE(message.find("not an incomplete write"), std::string::npos) << message;
 }
 
+TEST_F(S3Storage, AnObjectNeedingMoreThanTenThousandPartsIsRefusedBeforeAnyPartIsSent) {
+  const uint64_t part = 262144;  // the test server's part size (support/s3_server.cc)
+  auto w = s->open_writer("huge.bin");
+  std::string message =
+      error_message_of([&] { w->preallocate(part * 10000 + 1); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(message.find("CAIRN_S3_PART_SIZE"), std::string::npos) << message;
+  EXPECT_NE(message.find("huge.bin"), std::string::npos) << message;
+  w->preallocate(part * 10000);  // exactly 10,000 parts is fine
+  error_message_of([&] { w->write_at(part * 10000, as_bytes("x")); }, ErrorCode::kInvalidArgument);
+  w.reset();
+  EXPECT_TRUE(s->list_incomplete("").empty()) << "no upload may have been started";
+}
+
 TEST_F(S3Storage, TheLockOfAKilledHolderOnThisMachineIsFreeAtOnce) {
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);

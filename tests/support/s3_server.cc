@@ -117,7 +117,10 @@ S3Server::S3Server() {
   ::setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
   ::setenv("AWS_CONFIG_FILE", "/dev/null", 1);
   ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
+  // Parts below S3's 5 MiB: the test servers accept them (s3rver any size,
+  // radosgw as configured by tests/support/radosgw.sh).
   ::setenv("CAIRN_S3_PART_SIZE", "262144", 0);
+  ::setenv("CAIRN_S3_MIN_PART_SIZE", "262144", 0);
   ::setenv("CAIRN_S3_MAX_ATTEMPTS", "4", 0);
   ::setenv("CAIRN_S3_LOCK_TTL", "6", 0);
 }

@@ -334,6 +334,7 @@ class S3Writer final : public Writer {
       throw Error(ErrorCode::kFailedPrecondition,
                   fmt::format("{}: write after commit", ctx_->uri(key_)));
     }
+    if (!data.empty()) check_plan(offset + data.size());
     std::vector<std::pair<int, std::vector<std::byte>>> full;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -401,11 +402,25 @@ class S3Writer final : public Writer {
 
   uint64_t bytes_written() const override { return size_; }
 
+  void preallocate(uint64_t size) override { check_plan(size); }
+
  private:
   struct Slot {
     std::vector<std::byte> data;
     uint64_t filled = 0;
   };
+
+  // An object of `size` bytes must fit in S3's 10,000 parts: refused before
+  // anything of it is sent.
+  void check_plan(uint64_t size) const {
+    if (size <= part_size_ || (size - 1) / part_size_ < s3::kMaxParts) return;
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: an object of {} bytes needs more than {} parts of "
+                            "CAIRN_S3_PART_SIZE={} bytes, S3's limit; raise CAIRN_S3_PART_SIZE to "
+                            "at least {}",
+                            ctx_->uri(key_), size, s3::kMaxParts, part_size_,
+                            (size + s3::kMaxParts - 1) / s3::kMaxParts));
+  }
 
   void put_whole(std::span<const std::byte> bytes) {
     S3Request r;
