@@ -12,6 +12,9 @@ packages=(
   libcurl4-openssl-dev libssl-dev libpugixml-dev
   # S3 tests and benchmarks: the SigV4 oracle, aws-cli and rclone to measure against
   python3-botocore awscli rclone
+  # S3 tests against a production server: Ceph's S3 gateway, single node on
+  # 127.0.0.1 (tests/support/radosgw.sh)
+  ceph-mon ceph-osd radosgw ceph-common
   # S3 benchmark: XXH3-64 for the manifest of the checkpoint it writes
   python3-xxhash
   # LibTorch adapter, torch baselines and interop tests

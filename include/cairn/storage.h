@@ -99,7 +99,10 @@ class Writer {
 
 // An exclusive lock on a key, held until destroyed. It is released by the
 // system when the holding process dies (including by SIGKILL), so a crashed
-// writer never locks its successor out.
+// writer never locks its successor out. Where the lock is a lease that a
+// paused holder can lose (S3), writes and deletes made through the same
+// Storage in the lock's folder are fenced: once another process took the
+// lease over they throw kLocked naming the lock (docs/s3.md).
 class Lock {
  public:
   virtual ~Lock() = default;

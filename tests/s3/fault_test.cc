@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -156,7 +158,11 @@ TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNot
   config.num_to_keep = 2;
   std::mt19937 rng(42);
   int kills = 0;
-  for (int round = 0; round < 12; ++round) {
+  // The long loop runs against s3rver, a sample against radosgw (CI time);
+  // CAIRN_S3_KILL_ROUNDS sets either.
+  int rounds = S3Server::instance().kind() == S3Server::Kind::kRadosgw ? 4 : 12;
+  if (const char* n = std::getenv("CAIRN_S3_KILL_ROUNDS")) rounds = std::max(1, std::atoi(n));
+  for (int round = 0; round < rounds; ++round) {
     pid_t pid = ::fork();
     if (pid == 0) {
       CheckpointManager m(exp, config);
@@ -201,7 +207,7 @@ TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNot
       EXPECT_TRUE(Checkpoint(storage->child(f)).is_committed()) << "round " << round << ": " << f;
     }
   }
-  EXPECT_EQ(kills, 12);
+  EXPECT_EQ(kills, rounds);
 }
 
 }  // namespace

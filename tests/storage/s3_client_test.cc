@@ -2,6 +2,8 @@
 // re-reads on ExpiredToken, error mapping and addressing.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <deque>
 #include <mutex>
 
@@ -199,6 +201,38 @@ TEST(S3Client, BadTunablesAreRefusedNamingTheVariable) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("CAIRN_S3_PART_SIZE"), std::string::npos);
   }
+}
+
+// S3 refuses parts below 5 MiB (but the last) with 400 EntityTooSmall only
+// once an upload is under way; the setting is refused before any request.
+TEST(S3Client, PartSizesOutsideS3sLimitsAreRefusedNamingTheSetting) {
+  auto options_with = [](std::map<std::string, std::string> vars) {
+    AwsEnvironment env;
+    env.getenv = [vars](std::string_view name) -> std::optional<std::string> {
+      auto it = vars.find(std::string(name));
+      if (it == vars.end()) return std::nullopt;
+      return it->second;
+    };
+    return S3Options::from_environment(env);
+  };
+  for (std::string bad : {"4096", "5242879", "5368709121"}) {
+    try {
+      options_with({{"CAIRN_S3_PART_SIZE", bad}});
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("CAIRN_S3_PART_SIZE=" + bad), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(options_with({{"CAIRN_S3_PART_SIZE", "5242880"}}).part_size, 5242880u);
+  EXPECT_EQ(options_with({{"CAIRN_S3_PART_SIZE", "5368709120"}}).part_size, 5368709120u);
+  // A server configured for smaller parts (the tests' servers) is declared.
+  EXPECT_EQ(options_with({{"CAIRN_S3_PART_SIZE", "262144"}, {"CAIRN_S3_MIN_PART_SIZE", "262144"}})
+                .part_size,
+            262144u);
+  EXPECT_THROW(options_with({{"CAIRN_S3_PART_SIZE", "262144"}, {"CAIRN_S3_MIN_PART_SIZE", "1024"}}),
+               Error);
 }
 
 }  // namespace

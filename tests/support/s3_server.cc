@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -80,6 +81,36 @@ S3Server& S3Server::instance() {
 }
 
 S3Server::S3Server() {
+  owner_ = ::getpid();
+  const char* which = std::getenv("CAIRN_TEST_S3_SERVER");
+  if ((which != nullptr && std::string(which) == "radosgw") ||
+      std::getenv("CAIRN_TEST_RADOSGW_DIR") != nullptr) {
+    kind_ = Kind::kRadosgw;
+    access_key_ = "cairn";
+    secret_key_ = "cairn-secret";
+    start_radosgw();
+  } else {
+    start_s3rver();
+  }
+  endpoint_ = fmt::format("http://127.0.0.1:{}", port_);
+  ::setenv("AWS_ENDPOINT_URL_S3", endpoint_.c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", access_key_.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", secret_key_.c_str(), 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  ::unsetenv("AWS_PROFILE");
+  ::setenv("AWS_REGION", "us-east-1", 1);
+  ::setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
+  ::setenv("AWS_CONFIG_FILE", "/dev/null", 1);
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
+  // Parts below S3's 5 MiB: the test servers accept them (s3rver any size,
+  // radosgw as configured by tests/support/radosgw.sh).
+  ::setenv("CAIRN_S3_PART_SIZE", "262144", 0);
+  ::setenv("CAIRN_S3_MIN_PART_SIZE", "262144", 0);
+  ::setenv("CAIRN_S3_MAX_ATTEMPTS", "4", 0);
+  ::setenv("CAIRN_S3_LOCK_TTL", "6", 0);
+}
+
+void S3Server::start_s3rver() {
   std::string entry = s3rver_entry();
   char tmpl[] = "/tmp/cairn-s3rver-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
@@ -107,28 +138,63 @@ S3Server::S3Server() {
     }
   }
   if (pid_ < 0) throw std::runtime_error("s3rver did not start on 127.0.0.1");
-  endpoint_ = fmt::format("http://127.0.0.1:{}", port_);
-  ::setenv("AWS_ENDPOINT_URL_S3", endpoint_.c_str(), 1);
-  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
-  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
-  ::unsetenv("AWS_SESSION_TOKEN");
-  ::unsetenv("AWS_PROFILE");
-  ::setenv("AWS_REGION", "us-east-1", 1);
-  ::setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
-  ::setenv("AWS_CONFIG_FILE", "/dev/null", 1);
-  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
-  ::setenv("CAIRN_S3_PART_SIZE", "262144", 0);
-  ::setenv("CAIRN_S3_MAX_ATTEMPTS", "4", 0);
-  ::setenv("CAIRN_S3_LOCK_TTL", "6", 0);
+}
+
+void S3Server::start_radosgw() {
+  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/tests/support/radosgw.sh";
+  ::setenv("CAIRN_RGW_ACCESS_KEY", access_key_.c_str(), 1);
+  ::setenv("CAIRN_RGW_SECRET_KEY", secret_key_.c_str(), 1);
+  ::setenv("CAIRN_RGW_BUCKET", bucket_.c_str(), 1);
+  // The gateway a CTest fixture started for every radosgw test.
+  if (const char* shared = std::getenv("CAIRN_TEST_RADOSGW_DIR")) {
+    std::ifstream in(std::string(shared) + "/endpoint");
+    if (in >> port_ && port_ > 0) return;
+    port_ = 0;
+  }
+  char tmpl[] = "/tmp/cairn-radosgw-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = tmpl;
+  port_ = free_port();
+  // A watchdog that stops the gateway when this process goes, however it
+  // goes: it waits for end of file on a pipe only this process writes to.
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipe_fds[1]);
+    char c;
+    while (::read(pipe_fds[0], &c, 1) > 0) {
+    }
+    ::execlp("bash", "bash", script.c_str(), "stop", dir_.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(pipe_fds[0]);
+  ::fcntl(pipe_fds[1], F_SETFD, FD_CLOEXEC);
+  watchdog_pid_ = pid;
+  watchdog_stdin_ = pipe_fds[1];
+  std::string cmd = fmt::format("bash '{}' start '{}' {} >/dev/null", script, dir_, port_);
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    throw std::runtime_error(
+        fmt::format("radosgw did not start on 127.0.0.1:{} ({} exited with {})", port_, cmd, rc));
+  }
 }
 
 S3Server::~S3Server() {
+  if (::getpid() != owner_) return;
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir_, ec);
+  if (watchdog_stdin_ >= 0) {
+    ::close(watchdog_stdin_);
+    ::waitpid(watchdog_pid_, nullptr, 0);
+    return;  // the watchdog removed the folder
+  }
+  if (kind_ == Kind::kS3rver && !dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
 }
 
 std::string S3Server::fresh_uri(const std::string& tag) {

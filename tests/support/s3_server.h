@@ -13,9 +13,22 @@
 
 namespace cairn::testing {
 
+// Which server: s3rver by default; Ceph's radosgw (tests/support/radosgw.sh)
+// when CAIRN_TEST_S3_SERVER=radosgw or CAIRN_TEST_RADOSGW_DIR is set. Under
+// CTest the radosgw tests share one gateway that a fixture starts (its port
+// in $CAIRN_TEST_RADOSGW_DIR/endpoint); a test binary run on its own starts
+// its own and stops it when it exits (a watchdog process stops it if the
+// binary is killed).
 class S3Server {
  public:
+  enum class Kind { kS3rver, kRadosgw };
   static S3Server& instance();
+
+  Kind kind() const { return kind_; }
+  const char* name() const { return kind_ == Kind::kRadosgw ? "radosgw" : "s3rver"; }
+  // The credentials the server knows (s3rver takes any secret).
+  const std::string& access_key() const { return access_key_; }
+  const std::string& secret_key() const { return secret_key_; }
 
   const std::string& endpoint() const { return endpoint_; }  // http://127.0.0.1:PORT
   const std::string& bucket() const { return bucket_; }
@@ -29,6 +42,14 @@ class S3Server {
 
  private:
   S3Server();
+  void start_s3rver();
+  void start_radosgw();
+  Kind kind_ = Kind::kS3rver;
+  std::string access_key_ = "S3RVER";
+  std::string secret_key_ = "S3RVER";
+  int owner_ = -1;           // the process that started the server
+  int watchdog_stdin_ = -1;  // radosgw started here: closing it stops the gateway
+  int watchdog_pid_ = -1;
   std::string dir_;
   std::string endpoint_;
   std::string bucket_ = "cairn-test";

@@ -45,7 +45,24 @@ bool is_token_expiry(std::string_view code) {
 
 S3Options S3Options::from_environment(const AwsEnvironment& env) {
   S3Options o;
-  o.part_size = env_number<uint64_t>(env, "CAIRN_S3_PART_SIZE", o.part_size, 4096);
+  const uint64_t min_part =
+      env_number<uint64_t>(env, "CAIRN_S3_MIN_PART_SIZE", kMinPartSize, uint64_t{4096});
+  o.part_size = env_number<uint64_t>(env, "CAIRN_S3_PART_SIZE", o.part_size, 1);
+  if (o.part_size < min_part) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CAIRN_S3_PART_SIZE={}: below the smallest part the server accepts "
+                            "({} bytes{}); set at least {}",
+                            o.part_size, min_part,
+                            min_part == kMinPartSize ? ", S3's minimum of 5 MiB"
+                                                     : ", from CAIRN_S3_MIN_PART_SIZE",
+                            min_part));
+  }
+  if (o.part_size > kMaxPartSize) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CAIRN_S3_PART_SIZE={}: above the largest part S3 accepts ({} bytes, "
+                            "5 GiB); set at most {}",
+                            o.part_size, kMaxPartSize, kMaxPartSize));
+  }
   o.concurrency = env_number<int>(env, "CAIRN_S3_CONCURRENCY", o.concurrency, 1);
   o.lock_ttl =
       std::chrono::seconds(env_number<long long>(env, "CAIRN_S3_LOCK_TTL", o.lock_ttl.count(), 2));

@@ -34,7 +34,17 @@
 
 namespace cairn::s3 {
 
-// Tunables, from the environment by default (docs/s3.md).
+// S3's limits on multipart uploads: every part but the last at least 5 MiB,
+// none above 5 GiB, at most 10,000 parts per object.
+inline constexpr uint64_t kMinPartSize = 5ull << 20;
+inline constexpr uint64_t kMaxPartSize = 5ull << 30;
+inline constexpr uint64_t kMaxParts = 10000;
+
+// Tunables, from the environment by default (docs/s3.md). from_environment()
+// refuses a part size outside S3's limits (kInvalidArgument naming
+// CAIRN_S3_PART_SIZE), so a bad setting fails before any request;
+// CAIRN_S3_MIN_PART_SIZE lowers the floor for servers configured to accept
+// smaller parts (the tests' servers), never below 4 KiB.
 struct S3Options {
   uint64_t part_size = 16ull << 20;   // CAIRN_S3_PART_SIZE: multipart part and ranged-GET size
   int concurrency = 8;                // CAIRN_S3_CONCURRENCY: parallel parts / ranges per object

@@ -195,6 +195,17 @@ struct Context {
   // AbortMultipartUpload with "not implemented".
   std::atomic<bool> no_list_uploads{false};
   std::atomic<bool> no_abort{false};
+  // How the server takes If-Match on a PUT (lease.h), learned on first use.
+  std::atomic<s3::IfMatchForm> if_match_form{s3::IfMatchForm::kUnknown};
+  // The leases held through this context, for fencing (fence()).
+  std::mutex leases_mu;
+  std::vector<std::weak_ptr<struct LeaseGuard>> leases;
+
+  // Throws kLocked naming the lock when `key` lies in the folder of a lease
+  // held through this context and that lease is lost (or cannot be confirmed
+  // now): a write or delete there depends on holding it. `what` names the
+  // operation for the message.
+  void fence(const std::string& key, std::string_view what);
 
   std::string uri(std::string_view key) const { return S3Client::object_uri(bucket, key); }
   HttpResponse call(const S3Request& r) { return client->call(bucket, r); }
@@ -334,6 +345,7 @@ class S3Writer final : public Writer {
       throw Error(ErrorCode::kFailedPrecondition,
                   fmt::format("{}: write after commit", ctx_->uri(key_)));
     }
+    if (!data.empty()) check_plan(offset + data.size());
     std::vector<std::pair<int, std::vector<std::byte>>> full;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -374,6 +386,7 @@ class S3Writer final : public Writer {
       if (auto it = slots_.find(0); it != slots_.end()) bytes = std::move(it->second.data);
       bytes.resize(static_cast<size_t>(size_));
       g.unlock();
+      ctx_->fence(key_, "PUT");
       put_whole(bytes);
       committed_ = true;
       return;
@@ -395,17 +408,32 @@ class S3Writer final : public Writer {
       send_part(static_cast<int>(i) + 1, std::move(bytes));
     }
     pool_.wait();
+    ctx_->fence(key_, "completing the multipart upload");
     complete();
     committed_ = true;
   }
 
   uint64_t bytes_written() const override { return size_; }
 
+  void preallocate(uint64_t size) override { check_plan(size); }
+
  private:
   struct Slot {
     std::vector<std::byte> data;
     uint64_t filled = 0;
   };
+
+  // An object of `size` bytes must fit in S3's 10,000 parts: refused before
+  // anything of it is sent.
+  void check_plan(uint64_t size) const {
+    if (size <= part_size_ || (size - 1) / part_size_ < s3::kMaxParts) return;
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{}: an object of {} bytes needs more than {} parts of "
+                            "CAIRN_S3_PART_SIZE={} bytes, S3's limit; raise CAIRN_S3_PART_SIZE to "
+                            "at least {}",
+                            ctx_->uri(key_), size, s3::kMaxParts, part_size_,
+                            (size + s3::kMaxParts - 1) / s3::kMaxParts));
+  }
 
   void put_whole(std::span<const std::byte> bytes) {
     S3Request r;
@@ -616,11 +644,15 @@ std::string random_token() {
 struct LeaseState {
   bool exists = false;
   bool live = false;
+  bool readable = false;  // a lease with a holder's token; not empty or torn
   std::string etag;
   std::string token;        // empty when the lease could not be read
   std::string description;  // for kLocked messages
 };
 
+// An empty or torn lease (a PUT cut short by a kill: some servers store what
+// arrived, even nothing) names no holder who could renew it: it is stale,
+// not "held by pid 0" until its default term ends.
 LeaseState read_lease(Context& ctx, const std::string& key) {
   S3Request r;
   r.key = key;
@@ -639,7 +671,7 @@ LeaseState read_lease(Context& ctx, const std::string& key) {
   nlohmann::json body;
   try {
     body = parse_json(resp.body, ctx.uri(key));
-  } catch (const Error&) {  // ignore-error: an unreadable lease lives out its default term
+  } catch (const Error&) {  // ignore-error: an unreadable lease is stale (see above)
     body = nlohmann::json::object();
   }
   auto str = [&](const char* k) {
@@ -654,8 +686,9 @@ LeaseState read_lease(Context& ctx, const std::string& key) {
                  ? body["pid"].get<long>()
                  : 0;
   s.token = str("token");
+  s.readable = !s.token.empty();
   double age = server_now - modified;
-  s.live = age < static_cast<double>(ttl);
+  s.live = s.readable && age < static_cast<double>(ttl);
   // On the holder's own machine a dead holder is known at once.
   Holder self = this_process();
   bool same_machine =
@@ -663,23 +696,162 @@ LeaseState read_lease(Context& ctx, const std::string& key) {
   if (s.live && same_machine && pid > 0 && process_start_time(pid) != str("start_time")) {
     s.live = false;
   }
-  s.description =
-      fmt::format("held by pid {} on {} (lease renewed {:.0f} s ago, expires after {} s)", pid,
-                  str("host").empty() ? "an unknown host" : str("host"), age, ttl);
+  if (!s.readable) {
+    s.description =
+        fmt::format("an unreadable lease ({} bytes, written {:.0f} s ago)", resp.body.size(), age);
+  } else {
+    s.description =
+        fmt::format("held by pid {} on {} (lease renewed {:.0f} s ago, expires after {} s)", pid,
+                    str("host").empty() ? "an unknown host" : str("host"), age, ttl);
+  }
   return s;
+}
+
+// Writes a lease over `key`: with `If-None-Match: *` when `expected_etag` is
+// empty (there is none), else with `If-Match` on that ETag. Returns the new
+// lease's ETag, or nothing when the precondition failed (another writer got
+// there first). Servers differ in how they take If-Match (lease.h): the form
+// that works is learned on first use by trying the other one after a 412. A
+// server that refuses both forms while the lease still has the ETag just
+// read cannot do conditional writes: it is then written unconditionally and
+// the caller's read-back decides (docs/s3.md, "The experiment lock").
+std::optional<std::string> put_lease(Context& ctx, const std::string& key, const std::string& body,
+                                     const std::string& expected_etag) {
+  auto put = [&](std::optional<std::pair<std::string, std::string>> condition) {
+    S3Request r;
+    r.method = "PUT";
+    r.key = key;
+    r.body = bytes_of(body);
+    r.headers = {{"content-md5", s3::md5_base64(r.body)}};
+    if (condition) {
+      r.headers.push_back(*condition);
+      r.accept = {409, 412, 501};
+    }
+    return ctx.call(r);
+  };
+  auto written = [&](const HttpResponse& resp) { return resp.header("etag").value_or(""); };
+  using s3::IfMatchForm;
+  if (expected_etag.empty()) {
+    HttpResponse resp = put(std::pair<std::string, std::string>{"if-none-match", "*"});
+    if (resp.status == 409 || resp.status == 412) return std::nullopt;
+    if (resp.status == 501) resp = put(std::nullopt);
+    return written(resp);
+  }
+  IfMatchForm known = ctx.if_match_form.load();
+  if (known != IfMatchForm::kUnsupported) {
+    std::vector<IfMatchForm> forms;
+    if (known == IfMatchForm::kUnknown) {
+      forms = {IfMatchForm::kQuoted, IfMatchForm::kBare};
+    } else {
+      forms = {known};
+    }
+    for (IfMatchForm form : forms) {
+      HttpResponse resp = put(std::pair<std::string, std::string>{
+          "if-match", s3::if_match_value(expected_etag, form == IfMatchForm::kQuoted)});
+      if (resp.status < 300) {
+        ctx.if_match_form = form;
+        return written(resp);
+      }
+      if (resp.status == 501) break;
+    }
+    // Every form refused: a real change by another writer, or a server that
+    // cannot compare (then the lease still has the ETag just read).
+    std::optional<Context::Head> now = ctx.head(key);
+    if (!now || !s3::same_etag(now->etag, expected_etag)) return std::nullopt;
+    log::warn(
+        fmt::format("{}: the server refuses conditional writes (If-Match); the lock falls "
+                    "back to writing and reading back (docs/s3.md)",
+                    ctx.uri(key)));
+    ctx.if_match_form = IfMatchForm::kUnsupported;
+  }
+  HttpResponse resp = put(std::nullopt);
+  return written(resp);
+}
+
+// A lease held through a context, shared by its S3Lock (heartbeat, release)
+// and the context's fence(). `mu` serializes renewals and fence checks.
+struct LeaseGuard {
+  std::string key;  // the lease object
+  std::string dir;  // the folder it guards: every key below it
+  std::string body;
+  std::string token;
+  std::mutex mu;
+  std::string etag;                                 // of the lease as last written by us
+  std::chrono::steady_clock::time_point confirmed;  // when that write was sent
+  bool lost = false;
+  std::string lost_to;  // who holds it now, for messages
+
+  bool guards(const std::string& k) const {
+    return k != key &&
+           (dir.empty() || (k.size() > dir.size() && k.starts_with(dir) && k[dir.size()] == '/'));
+  }
+
+  // Renews the lease if it is still ours: read it, then write it again on
+  // the ETag read. Call with `mu` held. Returns false (and marks it lost)
+  // when another holder has it.
+  bool renew(Context& ctx) {
+    if (lost) return false;
+    auto sent = s3::lease_now();
+    LeaseState s = read_lease(ctx, key);
+    // A lease read mid-write (some servers let that happen) has no token:
+    // only another holder's token means the lease was lost.
+    if (s.exists && s.readable && s.token != token) {
+      lost = true;
+      lost_to = s.description;
+      return false;
+    }
+    std::optional<std::string> put = put_lease(ctx, key, body, s.exists ? s.etag : "");
+    if (!put) {
+      LeaseState now = read_lease(ctx, key);
+      lost = true;
+      lost_to = now.description;
+      return false;
+    }
+    etag = *put;
+    confirmed = sent;
+    return true;
+  }
+};
+
+void Context::fence(const std::string& key, std::string_view what) {
+  std::vector<std::shared_ptr<LeaseGuard>> held;
+  {
+    std::lock_guard<std::mutex> g(leases_mu);
+    for (const auto& w : leases) {
+      if (auto guard = w.lock(); guard && guard->guards(key)) held.push_back(std::move(guard));
+    }
+  }
+  for (const auto& guard : held) {
+    std::lock_guard<std::mutex> g(guard->mu);
+    if (!guard->lost && !s3::lease_needs_confirming(guard->confirmed, s3::lease_now(),
+                                                    client->options().lock_ttl)) {
+      continue;
+    }
+    if (!guard->lost) guard->renew(*this);
+    if (guard->lost) {
+      throw Error(ErrorCode::kLocked,
+                  fmt::format("{}: the lock was lost, {} now; {} of {} refused (the lease lapsed "
+                              "while this process held it: paused or cut off for longer than "
+                              "CAIRN_S3_LOCK_TTL)",
+                              uri(guard->key), guard->lost_to, what, uri(key)));
+    }
+  }
 }
 
 // A lease on a key: an object naming its holder, renewed by a heartbeat
 // thread every third of its lifetime and deleted on release. A holder that
 // dies stops renewing, so the lease lapses after lock_ttl (at once when the
 // next taker runs on the same machine and sees the holder's process gone).
+// Writes and deletes through the same context below the lease's folder are
+// fenced by it (Context::fence).
 class S3Lock final : public Lock {
  public:
-  S3Lock(std::shared_ptr<Context> ctx, std::string key, std::string body, std::string token)
-      : ctx_(std::move(ctx)),
-        key_(std::move(key)),
-        body_(std::move(body)),
-        token_(std::move(token)) {
+  S3Lock(std::shared_ptr<Context> ctx, std::shared_ptr<LeaseGuard> guard)
+      : ctx_(std::move(ctx)), guard_(std::move(guard)) {
+    {
+      std::lock_guard<std::mutex> g(ctx_->leases_mu);
+      ctx_->leases.push_back(guard_);
+    }
     heartbeat_ = std::thread([this] { beat(); });
   }
   ~S3Lock() override {
@@ -689,17 +861,25 @@ class S3Lock final : public Lock {
     }
     cv_.notify_all();
     heartbeat_.join();
+    {
+      std::lock_guard<std::mutex> g(ctx_->leases_mu);
+      std::erase_if(ctx_->leases, [&](const auto& w) {
+        auto p = w.lock();
+        return !p || p == guard_;
+      });
+    }
     try {
-      LeaseState s = read_lease(*ctx_, key_);
-      if (s.exists && s.token == token_) {
+      LeaseState s = read_lease(*ctx_, guard_->key);
+      if (s.exists && s.token == guard_->token) {
         S3Request r;
         r.method = "DELETE";
-        r.key = key_;
+        r.key = guard_->key;
         r.accept = {404};
         ctx_->call(r);
       }
     } catch (const Error& e) {  // ignore-error: an unreleased lease lapses after its TTL
-      log::warn(fmt::format("{}: could not release the lock: {}", ctx_->uri(key_), e.what()));
+      log::warn(
+          fmt::format("{}: could not release the lock: {}", ctx_->uri(guard_->key), e.what()));
     }
   }
 
@@ -710,32 +890,23 @@ class S3Lock final : public Lock {
     while (!cv_.wait_for(g, period, [&] { return stop_; })) {
       g.unlock();
       try {
-        LeaseState s = read_lease(*ctx_, key_);
-        // A lease read mid-write (some servers let that happen) has no
-        // token: only another holder's token means the lease was lost.
-        if (s.exists && !s.token.empty() && s.token != token_) {
+        std::lock_guard<std::mutex> lease(guard_->mu);
+        if (!guard_->renew(*ctx_)) {
           log::error(fmt::format("{}: the lock was taken over by another process ({})",
-                                 ctx_->uri(key_), s.description));
+                                 ctx_->uri(guard_->key), guard_->lost_to));
           g.lock();
           return;
         }
-        S3Request r;
-        r.method = "PUT";
-        r.key = key_;
-        r.body = bytes_of(body_);
-        r.headers = {{"content-md5", s3::md5_base64(r.body)}};
-        ctx_->call(r);
       } catch (const Error& e) {  // ignore-error: the next beat tries again
-        log::warn(fmt::format("{}: renewing the lock failed: {}", ctx_->uri(key_), e.what()));
+        log::warn(
+            fmt::format("{}: renewing the lock failed: {}", ctx_->uri(guard_->key), e.what()));
       }
       g.lock();
     }
   }
 
   std::shared_ptr<Context> ctx_;
-  std::string key_;
-  std::string body_;
-  std::string token_;
+  std::shared_ptr<LeaseGuard> guard_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -784,6 +955,7 @@ class S3Storage final : public Storage {
     S3Request r;
     r.method = "DELETE";
     r.key = full(key);
+    ctx_->fence(r.key, "DELETE");
     r.accept = {404};
     ctx_->call(r);
   }
@@ -794,6 +966,7 @@ class S3Storage final : public Storage {
       std::vector<std::string> batch;
       for (size_t i = at; i < std::min(keys.size(), at + kBatch); ++i)
         batch.push_back(full(keys[i]));
+      for (const std::string& k : batch) ctx_->fence(k, "DeleteObjects");
       std::string body = s3::delete_objects_body(batch);
       S3Request r;
       r.method = "POST";
@@ -815,32 +988,34 @@ class S3Storage final : public Storage {
   std::unique_ptr<Lock> try_lock(std::string_view key) override {
     std::string k = full(key);
     LeaseState s = read_lease(*ctx_, k);
+    // An unreadable lease may be one being written right now (s3rver shows
+    // an object while its body arrives): it is stale only if it stays so
+    // over a few reads (bounded, ~0.3 s in all).
+    for (int i = 0; i < 5 && s.exists && !s.readable; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
+      s = read_lease(*ctx_, k);
+    }
     if (s.exists && s.live) {
       throw Error(ErrorCode::kLocked, fmt::format("{}: locked, {}", ctx_->uri(k), s.description),
                   /*retryable=*/true);
     }
+    auto guard = std::make_shared<LeaseGuard>();
     Holder h = this_process();
     h.token = random_token();
-    std::string body = h.to_json(ctx_->client->options().lock_ttl.count()).dump();
-    S3Request r;
-    r.method = "PUT";
-    r.key = k;
-    r.body = bytes_of(body);
-    r.headers = {{"content-md5", s3::md5_base64(r.body)}};
-    // Where the server has conditional writes (AWS S3 does) taking the lease
-    // is atomic: only one of several racing takers succeeds.
-    if (s.exists) {
-      r.headers.emplace_back("if-match", s.etag);
-    } else {
-      r.headers.emplace_back("if-none-match", "*");
-    }
-    r.accept = {409, 412};
-    HttpResponse resp = ctx_->call(r);
-    if (resp.status == 409 || resp.status == 412) {
+    guard->key = k;
+    guard->dir = std::string(split_dir(k).first);
+    guard->token = h.token;
+    guard->body = h.to_json(ctx_->client->options().lock_ttl.count()).dump();
+    guard->confirmed = s3::lease_now();
+    // Where the server has conditional writes (AWS S3 and radosgw do) taking
+    // the lease is atomic: only one of several racing takers succeeds.
+    std::optional<std::string> etag = put_lease(*ctx_, k, guard->body, s.exists ? s.etag : "");
+    if (!etag) {
       throw Error(ErrorCode::kLocked,
                   fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
                   /*retryable=*/true);
     }
+    guard->etag = *etag;
     // Elsewhere the last writer wins: read back to see who did, again
     // (bounded, ~0.3 s in all) while the server does not show the write yet.
     LeaseState after = read_lease(*ctx_, k);
@@ -856,7 +1031,7 @@ class S3Storage final : public Storage {
                   fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
                   /*retryable=*/true);
     }
-    return std::make_unique<S3Lock>(ctx_, k, body, h.token);
+    return std::make_unique<S3Lock>(ctx_, std::move(guard));
   }
 
   bool is_locked(std::string_view key) override {
@@ -1006,6 +1181,23 @@ bool valid_bucket_name(std::string_view b) {
 }
 
 }  // namespace
+
+namespace s3 {
+namespace {
+std::mutex lease_clock_mu;
+LeaseClock lease_clock;
+}  // namespace
+
+void set_lease_clock_for_testing(LeaseClock clock) {
+  std::lock_guard<std::mutex> g(lease_clock_mu);
+  lease_clock = std::move(clock);
+}
+
+std::chrono::steady_clock::time_point lease_now() {
+  std::lock_guard<std::mutex> g(lease_clock_mu);
+  return lease_clock ? lease_clock() : std::chrono::steady_clock::now();
+}
+}  // namespace s3
 
 std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_view prefix) {
   if (!valid_bucket_name(bucket)) {
