@@ -571,6 +571,7 @@ class Experiment {
       // The runner: dies with the driver; keeps only its own channel.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);
+      if (tune_internal::runner_started_hook != nullptr) tune_internal::runner_started_hook();
       // Only its channel (as fd 3) and stdio: no other trial's channel, and
       // not the experiment's lock (a flock lives while any copy of its
       // descriptor does), as the Trainer's workers do.
