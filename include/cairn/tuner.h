@@ -49,6 +49,13 @@
 // the truth for its checkpoints and history; the state is the truth for
 // statuses, configurations and the search, and restore() reconciles the two.
 //
+// Iterations. A result's training_iteration counts the trial's results, and
+// as in Ray a trial that restarts (a failure, a pause, a driver's crash, a
+// PBT clone) goes on from the training_iteration of the checkpoint it resumes
+// from (0 without one), so stop criteria and schedulers' budgets count the
+// iterations trained, not the rounds repeated; result.json then holds a
+// repeated round twice.
+//
 // Failure. A trial whose workers fail, or whose runner process dies, is
 // restarted from its latest committed checkpoint while
 // RunConfig::failure_config.max_failures allows (one budget per trial, across

@@ -136,6 +136,7 @@ int run_trial(const RunnerSpec& rs, int fd) {
     spec.experiment_uri = rs.trial_uri;
     spec.experiment_path = rs.trial_path;
     spec.sweep_scratch = false;
+    spec.iteration_from_checkpoint = true;
     spec.restoring = open_storage(rs.trial_uri)->exists(train_internal::kTrainerStateKey);
     spec.on_round = [&channel](const train_internal::RoundInfo& info) {
       const nlohmann::json reply =

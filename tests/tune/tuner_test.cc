@@ -260,6 +260,9 @@ class Counter : public Trainable {
   void setup(const nlohmann::json& config) override { config_ = config; }
   nlohmann::json step() override {
     ++value_;
+    if (config_.value("fail_at", -1) == value_ && train::get_context().attempt == 0) {
+      throw std::runtime_error(fmt::format("intentional failure at step {}", value_));
+    }
     nlohmann::json r = {{"value", value_}, {"pid", static_cast<int>(::getpid())}};
     if (config_.value("checkpoint_at", -1) == value_) r["should_checkpoint"] = true;
     if (value_ >= config_.value("until", 5)) r["done"] = true;
@@ -314,6 +317,62 @@ TEST(Tuner, ClassTrainableStoppedByTheTunerSavesAtEndWithoutAnotherStep) {
   EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
   EXPECT_EQ(grid[0].metrics_history.size(), 4u);
   EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id), (std::vector<int>{4}));
+}
+
+// Reports `step` forever (TuneConfig::stop ends it), a checkpoint every
+// second step, and fails once at config["fail_at"] in its first attempt.
+void checkpoints_every_second_step(const nlohmann::json& config) {
+  int step = 0;
+  if (auto c = train::get_checkpoint())
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  while (true) {
+    ++step;
+    if (config.at("fail_at").get<int>() == step && train::get_context().attempt == 0) {
+      throw std::runtime_error(fmt::format("intentional failure at step {}", step));
+    }
+    if (step % 2 == 0) {
+      train::TemporaryDirectory tmp;
+      write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+      train::report({{"step", step}}, Checkpoint::from_directory(tmp.path()));
+    } else {
+      train::report({{"step", step}});
+    }
+  }
+}
+
+std::vector<int> column(const std::vector<nlohmann::json>& rows, const std::string& key) {
+  std::vector<int> out;
+  for (const auto& r : rows) out.push_back(r.at(key).get<int>());
+  return out;
+}
+
+// As in Ray: a restarted trial takes its training_iteration from the
+// checkpoint it resumes from, so the round it repeats is not counted twice
+// and stop = {"training_iteration": 6} still trains six iterations.
+TEST(Tuner, ARestartedTrialCountsTrainingIterationsFromItsCheckpoint) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.stop = {{"training_iteration", 6}};
+  const std::vector<int> expected = {1, 2, 3, 3, 4, 5, 6};  // failed in step 4: back to 2
+
+  RunConfig run = run_in(dir, "class");
+  run.checkpoint_config.checkpoint_frequency = 2;
+  run.failure_config.max_failures = 1;
+  ResultGrid grid =
+      Tuner([] { return std::make_unique<Counter>(); }, {{"until", 100}, {"fail_at", 4}}, tc, run)
+          .fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(column(grid[0].metrics_history, "value"), expected);
+  EXPECT_EQ(column(grid[0].metrics_history, "training_iteration"), expected);
+
+  run = run_in(dir, "function");
+  run.failure_config.max_failures = 1;
+  grid = Tuner(checkpoints_every_second_step, {{"fail_at", 4}}, tc, run).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(column(grid[0].metrics_history, "step"), expected);
+  EXPECT_EQ(column(grid[0].metrics_history, "training_iteration"), expected);
 }
 
 TEST(Tuner, FunctionTrainablesRefuseCheckpointFrequencyAndAtEnd) {
