@@ -41,11 +41,13 @@
 // trial's id, status, config, last result, min/max/last of each numeric
 // metric, failure count, error, kept checkpoints, plus the searcher's and the
 // scheduler's state. It is saved when a PBT clone is decided or a trial
-// fails for good, before a trial's retention deletes a checkpoint the saved
-// state names (so the state never names a deleted checkpoint), at the end,
-// and otherwise every period while something changed: 100 times the last
-// save's duration, at least 1 s (so periodic saving takes at most 1% of the
-// wall time), or $CAIRN_TUNE_STATE_PERIOD_S seconds. A trial's own folder is
+// fails for good, at the end, and otherwise every period while something
+// changed: 100 times the last save's duration, at least 1 s (so periodic
+// saving takes at most 1% of the wall time), or $CAIRN_TUNE_STATE_PERIOD_S
+// seconds. The state never names a deleted checkpoint: a trial's retention
+// deletes a checkpoint the saved state names only after the next save (it
+// stays committed until then, at most a period longer; whatever the
+// checkpoint rate, retention adds no saves). A trial's own folder is
 // the truth for its checkpoints and history; the state is the truth for
 // statuses, configurations and the search, and restore() reconciles the two.
 //

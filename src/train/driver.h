@@ -79,7 +79,8 @@ struct DriverSpec {
   // training_iteration is its number in the history (1, 2, ...).
   bool iteration_from_checkpoint = false;
   // Passed to the experiment's CheckpointManager (ManagerOptions::before_delete).
-  std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
+  std::function<std::vector<std::string>(const std::vector<std::string>& doomed,
+                                         const std::vector<std::string>& kept)>
       before_retention;
   // Remove the scratch folders of dead drivers at the start (the Tuner does
   // it once for all its trials instead).

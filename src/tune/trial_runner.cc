@@ -153,7 +153,9 @@ int run_trial(const RunnerSpec& rs, int fd) {
     };
     spec.before_retention = [&channel](const std::vector<std::string>& doomed,
                                        const std::vector<std::string>& kept) {
-      ask_the_tuner(channel, {{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
+      const nlohmann::json reply =
+          ask_the_tuner(channel, {{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
+      return reply.value("defer", std::vector<std::string>());
     };
     train_internal::DriverSpec::Outcome outcome;
     spec.outcome = &outcome;

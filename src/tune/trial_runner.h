@@ -6,7 +6,7 @@
 //   tuner -> runner  {"save":bool,"stop":bool}              (RoundDirective)
 //   runner -> tuner  {"t":"retire","doomed":[names],"kept":[names]}  before
 //                    retention deletes checkpoints
-//   tuner -> runner  {"ok":true}                               (state saved if needed)
+//   tuner -> runner  {"defer":[names]}   those to keep until the Tuner's next save
 //   runner -> tuner  {"t":"end","status":"finished"|"stopped"|"preempted"|"errored",
 //                     "error":text|null,"failures":n}
 //

@@ -692,5 +692,58 @@ TEST(Tuner, AMalformedStatePeriodIsRefusedNamingTheVariable) {
   EXPECT_EQ(grid.num_terminated(), 2u);
 }
 
+// A checkpoint with every result, num_to_keep = 1, fails once at
+// config["fail_at"] (a marker file says it did).
+void checkpoint_per_result(const nlohmann::json& config) {
+  int step = 0;
+  if (auto c = train::get_checkpoint())
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  const fs::path marker = config.at("marker").get<std::string>();
+  while (++step <= config.at("iters").get<int>()) {
+    if (step == config.at("fail_at").get<int>() && !fs::exists(marker)) {
+      write_file(marker, "failed");
+      throw std::runtime_error("intentional failure");
+    }
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+// Retention deletes a checkpoint with every result here, and the saved state
+// always names the latest one: a save before each deletion would cost one
+// save per checkpoint. Deletions of checkpoints the saved state names wait
+// for the next periodic save instead (none comes in this run: the period is
+// long), and those still waiting when the trial ends are done then.
+TEST(Tuner, RetentionDoesNotForceAStateSavePerCheckpoint) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.num_to_keep = 1;
+  const nlohmann::json space = {
+      {"iters", 40}, {"fail_at", 3}, {"marker", (dir / "failed").string()}};
+  // The trial fails at step 3; the state saved then names its checkpoint.
+  ResultGrid grid = Tuner(checkpoint_per_result, space, {}, run).fit();
+  ASSERT_EQ(grid[0].status, TrialStatus::kError);
+  const std::string experiment = (dir / "search").string();
+  ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "100000", 1);
+  RestoreOptions resume;
+  resume.resume_errored = true;
+  grid = Tuner::restore(experiment, checkpoint_per_result, resume).fit();
+  ::unsetenv("CAIRN_TUNE_STATE_PERIOD_S");
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(grid[0].metrics.at("step"), 40);
+  // 38 checkpoints committed and 38 deleted. The saves: the reconciled state
+  // at the start, one when the trial ended (retention's last deletion, of
+  // the checkpoint the first save names) and the final one.
+  EXPECT_LE(grid.stats().state_saves, 3u);
+  const fs::path trial = dir / "search" / grid[0].trial_id;
+  EXPECT_EQ(read_experiment(trial.string()).checkpoints.size(), 1u);
+  const nlohmann::json state = nlohmann::json::parse(slurp(dir / "search" / "tuner_state.json"));
+  for (const auto& name : state.at("trials")[0].at("checkpoints")) {
+    EXPECT_TRUE(fs::exists(trial / name.get<std::string>() / ".cairn" / "manifest.json")) << name;
+  }
+}
+
 }  // namespace
 }  // namespace cairn::tune
