@@ -12,9 +12,10 @@
 //   2. --results reported results: --result-trials trials reporting
 //      results / result-trials results each, each result after --result-ms
 //      of work (a sleep; default 1 ms), twice: metrics only, then with
-//      a small checkpoint every --checkpoint-every results (num_to_keep = 2,
-//      so retention deletes checkpoints a saved state may name, which forces
-//      a save; --checkpoint-every 0 leaves this run out). The same fraction.
+//      a small checkpoint every --checkpoint-every results (--num-to-keep,
+//      default 2: retention deletes checkpoints a saved state may name, whose
+//      deletion waits for the next periodic save; --checkpoint-every 0 leaves
+//      this run out). The same fraction.
 //   3. One state save as the state grows: experiments of trials/100,
 //      trials/10 and trials (the experiment of 1., reused) short trials, each
 //      restored --save-repeats times with Tuner::restore(...).fit() on the
@@ -76,6 +77,7 @@ struct Args {
   int result_trials = 4;
   double result_ms = 1;
   int checkpoint_every = 100;
+  int num_to_keep = 2;
   int concurrent = 2;
   int save_repeats = 5;
   std::string dir;
@@ -87,7 +89,8 @@ struct Args {
   std::fprintf(stderr,
                "tune_bench: %s\n"
                "usage: tune_bench [--trials N] [--results N] [--result-trials N] [--result-ms MS]\n"
-               "                  [--checkpoint-every N] [--concurrent N] [--save-repeats N]\n"
+               "                  [--checkpoint-every N] [--num-to-keep N] [--concurrent N]\n"
+               "                  [--save-repeats N]\n"
                "                  [--dir DIR] [--json FILE] [--keep]\n",
                why.c_str());
   std::exit(2);
@@ -113,6 +116,8 @@ Args parse(int argc, char** argv) {
       a.result_trials = std::stoi(v);
     } else if (k == "--checkpoint-every") {
       a.checkpoint_every = std::stoi(v);
+    } else if (k == "--num-to-keep") {
+      a.num_to_keep = std::stoi(v);
     } else if (k == "--concurrent") {
       a.concurrent = std::stoi(v);
     } else if (k == "--save-repeats") {
@@ -131,6 +136,7 @@ Args parse(int argc, char** argv) {
   if (a.results < a.result_trials) usage("--results must be at least --result-trials");
   if (a.result_ms < 0) usage("--result-ms must be >= 0");
   if (a.checkpoint_every < 0) usage("--checkpoint-every must be >= 0 (0: no checkpoints)");
+  if (a.num_to_keep < 1) usage("--num-to-keep must be positive");
   if (a.dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     a.dir = tmp && *tmp ? tmp : "/tmp";
@@ -213,18 +219,18 @@ nlohmann::json grid(int n) {
   return tune::grid_search(values);
 }
 
-cairn::RunConfig run_config(const fs::path& root, const std::string& name) {
+cairn::RunConfig run_config(const fs::path& root, const std::string& name, int num_to_keep) {
   cairn::RunConfig run;
   run.name = name;
   run.storage_path = root.string();
-  run.checkpoint_config.num_to_keep = 2;
+  run.checkpoint_config.num_to_keep = num_to_keep;
   return run;
 }
 
 // Runs `trials` trials of `results` results each; every trial must end well.
 tune::ResultGrid run_experiment(const fs::path& root, const std::string& name, int trials,
-                                int results, double result_ms, int checkpoint_every,
-                                int concurrent) {
+                                int results, double result_ms, int checkpoint_every, int concurrent,
+                                int num_to_keep = 2) {
   tune::TuneConfig tc;
   tc.metric = "loss";
   tc.mode = "min";
@@ -234,7 +240,7 @@ tune::ResultGrid run_experiment(const fs::path& root, const std::string& name, i
                      {"results", results},
                      {"result_ms", result_ms},
                      {"checkpoint_every", checkpoint_every}},
-                    tc, run_config(root, name));
+                    tc, run_config(root, name, num_to_keep));
   tune::ResultGrid g = tuner.fit();
   if (g.size() != static_cast<size_t>(trials) || g.num_errors() != 0 ||
       g.num_terminated() != static_cast<size_t>(trials)) {
@@ -362,13 +368,15 @@ int run(const Args& a) {
       run_experiment(root, "results", a.result_trials, per_trial, a.result_ms, 0, a.concurrent)
           .stats();
   if (a.checkpoint_every > 0) {
-    runs.push_back({fmt::format("  + checkpoint every {}", a.checkpoint_every),
-                    fmt::format("{}, a checkpoint every {}", results_name, a.checkpoint_every),
-                    a.result_trials,
-                    per_trial,
-                    {}});
+    runs.push_back(
+        {fmt::format("  + checkpoint every {}, keep {}", a.checkpoint_every, a.num_to_keep),
+         fmt::format("{}, a checkpoint every {}, num_to_keep {}", results_name, a.checkpoint_every,
+                     a.num_to_keep),
+         a.result_trials,
+         per_trial,
+         {}});
     runs.back().s = run_experiment(root, "results_ckpt", a.result_trials, per_trial, a.result_ms,
-                                   a.checkpoint_every, a.concurrent)
+                                   a.checkpoint_every, a.concurrent, a.num_to_keep)
                         .stats();
   }
 
@@ -397,6 +405,7 @@ int run(const Args& a) {
                         {"state_period", period},
                         {"filesystem", fstype},
                         {"checkpoint_every", a.checkpoint_every},
+                        {"num_to_keep", a.num_to_keep},
                         {"result_ms", a.result_ms},
                         {"save_repeats", a.save_repeats},
                         {"experiments", nlohmann::json::array()},

@@ -40,7 +40,7 @@ namespace {
 namespace tune = cairn::tune;
 
 constexpr int kNumTrials = 8;
-constexpr int kIterations = 12;         // results per trial (TuneConfig::stop)
+constexpr int kIterations = 12;         // training iterations per trial (TuneConfig::stop)
 constexpr int kStepsPerIteration = 10;  // SGD steps between two reports
 constexpr double kPerturbationInterval = 3;
 constexpr const char* kStateFile = "state.safetensors";
@@ -82,9 +82,9 @@ void apply_config(torch::optim::SGD& optimizer, const nlohmann::json& config) {
 
 // The function trainable: one trial. Each iteration runs kStepsPerIteration
 // full-batch SGD steps, saves the model and the optimizer as a checkpoint and
-// reports the validation loss with it. The Tuner ends the trial after
-// kIterations results (TuneConfig::stop); the bound below only guards
-// against a runaway loop.
+// reports the validation loss with it. The Tuner ends the trial at
+// training_iteration kIterations (TuneConfig::stop; a clone goes on from its
+// source's iteration); the bound below only guards against a runaway loop.
 void train_mlp(const nlohmann::json& config) {
   torch::set_num_threads(1);
   const Data data = make_data();

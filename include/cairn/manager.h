@@ -106,11 +106,14 @@ struct ManagerOptions {
   // or dropped record). Defaults to the log.
   std::function<void(const std::string&)> warn;
   // Called before retention deletes checkpoints, with the names it is about
-  // to delete and the names kept after, oldest first (a Tuner saves its
-  // experiment state here, so that the state never names a deleted
-  // checkpoint). An exception leaves them in place: retention runs again on
-  // the next save or open.
-  std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
+  // to delete and the names kept after, oldest first; returns the names among
+  // `doomed` to keep for now (a Tuner's experiment state must never name a
+  // deleted checkpoint: it defers deleting those its saved state still names
+  // until its next save). A deferred checkpoint stays committed and in the
+  // history, and retention asks again on the next save or open. An exception
+  // leaves them all in place, as a deferral.
+  std::function<std::vector<std::string>(const std::vector<std::string>& doomed,
+                                         const std::vector<std::string>& kept)>
       before_delete;
   // Deletes the data of the checkpoints retention removes on a background
   // thread (as Orbax's enable_background_delete). A save then returns once

@@ -41,13 +41,22 @@
 // trial's id, status, config, last result, min/max/last of each numeric
 // metric, failure count, error, kept checkpoints, plus the searcher's and the
 // scheduler's state. It is saved when a PBT clone is decided or a trial
-// fails for good, before a trial's retention deletes a checkpoint the saved
-// state names (so the state never names a deleted checkpoint), at the end,
-// and otherwise every period while something changed: 100 times the last
-// save's duration, at least 1 s (so periodic saving takes at most 1% of the
-// wall time), or $CAIRN_TUNE_STATE_PERIOD_S seconds. A trial's own folder is
+// fails for good, at the end, and otherwise every period while something
+// changed: 100 times the last save's duration, at least 1 s (so periodic
+// saving takes at most 1% of the wall time), or $CAIRN_TUNE_STATE_PERIOD_S
+// seconds. The state never names a deleted checkpoint: a trial's retention
+// deletes a checkpoint the saved state names only after the next save (it
+// stays committed until then, at most a period longer; whatever the
+// checkpoint rate, retention adds no saves). A trial's own folder is
 // the truth for its checkpoints and history; the state is the truth for
 // statuses, configurations and the search, and restore() reconciles the two.
+//
+// Iterations. A result's training_iteration counts the trial's results, and
+// as in Ray a trial that restarts (a failure, a pause, a driver's crash, a
+// PBT clone) goes on from the training_iteration of the checkpoint it resumes
+// from (0 without one), so stop criteria and schedulers' budgets count the
+// iterations trained, not the rounds repeated; result.json then holds a
+// repeated round twice.
 //
 // Failure. A trial whose workers fail, or whose runner process dies, is
 // restarted from its latest committed checkpoint while

@@ -498,7 +498,12 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
       const bool dies = std::find(doomed.begin(), doomed.end(), r.index) != doomed.end();
       (dies ? names : kept).push_back(r.name);
     }
-    options_.before_delete(names, kept);
+    const std::vector<std::string> deferred = options_.before_delete(names, kept);
+    std::erase_if(doomed, [&](uint64_t index) {
+      auto it = std::find_if(records_.begin(), records_.end(),
+                             [&](const auto& r) { return r.index == index; });
+      return std::find(deferred.begin(), deferred.end(), it->name) != deferred.end();
+    });
   }
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),

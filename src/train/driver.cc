@@ -184,6 +184,7 @@ class Driver {
       if ((attempt > 0 || continuing_) && manager_->latest()) {
         from = manager_->latest()->checkpoint.uri();
       }
+      if (spec_.iteration_from_checkpoint) iteration_ = iteration_at(manager_->latest(), from);
       Outcome out = run_attempt(attempt, from);
       if (out.preempted) {
         result.preempted = true;
@@ -480,7 +481,8 @@ class Driver {
           const nlohmann::json ranks = {{"world_size", spec_.world_size},
                                         {"contributed", a.uploaders}};
           CheckpointRecord rec = manager_->commit_reserved(
-              *reserved, attach ? last_metrics_ : a.metrics, a.files, nullptr, nullptr, ranks);
+              *reserved, checkpoint_metrics(attach ? last_metrics_ : a.metrics, attach), a.files,
+              nullptr, nullptr, ranks);
           uri = rec.checkpoint.uri();
         } catch (const Error& e) {
           record_failure(round.fail(
@@ -540,6 +542,7 @@ class Driver {
         CheckpointRecord rec = manager_->register_checkpoint(
             d.reset->value("metrics", nlohmann::json::object()), from);
         config_ = d.reset->at("config");
+        if (spec_.iteration_from_checkpoint) iteration_ = iteration_at(rec, rec.checkpoint.uri());
         state_["train_loop_config"] = config_;
         save_state();
         reset = {{"config", config_}, {"checkpoint", rec.checkpoint.uri()}};
@@ -567,12 +570,48 @@ class Driver {
     }
   }
 
+  // The metrics a checkpoint is committed with: the round's, plus (for
+  // DriverSpec::iteration_from_checkpoint) the training_iteration it is
+  // taken at: the round's row, or for an attached checkpoint the row before.
+  nlohmann::json checkpoint_metrics(const nlohmann::json& metrics, bool attach) const {
+    if (!spec_.iteration_from_checkpoint) return metrics;
+    nlohmann::json m = metrics.is_object() ? metrics : nlohmann::json::object();
+    m["training_iteration"] = attach ? iteration_ : iteration_ + 1;
+    return m;
+  }
+
+  // The training_iteration an attempt resuming from `from` goes on from (see
+  // DriverSpec::iteration_from_checkpoint): `latest`'s when it is `from`
+  // (its metrics, or the history row that committed it), else 0.
+  int64_t iteration_at(const std::optional<CheckpointRecord>& latest,
+                       const std::optional<std::string>& from) const {
+    if (!latest || !from || latest->checkpoint.uri() != *from) return 0;
+    const nlohmann::json& m = latest->metrics;
+    if (m.is_object() && m.contains("training_iteration") &&
+        m["training_iteration"].is_number_integer()) {
+      return m["training_iteration"].get<int64_t>();
+    }
+    // Committed before its metrics carried the iteration.
+    const auto& rows = history_->rows();
+    for (auto it = rows.rbegin(); it != rows.rend(); ++it) {
+      if (it->value("checkpoint_dir_name", nlohmann::json()) == latest->name) {
+        return it->value("training_iteration", int64_t{0});
+      }
+    }
+    return static_cast<int64_t>(rows.size());
+  }
+
   // Appends a released round to the run's history before its ranks go on,
   // so that a report() that returned is in result.json. A write that fails
   // fails the round like a commit that fails.
   bool record_history(ReportRound& round, int round_no, const std::optional<std::string>& dir) {
     try {
-      history_->record(last_metrics_, dir, attempt_);
+      if (!spec_.iteration_from_checkpoint) {
+        history_->record(last_metrics_, dir, attempt_);
+        return true;
+      }
+      history_->record(last_metrics_, dir, attempt_, iteration_ + 1);
+      ++iteration_;
       return true;
     } catch (const Error& e) {
       record_failure(round.fail(
@@ -606,6 +645,7 @@ class Driver {
   nlohmann::json config_;  // train_loop_config, as a tuner's reset left it
   std::unique_ptr<RunHistory> history_;
   int attempt_ = 0;
+  int64_t iteration_ = 0;  // the last row's training_iteration (iteration_from_checkpoint)
   std::optional<Failure> failure_;
   bool finished_ = false;
   bool stop_now_ = false;        // DriverSpec::on_round said stop

@@ -72,8 +72,15 @@ struct DriverSpec {
   // before its ranks go on (the Tuner's trial runner asks its scheduler
   // here). An exception fails the round like a failed commit.
   std::function<RoundDirective(const RoundInfo&)> on_round;
+  // A Tuner trial's rule (Ray Tune's): an attempt takes training_iteration
+  // from the checkpoint it resumes from (0 without one), so the rounds a
+  // restart repeats are not counted twice, and each committed checkpoint's
+  // metrics carry the training_iteration it was taken at. Otherwise a row's
+  // training_iteration is its number in the history (1, 2, ...).
+  bool iteration_from_checkpoint = false;
   // Passed to the experiment's CheckpointManager (ManagerOptions::before_delete).
-  std::function<void(const std::vector<std::string>& doomed, const std::vector<std::string>& kept)>
+  std::function<std::vector<std::string>(const std::vector<std::string>& doomed,
+                                         const std::vector<std::string>& kept)>
       before_retention;
   // Remove the scratch folders of dead drivers at the start (the Tuner does
   // it once for all its trials instead).

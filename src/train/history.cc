@@ -284,10 +284,11 @@ void RunHistory::append(Appender& file, std::string_view data,
 }
 
 void RunHistory::record(const nlohmann::json& metrics,
-                        const std::optional<std::string>& checkpoint_dir_name, int attempt) {
+                        const std::optional<std::string>& checkpoint_dir_name, int attempt,
+                        std::optional<int64_t> iteration) {
   const double now = clock_();
   nlohmann::json row = metrics.is_object() ? metrics : nlohmann::json::object();
-  row["training_iteration"] = static_cast<int64_t>(rows_.size()) + 1;
+  row["training_iteration"] = iteration ? *iteration : static_cast<int64_t>(rows_.size()) + 1;
   row["timestamp"] = static_cast<int64_t>(std::floor(now));
   row["time_total_s"] = time_before_ + std::max(0.0, now - opened_at_);
   row["checkpoint_dir_name"] =

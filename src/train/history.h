@@ -86,12 +86,13 @@ class RunHistory {
   RunHistory(const RunHistory&) = delete;
   RunHistory& operator=(const RunHistory&) = delete;
 
-  // Appends one reported round: `metrics` (rank 0's) with training_iteration,
-  // timestamp, time_total_s, checkpoint_dir_name (or null) and attempt.
+  // Appends one reported round: `metrics` (rank 0's) with training_iteration
+  // (`iteration` when given, else the row's number: 1, 2, ...), timestamp,
+  // time_total_s, checkpoint_dir_name (or null) and attempt.
   // Throws cairn::Error naming the file that could not be written; the next
   // record() then rewrites that file whole.
   void record(const nlohmann::json& metrics, const std::optional<std::string>& checkpoint_dir_name,
-              int attempt);
+              int attempt, std::optional<int64_t> iteration = std::nullopt);
 
   // Every row of result.json, this run's and those of earlier drivers.
   const std::vector<nlohmann::json>& rows() const { return rows_; }

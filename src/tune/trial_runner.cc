@@ -1,5 +1,8 @@
 #include "tune/trial_runner.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "cairn/error.h"
@@ -36,7 +39,34 @@ int iteration_of(const Checkpoint& c) {
   return 0;
 }
 
+// The Tuner is gone: this runner dies as its death signal would have killed
+// it, writing nothing. Failing the round instead would have the Trainer
+// record the trial as errored (trainer_state.json), and Tuner::restore would
+// then take a trial interrupted by the driver's death for a failed one. The
+// kernel closes the driver's end of the channel before it sends the death
+// signal (PR_SET_PDEATHSIG), so a runner can see the close first.
+[[noreturn]] void die_with_the_tuner() {
+  ::kill(::getpid(), SIGKILL);
+  ::_exit(137);  // not reached
+}
+
+// Sends `message` to the Tuner and waits for its answer; dies with the Tuner
+// if it went away.
+nlohmann::json ask_the_tuner(train_internal::Channel& channel, const nlohmann::json& message) {
+  std::optional<nlohmann::json> reply;
+  try {
+    channel.send(message);
+    reply = channel.recv();
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnavailable) throw;
+  }
+  if (!reply) die_with_the_tuner();
+  return *reply;
+}
+
 }  // namespace
+
+void (*runner_started_hook)() = nullptr;
 
 TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_frequency,
                              bool checkpoint_at_end) {
@@ -106,25 +136,26 @@ int run_trial(const RunnerSpec& rs, int fd) {
     spec.experiment_uri = rs.trial_uri;
     spec.experiment_path = rs.trial_path;
     spec.sweep_scratch = false;
+    spec.iteration_from_checkpoint = true;
     spec.restoring = open_storage(rs.trial_uri)->exists(train_internal::kTrainerStateKey);
     spec.on_round = [&channel](const train_internal::RoundInfo& info) {
-      channel.send({{"t", "round"},
-                    {"row", info.row},
-                    {"checkpoint",
-                     info.checkpoint ? nlohmann::json(*info.checkpoint) : nlohmann::json(nullptr)},
-                    {"kept", info.kept}});
-      std::optional<nlohmann::json> reply = channel.recv();
-      if (!reply) throw Error(ErrorCode::kUnavailable, "the tuner went away");
+      const nlohmann::json reply =
+          ask_the_tuner(channel, {{"t", "round"},
+                                  {"row", info.row},
+                                  {"checkpoint", info.checkpoint ? nlohmann::json(*info.checkpoint)
+                                                                 : nlohmann::json(nullptr)},
+                                  {"kept", info.kept}});
       train_internal::RoundDirective d;
-      d.save = reply->value("save", false);
-      d.stop = reply->value("stop", false);
-      if (reply->contains("reset") && (*reply)["reset"].is_object()) d.reset = (*reply)["reset"];
+      d.save = reply.value("save", false);
+      d.stop = reply.value("stop", false);
+      if (reply.contains("reset") && reply["reset"].is_object()) d.reset = reply["reset"];
       return d;
     };
     spec.before_retention = [&channel](const std::vector<std::string>& doomed,
                                        const std::vector<std::string>& kept) {
-      channel.send({{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
-      if (!channel.recv()) throw Error(ErrorCode::kUnavailable, "the tuner went away");
+      const nlohmann::json reply =
+          ask_the_tuner(channel, {{"t", "retire"}, {"doomed", doomed}, {"kept", kept}});
+      return reply.value("defer", std::vector<std::string>());
     };
     train_internal::DriverSpec::Outcome outcome;
     spec.outcome = &outcome;

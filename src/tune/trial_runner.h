@@ -6,12 +6,15 @@
 //   tuner -> runner  {"save":bool,"stop":bool}              (RoundDirective)
 //   runner -> tuner  {"t":"retire","doomed":[names],"kept":[names]}  before
 //                    retention deletes checkpoints
-//   tuner -> runner  {"ok":true}                               (state saved if needed)
+//   tuner -> runner  {"defer":[names]}   those to keep until the Tuner's next save
 //   runner -> tuner  {"t":"end","status":"finished"|"stopped"|"preempted"|"errored",
 //                     "error":text|null,"failures":n}
 //
 // A runner that exits without "end" died (a crash, or a kill): the Tuner
-// counts a failure.
+// counts a failure. A runner that finds the Tuner gone (its channel closed)
+// dies at once with SIGKILL, as its death signal would kill it, leaving its
+// trial's trainer_state.json "running": the trial was interrupted, not
+// failed, and Tuner::restore resumes it.
 #pragma once
 
 #include <chrono>
@@ -51,6 +54,12 @@ auto retry_while_locked(Open&& open) -> decltype(open()) {
     }
   }
 }
+
+// For tests: when set, every trial runner calls it right after it asked the
+// kernel to kill it with the driver (PR_SET_PDEATHSIG). A test that clears
+// that request there forces the interleaving in which a runner sees the
+// Tuner's channel close before any death signal arrives.
+extern void (*runner_started_hook)();
 
 // Runs in the forked child; returns its exit status. `fd` is its end of the
 // channel to the Tuner.

@@ -3,8 +3,9 @@
 //      trial the scheduler chooses: fork a trial runner (trial_runner.h).
 //   2. Answer each round a runner reports (stop criteria, callbacks,
 //      scheduler), and take each runner's end.
-//   3. Save the experiment state (tuner_state.json) periodically and when a
-//      saved reference would go stale.
+//   3. Save the experiment state (tuner_state.json) periodically. A
+//      checkpoint the saved state names is deleted only after a save that
+//      no longer names it (retention defers it until then).
 // Restore rebuilds the trials from the saved state, then reconciles each
 // with its own folder (whose trainer_state.json says how its last run ended),
 // since the state may be older than what the trials did after it.
@@ -88,6 +89,9 @@ struct Trial {
   TrialInfo info;
   nlohmann::json metric_analysis = nlohmann::json::object();  // key -> {min, max, last}
   std::vector<std::string> kept;                              // checkpoints, oldest first
+  // Checkpoints retention deletes once the saved state stops naming them
+  // (see retire); still committed meanwhile, but no longer in `kept`.
+  std::vector<std::string> deferred;
   std::optional<Clone> clone;
   bool restart_from_scratch = false;  // remove its folder before it starts
   bool searcher_told = false;         // the searcher heard it completed
@@ -417,10 +421,13 @@ class Experiment {
   }
 
   // The automatic period keeps periodic saving under 1% of the wall time.
+  double save_period() const {
+    return fixed_period_ ? *fixed_period_ : std::max(1.0, 100 * last_save_duration_);
+  }
+
   void maybe_save_state(double now) {
     if (!dirty_) return;
-    const double period = fixed_period_ ? *fixed_period_ : std::max(1.0, 100 * last_save_duration_);
-    if (now - last_save_ >= period) save_state();
+    if (now - last_save_ >= save_period()) save_state();
   }
 
   // ---- the loop -----------------------------------------------------------
@@ -571,6 +578,7 @@ class Experiment {
       // The runner: dies with the driver; keeps only its own channel.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);
+      if (tune_internal::runner_started_hook != nullptr) tune_internal::runner_started_hook();
       // Only its channel (as fd 3) and stdio: no other trial's channel, and
       // not the experiment's lock (a flock lives while any copy of its
       // descriptor does), as the Trainer's workers do.
@@ -674,7 +682,7 @@ class Experiment {
       ManagerOptions options;
       options.before_delete = [this, &t](const std::vector<std::string>& doomed,
                                          const std::vector<std::string>& kept) {
-        retire(t, doomed, kept);
+        return retire(t, doomed, kept, /*may_defer=*/false);
       };
       // A runner of a driver that died may still hold the trial's lock.
       std::unique_ptr<CheckpointManager> opened = tune_internal::retry_while_locked([&] {
@@ -724,9 +732,9 @@ class Experiment {
       return;
     }
     if (type == "retire") {
-      retire(t, m.at("doomed").get<std::vector<std::string>>(),
-             m.at("kept").get<std::vector<std::string>>());
-      reply(t, {{"ok", true}});
+      reply(t, {{"defer", retire(t, m.at("doomed").get<std::vector<std::string>>(),
+                                 m.at("kept").get<std::vector<std::string>>(),
+                                 /*may_defer=*/true)}});
       return;
     }
     if (type != "round") {
@@ -751,21 +759,55 @@ class Experiment {
     }
   }
 
-  // Retention is about to delete `doomed`: if the saved state names one of
-  // them, save the state without it first, so that it never points at a
-  // deleted checkpoint (even if the driver dies right after).
-  void retire(Trial& t, const std::vector<std::string>& doomed,
-              const std::vector<std::string>& kept) {
+  // Retention is about to delete `doomed`; returns those to keep for now.
+  // The saved state must never point at a deleted checkpoint, even if the
+  // driver dies right after, so those it names wait (`deferred`) until a
+  // save that no longer names them: the next periodic one, as `kept` (what
+  // a save names) leaves them out from now on. Saving before each deletion
+  // instead would cost a save per checkpoint, since the saved state names
+  // a trial's latest checkpoint, the one its next commit retires. The state
+  // is saved here only when a periodic save is due anyway, or when nothing
+  // would delete them later (!may_defer: the trial's runner is gone).
+  std::vector<std::string> retire(Trial& t, const std::vector<std::string>& doomed,
+                                  const std::vector<std::string>& kept, bool may_defer) {
     t.kept = kept;
     if (!kept.empty()) t.info.latest_checkpoint = kept.back();
     dirty_ = true;
     const auto& refs = saved_refs_[t.info.trial_id];
+    std::vector<std::string> named;
     for (const auto& name : doomed) {
-      if (std::find(refs.begin(), refs.end(), name) != refs.end()) {
-        save_state();
-        return;
-      }
+      if (std::find(refs.begin(), refs.end(), name) != refs.end()) named.push_back(name);
     }
+    if (!named.empty() && (!may_defer || monotonic_seconds() - last_save_ >= save_period())) {
+      save_state();
+      named.clear();
+    }
+    t.deferred = named;
+    return named;
+  }
+
+  // Deletes what retention deferred while the trial's runner ran (see
+  // retire), now that none will commit again: opening the trial's manager
+  // applies its retention.
+  void apply_deferred_retention(Trial& t) {
+    if (t.deferred.empty()) return;
+    ManagerOptions options;
+    options.before_delete = [this, &t](const std::vector<std::string>& doomed,
+                                       const std::vector<std::string>& kept) {
+      return retire(t, doomed, kept, /*may_defer=*/false);
+    };
+    try {
+      tune_internal::retry_while_locked([&] {
+        return std::make_unique<CheckpointManager>(storage_->child(t.info.trial_id)->uri(),
+                                                   spec_.run.checkpoint_config, options);
+      });
+    } catch (const Error& e) {
+      // ignore-error: the checkpoints stay committed (and kept out of the
+      // state); the trial's next open applies retention again.
+      log::warn(fmt::format("trial {}: applying retention after its runner ended: {}",
+                            t.info.trial_id, e.what()));
+    }
+    t.deferred.clear();
   }
 
   // The staged copy of a clone the trial no longer needs.
@@ -786,6 +828,9 @@ class Experiment {
     }
     nlohmann::json kept = m.value("kept", nlohmann::json::array());
     t.kept = kept.get<std::vector<std::string>>();
+    std::erase_if(t.kept, [&](const std::string& name) {
+      return std::find(t.deferred.begin(), t.deferred.end(), name) != t.deferred.end();
+    });
     if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();
     if (m["checkpoint"].is_string()) {
       for (auto& cb : spec_.tune.callbacks) {
@@ -898,6 +943,7 @@ class Experiment {
     // Rounds and retention tell the kept checkpoints as they change; a
     // runner that died may have committed one it could not tell.
     if (!t.ended) refresh_checkpoints(t);
+    apply_deferred_retention(t);
     const std::string end_status = t.ended ? t.end.value("status", "") : "";
     // The runner's Trainer counted the group failures it restarted from.
     if (t.ended && t.end.contains("failures") && t.end["failures"].is_number_integer()) {

@@ -135,6 +135,34 @@ TEST_F(ManagerTest, KeepsTheKBestAndDeletesTheRestFromStorage) {
   EXPECT_EQ(m.latest()->index, 4u);
 }
 
+TEST_F(ManagerTest, BeforeDeleteDefersTheNamesItReturnsUntilRetentionAsksAgain) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  ManagerOptions o = quiet();
+  std::vector<std::vector<std::string>> asked;
+  std::vector<std::string> defer = {"checkpoint_000000"};
+  o.before_delete = [&](const std::vector<std::string>& doomed, const std::vector<std::string>&) {
+    asked.push_back(doomed);
+    return defer;
+  };
+  CheckpointManager m(uri, c, o);
+  for (int i = 0; i < 3; ++i) m.register_checkpoint({{"i", i}}, source("s", "x"));
+  // The deferred one stays committed and in the history; the others go.
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0, 2}));
+  auto s = open_storage(uri);
+  EXPECT_TRUE(s->exists("checkpoint_000000/.cairn/manifest.json"));
+  EXPECT_FALSE(s->exists("checkpoint_000001/model.bin"));
+  // Asked again on the next save, with it still among the doomed.
+  defer.clear();
+  m.register_checkpoint({{"i", 3}}, source("s", "x"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3}));
+  EXPECT_FALSE(s->exists("checkpoint_000000/model.bin"));
+  ASSERT_EQ(asked.size(), 3u);
+  EXPECT_EQ(asked[1], (std::vector<std::string>{"checkpoint_000000", "checkpoint_000001"}));
+  EXPECT_EQ(asked[2], (std::vector<std::string>{"checkpoint_000000", "checkpoint_000002"}));
+  EXPECT_TRUE(warnings.empty());
+}
+
 TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveReturns) {
   CheckpointConfig c;
   c.num_to_keep = 1;

@@ -21,6 +21,7 @@
 #include "cairn/tuner.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
+#include "tune/trial_runner.h"
 
 namespace cairn::tune {
 namespace {
@@ -395,6 +396,59 @@ TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
     const fs::path clones = dir / "pbt" / ".cairn_clones";
     EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
   }
+}
+
+// The runner's death signal (PR_SET_PDEATHSIG) comes after the kernel closed
+// the dead driver's end of the channel, so a runner waiting for the answer to
+// a round can see the close first. The hook takes the signal away: the runner
+// always sees the close, and must leave its trial resumable (not errored).
+TEST(TunerCrash, ARunnerThatSeesItsDriverGoBeforeItsDeathSignalLeavesTheTrialResumable) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // the orphaned runner is reaped here
+  TempDir dir;
+  const fs::path storage = dir / "results";
+  fs::create_directories(storage);
+  const std::string experiment = (storage / "crashy").string();
+  const nlohmann::json space = {{"x", 1.0}, {"iters", 6}, {"sleep_ms", 0}};
+  tune_internal::runner_started_hook = [] { ::prctl(PR_SET_PDEATHSIG, 0); };
+  std::fflush(nullptr);
+  const pid_t driver = ::fork();
+  if (driver == 0) {
+    // Saves whenever something changed: the state knows the trial is RUNNING.
+    ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "0", 1);
+    TuneConfig tc;
+    tc.callbacks = {std::make_shared<KillAt>(0, 3)};  // while its runner waits for an answer
+    try {
+      Tuner(slow_counter, space, tc, run_config(storage)).fit();
+    } catch (...) {
+    }
+    ::_exit(1);  // not reached: the callback kills the driver
+  }
+  tune_internal::runner_started_hook = nullptr;
+  int status = 0;
+  ASSERT_EQ(::waitpid(driver, &status, 0), driver);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  // The runner (and its worker) outlive the driver until they see it gone.
+  int reaped = 0;
+  while (true) {
+    const pid_t r = ::waitpid(-1, &status, 0);
+    if (r > 0) ++reaped;
+    if (r < 0 && errno != EINTR) break;
+  }
+  EXPECT_GE(reaped, 1) << "the runner died with the driver: the hook did not take effect";
+  const nlohmann::json ts =
+      nlohmann::json::parse(slurp(fs::path(experiment) / "trial_00000" / "trainer_state.json"));
+  EXPECT_EQ(ts.at("status"), "running") << ts.dump(2);
+  const nlohmann::json saved =
+      nlohmann::json::parse(slurp(fs::path(experiment) / "tuner_state.json"));
+  ASSERT_EQ(saved.at("trials").size(), 1u);
+  EXPECT_EQ(saved.at("trials")[0].at("status"), "RUNNING");
+
+  ResultGrid grid = Tuner::restore(experiment, slow_counter).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(grid[0].metrics.at("step"), 6);
+  EXPECT_EQ(grid[0].metrics_history.size(), 6u) << "resumed from its checkpoint at step 3";
+  testing::expect_no_children();
 }
 
 }  // namespace

@@ -260,6 +260,9 @@ class Counter : public Trainable {
   void setup(const nlohmann::json& config) override { config_ = config; }
   nlohmann::json step() override {
     ++value_;
+    if (config_.value("fail_at", -1) == value_ && train::get_context().attempt == 0) {
+      throw std::runtime_error(fmt::format("intentional failure at step {}", value_));
+    }
     nlohmann::json r = {{"value", value_}, {"pid", static_cast<int>(::getpid())}};
     if (config_.value("checkpoint_at", -1) == value_) r["should_checkpoint"] = true;
     if (value_ >= config_.value("until", 5)) r["done"] = true;
@@ -314,6 +317,62 @@ TEST(Tuner, ClassTrainableStoppedByTheTunerSavesAtEndWithoutAnotherStep) {
   EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
   EXPECT_EQ(grid[0].metrics_history.size(), 4u);
   EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id), (std::vector<int>{4}));
+}
+
+// Reports `step` forever (TuneConfig::stop ends it), a checkpoint every
+// second step, and fails once at config["fail_at"] in its first attempt.
+void checkpoints_every_second_step(const nlohmann::json& config) {
+  int step = 0;
+  if (auto c = train::get_checkpoint())
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  while (true) {
+    ++step;
+    if (config.at("fail_at").get<int>() == step && train::get_context().attempt == 0) {
+      throw std::runtime_error(fmt::format("intentional failure at step {}", step));
+    }
+    if (step % 2 == 0) {
+      train::TemporaryDirectory tmp;
+      write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+      train::report({{"step", step}}, Checkpoint::from_directory(tmp.path()));
+    } else {
+      train::report({{"step", step}});
+    }
+  }
+}
+
+std::vector<int> column(const std::vector<nlohmann::json>& rows, const std::string& key) {
+  std::vector<int> out;
+  for (const auto& r : rows) out.push_back(r.at(key).get<int>());
+  return out;
+}
+
+// As in Ray: a restarted trial takes its training_iteration from the
+// checkpoint it resumes from, so the round it repeats is not counted twice
+// and stop = {"training_iteration": 6} still trains six iterations.
+TEST(Tuner, ARestartedTrialCountsTrainingIterationsFromItsCheckpoint) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.stop = {{"training_iteration", 6}};
+  const std::vector<int> expected = {1, 2, 3, 3, 4, 5, 6};  // failed in step 4: back to 2
+
+  RunConfig run = run_in(dir, "class");
+  run.checkpoint_config.checkpoint_frequency = 2;
+  run.failure_config.max_failures = 1;
+  ResultGrid grid =
+      Tuner([] { return std::make_unique<Counter>(); }, {{"until", 100}, {"fail_at", 4}}, tc, run)
+          .fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(column(grid[0].metrics_history, "value"), expected);
+  EXPECT_EQ(column(grid[0].metrics_history, "training_iteration"), expected);
+
+  run = run_in(dir, "function");
+  run.failure_config.max_failures = 1;
+  grid = Tuner(checkpoints_every_second_step, {{"fail_at", 4}}, tc, run).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(column(grid[0].metrics_history, "step"), expected);
+  EXPECT_EQ(column(grid[0].metrics_history, "training_iteration"), expected);
 }
 
 TEST(Tuner, FunctionTrainablesRefuseCheckpointFrequencyAndAtEnd) {
@@ -631,6 +690,59 @@ TEST(Tuner, AMalformedStatePeriodIsRefusedNamingTheVariable) {
   ::unsetenv("CAIRN_TUNE_STATE_PERIOD_S");
   EXPECT_GE(grid.stats().state_saves, 4u);
   EXPECT_EQ(grid.num_terminated(), 2u);
+}
+
+// A checkpoint with every result, num_to_keep = 1, fails once at
+// config["fail_at"] (a marker file says it did).
+void checkpoint_per_result(const nlohmann::json& config) {
+  int step = 0;
+  if (auto c = train::get_checkpoint())
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  const fs::path marker = config.at("marker").get<std::string>();
+  while (++step <= config.at("iters").get<int>()) {
+    if (step == config.at("fail_at").get<int>() && !fs::exists(marker)) {
+      write_file(marker, "failed");
+      throw std::runtime_error("intentional failure");
+    }
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+// Retention deletes a checkpoint with every result here, and the saved state
+// always names the latest one: a save before each deletion would cost one
+// save per checkpoint. Deletions of checkpoints the saved state names wait
+// for the next periodic save instead (none comes in this run: the period is
+// long), and those still waiting when the trial ends are done then.
+TEST(Tuner, RetentionDoesNotForceAStateSavePerCheckpoint) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.num_to_keep = 1;
+  const nlohmann::json space = {
+      {"iters", 40}, {"fail_at", 3}, {"marker", (dir / "failed").string()}};
+  // The trial fails at step 3; the state saved then names its checkpoint.
+  ResultGrid grid = Tuner(checkpoint_per_result, space, {}, run).fit();
+  ASSERT_EQ(grid[0].status, TrialStatus::kError);
+  const std::string experiment = (dir / "search").string();
+  ::setenv("CAIRN_TUNE_STATE_PERIOD_S", "100000", 1);
+  RestoreOptions resume;
+  resume.resume_errored = true;
+  grid = Tuner::restore(experiment, checkpoint_per_result, resume).fit();
+  ::unsetenv("CAIRN_TUNE_STATE_PERIOD_S");
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(grid[0].metrics.at("step"), 40);
+  // 38 checkpoints committed and 38 deleted. The saves: the reconciled state
+  // at the start, one when the trial ended (retention's last deletion, of
+  // the checkpoint the first save names) and the final one.
+  EXPECT_LE(grid.stats().state_saves, 3u);
+  const fs::path trial = dir / "search" / grid[0].trial_id;
+  EXPECT_EQ(read_experiment(trial.string()).checkpoints.size(), 1u);
+  const nlohmann::json state = nlohmann::json::parse(slurp(dir / "search" / "tuner_state.json"));
+  for (const auto& name : state.at("trials")[0].at("checkpoints")) {
+    EXPECT_TRUE(fs::exists(trial / name.get<std::string>() / ".cairn" / "manifest.json")) << name;
+  }
 }
 
 }  // namespace
