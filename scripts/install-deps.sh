@@ -19,6 +19,8 @@ packages=(
   python3-xxhash
   # LibTorch adapter, torch baselines and interop tests
   libtorch-dev python3 python3-numpy python3-torch
+  # the Python package (python/, docs/python.md): the binding and its tests
+  pybind11-dev python3-dev python3-pytest
   # the Trainer's data-parallel process group: c10d::ProcessGroupGloo's headers
   libgloo-dev
   # benchmarks and multi-node runtime

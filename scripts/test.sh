@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the normal build (warnings as errors, LibTorch
-# adapter included), then the package test (Cairn installed and used as a
+# adapter and Python package included) and the Python package's pytest suite,
+# then the package test (Cairn installed and used as a
 # dependency: tests/package/run.sh, counted as one test), then the ASan+UBSan
 # build of the tests, then the fuzzers on their seed corpus, then the
 # formatting check. Exits non-zero on the first failure.
@@ -18,7 +19,8 @@ run_ctest() {  # run_ctest BUILD_DIR LABEL
   local log
   log=$(mktemp)
   set +e
-  ctest --test-dir "$1" -j "$jobs" --output-on-failure --timeout 900 2>&1 | tee "$log"
+  # The Python suite runs through run_pytest, which counts its tests one by one.
+  ctest --test-dir "$1" -j "$jobs" --output-on-failure --timeout 900 -LE python 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   local total fails
@@ -34,10 +36,34 @@ run_ctest() {  # run_ctest BUILD_DIR LABEL
   fi
 }
 
-echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on)"
+run_pytest() {  # run_pytest BUILD_DIR: the Python package's tests, each counted
+  local log
+  log=$(mktemp)
+  set +e
+  PYTHONPATH="$1/python" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+    python/tests 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local ok bad
+  ok=$(grep -oE '[0-9]+ passed' "$log" | tail -1 | grep -oE '^[0-9]+' || echo 0)
+  bad=$(grep -oE '[0-9]+ (failed|errors?)' "$log" | awk '{n += $1} END {print n + 0}')
+  rm -f "$log"
+  passed=$((passed + ok))
+  failed=$((failed + ${bad:-0}))
+  if [ "$rc" -ne 0 ]; then
+    [ "${bad:-0}" -eq 0 ] && failed=$((failed + 1))  # no test ran, or pytest itself failed
+    echo "test: Python tests failed"
+    echo "$passed passed, $failed failed"
+    exit 1
+  fi
+}
+
+echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON >/dev/null
 ninja -C build -j "$jobs"
 run_ctest build "normal build"
+echo "== Python package tests (pytest)"
+run_pytest build
 
 echo "== package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb)"
 if JOBS=$jobs bash tests/package/run.sh; then
@@ -52,7 +78,10 @@ fi
 echo "== build (ASan + UBSan)"
 # LibTorch is left out of the sanitizer build: Debian's libtorch is not built
 # with ASan and its tests would be dominated by its own allocations.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF >/dev/null
+# The Python package too: an ASan extension would need the runtime preloaded
+# into the interpreter.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF \
+  -DCAIRN_PYTHON=OFF >/dev/null
 ninja -C build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan "sanitizer build"

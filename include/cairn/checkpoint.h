@@ -4,8 +4,9 @@
 // its own files under ".cairn/" inside the directory:
 //
 //   .cairn/manifest.json   written last by a commit; lists every file with its
-//                          size and xxh3-64 checksum. Its presence is what makes
-//                          a checkpoint committed (visible). See commit.h.
+//                          size and xxh3-64 checksum. Its presence, whole
+//                          (Manifest::torn), is what makes a checkpoint
+//                          committed (visible). See commit.h.
 //   .cairn/metadata.json   the user's JSON metadata (get/set/update_metadata).
 //
 // A Checkpoint object is a cheap, copyable handle; it holds no open files.
@@ -56,12 +57,30 @@ struct Manifest {
   nlohmann::json layout;             // optional writer-defined layout, e.g. a sharded
                                      // save's global tensor layout (null when unused)
   std::vector<ManifestEntry> files;  // sorted by path
+  // For a checkpoint a Trainer's ranks wrote together: {"world_size": W,
+  // "contributed": [ranks that passed files, ascending]} (null otherwise).
+  // The driver commits only a round whose ranks all agreed on what they were
+  // saving (docs/train.md, "Preemption"); this says who took part.
+  nlohmann::json ranks;
 
   uint64_t total_bytes() const;
+  // The manifest's text. It proves itself whole: its last member,
+  // "self_check": {"bytes": N, "xxh3": H}, holds the length N and XXH3-64 H
+  // of every byte before the member (docs/format.md, "The manifest").
   std::string to_json() const;
-  // Parses and validates: well-formed JSON, known version, every path a safe
-  // relative key (no "..", no absolute path), no duplicates. Throws
-  // kCorruption naming `source` and the entry at fault.
+  // Why `text` is not a whole manifest, or nullopt when it is. Not whole:
+  // empty, holding NUL bytes, not JSON (a write cut short), or carrying a
+  // "self_check" that its bytes do not match. (Too large or nested too deeply
+  // is malformed, not torn.) A JSON object without "self_check" (written by an earlier
+  // version) is whole. A text that is not whole is never a commit: readers
+  // treat its checkpoint as uncommitted, a leftover that the manager's open
+  // and `cairn gc` remove. (A whole text can still be a malformed manifest,
+  // which parse() refuses.)
+  static std::optional<std::string> torn(std::string_view text);
+  // Parses and validates: a whole text (torn() is nullopt), well-formed JSON,
+  // known version, every path a safe relative key (no "..", no absolute
+  // path), no duplicates. Throws kCorruption naming `source` and the entry
+  // at fault.
   static Manifest parse(std::string_view text, std::string_view source);
 };
 
@@ -132,9 +151,12 @@ class Checkpoint {
   // The user's files (everything except Cairn's manifest and metadata).
   std::vector<ObjectInfo> files() const;
 
+  // Whether the checkpoint holds a whole manifest (Manifest::torn). One read
+  // of the manifest.
   bool is_committed() const;
-  // The manifest of a committed checkpoint; kNotFound if it is not committed,
-  // kCorruption if the manifest is malformed.
+  // The manifest of a committed checkpoint; kNotFound if it is not committed
+  // (no manifest, or a torn one: the message says which), kCorruption if the
+  // manifest is malformed.
   Manifest manifest() const;
   // Checks every file in the manifest. Empty result: the checkpoint is whole.
   std::vector<VerifyProblem> verify() const;

@@ -44,6 +44,8 @@ class CheckpointWriter {
 
   // Sets Manifest::layout for the commit (a sharded save's global layout).
   void set_layout(nlohmann::json layout);
+  // Sets Manifest::ranks for the commit (the ranks of a distributed save).
+  void set_ranks(nlohmann::json ranks);
 
   // Writes metadata (optional), then the manifest: the checkpoint is visible
   // and durable when this returns. `created_at` is seconds since the epoch.
@@ -58,6 +60,7 @@ class CheckpointWriter {
   std::mutex mu_;
   std::vector<ManifestEntry> entries_;
   nlohmann::json layout_;
+  nlohmann::json ranks_;
   bool committed_ = false;
 };
 

@@ -37,10 +37,13 @@
 // does not hold.
 //
 // Crash safety: opening a manager takes the experiment lock, removes the
-// leftovers of interrupted saves and deletions, and reconciles the persisted
+// leftovers of interrupted saves and deletions (checkpoints without a
+// manifest or with a torn one: Manifest::torn), and reconciles the persisted
 // history with what is committed on storage (a checkpoint committed just
-// before a crash is adopted with the metrics in its manifest), then applies
-// the retention policy (so opening with a smaller num_to_keep deletes).
+// before a crash is adopted with the metrics in its manifest; a history
+// snapshot torn by an interrupted write is rebuilt from the manifests, with
+// a warning), then applies the retention policy (so opening with a smaller
+// num_to_keep deletes).
 //
 // Thread-safety: a manager may be used from several threads; calls are
 // serialized. Only one manager per experiment may exist at a time, across all
@@ -162,12 +165,14 @@ class CheckpointManager {
   // index below 2^64-1 has been used.
   Checkpoint reserve_next();
   // Each entry is checked to exist with its size before the manifest is
-  // written; `layout` goes into Manifest::layout and `metadata`, when given,
-  // into the checkpoint's metadata. Failure as for register_checkpoint.
+  // written; `layout` goes into Manifest::layout, `ranks` into
+  // Manifest::ranks and `metadata`, when given, into the checkpoint's
+  // metadata. Failure as for register_checkpoint.
   CheckpointRecord commit_reserved(const Checkpoint& reserved, const nlohmann::json& metrics,
                                    const std::vector<ManifestEntry>& files,
                                    const nlohmann::json& layout = nullptr,
-                                   const nlohmann::json* metadata = nullptr);
+                                   const nlohmann::json* metadata = nullptr,
+                                   const nlohmann::json& ranks = nullptr);
   // Gives up a reservation after a failed distributed save: removes whatever
   // was written there and forgets it. Its index is not reused.
   void abandon_reserved(const Checkpoint& reserved);

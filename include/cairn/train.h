@@ -132,8 +132,11 @@ struct ReportOptions {
   // write to a temporary name and rename). Rounds, synchronous or not, are
   // committed in report order, and every rank must call report() the same
   // number of times, as always; ranks may mix modes. The preemption notice
-  // (should_checkpoint()) still arrives with a round's release, so it may be
-  // seen a few reports later than in synchronous mode.
+  // (should_checkpoint()) arrives with a round's release, and an
+  // asynchronous report() applies only the releases it has certainly
+  // received: those of rounds up to this one minus max_in_flight (see
+  // should_checkpoint()), so the notice is seen max_in_flight reports later
+  // than in synchronous mode, on every rank alike.
   bool async = false;
   // Asynchronous reports of this rank snapshotted but not yet committed ("in
   // flight") at most; a report beyond that blocks until the oldest commits.
@@ -160,12 +163,21 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
 void wait_for_reports();
 
 // True once the run is being preempted: the driver or any worker received
-// SIGTERM (spot reclaim, Slurm --signal, Kubernetes). The notice reaches
-// every rank at the same report() boundary (it comes with a report's
-// release), so all ranks see it after the same report() call and can save an
-// emergency checkpoint at their next one; the driver stops the group once
-// that checkpoint is committed, or when FailureConfig::preemption_grace_s
-// has passed since the signal. A worker's SIGTERM does not kill it.
+// SIGTERM (spot reclaim, Slurm --signal, Kubernetes). The notice comes with
+// the release of one report round, the same for every rank, and the value
+// changes only inside report() (and wait_for_reports()), never while
+// train_fn runs between them: a synchronous report() of round k applies the
+// releases of rounds <= k, an asynchronous one those of rounds
+// <= k - max_in_flight (released for sure once it has a slot), and
+// wait_for_reports() all of them. So every rank whose k-th report() call
+// used the same ReportOptions sees it turn true after that same call and
+// can save an emergency checkpoint at its next one; the driver stops the
+// group once that checkpoint is committed, or when
+// FailureConfig::preemption_grace_s has passed since the signal. Each
+// report() tells the driver what should_checkpoint() said before it, and a
+// round with a checkpoint whose ranks disagree fails (a mismatch, not
+// retried) instead of committing files of different steps. A worker's
+// SIGTERM does not kill it.
 bool should_checkpoint();
 
 // A local directory removed with everything in it when destroyed, like

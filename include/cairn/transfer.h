@@ -2,7 +2,8 @@
 // storages (local <-> S3, S3 <-> S3, file <-> file, memory), by URI.
 //
 // What is copied:
-//   - a checkpoint: only a committed one (it has .cairn/manifest.json). Its
+//   - a checkpoint: only a committed one (it has a whole .cairn/manifest.json,
+//     not a torn one: Manifest::torn). Its
 //     files, its metadata, then its manifest, last. The destination is the
 //     checkpoint location itself (DST becomes the checkpoint; nothing is
 //     appended to its name).
@@ -28,7 +29,9 @@
 // kAlreadyExists naming it, and nothing is written (committed data is never
 // overwritten). An uncommitted destination holding files that the source's
 // manifest does not list is kAlreadyExists too: it is someone else's data,
-// not an earlier attempt of this copy. Nothing is ever deleted at the
+// not an earlier attempt of this copy. A torn manifest at the destination (a
+// copy killed while writing it) is no commit: the copy goes on over it.
+// Nothing is ever deleted at the
 // destination (no --delete): checkpoints that exist only there are kept.
 //
 // Concurrency: the source is only read and never locked, so a live training

@@ -7,6 +7,7 @@
 #include "cairn/error.h"
 #include "checkpoint/copy.h"
 #include "checkpoint/local_view.h"
+#include "checkpoint/manifest_text.h"
 #include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -160,20 +161,25 @@ std::vector<ObjectInfo> Checkpoint::files() const {
   return out;
 }
 
-bool Checkpoint::is_committed() const { return storage_->exists(kManifestKey); }
+bool Checkpoint::is_committed() const {
+  std::optional<std::string> text = read_manifest_text(*storage_);
+  return text && !Manifest::torn(*text);
+}
 
 Manifest Checkpoint::manifest() const {
-  std::string text;
-  try {
-    text = storage_->get(kManifestKey);
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kNotFound) {
-      throw Error(ErrorCode::kNotFound,
-                  fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
-    }
-    throw;
+  std::optional<std::string> text = read_manifest_text(*storage_);
+  if (!text) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
   }
-  return Manifest::parse(text, storage_->uri_of(kManifestKey));
+  if (std::optional<std::string> why = Manifest::torn(*text)) {
+    throw Error(ErrorCode::kNotFound,
+                fmt::format("{}: not a committed checkpoint: its manifest is torn, the remains of "
+                            "an interrupted commit ({}); the manager's next open or `cairn gc` "
+                            "removes it",
+                            uri(), *why));
+  }
+  return Manifest::parse(*text, storage_->uri_of(kManifestKey));
 }
 
 std::vector<VerifyProblem> Checkpoint::verify() const { return verify(manifest()); }

@@ -14,10 +14,14 @@
 //   3. The user's metadata, if any, is written to ".cairn/metadata.json".
 //   4. The manifest, listing every file with its size and checksum, is written
 //      last with an atomic replace (Storage::put). When put() returns the
-//      checkpoint is committed: visible to readers and durable.
-// A crash before step 4 leaves an uncommitted location. Readers ignore it (no
-// manifest, no checkpoint); the manager removes it the next time the
-// experiment is opened, and `cairn gc` removes it on request.
+//      checkpoint is committed: visible to readers and durable. The manifest
+//      proves itself whole (its "self_check" member, Manifest::to_json), so
+//      a server that keeps an interrupted PUT empty or in part never makes
+//      it a commit: a torn manifest (Manifest::torn) is no manifest.
+// A crash before step 4, or during it, leaves an uncommitted location.
+// Readers ignore it (no whole manifest, no checkpoint); the manager removes it
+// the next time the experiment is opened, and `cairn gc` removes it on
+// request.
 //
 // Delete:
 //   1. Remove the manifest, durably. From here on the checkpoint is invisible.
@@ -145,6 +149,11 @@ void CheckpointWriter::set_layout(nlohmann::json layout) {
   layout_ = std::move(layout);
 }
 
+void CheckpointWriter::set_ranks(nlohmann::json ranks) {
+  std::lock_guard<std::mutex> g(mu_);
+  ranks_ = std::move(ranks);
+}
+
 Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_at,
                                   const nlohmann::json* metadata) {
   std::lock_guard<std::mutex> g(mu_);
@@ -163,6 +172,7 @@ Manifest CheckpointWriter::commit(const nlohmann::json& metrics, double created_
   m.created_at = created_at;
   m.metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
   m.layout = layout_;
+  m.ranks = ranks_;
   m.files = entries_;
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.path < b.path; });

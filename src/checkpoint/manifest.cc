@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -6,6 +7,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
 #include "checkpoint/entry_json.h"
+#include "checkpoint/manifest_text.h"
 #include "util/hash.h"
 #include "util/json.h"
 
@@ -13,6 +15,8 @@ namespace cairn {
 
 namespace {
 constexpr std::string_view kFormat = "cairn-checkpoint";
+// The member that proves a manifest whole; see Manifest::to_json.
+constexpr std::string_view kSelfCheck = "self_check";
 
 [[noreturn]] void corrupt(std::string_view source, std::string_view why) {
   throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", source, why));
@@ -77,16 +81,99 @@ std::string Manifest::to_json() const {
   j["created_at"] = created_at;
   j["metrics"] = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (!layout.is_null()) j["layout"] = layout;
+  if (!ranks.is_null()) j["ranks"] = ranks;
   nlohmann::json list = nlohmann::json::array();
   for (const auto& f : files) {
     list.push_back(entry_to_json(f));
   }
   j["files"] = std::move(list);
-  return j.dump(1);
+  // The text proves itself whole: its last member, "self_check", holds the
+  // length and XXH3-64 of every byte before it. A write cut short anywhere
+  // (an object store that kept part of an interrupted PUT, or none of it)
+  // leaves either no closing brace, hence no JSON, or bytes that do not
+  // match. Readers of older versions ignore the member.
+  std::string text = j.dump(1);
+  // dump(1) ends the object with "\n}"; the member goes before that brace.
+  text.resize(text.size() - 2);
+  const uint64_t length = text.size();
+  const std::string hash = hash_to_hex(xxh3_64(text));
+  text +=
+      fmt::format(",\n \"{}\": {{\"bytes\": {}, \"xxh3\": \"{}\"}}\n}}", kSelfCheck, length, hash);
+  return text;
+}
+
+namespace {
+
+// The first checks of Manifest::torn, before any parsing: nothing at all, or
+// NUL bytes (what a file system may show of blocks never written).
+std::optional<std::string> torn_before_parsing(std::string_view text) {
+  if (text.empty()) return std::string("empty (0 bytes)");
+  if (size_t at = text.find('\0'); at != std::string_view::npos) {
+    return fmt::format("a NUL byte at offset {} of {}", at, text.size());
+  }
+  return std::nullopt;
+}
+
+// Whether `j`, parsed from `text`, fails its "self_check" (absent: an older
+// version wrote it, nothing to check).
+std::optional<std::string> self_check_fails(std::string_view text, const nlohmann::json& j) {
+  if (!j.is_object()) return std::nullopt;
+  auto it = j.find(kSelfCheck);
+  if (it == j.end()) return std::nullopt;
+  auto bytes = it->is_object() ? it->find("bytes") : it->end();
+  auto hash = it->is_object() ? it->find("xxh3") : it->end();
+  uint64_t want = 0;
+  if (!it->is_object() || bytes == it->end() || !bytes->is_number_unsigned() || hash == it->end() ||
+      !hash->is_string() || !hash_from_hex(hash->get_ref<const std::string&>(), want)) {
+    return std::string("its \"self_check\" is malformed");
+  }
+  const uint64_t length = bytes->get<uint64_t>();
+  if (length >= text.size()) {
+    return fmt::format("\"self_check\" covers {} bytes of {}", length, text.size());
+  }
+  const uint64_t got = xxh3_64(text.substr(0, length));
+  if (got != want) {
+    return fmt::format("its first {} bytes hash to {}, \"self_check\" says {}", length,
+                       hash_to_hex(got), hash_to_hex(want));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> Manifest::torn(std::string_view text) {
+  if (std::optional<std::string> why = torn_before_parsing(text)) return why;
+  try {
+    // Too large or nested too deeply is no tearing: parse() refuses those.
+    check_json_text(text, "manifest");
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    return std::nullopt;
+  }
+  nlohmann::json j;
+  try {
+    j = parse_json(text, "manifest");
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    return fmt::format("{} bytes that are not JSON ({})", text.size(), e.what());
+  }
+  return self_check_fails(text, j);
 }
 
 Manifest Manifest::parse(std::string_view text, std::string_view source) {
-  nlohmann::json j = parse_json(text, source);
+  auto torn_manifest = [&](const std::string& why) {
+    corrupt(source, fmt::format("torn manifest, the remains of an interrupted commit: {}", why));
+  };
+  if (std::optional<std::string> why = torn_before_parsing(text)) torn_manifest(*why);
+  check_json_text(text, source);
+  nlohmann::json j;
+  try {
+    j = parse_json(text, source);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    torn_manifest(fmt::format("{} bytes that are not JSON ({})", text.size(), e.what()));
+  }
+  if (std::optional<std::string> why = self_check_fails(text, j)) torn_manifest(*why);
   if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
   // Fields are looked up with find(): operator[] on a const object with a
   // missing key is undefined behaviour in nlohmann::json.
@@ -111,6 +198,25 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   m.metrics = metrics ? *metrics : nlohmann::json::object();
   if (!m.metrics.is_object()) corrupt(source, "manifest \"metrics\" is not an object");
   if (const nlohmann::json* layout = field(j, "layout")) m.layout = *layout;
+  if (const nlohmann::json* ranks = field(j, "ranks")) {
+    const nlohmann::json* world = ranks->is_object() ? field(*ranks, "world_size") : nullptr;
+    const nlohmann::json* contributed = ranks->is_object() ? field(*ranks, "contributed") : nullptr;
+    if (!world || !world->is_number_integer() || *world < 1 || !contributed ||
+        !contributed->is_array()) {
+      corrupt(source, "manifest \"ranks\" is not {\"world_size\": N, \"contributed\": [...]}");
+    }
+    const int64_t w = world->get<int64_t>();
+    int64_t previous = -1;
+    for (const nlohmann::json& r : *contributed) {
+      if (!r.is_number_integer() || r.get<int64_t>() <= previous || r.get<int64_t>() >= w) {
+        corrupt(source, fmt::format("manifest \"ranks\": contributed rank {} is not an ascending "
+                                    "rank below world_size {}",
+                                    r.dump(), w));
+      }
+      previous = r.get<int64_t>();
+    }
+    m.ranks = *ranks;
+  }
   const nlohmann::json* files = field(j, "files");
   if (!files || !files->is_array()) corrupt(source, "manifest \"files\" is not an array");
   std::set<std::string> seen;
@@ -144,6 +250,26 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.path < b.path; });
   return m;
+}
+
+std::optional<std::string> read_manifest_text(Storage& storage, std::string_view key) {
+  try {
+    return storage.get(key);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound) return std::nullopt;
+    throw;
+  }
+}
+
+std::optional<std::string> read_whole_manifest(Storage& storage, std::string_view key,
+                                               std::string* why) {
+  std::optional<std::string> text = read_manifest_text(storage, key);
+  if (!text) return std::nullopt;
+  if (std::optional<std::string> reason = Manifest::torn(*text)) {
+    if (why) *why = std::move(*reason);
+    return std::nullopt;
+  }
+  return text;
 }
 
 }  // namespace cairn

@@ -42,6 +42,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/storage.h"
+#include "checkpoint/manifest_text.h"
 #include "manager/history_store.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -413,7 +414,12 @@ void copy_metadata(Storage& src, Storage& dst) {
 // checkpoint whose manifest (`text`, parsed as `manifest`) was read from `src`.
 void copy_committed(Storage& src, Storage& dst, const std::string& text, const Manifest& manifest,
                     Context& ctx) {
-  if (std::optional<std::string> existing = get_if_exists(dst, kManifestKey)) {
+  // A torn manifest at the destination (an earlier attempt killed while
+  // writing it) is no commit: the copy goes on over it.
+  std::optional<std::string> existing = get_if_exists(dst, kManifestKey);
+  const bool torn_there = existing && Manifest::torn(*existing).has_value();
+  if (torn_there) existing.reset();
+  if (existing) {
     bool same = *existing == text;
     if (!same) {
       try {
@@ -442,6 +448,7 @@ void copy_committed(Storage& src, Storage& dst, const std::string& text, const M
   for (const auto& f : manifest.files) listed.insert(f.path);
   for (const auto& o : dst.list("")) {
     if (o.key == kMetadataKey || listed.count(o.key)) continue;
+    if (o.key == kManifestKey && torn_there) continue;  // replaced below
     throw Error(ErrorCode::kAlreadyExists,
                 fmt::format("{}: the destination holds a file that {}'s manifest does not list; "
                             "refusing to mix it into the copy (choose an empty destination)",
@@ -478,7 +485,8 @@ void check_disjoint(const Storage& src, const Storage& dst) {
   }
 }
 
-// The source checkpoint's manifest text; kFailedPrecondition if it has none.
+// The source checkpoint's manifest text; kFailedPrecondition if it has none
+// or a torn one.
 std::string committed_manifest(Storage& src) {
   std::optional<std::string> text = get_if_exists(src, kManifestKey);
   if (!text) {
@@ -486,6 +494,12 @@ std::string committed_manifest(Storage& src) {
                 fmt::format("{}: not a committed checkpoint (no {}; an interrupted or "
                             "unfinished save?); only committed checkpoints are copied",
                             src.uri(), kManifestKey));
+  }
+  if (std::optional<std::string> why = Manifest::torn(*text)) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: not a committed checkpoint: its {} is torn, the remains of an "
+                            "interrupted commit ({}); only committed checkpoints are copied",
+                            src.uri(), kManifestKey, *why));
   }
   return *text;
 }
@@ -538,7 +552,8 @@ ExperimentScan scan_experiment(Storage& src) {
       std::string_view first = std::string_view(o.key).substr(0, slash);
       if (auto index = parse_checkpoint_name(first)) {
         folders.emplace(*index, std::string(first));
-        if (std::string_view(o.key).substr(slash + 1) == kManifestKey) {
+        // An empty manifest is a torn one, never a commit (Manifest::torn).
+        if (std::string_view(o.key).substr(slash + 1) == kManifestKey && o.size > 0) {
           with_manifest.insert(std::string(first));
         }
         continue;
@@ -566,9 +581,10 @@ struct Planned {
   Manifest manifest;
 };
 
+// nullopt when the checkpoint has no manifest (any more) or a torn one.
 std::optional<Planned> plan_checkpoint(Storage& src, const std::string& name) {
   std::optional<std::string> text = get_if_exists(src, join_key(name, kManifestKey));
-  if (!text) return std::nullopt;
+  if (!text || Manifest::torn(*text)) return std::nullopt;
   Manifest m = Manifest::parse(*text, src.uri_of(join_key(name, kManifestKey)));
   return Planned{name, std::move(*text), std::move(m)};
 }
@@ -583,7 +599,7 @@ void copy_planned(Storage& src, Storage& dst, const Planned& p, Context& ctx) {
   try {
     copy_committed(*from, *to, p.text, p.manifest, ctx);
   } catch (const Error&) {
-    if (from->exists(kManifestKey)) throw;
+    if (Checkpoint(from).is_committed()) throw;
     ctx.report.warnings.push_back(
         fmt::format("{}: deleted from the source during the copy (by its retention?); not copied",
                     from->uri()));
@@ -605,14 +621,16 @@ void copy_history(Storage& src, Storage& dst, Context& ctx) {
         history::read_folded(src, [&](const std::string& m) { ctx.report.warnings.push_back(m); });
     if (!text) {
       ctx.report.warnings.push_back(
-          fmt::format("{}: removed from the source during the copy; not copied", where));
+          fmt::format("{}: not copied (removed from the source during the copy, or torn); a "
+                      "manager opening the copy rebuilds the history from the manifests",
+                      where));
       return;
     }
     std::vector<std::string> missing;
     std::vector<std::string> notes;
     for (const auto& name : history_names(*text, where)) {
-      if (dst.exists(join_key(name, kManifestKey))) continue;
-      if (src.exists(join_key(name, kManifestKey))) {
+      if (read_whole_manifest(dst, join_key(name, kManifestKey))) continue;
+      if (read_whole_manifest(src, join_key(name, kManifestKey))) {
         missing.push_back(name);
       } else {
         notes.push_back(
@@ -718,7 +736,8 @@ TransferReport copy_experiment(std::string_view src_uri, std::string_view dst_ur
   // A malformed history fails the copy before anything is written.
   if (scan.has_history) {
     if (auto text = get_if_exists(*src, kHistoryKey)) {
-      history_names(*text, src->uri_of(kHistoryKey));
+      // A torn one (an interrupted write) is rebuilt, not copied: see copy_history().
+      if (!history::torn_snapshot(*text)) history_names(*text, src->uri_of(kHistoryKey));
     }
   }
 
@@ -737,10 +756,14 @@ TransferReport copy_experiment(std::string_view src_uri, std::string_view dst_ur
   std::vector<Planned> plan;
   for (const auto& [index, name] : scan.committed) {
     std::optional<Planned> p = plan_checkpoint(*src, name);
-    if (!p) {
+    if (!p && !get_if_exists(*src, join_key(name, kManifestKey))) {
       report.warnings.push_back(
           fmt::format("{}: deleted from the source during the copy (by its retention?); not copied",
                       src->uri_of(name)));
+      continue;
+    }
+    if (!p) {  // a torn manifest: the leftover of an interrupted commit
+      report.uncommitted_skipped.push_back(src->uri_of(name));
       continue;
     }
     progress.add_total(p->manifest.total_bytes(), p->manifest.files.size());

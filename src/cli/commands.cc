@@ -38,12 +38,14 @@ std::shared_ptr<Storage> open_existing(std::string_view path) {
 }
 
 // The checkpoint folders of one experiment, from a listing of its storage:
-// name -> whether it holds a manifest (is committed).
+// name -> whether it holds a manifest that is not empty (may be committed:
+// an empty manifest is a torn one, Manifest::torn; others are told apart
+// when read).
 // `listing` and `incomplete`: the experiment's list_with_incomplete("").
 std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(
     const std::vector<ObjectInfo>& listing, const std::vector<std::string>& incomplete) {
   std::map<uint64_t, std::pair<std::string, bool>> out;
-  auto note = [&](const std::string& key, bool is_object) {
+  auto note = [&](const std::string& key, bool is_object, uint64_t size) {
     size_t slash = key.find('/');
     // An object directly in the experiment is not a checkpoint's; an
     // incomplete write's id may be a whole (empty) checkpoint folder.
@@ -53,10 +55,12 @@ std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(
     if (!index) return;
     auto& entry = out[*index];
     entry.first = top;
-    if (is_object && std::string_view(key).substr(slash + 1) == kManifestKey) entry.second = true;
+    if (is_object && size > 0 && std::string_view(key).substr(slash + 1) == kManifestKey) {
+      entry.second = true;
+    }
   };
-  for (const auto& o : listing) note(o.key, true);
-  for (const auto& id : incomplete) note(id, false);
+  for (const auto& o : listing) note(o.key, true, o.size);
+  for (const auto& id : incomplete) note(id, false, 0);
   return out;
 }
 
@@ -146,7 +150,7 @@ ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::
     listing.uri = storage->uri();
     for (const auto& [index, entry] : checkpoint_dirs(*storage)) {
       const auto& [dir, committed] = entry;
-      if (!committed) {
+      if (!committed || !Checkpoint(storage->child(dir)).is_committed()) {
         listing.uncommitted.push_back(dir);
         continue;
       }
@@ -467,8 +471,11 @@ VerifyView collect_verify(std::string_view path) {
     }
     for (const auto& [index, entry] : checkpoint_dirs(listing, incomplete)) {
       const auto& [dir, committed] = entry;
-      if (committed) {
-        verify_checkpoint(Checkpoint(storage->child(dir)), view);
+      // A torn manifest is no commit: skipped like any leftover (the
+      // manager's next open or `cairn gc` removes it).
+      Checkpoint cp(storage->child(dir));
+      if (committed && cp.is_committed()) {
+        verify_checkpoint(cp, view);
       } else {
         view.skipped.push_back(storage->uri_of(dir));
       }

@@ -371,6 +371,7 @@ nlohmann::ordered_json to_json(const ShowView& view) {
         {"created_at_unix", m.created_at},
         {"metrics", m.metrics},
         {"layout", m.layout},
+        {"ranks", m.ranks},
         {"total_bytes", m.total_bytes()},
         {"file_count", m.files.size()},
     };
@@ -398,6 +399,14 @@ std::string to_text(const ShowView& view) {
     head.push_back({"created", format_time_utc(m.created_at)});
     head.push_back({"metrics", or_dash(format_metrics(m.metrics))});
     head.push_back({"layout", m.layout.is_null() ? "-" : m.layout.dump()});
+    if (!m.ranks.is_null()) {
+      // Parsing checked the shape: {"world_size": N, "contributed": [...]}.
+      std::vector<std::string> ranks;
+      for (const auto& r : m.ranks.at("contributed")) ranks.push_back(r.dump());
+      head.push_back({"ranks", fmt::format("{} of {} wrote files",
+                                           or_dash(fmt::format("{}", fmt::join(ranks, ", "))),
+                                           m.ranks.at("world_size").get<int64_t>())});
+    }
     head.push_back({"manifest", fmt::format("version {}", m.version)});
   }
   head.push_back({"size", fmt::format("{} in {} file{}", format_size(total), view.files.size(),

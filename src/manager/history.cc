@@ -115,6 +115,27 @@ State parse_snapshot(std::string_view text, std::string_view where) {
   return s;
 }
 
+std::optional<std::string> torn_snapshot(std::string_view text) {
+  if (text.empty()) return std::string("empty (0 bytes)");
+  if (size_t at = text.find('\0'); at != std::string_view::npos) {
+    return fmt::format("a NUL byte at offset {} of {}", at, text.size());
+  }
+  try {
+    // Too large or nested too deeply is no tearing: parse_snapshot() refuses those.
+    check_json_text(text, "history");
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    return std::nullopt;
+  }
+  try {
+    (void)parse_json(text, "history");
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    return fmt::format("{} bytes that are not JSON ({})", text.size(), e.what());
+  }
+  return std::nullopt;
+}
+
 std::string encode_record(const nlohmann::json& payload) {
   std::string body = payload.dump();
   std::string out;

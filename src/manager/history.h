@@ -17,8 +17,8 @@
 // above the snapshot's log_seq; those at or below it are leftovers of a
 // compaction that crashed before removing them, and are ignored. A snapshot
 // without "log_seq" (written by an older Cairn) covers every record, and
-// without a snapshot (deleted to rebuild the history from the manifests)
-// every record is stale. Records
+// without a snapshot (deleted to rebuild the history from the manifests, or
+// torn by an interrupted write: torn_snapshot()) every record is stale. Records
 // carry the experiment's counters (next_index, last_pinned_at) as absolute
 // values, so a record skipped because it is damaged loses only its own
 // change, which the manager's reconciliation with the committed manifests
@@ -67,6 +67,15 @@ struct State {
 // `where` and the reason.
 nlohmann::json snapshot_json(const State& state);
 State parse_snapshot(std::string_view text, std::string_view where);
+// Why `text` is the remains of an interrupted snapshot write rather than a
+// whole snapshot, or nullopt: empty (an object store may keep an
+// interrupted PUT as 0 bytes), holding NUL bytes (blocks a file system never
+// wrote) or not JSON (a write cut short never holds the object's closing
+// brace; a text too large or nested too deeply is malformed, not torn). A
+// torn snapshot is no history: readers rebuild it from the committed
+// manifests, with a warning, as if it were absent. (A whole text can still
+// be a malformed snapshot, which parse_snapshot() refuses.)
+std::optional<std::string> torn_snapshot(std::string_view text);
 
 // One framed record around `payload`.
 std::string encode_record(const nlohmann::json& payload);

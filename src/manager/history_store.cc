@@ -25,10 +25,20 @@ Loaded load_history(Storage& storage, const std::vector<ObjectInfo>& listing,
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kNotFound) throw;  // removed since the listing
     }
-    if (text) out.state = parse_snapshot(*text, storage.uri_of(kSnapshotKey));
+    std::optional<std::string> torn = text ? torn_snapshot(*text) : std::nullopt;
+    if (torn) {
+      out.torn = true;
+      warn(
+          fmt::format("{}: torn, the remains of an interrupted write ({}); rebuilding the "
+                      "history from the checkpoints' manifests",
+                      storage.uri_of(kSnapshotKey), *torn));
+    } else if (text) {
+      out.state = parse_snapshot(*text, storage.uri_of(kSnapshotKey));
+    }
   }
   // Without a snapshot (deleted to rebuild the history from the manifests,
-  // as the corruption message says) the log is stale too: it is ignored.
+  // as the corruption message says, or torn) the log is stale too: it is
+  // ignored.
   if (!out.state.present) out.state.log_seq = UINT64_MAX;
   if (out.state.log_seq == UINT64_MAX) {
     out.legacy = true;

@@ -22,14 +22,18 @@ struct Loaded {
   uint64_t max_seq = 0;            // the highest seq on storage (0: none)
   bool legacy = false;             // the snapshot has no log_seq (older Cairn)
   bool damaged = false;            // a log object was skipped as damaged
+  bool torn = false;               // the snapshot was torn (treated as absent)
 };
 
 // Reads the snapshot and applies the log objects after it, in seq order.
 // `listing` is a list("") of the experiment (one listing serves the caller's
 // reconciliation too). A damaged log object (torn, checksum mismatch,
 // malformed) is skipped and `warn` gets its URI, the offset and the reason:
-// its change is recovered by reconciling with the manifests. A damaged
-// snapshot throws kCorruption naming it; storage errors propagate.
+// its change is recovered by reconciling with the manifests. A torn
+// snapshot (history::torn_snapshot: an interrupted write) is treated as
+// absent, and `warn` says so: the caller rebuilds the history from the
+// manifests. A snapshot that is whole but malformed throws kCorruption
+// naming it; storage errors propagate.
 Loaded load_history(Storage& storage, const std::vector<ObjectInfo>& listing,
                     const std::function<void(const std::string&)>& warn);
 

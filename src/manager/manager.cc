@@ -39,6 +39,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "checkpoint/local_view.h"
+#include "checkpoint/manifest_text.h"
 #include "manager/history.h"
 #include "manager/history_store.h"
 #include "manager/retention.h"
@@ -78,7 +79,9 @@ Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::st
     auto index = parse_checkpoint_name(top);
     if (!index) continue;
     all[*index] = top;
-    if (o.key.substr(slash + 1) == kManifestKey) with_manifest.insert(*index);
+    // An empty manifest is never a commit (Manifest::torn): some servers keep
+    // an interrupted PUT as 0 bytes. Others are told apart by reading them.
+    if (o.key.substr(slash + 1) == kManifestKey && o.size > 0) with_manifest.insert(*index);
   }
   scan.incomplete = std::move(incomplete);
   for (const auto& id : scan.incomplete) {
@@ -92,6 +95,41 @@ Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::st
     scan.max_index = std::max(scan.max_index.value_or(0), index);
   }
   return scan;
+}
+
+// Reads the manifests of the committed checkpoints that `known` (the
+// history) does not list, and moves those that are torn (Manifest::torn:
+// the remains of an interrupted commit) to the uncommitted ones, telling
+// `note` why. The history lists only checkpoints committed before it was
+// written, so the manifests it names are whole and are not read. Returns
+// the whole manifests read, by index.
+std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
+                                           const std::map<uint64_t, history::State::Entry>& known,
+                                           const std::function<void(const std::string&)>& note) {
+  std::map<uint64_t, std::string> read;
+  for (auto it = scan.committed.begin(); it != scan.committed.end();) {
+    const auto& [index, name] = *it;
+    if (known.count(index)) {
+      ++it;
+      continue;
+    }
+    const std::string key = join_key(name, kManifestKey);
+    std::string why;
+    std::optional<std::string> text = read_whole_manifest(storage, key, &why);
+    if (text) {
+      read.emplace(index, std::move(*text));
+      ++it;
+      continue;
+    }
+    note(why.empty()
+             ? fmt::format("{}: the manifest went away since the listing", storage.uri_of(key))
+             : fmt::format("{}: torn manifest, the remains of an interrupted commit ({}); "
+                           "{} is not a checkpoint",
+                           storage.uri_of(key), why, name));
+    scan.uncommitted.emplace(index, name);
+    it = scan.committed.erase(it);
+  }
+  return read;
 }
 
 retention::Policy policy_of(const CheckpointConfig& c) {
@@ -293,6 +331,8 @@ void CheckpointManager::open() {
       history::load_history(*storage_, listing, [this](const std::string& m) { warn(m); });
   const history::State& stored = loaded.state;
   Scan scan = scan_experiment(listing, std::move(incomplete));
+  std::map<uint64_t, std::string> manifests =
+      split_torn(*storage_, scan, stored.records, [this](const std::string& m) { warn(m); });
   created_at_ = stored.present ? stored.created_at : now();
   last_pinned_at_ = stored.last_pinned_at;
   // The log goes on after the highest seq ever used, so that no object left
@@ -324,6 +364,7 @@ void CheckpointManager::open() {
     }
   }
   records_.reserve(scan.committed.size());
+  bool rebased = false;
   for (const auto& [index, name] : scan.committed) {
     Checkpoint where(storage_->child(name));
     auto it = stored.records.find(index);
@@ -338,12 +379,18 @@ void CheckpointManager::open() {
     changed = true;
     Manifest m;
     try {
-      m = where.manifest();
+      m = Manifest::parse(manifests.at(index), where.storage().uri_of(kManifestKey));
     } catch (const Error& e) {
       // ignore-error: a damaged checkpoint stays on storage for the user to inspect
       // (`cairn verify` names it) but is kept out of the history.
       warn(fmt::format("not adopting {}: {}", where.uri(), e.what()));
       continue;
+    }
+    if (loaded.torn && !rebased) {
+      // The torn snapshot held when the experiment began; pins are
+      // recomputed from the earliest checkpoint on, as they were made.
+      created_at_ = std::min(created_at_, m.created_at);
+      rebased = true;
     }
     log::info(fmt::format("{}: adopting {} committed before a crash", uri(), name));
     add_record(index, where, m);
@@ -602,7 +649,8 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
                                                     const nlohmann::json& metrics,
                                                     const std::vector<ManifestEntry>& files,
                                                     const nlohmann::json& layout,
-                                                    const nlohmann::json* metadata) {
+                                                    const nlohmann::json* metadata,
+                                                    const nlohmann::json& ranks) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = reserved_.find(reserved.uri());
   if (it == reserved_.end()) {
@@ -617,6 +665,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
     CheckpointWriter writer(reserved);
     for (const auto& f : files) writer.add_written(f);
     if (!layout.is_null()) writer.set_layout(layout);
+    if (!ranks.is_null()) writer.set_ranks(ranks);
     manifest = writer.commit(metrics, now(), metadata);
   } catch (const Error& e) {
     throw with_context(e, fmt::format("committing {}", reserved.uri()));
@@ -662,6 +711,8 @@ ExperimentListing read_experiment(std::string_view experiment_uri) {
       history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); }).state;
   out.config = stored.config;
   Scan scan = scan_experiment(listing, std::move(incomplete));
+  std::map<uint64_t, std::string> manifests =
+      split_torn(*storage, scan, stored.records, [](const std::string& m) { log::info(m); });
   for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
   for (const auto& [index, name] : scan.committed) {
     CheckpointRecord r(index, Checkpoint(storage->child(name)));
@@ -672,7 +723,8 @@ ExperimentListing read_experiment(std::string_view experiment_uri) {
       r.pinned = it->second.pinned;
     } else {
       try {
-        Manifest m = r.checkpoint.manifest();
+        Manifest m =
+            Manifest::parse(manifests.at(index), r.checkpoint.storage().uri_of(kManifestKey));
         r.metrics = m.metrics;
         r.created_at = m.created_at;
       } catch (const Error&) {
@@ -738,6 +790,9 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
     std::vector<std::string> incomplete;
     std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
     Scan scan = scan_experiment(listing, std::move(incomplete));
+    // Checkpoints whose manifest is torn are leftovers too. gc is asked for,
+    // so it reads every manifest rather than trusting the history.
+    split_torn(*storage, scan, {}, [](const std::string& m) { log::info(m); });
     for (const auto& id : scan.incomplete) {
       if (!dry_run) storage->discard_incomplete(id);
       report.removed.push_back(storage->uri_of(id));

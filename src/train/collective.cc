@@ -109,7 +109,7 @@ ReportRound::Action ReportRound::fail(Failure failure) {
 }
 
 ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::json& metrics,
-                                           bool has_checkpoint, double now) {
+                                           bool has_checkpoint, double now, bool notice) {
   if (failure_) return {};
   RankState& r = ranks_.at(rank);
   if (r.state != State::kRunning || round != completed_ + 1) {
@@ -125,6 +125,7 @@ ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::
   }
   r.state = State::kArrived;
   r.has_checkpoint = has_checkpoint;
+  r.notice = notice;
   if (rank == 0) rank0_metrics_ = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (phase_ == Phase::kIdle) {
     phase_ = Phase::kCollecting;
@@ -171,6 +172,19 @@ ReportRound::Action ReportRound::maybe_advance(double now) {
       a.type = Action::kAck;
       return a;
     }
+    std::vector<int> heard;
+    std::vector<int> not_heard;
+    for (int i = 0; i < world_size_; ++i) (ranks_[i].notice ? heard : not_heard).push_back(i);
+    if (!heard.empty() && !not_heard.empty()) {
+      return fail_with(
+          FailureKind::kMismatch, not_heard.front(),
+          fmt::format("report #{}: the ranks disagree on the preemption notice (rank(s) {} saw "
+                      "should_checkpoint() true before this report, rank(s) {} did not), so "
+                      "they are not saving the same step; its checkpoint is not committed. "
+                      "Every rank must make the same report() calls with the same "
+                      "ReportOptions to hear the notice at the same one",
+                      round_, fmt::join(heard, ", "), fmt::join(not_heard, ", ")));
+    }
     // The checkpoint would be ranked by the score: check it before any rank
     // uploads, so a bad one costs nothing and is reported once.
     if (!score_attribute_.empty()) {
@@ -194,6 +208,7 @@ ReportRound::Action ReportRound::maybe_advance(double now) {
       const RankState& r = ranks_[i];
       if (r.state == State::kUploading) return {};
       if (r.state == State::kUploaded) {
+        a.uploaders.push_back(i);
         by_rank[i] = r.files;
         if (r.metadata.is_object() && !r.metadata.empty()) a.metadata[i] = r.metadata;
       }
@@ -232,6 +247,7 @@ void ReportRound::on_released() {
     if (r.state == State::kArrived || r.state == State::kUploading || r.state == State::kUploaded) {
       r.state = State::kRunning;
       r.has_checkpoint = false;
+      r.notice = false;
       r.files.clear();
       r.metadata = nullptr;
     }

@@ -19,7 +19,9 @@
 // or a report is unusable (kInvalidReport): metrics that are neither a JSON
 // object nor null (none) (any rank), or, in a round with a checkpoint, rank 0's score
 // attribute present but not a number. The last is found when every rank has
-// arrived and before any is told to upload, so nothing is written.
+// arrived and before any is told to upload, so nothing is written; so is a
+// round with a checkpoint whose ranks disagree on the preemption notice
+// (kMismatch).
 // After a failure the machine stays failed; the driver stops the group.
 #pragma once
 
@@ -68,7 +70,7 @@ class ReportRound {
     Type type = kNone;
     int round = 0;
     nlohmann::json metrics;                  // rank 0's, for kAck and kCommit
-    std::vector<int> uploaders;              // kBeginUpload
+    std::vector<int> uploaders;              // kBeginUpload; kCommit: who uploaded
     std::vector<ManifestEntry> files;        // kCommit, merged
     std::map<int, nlohmann::json> metadata;  // kCommit: per-rank checkpoint metadata
     Failure failure;                         // kFailed
@@ -80,8 +82,12 @@ class ReportRound {
 
   // Events. `now` is seconds on any monotonic clock. Each returns the action
   // the event completes (kNone if it completes nothing).
+  // `notice`: whether the rank's should_checkpoint() was true when it made
+  // this report() call. A round with a checkpoint whose ranks disagree on it
+  // fails (kMismatch) before anything is uploaded: the ranks are saving at
+  // different steps, and their files together are no checkpoint of the run.
   Action on_report(int rank, int round, const nlohmann::json& metrics, bool has_checkpoint,
-                   double now);
+                   double now, bool notice = false);
   Action on_uploaded(int rank, int round, std::vector<ManifestEntry> files, nlohmann::json metadata,
                      double now);
   Action on_worker_error(int rank, const std::string& message);  // before its exit
@@ -108,6 +114,7 @@ class ReportRound {
   struct RankState {
     State state = State::kRunning;
     bool has_checkpoint = false;
+    bool notice = false;  // should_checkpoint() as the rank saw it at report()
     int done_count = -1;
     std::vector<ManifestEntry> files;
     nlohmann::json metadata;

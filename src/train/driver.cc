@@ -412,7 +412,7 @@ class Driver {
           attach_rounds_.insert(m.at("round").get<int>());
         return round.on_report(e.rank, m.at("round").get<int>(),
                                m.value("metrics", nlohmann::json::object()),
-                               m.value("checkpoint", false), now);
+                               m.value("checkpoint", false), now, m.value("notice", false));
       }
       if (t == "uploaded") {
         std::vector<ManifestEntry> files;
@@ -477,8 +477,10 @@ class Driver {
             reserved->set_metadata(merged);
           }
           // A checkpoint attached to the previous row carries that row's metrics.
-          CheckpointRecord rec =
-              manager_->commit_reserved(*reserved, attach ? last_metrics_ : a.metrics, a.files);
+          const nlohmann::json ranks = {{"world_size", spec_.world_size},
+                                        {"contributed", a.uploaders}};
+          CheckpointRecord rec = manager_->commit_reserved(
+              *reserved, attach ? last_metrics_ : a.metrics, a.files, nullptr, nullptr, ranks);
           uri = rec.checkpoint.uri();
         } catch (const Error& e) {
           record_failure(round.fail(

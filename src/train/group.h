@@ -77,6 +77,10 @@ bool take_save_request();
 // once; nothing if none came since the last call.
 std::optional<nlohmann::json> take_reset_request();
 void report_checkpoint(const Checkpoint& checkpoint);
+// The newest round whose release this worker has received, on any thread
+// (tests: to wait until an asynchronous round is released without calling
+// a report boundary).
+int released_round();
 
 // Keeps the last `max_bytes` of a stream, whole lines where possible, and
 // forwards each complete line to stderr with a prefix.

@@ -58,6 +58,14 @@ namespace {
 
 class AsyncReports;
 
+// A release's instructions to train_fn, for its round.
+struct ReleaseNote {
+  int round = 0;
+  bool preempt = false;
+  bool save = false;
+  std::optional<nlohmann::json> reset;
+};
+
 struct Session {
   TrainContext context;
   std::optional<std::string> checkpoint_uri;
@@ -65,11 +73,17 @@ struct Session {
   train_internal::Channel* channel = nullptr;
   std::mutex send_mu;  // the main thread and AsyncReports both send
   int reports = 0;     // rounds started (sent, or queued to be sent)
-  // A release said the run is being preempted (set by either thread).
-  std::atomic<bool> preempt_notice{false};
-  // A release asked for a checkpoint (the Tuner; take_save_request()).
-  std::atomic<bool> save_request{false};
-  std::mutex reset_mu;  // guards reset_request
+  // What releases said, received by either thread and kept here until
+  // train_fn's thread reaches a report boundary that covers their round
+  // (apply_releases): the notice, a save request and a reset change only at
+  // such a boundary, and at the same one on every rank.
+  std::mutex release_mu;  // guards received and released_round
+  std::deque<ReleaseNote> received;
+  std::atomic<int> released_round{0};  // the newest round whose release came
+  // What train_fn sees (its thread only): the preemption notice
+  // (should_checkpoint()), the Tuner's save and reset requests.
+  bool preempt_notice = false;
+  bool save_request = false;
   std::optional<nlohmann::json> reset_request;
   nlohmann::json last_metrics = nlohmann::json::object();  // of the last report()
   // SIGTERM to this worker: sent with its next report.
@@ -161,12 +175,14 @@ void run_round(Session& s, const RoundJob& job, bool background) {
     const std::string t = m->value("t", "");
     if (t == "abort") throw_aborted(*m);
     if (t == "release") {
-      if (m->value("preempt", false)) s.preempt_notice = true;
-      if (m->value("save", false)) s.save_request = true;
-      if (m->contains("reset") && (*m)["reset"].is_object()) {
-        std::lock_guard<std::mutex> lock(s.reset_mu);
-        s.reset_request = (*m)["reset"];
-      }
+      ReleaseNote note;
+      note.round = job.round;
+      note.preempt = m->value("preempt", false);
+      note.save = m->value("save", false);
+      if (m->contains("reset") && (*m)["reset"].is_object()) note.reset = (*m)["reset"];
+      std::lock_guard<std::mutex> lock(s.release_mu);
+      s.received.push_back(std::move(note));
+      s.released_round = job.round;
       return;
     }
     if (t == "upload" && job.files) {
@@ -199,6 +215,22 @@ void run_round(Session& s, const RoundJob& job, bool background) {
   }
   throw Error(ErrorCode::kInternal,
               fmt::format("rank {}: report #{} did not complete", rank, job.round));
+}
+
+// Makes what the releases of rounds up to `round` said visible to train_fn.
+// Called on train_fn's thread at report boundaries only, with a `round`
+// whose release has certainly come (report() waited for it), so the value
+// train_fn sees after the k-th report() call is the same on every rank that
+// made that call the same way, however fast its releases arrived.
+void apply_releases(Session& s, int round) {
+  std::lock_guard<std::mutex> lock(s.release_mu);
+  while (!s.received.empty() && s.received.front().round <= round) {
+    ReleaseNote& note = s.received.front();
+    if (note.preempt) s.preempt_notice = true;
+    if (note.save) s.save_request = true;
+    if (note.reset) s.reset_request = std::move(note.reset);
+    s.received.pop_front();
+  }
 }
 
 void remove_staging(const std::filesystem::path& dir) {
@@ -340,7 +372,10 @@ void report_round(const nlohmann::json& metrics, const std::optional<Checkpoint>
                  {"round", job.round},
                  {"metrics", metrics.is_null() ? nlohmann::json::object() : metrics},
                  {"checkpoint", checkpoint.has_value()},
-                 {"preempted", s.sigterm != nullptr && s.sigterm->received()}};
+                 {"preempted", s.sigterm != nullptr && s.sigterm->received()},
+                 // What train_fn saw before this call: the driver refuses to
+                 // commit a round whose ranks saw different notices.
+                 {"notice", s.preempt_notice}};
   if (attach) job.message["attach"] = true;
   if (!attach) s.last_metrics = metrics.is_null() ? nlohmann::json::object() : metrics;
   if (!options.async) {
@@ -348,10 +383,15 @@ void report_round(const nlohmann::json& metrics, const std::optional<Checkpoint>
     s.reports = job.round;
     job.files = checkpoint;
     run_round(s, job, /*background=*/false);
+    apply_releases(s, job.round);
     return;
   }
   if (!s.async) s.async = std::make_unique<AsyncReports>(s);
+  // Fewer than max_in_flight rounds pending: every round up to
+  // job.round - max_in_flight is released, and that is the boundary this
+  // call applies, whatever came in since.
   s.async->wait_for_slot(static_cast<size_t>(options.max_in_flight));
+  const int settled = job.round - options.max_in_flight;
   if (checkpoint) {
     // In the scratch folder, which the driver removes after the attempt
     // (even when this worker is killed); a temporary folder without one.
@@ -372,6 +412,7 @@ void report_round(const nlohmann::json& metrics, const std::optional<Checkpoint>
   }
   s.reports = job.round;
   s.async->push(std::move(job));
+  apply_releases(s, settled);
 }
 
 }  // namespace
@@ -384,9 +425,10 @@ void report(const nlohmann::json& metrics, const std::optional<Checkpoint>& chec
 void wait_for_reports() {
   Session& s = session("wait_for_reports");
   if (s.async) s.async->drain();
+  apply_releases(s, s.reports);  // every round so far is released
 }
 
-bool should_checkpoint() { return session("should_checkpoint").preempt_notice.load(); }
+bool should_checkpoint() { return session("should_checkpoint").preempt_notice; }
 
 TemporaryDirectory::TemporaryDirectory() {
   std::string prefix = "cairn-tmp-";
@@ -474,15 +516,16 @@ int run_worker(const LaunchSpec& spec, int fd) {
 
 namespace cairn::train_internal {
 
-bool take_save_request() { return session("take_save_request").save_request.exchange(false); }
+bool take_save_request() { return std::exchange(session("take_save_request").save_request, false); }
 
 std::optional<nlohmann::json> take_reset_request() {
   Session& s = session("take_reset_request");
-  std::lock_guard<std::mutex> lock(s.reset_mu);
   std::optional<nlohmann::json> r = std::move(s.reset_request);
   s.reset_request.reset();
   return r;
 }
+
+int released_round() { return session("released_round").released_round.load(); }
 
 void report_checkpoint(const Checkpoint& checkpoint) {
   Session& s = session("report_checkpoint");

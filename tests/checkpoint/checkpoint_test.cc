@@ -345,13 +345,81 @@ TEST(Checkpoint, ACopyOfADamagedCheckpointFailsNamingTheFileAndLeavesNoTempDir) 
   clear_memory_bucket("dest");
 }
 
-TEST(Checkpoint, ATruncatedManifestIsCorruptionNamingIt) {
+// A manifest cut short (an interrupted write: some object stores keep part
+// of an interrupted PUT, or none of it) is no commit: the checkpoint is not
+// committed, and reading its manifest says why, naming the checkpoint.
+TEST(Checkpoint, ATruncatedManifestIsNoCommitAndSaysItIsTorn) {
   TempDir dir;
   auto cp = committed(dir.path());
   std::string text = read_text(dir / ".cairn/manifest.json");
   write_text(dir / ".cairn/manifest.json", text.substr(0, text.size() / 2));
-  std::string msg = error_message_of([&] { cp.verify(); }, ErrorCode::kCorruption);
-  EXPECT_NE(msg.find(".cairn/manifest.json"), std::string::npos) << msg;
+  EXPECT_FALSE(cp.is_committed());
+  std::string msg = error_message_of([&] { cp.verify(); }, ErrorCode::kNotFound);
+  EXPECT_NE(msg.find(cp.uri()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("torn"), std::string::npos) << msg;
+  // The leftover can be removed like any uncommitted one.
+  EXPECT_FALSE(remove_uncommitted(cp).empty());
+}
+
+TEST(Checkpoint, AnEmptyManifestIsNoCommit) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  write_text(dir / ".cairn/manifest.json", "");
+  EXPECT_FALSE(cp.is_committed());
+  std::string msg = error_message_of([&] { (void)cp.manifest(); }, ErrorCode::kNotFound);
+  EXPECT_NE(msg.find("empty (0 bytes)"), std::string::npos) << msg;
+  // A new commit may go there (it is not a committed checkpoint).
+  CheckpointWriter w(cp);
+  w.write_file("model.bin", "again");
+  w.commit({}, 2.0);
+  EXPECT_TRUE(cp.is_committed());
+  EXPECT_TRUE(cp.verify().empty());
+}
+
+// The manifest proves itself whole: no prefix of it is a whole manifest,
+// nor is it with any one byte changed (but its member's name), nor zeros.
+TEST(Manifest, EveryPrefixAndEveryAlteredByteIsTorn) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  const std::string text = read_text(dir / ".cairn/manifest.json");
+  ASSERT_FALSE(Manifest::torn(text)) << text;
+  EXPECT_NE(text.find("\"self_check\""), std::string::npos) << text;
+  for (size_t n = 0; n < text.size(); ++n) {
+    EXPECT_TRUE(Manifest::torn(text.substr(0, n))) << "prefix of " << n << " bytes";
+    EXPECT_THROW(Manifest::parse(text.substr(0, n), "m"), Error);
+  }
+  // A change inside the member's name leaves an unknown member in what reads
+  // as an earlier version's manifest: corruption no cut-short write makes.
+  const size_t name_at = text.find("\"self_check\"");
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (at >= name_at && at < name_at + 12) continue;
+    std::string altered = text;
+    altered[at] = static_cast<char>(altered[at] ^ 0x01);
+    std::optional<std::string> why = Manifest::torn(altered);
+    EXPECT_TRUE(why) << "byte " << at << " changed: " << altered;
+  }
+  EXPECT_TRUE(Manifest::torn(std::string(text.size(), '\0')));
+  // Whole: it parses back to what was committed.
+  Manifest m = Manifest::parse(text, "m");
+  EXPECT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.to_json(), text);
+}
+
+// Manifests written before the self-check (no "self_check" member) are
+// still committed checkpoints, read and verified as before.
+TEST(Manifest, AManifestWithoutASelfCheckFromAnEarlierVersionIsStillACommit) {
+  TempDir dir;
+  auto cp = committed(dir.path());
+  json m = json::parse(read_text(dir / ".cairn/manifest.json"));
+  m.erase("self_check");
+  write_text(dir / ".cairn/manifest.json", m.dump(1));
+  EXPECT_FALSE(Manifest::torn(m.dump(1)));
+  EXPECT_TRUE(cp.is_committed());
+  EXPECT_EQ(cp.manifest().files.size(), 2u);
+  EXPECT_TRUE(cp.verify().empty());
+  // ...but an empty or unparsable one never was.
+  write_text(dir / ".cairn/manifest.json", m.dump(1).substr(0, 40));
+  EXPECT_FALSE(cp.is_committed());
 }
 
 TEST(Checkpoint, AnAlteredManifestDoesNotPassVerification) {
@@ -359,6 +427,9 @@ TEST(Checkpoint, AnAlteredManifestDoesNotPassVerification) {
   auto cp = committed(dir.path());
   json m = json::parse(read_text(dir / ".cairn/manifest.json"));
   m["files"][0]["xxh3"] = "0123456789abcdef";
+  // Without its self-check (as an earlier version wrote it) it is a commit
+  // whose file does not match; with it, it would not even be a commit.
+  m.erase("self_check");
   write_text(dir / ".cairn/manifest.json", m.dump());
   auto problems = cp.verify();
   ASSERT_EQ(problems.size(), 1u);
@@ -406,6 +477,26 @@ TEST(Manifest, RoundTripsThroughJson) {
   ASSERT_EQ(back.files.size(), 2u);
   EXPECT_EQ(back.files[0].xxh3, 0xdeadbeefcafef00dull);
   EXPECT_EQ(back.total_bytes(), 3u);
+}
+
+TEST(Manifest, TheRanksOfADistributedCommitRoundTripAndAreAbsentOtherwise) {
+  Manifest m;
+  m.ranks = {{"world_size", 4}, {"contributed", {0, 2}}};
+  EXPECT_EQ(Manifest::parse(m.to_json(), "M").ranks, m.ranks);
+  EXPECT_TRUE(Manifest::parse(Manifest().to_json(), "M").ranks.is_null());
+  for (const char* bad :
+       {R"("all")", R"({"world_size":0,"contributed":[]})", R"({"world_size":2,"contributed":[2]})",
+        R"({"world_size":4,"contributed":[1,1]})", R"({"world_size":4,"contributed":[2,1]})",
+        R"({"world_size":4})"}) {
+    // As an earlier version would write it: no self-check to update.
+    nlohmann::json j = nlohmann::json::parse(Manifest().to_json());
+    j.erase("self_check");
+    j["ranks"] = nlohmann::json::parse(bad);
+    const std::string text = j.dump();
+    const std::string message =
+        error_message_of([&] { Manifest::parse(text, "M"); }, ErrorCode::kCorruption);
+    EXPECT_NE(message.find("ranks"), std::string::npos) << message;
+  }
 }
 
 TEST(Manifest, BlockChecksumsRoundTripAndOlderEntriesHaveNone) {

@@ -365,6 +365,51 @@ TEST_F(TransferTest, AnInterruptedExperimentCopyHasNoHistoryAndResumes) {
   EXPECT_EQ(read_experiment(dst->uri()).checkpoints.size(), 3u);
 }
 
+// A copy killed while writing a manifest or the history can leave them torn
+// (empty, or cut short) at the destination. That is no commit: the next
+// copy goes on over them instead of refusing the destination forever.
+TEST_F(TransferTest, TornManifestsAndHistoryAnInterruptedCopyLeftAreCopiedOver) {
+  make_experiment("memory://xfer-src/exp");
+  copy_experiment("memory://xfer-src/exp", "memory://xfer-dst/exp");
+  auto dst = open_storage("memory://xfer-dst/exp");
+  const std::string manifest = dst->get("checkpoint_000001/.cairn/manifest.json");
+  dst->put("checkpoint_000001/.cairn/manifest.json", manifest.substr(0, manifest.size() / 3));
+  dst->put("checkpoint_000002/.cairn/manifest.json", "");
+  dst->put("checkpoint_manager.json", "");
+  TransferReport r = copy_experiment("memory://xfer-src/exp", "memory://xfer-dst/exp");
+  EXPECT_EQ(r.checkpoints_copied.size(), 2u);
+  EXPECT_EQ(r.checkpoints_unchanged.size(), 1u);
+  EXPECT_EQ(dst->get("checkpoint_000001/.cairn/manifest.json"), manifest);
+  ExperimentListing listing = read_experiment(dst->uri());
+  ASSERT_EQ(listing.checkpoints.size(), 3u);
+  for (const auto& c : listing.checkpoints) EXPECT_TRUE(c.checkpoint.verify().empty()) << c.name;
+
+  // One checkpoint alone, too.
+  dst->put("checkpoint_000000/.cairn/manifest.json", "{\"format\": \"cairn-che");
+  copy_checkpoint("memory://xfer-src/exp/checkpoint_000000", dst->uri() + "/checkpoint_000000");
+  EXPECT_TRUE(Checkpoint(dst->child("checkpoint_000000")).verify().empty());
+}
+
+// A source checkpoint whose manifest is torn (a save killed while writing
+// it) is a leftover: an experiment copy skips it like any uncommitted one,
+// and copying it alone says it is not committed.
+TEST_F(TransferTest, ASourceCheckpointWithATornManifestIsNotCopied) {
+  make_experiment("memory://xfer-src/exp");
+  auto src = open_storage("memory://xfer-src/exp");
+  src->put("checkpoint_000005/model.bin", "x");
+  src->put("checkpoint_000005/.cairn/manifest.json", "{\"files\": [");
+  src->put("checkpoint_000006/.cairn/manifest.json", "");
+  TransferReport r = copy_experiment("memory://xfer-src/exp", "memory://xfer-dst/exp");
+  EXPECT_EQ(r.checkpoints_copied.size(), 3u);
+  auto dst = open_storage("memory://xfer-dst/exp");
+  EXPECT_FALSE(dst->exists("checkpoint_000005/.cairn/manifest.json"));
+  EXPECT_FALSE(dst->exists("checkpoint_000006/.cairn/manifest.json"));
+  std::string msg =
+      error_message_of([&] { copy_checkpoint(src->uri() + "/checkpoint_000005", "memory://x/y"); },
+                       ErrorCode::kFailedPrecondition);
+  EXPECT_NE(msg.find("torn"), std::string::npos) << msg;
+}
+
 TEST_F(TransferTest, AnExperimentCopyWaitsForNoOneIntoALockedDestination) {
   make_experiment("memory://xfer-src/exp");
   CheckpointManager live("memory://xfer-dst/exp", {});

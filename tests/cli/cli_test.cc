@@ -185,7 +185,7 @@ TEST_F(CliTest, LsOfAnEmptyDirectorySaysThereAreNoExperiments) {
 TEST_F(CliTest, LsOfARootListsEveryExperimentAndNamesTheOneWhoseHistoryIsDamaged) {
   make_experiment("alpha", 1);
   make_experiment("beta", 2);
-  testing::write_text(root_ / "alpha/checkpoint_manager.json", "{not json");
+  testing::write_text(root_ / "alpha/checkpoint_manager.json", "[1]");
   ProcessResult r = cairn({"ls", "--json", root()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("alpha/checkpoint_manager.json"), std::string::npos) << r.err;
@@ -201,6 +201,26 @@ TEST_F(CliTest, LsOfARootListsEveryExperimentAndNamesTheOneWhoseHistoryIsDamaged
   const json& beta = doc["experiments"][1];
   EXPECT_TRUE(beta["error"].is_null());
   EXPECT_EQ(beta["checkpoints"].size(), 2u);
+}
+
+// A history torn by an interrupted write (empty, or not JSON) is no error:
+// ls warns and lists the checkpoints from their manifests, verify passes,
+// and the next manager open rebuilds it.
+TEST_F(CliTest, ATornHistoryIsAWarningNotAnError) {
+  make_experiment("alpha", 2);
+  for (const char* torn : {"", "{\"format\": \"cairn-man"}) {
+    testing::write_text(root_ / "alpha/checkpoint_manager.json", torn);
+    ProcessResult r = cairn({"ls", "--json", root()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("torn"), std::string::npos) << r.err;
+    json doc = json::parse(r.out);
+    EXPECT_TRUE(doc["experiments"][0]["error"].is_null()) << r.out;
+    EXPECT_EQ(doc["experiments"][0]["checkpoints"].size(), 2u) << r.out;
+    ProcessResult v = cairn({"verify", root()});
+    EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+  }
+  CheckpointManager m((root_ / "alpha").string(), {});
+  EXPECT_EQ(m.history().size(), 2u);
 }
 
 TEST_F(CliTest, LsOfADeeplyNestedManifestNamesItInsteadOfCrashing) {
@@ -313,10 +333,20 @@ TEST_F(CliTest, ShowOfALeftoverSaysItIsUncommittedAndHasNoChecksums) {
 
 TEST_F(CliTest, ShowOfAMalformedManifestIsACorruptionErrorNamingIt) {
   make_experiment("alpha", 1);
-  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "{\"version\":");
+  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "{\"version\": 1}");
   ProcessResult r = cairn({"show", checkpoint_dir("alpha", 0).string()});
   EXPECT_EQ(r.exit_code, 4);
   expect_one_line_error(r, "manifest.json");
+}
+
+// A manifest cut short (a commit interrupted while writing it) is no
+// commit: the folder shows as an uncommitted leftover.
+TEST_F(CliTest, ShowOfATornManifestShowsAnUncommittedLeftover) {
+  make_experiment("alpha", 1);
+  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "{\"version\":");
+  ProcessResult r = cairn({"show", "--json", checkpoint_dir("alpha", 0).string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["state"], "uncommitted") << r.out;
 }
 
 TEST_F(CliTest, ShowOfAnExperimentIsAUsageErrorPointingToLs) {
@@ -384,9 +414,37 @@ TEST_F(CliTest, VerifyFailsOnAMissingFileAndNamesIt) {
       << r.out;
 }
 
+// A torn manifest (empty, or cut short: an interrupted commit) is no
+// commit: verify skips its folder as a leftover instead of failing on it,
+// and gc removes it.
+TEST_F(CliTest, VerifySkipsACheckpointWithATornManifestAndGcRemovesIt) {
+  make_experiment("alpha", 1);
+  make_leftover("alpha", 1);
+  testing::write_text(checkpoint_dir("alpha", 1) / ".cairn/manifest.json", "");
+  make_leftover("alpha", 2);
+  testing::write_text(checkpoint_dir("alpha", 2) / ".cairn/manifest.json", "{\"files\": [");
+  ProcessResult r = cairn({"verify", "--json", root()});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  json doc = json::parse(r.out);
+  EXPECT_EQ(doc["checkpoints"].size(), 1u) << r.out;
+  EXPECT_EQ(doc["skipped_uncommitted"].size(), 2u) << r.out;
+  ProcessResult l = cairn({"ls", "--json", root()});
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  json ls = json::parse(l.out);
+  for (const json& row : ls["experiments"][0]["checkpoints"]) {
+    EXPECT_EQ(row["state"], row["name"] == "checkpoint_000000" ? "committed" : "uncommitted")
+        << l.out;
+  }
+  ProcessResult g = cairn({"gc", root()});
+  EXPECT_EQ(g.exit_code, 0) << g.out << g.err;
+  EXPECT_FALSE(fs::exists(checkpoint_dir("alpha", 1)));
+  EXPECT_FALSE(fs::exists(checkpoint_dir("alpha", 2)));
+  EXPECT_TRUE(fs::exists(checkpoint_dir("alpha", 0) / ".cairn/manifest.json"));
+}
+
 TEST_F(CliTest, VerifyFailsOnAMalformedManifestAndNamesIt) {
   make_experiment("alpha", 2);
-  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "[1, 2");
+  testing::write_text(checkpoint_dir("alpha", 0) / ".cairn/manifest.json", "[1, 2]");
   ProcessResult r = cairn({"verify", "--json", root()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   json doc = json::parse(r.out);
@@ -400,7 +458,7 @@ TEST_F(CliTest, VerifyFailsOnAMalformedManifestAndNamesIt) {
 
 TEST_F(CliTest, VerifyReportsADamagedHistoryAndStillChecksTheCheckpoints) {
   make_experiment("alpha", 1);
-  testing::write_text(root_ / "alpha/checkpoint_manager.json", "garbage");
+  testing::write_text(root_ / "alpha/checkpoint_manager.json", R"({"format": 7})");
   ProcessResult r = cairn({"verify", "--json", root()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   json doc = json::parse(r.out);

@@ -108,6 +108,24 @@ TEST(HistoryReplay, TheSnapshotRoundTripsAndAnOldOneCoversEveryRecord) {
   EXPECT_EQ(h::parse_snapshot(old.dump(), "x").log_seq, UINT64_MAX);
 }
 
+// A snapshot cut short anywhere (or empty, or zeros) is torn: no history,
+// rebuilt from the manifests. A whole one is not, even when malformed.
+TEST(HistoryReplay, EveryPrefixOfASnapshotIsTornAndAWholeOneIsNot) {
+  h::State s;
+  s.present = true;
+  s.next_index = 3;
+  s.records[2] = {json{{"loss", 0.5}}, 12.0, false};
+  const std::string text = h::snapshot_json(s).dump(1);
+  EXPECT_FALSE(h::torn_snapshot(text));
+  for (size_t n = 0; n < text.size(); ++n) {
+    EXPECT_TRUE(h::torn_snapshot(text.substr(0, n))) << n << " bytes";
+  }
+  EXPECT_TRUE(h::torn_snapshot(std::string(64, '\0')));
+  EXPECT_FALSE(h::torn_snapshot("[1, 2]")) << "whole JSON, malformed: parse_snapshot refuses it";
+  EXPECT_FALSE(h::torn_snapshot(std::string(200, '[') + std::string(200, ']')))
+      << "nested too deeply is malformed, not torn";
+}
+
 TEST(HistoryReplay, CompactionIsDueOnlyPastMaxOf64AndAnEighthOfTheLive) {
   EXPECT_FALSE(h::should_compact(64, 10));
   EXPECT_TRUE(h::should_compact(65, 10));

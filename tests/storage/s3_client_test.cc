@@ -89,6 +89,69 @@ TEST(S3Client, ExpiredTokenReReadsCredentialsOnceAndRepeatsTheRequest) {
             std::string::npos);
 }
 
+// Temporary credentials (a session token), counting refreshes.
+class TemporaryCredentials final : public CredentialsProvider {
+ public:
+  int refreshes = 0;
+  Credentials get() override {
+    return {"ASIA" + std::to_string(refreshes), "secret", "token", std::nullopt, "test"};
+  }
+  Credentials refresh() override {
+    ++refreshes;
+    return get();
+  }
+};
+
+// S3 answers a HEAD without a body, so an expired session token is a bare
+// 400 or 403 there: it is refreshed and the HEAD repeated once, as for the
+// other requests (it used to fail at once, as a usage error for a 400).
+TEST(S3Client, ABareHeadDenialWithTemporaryCredentialsRefreshesThemAndRepeatsOnce) {
+  for (int status : {400, 403}) {
+    Fixture f;
+    auto creds = std::make_shared<TemporaryCredentials>();
+    S3Settings s;
+    s.region = "us-east-1";
+    s.custom_endpoint = true;
+    s.endpoint = "http://127.0.0.1:9000";
+    S3Options o;
+    o.retry.base = std::chrono::milliseconds(1);
+    S3Client client(s, creds, f.http, o);
+    f.http->replies = {reply(status), reply(200)};
+    S3Request r;
+    r.method = "HEAD";
+    r.key = "k";
+    EXPECT_EQ(client.call("b", r).status, 200) << status;
+    EXPECT_EQ(creds->refreshes, 1) << status;
+    ASSERT_EQ(f.http->seen.size(), 2u) << status;
+    EXPECT_NE(header_of(f.http->seen[1], "authorization").find("Credential=ASIA1/"),
+              std::string::npos);
+
+    // A denial that stays is reported after that one repeat.
+    f.http->seen.clear();
+    f.http->replies = {reply(status), reply(status)};
+    EXPECT_THROW(client.call("b", r), Error);
+    EXPECT_EQ(creds->refreshes, 2) << status;
+    EXPECT_EQ(f.http->seen.size(), 2u) << status;
+  }
+}
+
+// Long-term keys do not expire: a bare 403 on a HEAD is a denial, not retried.
+TEST(S3Client, ABareHeadDenialWithLongTermKeysIsNotRetried) {
+  Fixture f;
+  f.http->replies = {reply(403)};
+  S3Request r;
+  r.method = "HEAD";
+  r.key = "k";
+  try {
+    f.client->call("b", r);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kPermissionDenied);
+  }
+  EXPECT_EQ(f.creds->refreshes, 0);
+  EXPECT_EQ(f.http->seen.size(), 1u);
+}
+
 TEST(S3Client, ASecondExpiredTokenIsNotRetriedForever) {
   Fixture f;
   f.http->replies = {reply(400, error_xml("ExpiredToken")), reply(400, error_xml("ExpiredToken"))};

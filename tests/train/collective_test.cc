@@ -58,6 +58,45 @@ TEST(ReportRound, CommitWaitsForEveryUploaderAndMergesTheirFiles) {
   EXPECT_EQ(r.on_report(2, 2, {{"epoch", 1}}, false, 1.0).type, Action::kAck);
 }
 
+TEST(ReportRound, CommitSaysWhichRanksUploaded) {
+  ReportRound r(3, 10.0);
+  r.on_report(0, 1, {}, false, 0.0);
+  r.on_report(1, 1, {}, true, 0.0);
+  ASSERT_EQ(r.on_report(2, 1, {}, true, 0.0).type, Action::kBeginUpload);
+  r.on_uploaded(2, 1, {entry("c", 1, 2)}, kNoMeta, 0.1);
+  Action commit = r.on_uploaded(1, 1, {entry("b", 1, 3)}, kNoMeta, 0.1);
+  ASSERT_EQ(commit.type, Action::kCommit);
+  EXPECT_EQ(commit.uploaders, (std::vector<int>{1, 2}));
+}
+
+// Ranks that saw different preemption notices are saving different steps
+// (one its emergency checkpoint, another a step earlier): their files
+// together would be a checkpoint of no step of the run.
+TEST(ReportRound, RoundWithACheckpointWhoseRanksDisagreeOnTheNoticeFailsBeforeAnyUpload) {
+  ReportRound r(4, 10.0);
+  r.on_report(0, 1, {}, true, 0.0, /*notice=*/true);
+  r.on_report(1, 1, {}, true, 0.0, /*notice=*/false);
+  r.on_report(2, 1, {}, true, 0.0, /*notice=*/true);
+  Action a = r.on_report(3, 1, {}, true, 0.0, /*notice=*/false);
+  ASSERT_EQ(a.type, Action::kFailed);
+  EXPECT_EQ(a.failure.kind, FailureKind::kMismatch);
+  EXPECT_FALSE(is_retryable(a.failure.kind));
+  EXPECT_NE(a.failure.message.find("rank(s) 0, 2 saw should_checkpoint() true"), std::string::npos)
+      << a.failure.message;
+  EXPECT_NE(a.failure.message.find("rank(s) 1, 3 did not"), std::string::npos) << a.failure.message;
+  EXPECT_NE(a.failure.message.find("not committed"), std::string::npos) << a.failure.message;
+}
+
+TEST(ReportRound, RanksThatAgreeOnTheNoticeCommitAndDisagreementWithoutFilesIsAcked) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, false, 0.0, /*notice=*/true);
+  EXPECT_EQ(r.on_report(1, 1, {}, false, 0.0, /*notice=*/false).type, Action::kAck)
+      << "nothing is committed, so nothing can be torn";
+  r.on_released();
+  r.on_report(0, 2, {}, true, 1.0, /*notice=*/true);
+  EXPECT_EQ(r.on_report(1, 2, {}, true, 1.0, /*notice=*/true).type, Action::kBeginUpload);
+}
+
 TEST(ReportRound, RankThatReportsAgainAfterAnotherFinishedIsAMismatchNamingBoth) {
   ReportRound r(2, 10.0);
   r.on_report(0, 1, {}, false, 0.0);

@@ -7,13 +7,16 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
 #include "cairn/train.h"
 #include "support/temp_dir.h"
+#include "train/group.h"
 #include "train/train_support.h"
 
 namespace cairn {
@@ -114,6 +117,64 @@ TEST(Preemption, AWorkersOwnSigtermReachesEveryRankAtTheSameReport) {
   // that report's release and checkpoints at step 4.
   EXPECT_EQ(r.checkpoint->to_dict().at("step"), 4);
   EXPECT_NE(r.error->find("emergency checkpoint"), std::string::npos) << *r.error;
+  expect_no_children();
+}
+
+// Asynchronous reports: each step waits until its upload thread has received
+// the release of every report so far, then asks should_checkpoint() again.
+// The notice may arrive at any moment in between, on the upload thread; the
+// answer must not change there, only at a report() call, and at the same one
+// on every rank, so all ranks save their emergency checkpoint at one step.
+void async_preemptible_loop(const nlohmann::json&) {
+  const int rank = train::get_context().world_rank;
+  int reports = 0;
+  for (int step = 0; step < 100000; ++step) {
+    if (rank == 1 && step == 3) ::raise(SIGTERM);  // reported with this step's report
+    const bool before = train::should_checkpoint();
+    for (int i = 0; i < 6000 && train_internal::released_round() < reports; ++i) {  // <= 60 s
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (train_internal::released_round() < reports) {
+      throw Error(ErrorCode::kTimeout,
+                  fmt::format("rank {}: report #{} not released", rank, reports));
+    }
+    if (train::should_checkpoint() != before) {
+      throw Error(ErrorCode::kInternal,
+                  fmt::format("rank {}: should_checkpoint() changed between two reports, at "
+                              "step {}",
+                              rank, step));
+    }
+    ++reports;
+    if (before) {
+      train::TemporaryDirectory dir;
+      std::ofstream(fs::path(dir.path()) / fmt::format("rank-{}.json", rank))
+          << nlohmann::json{{"step", step}}.dump();
+      train::report({{"step", step}}, Checkpoint::from_directory(dir.path()), {.async = true});
+      return;
+    }
+    train::report({{"step", step}}, std::nullopt, {.async = true});
+  }
+}
+
+TEST(Preemption, WithAsyncReportsTheNoticeChangesOnlyAtAReportAndEveryRankSavesTheSameStep) {
+  TempDir dir;
+  Trainer t(async_preemptible_loop, {}, ScalingConfig{.num_workers = 4}, run_in(dir));
+  Result r = t.fit();
+  ASSERT_TRUE(r.preempted) << r.error.value_or("no error");
+  EXPECT_EQ(r.error->find("changed between two reports"), std::string::npos) << *r.error;
+  ASSERT_TRUE(r.checkpoint) << *r.error;
+  // Rank 1's SIGTERM rides on report #4 (step 3), whose release carries the
+  // notice; with one report in flight, report #5 (step 4) is the first call
+  // that has surely seen that release, so every rank saves at step 5.
+  const fs::path ck = r.checkpoint->as_directory().path();
+  for (int rank = 0; rank < 4; ++rank) {
+    const fs::path file = ck / fmt::format("rank-{}.json", rank);
+    ASSERT_TRUE(fs::exists(file)) << file;
+    EXPECT_EQ(nlohmann::json::parse(testing::read_text(file)).at("step"), 5) << file;
+  }
+  const Manifest m = r.checkpoint->manifest();
+  EXPECT_EQ(m.ranks, (nlohmann::json{{"world_size", 4}, {"contributed", {0, 1, 2, 3}}}));
+  EXPECT_EQ(expect_all_verify(r.path), 1u);
   expect_no_children();
 }
 

@@ -243,7 +243,13 @@ HttpResponse S3Client::call(const std::string& bucket, const S3Request& request)
       return response;
     }
     S3ErrorBody body = parse_error_body(response.body);
-    if (is_token_expiry(body.code) && !refreshed) {
+    // S3 answers a HEAD without a body, so an expired token shows there only as
+    // a bare 400 or 403: with temporary credentials, that too is worth one
+    // refresh and a repeat (a real denial fails again, and is reported).
+    const bool bare_head_denial = request.method == "HEAD" && body.code.empty() &&
+                                  (status == 400 || status == 403) &&
+                                  (!credentials.session_token.empty() || credentials.expiration);
+    if ((is_token_expiry(body.code) || bare_head_denial) && !refreshed) {
       refreshed = true;
       credentials_->refresh();
       continue;

@@ -420,7 +420,9 @@ class ChainProvider final : public CredentialsProvider {
 
   Credentials get() override {
     std::unique_lock lock(mu_);
-    if (cached_ && fresh(*cached_)) return *cached_;
+    if (cached_ && (fresh(*cached_) || (!expired(*cached_) && fetched_recently()))) {
+      return *cached_;
+    }
     return fetch(lock, /*from_get=*/true);
   }
 
@@ -430,8 +432,23 @@ class ChainProvider final : public CredentialsProvider {
   }
 
  private:
+  // Fresh: more of their lifetime left than the window, which is the
+  // configured one or, for short-lived credentials, a quarter of the lifetime
+  // they had when fetched (credentials valid for 4 minutes are re-fetched
+  // with 1 minute left, not on every request).
   bool fresh(const Credentials& c) const {
-    return !c.expiration || env_.now() + options_.refresh_window < *c.expiration;
+    if (!c.expiration) return true;
+    auto window = std::chrono::duration_cast<system_clock::duration>(options_.refresh_window);
+    if (fetched_at_ && *fetched_at_ < *c.expiration) {
+      window = std::min(window, (*c.expiration - *fetched_at_) / 4);
+    }
+    return env_.now() + window < *c.expiration;
+  }
+  // get() asks the chain at most once per min_refetch_interval while the
+  // cached credentials still work: a source that keeps answering with
+  // credentials about to expire, or keeps failing, is not asked per request.
+  bool fetched_recently() const {
+    return last_attempt_ && env_.now() < *last_attempt_ + options_.min_refetch_interval;
   }
   bool expired(const Credentials& c) const { return c.expiration && env_.now() >= *c.expiration; }
 
@@ -442,6 +459,7 @@ class ChainProvider final : public CredentialsProvider {
       cv_.wait(lock, [&] { return generation_ != seen; });
     } else {
       fetching_ = true;
+      last_attempt_ = env_.now();
       lock.unlock();
       std::optional<Credentials> got;
       std::exception_ptr error;
@@ -454,7 +472,10 @@ class ChainProvider final : public CredentialsProvider {
       fetching_ = false;
       ++generation_;
       last_error_ = error;
-      if (got) cached_ = std::move(got);
+      if (got) {
+        cached_ = std::move(got);
+        fetched_at_ = env_.now();
+      }
       cv_.notify_all();
     }
     if (last_error_) {
@@ -484,6 +505,8 @@ class ChainProvider final : public CredentialsProvider {
   uint64_t generation_ = 0;  // completed fetches
   std::exception_ptr last_error_;
   std::optional<Credentials> cached_;
+  std::optional<system_clock::time_point> fetched_at_;    // when cached_ arrived
+  std::optional<system_clock::time_point> last_attempt_;  // the last fetch's start
 };
 
 class StaticProvider final : public CredentialsProvider {

@@ -44,8 +44,13 @@ class CredentialsProvider {
   virtual ~CredentialsProvider() = default;
   // Valid credentials, resolved lazily on the first call (opening storage
   // needs no network). Temporary credentials are re-fetched when they expire
-  // within the refresh window (5 minutes by default); should that re-fetch
-  // fail while the old ones have not expired yet, the old ones are returned.
+  // within the refresh window: CredentialsOptions::refresh_window (5 minutes
+  // by default), or a quarter of the lifetime they had when fetched if that
+  // is shorter. While the cached ones have not expired, get() asks the chain
+  // at most once per CredentialsOptions::min_refetch_interval, so a source
+  // that answers with credentials about to expire (or fails) is not asked on
+  // every request; should a re-fetch fail while the old ones have not
+  // expired yet, the old ones are returned.
   // Thread-safe: concurrent callers share one fetch, and its failure.
   // Throws cairn::Error as described at the top of this file.
   virtual Credentials get() = 0;
@@ -57,8 +62,13 @@ class CredentialsProvider {
 };
 
 struct CredentialsOptions {
-  // Temporary credentials that expire within this window are re-fetched.
+  // Temporary credentials that expire within this window are re-fetched; for
+  // credentials that lived less than 4 windows when fetched, the window is a
+  // quarter of that lifetime.
   std::chrono::seconds refresh_window{std::chrono::minutes(5)};
+  // While cached credentials have not expired, get() re-fetches at most once
+  // per this interval (refresh() after an expired-token answer always does).
+  std::chrono::seconds min_refetch_interval{std::chrono::seconds(10)};
   // The instance metadata service: per-request connect and total timeouts.
   std::chrono::milliseconds metadata_connect_timeout{std::chrono::seconds(1)};
   std::chrono::milliseconds metadata_timeout{std::chrono::seconds(2)};

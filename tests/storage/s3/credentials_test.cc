@@ -223,6 +223,85 @@ TEST(Credentials, TheRefreshWindowIsConfigurable) {
   EXPECT_EQ(imds.fetches, 2);
 }
 
+// A credential_process handing out credentials valid for 4 minutes, asked
+// for them on each of 47 requests 10 s apart: the refresh window shrinks to a
+// quarter of that lifetime, so the process runs once per 3 minutes, not per
+// request (it used to run on every request: 4 minutes is inside the default
+// 5-minute window).
+TEST(Credentials, ShortLivedCredentialsAreRefetchedOncePerWindowNotPerRequest) {
+  World w;
+  int runs = 0;
+  w.process = [&](const std::string&) {
+    ++runs;
+    return fmt::format(
+        R"({{"Version": 1, "AccessKeyId": "P{}", "SecretAccessKey": "S", "SessionToken": "T",
+            "Expiration": "{}"}})",
+        runs, iso(w.now + minutes(4)));
+  };
+  w.config("[default]\ncredential_process = /bin/short-lived\n");
+  auto p = default_credentials(w.env());
+  for (int request = 0; request < 47; ++request) {
+    const Credentials c = p->get();
+    ASSERT_TRUE(c.expiration);
+    EXPECT_GT(*c.expiration - w.now, minutes(1) - seconds(10))
+        << "request " << request << " got credentials too close to their expiry";
+    w.advance(seconds(10));
+  }
+  // 470 s of requests: the first fetch and one each time a minute is left.
+  EXPECT_EQ(runs, 3);
+}
+
+// A source that answers every time with the same credentials, close to their
+// expiry (a cache in front of it), is asked at most once per
+// min_refetch_interval until they expire, not on every request.
+TEST(Credentials, ASourceRepeatingNearlyExpiredCredentialsIsNotAskedPerRequest) {
+  World w;
+  int runs = 0;
+  const system_clock::time_point expiry = w.now + minutes(2);
+  w.process = [&](const std::string&) {
+    ++runs;
+    return fmt::format(
+        R"({{"Version": 1, "AccessKeyId": "P", "SecretAccessKey": "S", "SessionToken": "T",
+            "Expiration": "{}"}})",
+        iso(expiry));
+  };
+  w.config("[default]\ncredential_process = /bin/cached\n");
+  CredentialsOptions options;
+  options.min_refetch_interval = seconds(10);
+  auto p = default_credentials(w.env(), options);
+  int requests = 0;
+  while (w.now < expiry) {
+    EXPECT_EQ(p->get().access_key_id, "P");
+    ++requests;
+    w.advance(seconds(1));
+  }
+  EXPECT_EQ(requests, 120);
+  // The first fetch, then (inside the shrinking window) at most one per 10 s.
+  EXPECT_LE(runs, 1 + 120 / 10);
+  EXPECT_GE(runs, 2) << "it is asked again inside the window";
+}
+
+// While a renewal keeps failing, the cached (unexpired) credentials are used
+// and the source is asked again once per interval, not per request.
+TEST(Credentials, AFailingRenewalIsRetriedOncePerIntervalNotPerRequest) {
+  World w;
+  FakeImds imds;
+  bool broken = false;
+  imds.credentials = [&] { return broken ? std::string("{") : creds_json("K", w.now + hours(1)); };
+  w.http->set_handler(imds.handler());
+  CredentialsOptions options;
+  options.min_refetch_interval = seconds(30);
+  auto p = default_credentials(w.env(), options);
+  EXPECT_EQ(p->get().access_key_id, "K");
+  broken = true;
+  w.advance(minutes(56));  // 4 minutes left: inside the window
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_EQ(p->get().access_key_id, "K");
+    w.advance(seconds(1));
+  }
+  EXPECT_EQ(imds.fetches, 1 + 2) << "the first fetch, then one per 30 s";
+}
+
 TEST(Credentials, LongTermKeysAreNeverRefetchedByGet) {
   World w;
   w.credentials("[default]\naws_access_key_id = A\naws_secret_access_key = s\n");

@@ -1,0 +1,343 @@
+// The Python binding: cairn._cairn, wrapped by the pure-Python package
+// python/cairn/. It uses only Cairn's public headers and adds no behaviour of
+// its own: every call goes to the C++ core, with the GIL released for the
+// call's I/O. JSON values (metrics, metadata) cross as Python dicts, lists,
+// strings, numbers, booleans and None; cairn::Error becomes the matching
+// cairn.errors class with the C++ message unchanged.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "cairn/version.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using nlohmann::json;
+
+// Python object -> JSON. Keys must be strings; anything else that is not a
+// JSON value is a TypeError naming its type (raised before any I/O).
+json to_json(py::handle h, int depth = 0) {
+  if (depth > 128) throw py::value_error("value nested deeper than 128 levels");
+  if (h.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
+  if (py::isinstance<py::int_>(h)) {
+    // Beyond 64 bits a Python int has no JSON number Cairn can store exactly.
+    try {
+      return h.cast<int64_t>();
+    } catch (const py::cast_error&) {
+      try {
+        return h.cast<uint64_t>();
+      } catch (const py::cast_error&) {
+        throw py::value_error("integer does not fit in 64 bits: " + py::str(h).cast<std::string>());
+      }
+    }
+  }
+  if (py::isinstance<py::float_>(h)) return h.cast<double>();
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::dict>(h)) {
+    json out = json::object();
+    for (auto [k, v] : h.cast<py::dict>()) {
+      if (!py::isinstance<py::str>(k)) {
+        throw py::type_error("dict keys must be str, got " +
+                             py::str(py::type::of(k).attr("__name__")).cast<std::string>());
+      }
+      out[k.cast<std::string>()] = to_json(v, depth + 1);
+    }
+    return out;
+  }
+  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    json out = json::array();
+    for (py::handle v : h) out.push_back(to_json(v, depth + 1));
+    return out;
+  }
+  // numpy and torch scalars: their item() is a plain Python number.
+  if (py::hasattr(h, "item") && py::hasattr(h, "ndim") && h.attr("ndim").cast<int>() == 0) {
+    return to_json(h.attr("item")(), depth + 1);
+  }
+  throw py::type_error("not a JSON value: object of type " +
+                       py::str(py::type::of(h).attr("__name__")).cast<std::string>());
+}
+
+py::object from_json(const json& j) {
+  switch (j.type()) {
+    case json::value_t::null:
+      return py::none();
+    case json::value_t::boolean:
+      return py::bool_(j.get<bool>());
+    case json::value_t::number_integer:
+      return py::int_(j.get<int64_t>());
+    case json::value_t::number_unsigned:
+      return py::int_(j.get<uint64_t>());
+    case json::value_t::number_float:
+      return py::float_(j.get<double>());
+    case json::value_t::string:
+      return py::str(j.get_ref<const std::string&>());
+    case json::value_t::array: {
+      py::list out;
+      for (const auto& v : j) out.append(from_json(v));
+      return out;
+    }
+    case json::value_t::object: {
+      py::dict out;
+      for (auto it = j.begin(); it != j.end(); ++it) out[py::str(it.key())] = from_json(it.value());
+      return out;
+    }
+    default:
+      return py::none();  // binary and discarded values never come from Cairn's parser
+  }
+}
+
+// A path-like (str, os.PathLike) or URI as a string.
+std::string path_arg(py::handle h) {
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  py::module_ os = py::module_::import("os");
+  py::object p = os.attr("fspath")(h);
+  if (!py::isinstance<py::str>(p)) throw py::type_error("a path must be str or os.PathLike[str]");
+  return p.cast<std::string>();
+}
+
+// Checkpoint.as_directory()'s context manager: holds the view until __exit__.
+class DirectoryView {
+ public:
+  explicit DirectoryView(cairn::Checkpoint checkpoint) : checkpoint_(std::move(checkpoint)) {}
+  std::string enter() {
+    if (!view_) {
+      py::gil_scoped_release release;
+      view_ = checkpoint_.as_directory();
+    }
+    return view_->path().string();
+  }
+  void exit() { view_.reset(); }
+
+ private:
+  cairn::Checkpoint checkpoint_;
+  std::optional<cairn::LocalDirectory> view_;
+};
+
+// The manager behind close(): the experiment's lock is released when it is
+// closed, not when Python's collector gets to the object.
+class PyManager {
+ public:
+  PyManager(std::string uri, cairn::CheckpointConfig config) {
+    py::gil_scoped_release release;
+    manager_ = std::make_unique<cairn::CheckpointManager>(uri, std::move(config));
+  }
+  cairn::CheckpointManager& get() {
+    if (!manager_) {
+      throw cairn::Error(cairn::ErrorCode::kFailedPrecondition,
+                         "the CheckpointManager is closed; open a new one");
+    }
+    return *manager_;
+  }
+  void close() {
+    std::unique_ptr<cairn::CheckpointManager> m = std::move(manager_);
+    py::gil_scoped_release release;
+    m.reset();
+  }
+  bool closed() const { return manager_ == nullptr; }
+
+ private:
+  std::unique_ptr<cairn::CheckpointManager> manager_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_cairn, m) {
+  m.doc() = "Cairn's C++ core (use the cairn package, which wraps this module).";
+  m.attr("__version__") = CAIRN_VERSION_STRING;
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const cairn::Error& e) {
+      py::object errors = py::module_::import("cairn.errors");
+      const std::string code(cairn::error_code_name(e.code()));
+      py::object cls = errors.attr("_class_for")(code);
+      py::object exc = cls(e.what(), code, e.retryable());
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  py::class_<cairn::VerifyProblem>(m, "VerifyProblem",
+                                   "A file of a checkpoint that failed verification.")
+      .def_readonly("path", &cairn::VerifyProblem::path, "The file, relative to the checkpoint.")
+      .def_readonly("reason", &cairn::VerifyProblem::reason,
+                    "What is wrong: 'missing', 'size 10, manifest says 12', ...")
+      .def("__repr__", [](const cairn::VerifyProblem& v) {
+        return "VerifyProblem(path=" + py::repr(py::str(v.path)).cast<std::string>() +
+               ", reason=" + py::repr(py::str(v.reason)).cast<std::string>() + ")";
+      });
+
+  py::class_<DirectoryView>(m, "DirectoryView")
+      .def("__enter__", &DirectoryView::enter)
+      .def("__exit__", [](DirectoryView& v, py::args) { v.exit(); });
+
+  py::class_<cairn::Checkpoint>(m, "Checkpoint")
+      .def_static(
+          "from_directory",
+          [](py::handle path) { return cairn::Checkpoint::from_directory(path_arg(path)); },
+          py::arg("path"))
+      .def_static(
+          "from_dict", [](py::handle d) { return cairn::Checkpoint::from_dict(to_json(d)); },
+          py::arg("data"))
+      .def("to_dict",
+           [](const cairn::Checkpoint& c) {
+             json j;
+             {
+               py::gil_scoped_release release;
+               j = c.to_dict();
+             }
+             return from_json(j);
+           })
+      .def_property_readonly("path", &cairn::Checkpoint::uri)
+      .def("as_directory", [](const cairn::Checkpoint& c) { return DirectoryView(c); })
+      .def(
+          "to_directory",
+          [](const cairn::Checkpoint& c, py::handle path) {
+            const std::string dest = path.is_none() ? std::string() : path_arg(path);
+            py::gil_scoped_release release;
+            return c.to_directory(dest).string();
+          },
+          py::arg("path") = py::none())
+      .def("get_metadata",
+           [](const cairn::Checkpoint& c) {
+             json j;
+             {
+               py::gil_scoped_release release;
+               j = c.get_metadata();
+             }
+             return from_json(j);
+           })
+      .def(
+          "set_metadata",
+          [](const cairn::Checkpoint& c, py::handle metadata) {
+            const json j = to_json(metadata);
+            py::gil_scoped_release release;
+            c.set_metadata(j);
+          },
+          py::arg("metadata"))
+      .def(
+          "update_metadata",
+          [](const cairn::Checkpoint& c, py::handle patch) {
+            const json j = to_json(patch);
+            py::gil_scoped_release release;
+            c.update_metadata(j);
+          },
+          py::arg("metadata"))
+      .def("is_committed",
+           [](const cairn::Checkpoint& c) {
+             py::gil_scoped_release release;
+             return c.is_committed();
+           })
+      .def("files",
+           [](const cairn::Checkpoint& c) {
+             std::vector<cairn::ObjectInfo> files;
+             {
+               py::gil_scoped_release release;
+               files = c.files();
+             }
+             py::list out;
+             for (const auto& f : files) out.append(py::make_tuple(f.key, f.size));
+             return out;
+           })
+      .def("verify",
+           [](const cairn::Checkpoint& c) {
+             py::gil_scoped_release release;
+             return c.verify();
+           })
+      .def("manifest_json",
+           [](const cairn::Checkpoint& c) {
+             py::gil_scoped_release release;
+             return c.manifest().to_json();
+           })
+      .def("__repr__", [](const cairn::Checkpoint& c) {
+        return "Checkpoint(path=" + py::repr(py::str(c.uri())).cast<std::string>() + ")";
+      });
+
+  py::class_<cairn::CheckpointConfig>(m, "CheckpointConfig")
+      .def(py::init([](std::optional<int> num_to_keep,
+                       std::optional<std::string> checkpoint_score_attribute,
+                       std::string checkpoint_score_order,
+                       std::optional<double> keep_checkpoint_every_n_hours,
+                       int checkpoint_frequency, bool checkpoint_at_end) {
+             cairn::CheckpointConfig c;
+             c.num_to_keep = num_to_keep;
+             c.checkpoint_score_attribute = checkpoint_score_attribute.value_or("");
+             c.checkpoint_score_order = std::move(checkpoint_score_order);
+             c.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
+             c.checkpoint_frequency = checkpoint_frequency;
+             c.checkpoint_at_end = checkpoint_at_end;
+             c.validate();
+             return c;
+           }),
+           py::kw_only(), py::arg("num_to_keep") = py::none(),
+           py::arg("checkpoint_score_attribute") = py::none(),
+           py::arg("checkpoint_score_order") = "max",
+           py::arg("keep_checkpoint_every_n_hours") = py::none(),
+           py::arg("checkpoint_frequency") = 0, py::arg("checkpoint_at_end") = false)
+      .def_readonly("num_to_keep", &cairn::CheckpointConfig::num_to_keep)
+      .def_property_readonly("checkpoint_score_attribute",
+                             [](const cairn::CheckpointConfig& c) -> std::optional<std::string> {
+                               if (c.checkpoint_score_attribute.empty()) return std::nullopt;
+                               return c.checkpoint_score_attribute;
+                             })
+      .def_readonly("checkpoint_score_order", &cairn::CheckpointConfig::checkpoint_score_order)
+      .def_readonly("keep_checkpoint_every_n_hours",
+                    &cairn::CheckpointConfig::keep_checkpoint_every_n_hours)
+      .def_readonly("checkpoint_frequency", &cairn::CheckpointConfig::checkpoint_frequency)
+      .def_readonly("checkpoint_at_end", &cairn::CheckpointConfig::checkpoint_at_end)
+      .def("to_dict", [](const cairn::CheckpointConfig& c) { return from_json(c.to_json()); });
+
+  py::class_<cairn::CheckpointRecord>(m, "CheckpointRecord")
+      .def_readonly("index", &cairn::CheckpointRecord::index)
+      .def_readonly("name", &cairn::CheckpointRecord::name)
+      .def_property_readonly("metrics",
+                             [](const cairn::CheckpointRecord& r) { return from_json(r.metrics); })
+      .def_readonly("created_at", &cairn::CheckpointRecord::created_at)
+      .def_readonly("pinned", &cairn::CheckpointRecord::pinned)
+      .def_readonly("checkpoint", &cairn::CheckpointRecord::checkpoint)
+      .def("__repr__", [](const cairn::CheckpointRecord& r) {
+        return "CheckpointRecord(name=" + py::repr(py::str(r.name)).cast<std::string>() +
+               ", metrics=" + py::repr(from_json(r.metrics)).cast<std::string>() + ")";
+      });
+
+  py::class_<PyManager>(m, "CheckpointManager")
+      .def(py::init([](py::handle uri, const cairn::CheckpointConfig& config) {
+             return std::make_unique<PyManager>(path_arg(uri), config);
+           }),
+           py::arg("experiment_uri"), py::arg("config"))
+      .def(
+          "register_checkpoint",
+          [](PyManager& m, py::handle metrics, const cairn::Checkpoint& checkpoint) {
+            const json j = to_json(metrics);
+            cairn::CheckpointManager& manager = m.get();
+            py::gil_scoped_release release;
+            return manager.register_checkpoint(j, checkpoint);
+          },
+          py::arg("metrics"), py::arg("checkpoint"))
+      .def("latest", [](PyManager& m) { return m.get().latest(); })
+      .def("best", [](PyManager& m) { return m.get().best(); })
+      .def("history", [](PyManager& m) { return m.get().history(); })
+      .def("wait_for_deletes",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             manager.wait_for_deletes();
+           })
+      .def_property_readonly("uri", [](PyManager& m) { return m.get().uri(); })
+      .def_property_readonly("closed", &PyManager::closed)
+      .def("close", &PyManager::close);
+}
