@@ -352,7 +352,7 @@ TEST_F(S3Storage, ConditionalWritesAreHonouredByTheServer) {
   EXPECT_EQ(put("if-none-match", "*"), 412);
 }
 
-TEST_F(S3Storage, GcLeavesNoMultipartUploadBehindEvenUnderALapsedLease) {
+TEST_F(S3Storage, GcAndTheNextOpenLeaveNoMultipartUploadEvenUnderALapsedLease) {
   if (S3Server::instance().kind() == S3Server::Kind::kS3rver) {
     GTEST_SKIP() << "s3rver has no ListMultipartUploads";
   }
@@ -372,6 +372,19 @@ TEST_F(S3Storage, GcLeavesNoMultipartUploadBehindEvenUnderALapsedLease) {
   EXPECT_TRUE(report.skipped.empty()) << report.skipped.front();
   EXPECT_TRUE(multipart_uploads(prefix).empty());
   EXPECT_TRUE(s->list_incomplete("").empty());
+  // The same left for the next open of the experiment to clean up.
+  pid = ::fork();
+  if (pid == 0) {
+    auto child = open_storage(uri);
+    auto w = child->open_writer("exp/checkpoint_000001/model.bin");
+    w->append(as_bytes(random_bytes(700'000, 4)));
+    ::raise(SIGKILL);
+  }
+  ::waitpid(pid, nullptr, 0);
+  s->put("exp/.cairn.lock", foreign_lease(0));
+  ASSERT_EQ(multipart_uploads(prefix).size(), 1u);
+  { CheckpointManager reopened(uri + "/exp", CheckpointConfig{}); }
+  EXPECT_TRUE(multipart_uploads(prefix).empty());
 }
 
 TEST_F(S3Storage, BucketNamesTheServerCannotHaveAreRefusedAndMissingOnesNamed) {

@@ -344,7 +344,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body_len = len(data)
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("Content-Length", str(body_len)))
-            resp = _Buffered(data)
+            resp = _Buffered(data, resp.status, resp.reason)
         else:
             body_len = int(length)
         if body_len == 0:
@@ -474,9 +474,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class _Buffered:
     """An already read upstream body, with the attributes relay() uses."""
 
-    def __init__(self, data):
+    def __init__(self, data, status, reason):
         self.data = data
         self.pos = 0
+        self.status = status
+        self.reason = reason
 
     def read(self, n=-1):
         end = len(self.data) if n is None or n < 0 else self.pos + n

@@ -800,7 +800,14 @@ struct LeaseGuard {
       lost_to = s.description;
       return false;
     }
-    std::optional<std::string> put = put_lease(ctx, key, body, s.exists ? s.etag : "");
+    // Gone: another process took it over and released it, or it was
+    // deleted by hand. Writing it again could hide a successor's work.
+    if (!s.exists) {
+      lost = true;
+      lost_to = "deleted by another process";
+      return false;
+    }
+    std::optional<std::string> put = put_lease(ctx, key, body, s.etag);
     if (!put) {
       LeaseState now = read_lease(ctx, key);
       lost = true;
@@ -830,7 +837,7 @@ void Context::fence(const std::string& key, std::string_view what) {
     if (!guard->lost) guard->renew(*this);
     if (guard->lost) {
       throw Error(ErrorCode::kLocked,
-                  fmt::format("{}: the lock was lost, {} now; {} of {} refused (the lease lapsed "
+                  fmt::format("{}: the lock was lost ({}); {} of {} refused (the lease lapsed "
                               "while this process held it: paused or cut off for longer than "
                               "CAIRN_S3_LOCK_TTL)",
                               uri(guard->key), guard->lost_to, what, uri(key)));
