@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -185,9 +186,9 @@ TEST(S3Kills, KilledSavesAndCopiesNeverLeaveMetadataThatNeedsAPerson) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   close(fd);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  const uint64_t copy_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                               std::chrono::steady_clock::now() - started)
-                               .count();
+  uint64_t copy_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::steady_clock::now() - started)
+                         .count();
   check_copy(copy_source, copy_dst);
   copy_dst = fmt::format("{}/copy-{}", root, ++copies);
 
@@ -221,6 +222,8 @@ TEST(S3Kills, KilledSavesAndCopiesNeverLeaveMetadataThatNeedsAPerson) {
       ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
           << "cairn cp to " << copy_dst << " failed after earlier kills: status " << status;
       ++copies_finished;
+      // The first copy (cold) overstated how long one takes: aim shorter.
+      copy_us = std::max<uint64_t>(copy_us * 3 / 4, 1000);
     }
     empty_left += empty_metadata(copy_round ? copy_dst : exp);
     if (copy_round) {
