@@ -4,7 +4,8 @@
 #   1. static (PIC) build, installed into a temporary prefix: the files, the
 #      `cairn` command, a shared object made from the static archives,
 #      tests/package/consumer built with find_package(Cairn) and with
-#      `pkg-config --static`, and run;
+#      `pkg-config --static`, and run; what README and docs/ tell a consumer
+#      (its first pkg-config line, its component table: check_readme.sh);
 #   2. BUILD_SHARED_LIBS=ON, installed likewise: soname links, only cairn::
 #      symbols exported, the consumer built both ways and run;
 #   3. the consumer through add_subdirectory(<checkout>) with GoogleTest,
@@ -141,6 +142,8 @@ check "static: the archives link into a shared object (PIC)" link_into_shared_ob
 check "static: find_package(Cairn) consumer builds and runs" consumer_cmake static "$static"
 check "static: pkg-config --static consumer builds and runs" \
   consumer_pkgconfig static "$static/lib/pkgconfig" "" --static
+check "static: README's first pkg-config line works; its table and docs' targets are Cairn's" \
+  "$src/tests/package/check_readme.sh" "$src" "$static"
 refuses_version() {  # refuses_version VERSION: find_package(Cairn VERSION) must fail
   local out
   if out=$(cmake -S "$src/tests/package/consumer" -B "$work/consumer-version-$1" -G Ninja \
