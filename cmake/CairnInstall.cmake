@@ -147,24 +147,56 @@ install(FILES ${pc_files} DESTINATION ${CAIRN_PKGCONFIG_DIR})
 
 # ---- cpack -G DEB -----------------------------------------------------------
 # One package, `cairn`: the command, headers, libraries, CMake and pkg-config
-# files. Its runtime dependencies come from dpkg-shlibdeps; the development
-# packages its headers and link interface need are listed by hand.
+# files, under /usr with the libraries in Debian's multiarch folder
+# (lib/<triplet>, which GNUInstallDirs picks for the /usr prefix; the package
+# must be made from a build configured with CMAKE_INSTALL_PREFIX=/usr, which
+# cmake/CairnCPackChecks.cmake enforces). Its runtime dependencies come from
+# dpkg-shlibdeps; the development packages its headers and link interface
+# need are listed here: one for each find_dependency() of CairnConfig.cmake
+# and each module of the .pc files' Requires(.private)/Libs.private that
+# this build uses. tests/package/check_deb_depends.sh derives that list from
+# the installed files and fails when a dependency has no package here.
 set(CPACK_PACKAGE_NAME cairn)
 set(CPACK_PACKAGE_VENDOR "Cairn")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Checkpointing for distributed model training (library and CLI)")
-set(CPACK_PACKAGE_CONTACT "Cairn maintainers <cairn-maintainers@example.org>")
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY
+    "crash-safe checkpoints for distributed model training (C++ libraries and CLI)")
+set(CPACK_PACKAGE_CONTACT "Cairn maintainers <cairn@localhost>")
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
-set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-  "Crash-safe checkpoints for distributed model training, in C++: the cairn
-command (ls, show, verify, gc), the Cairn libraries (core, format, train),
-their headers, CMake package (find_package(Cairn)) and pkg-config files.")
+# The extended description; CPack puts the summary above it and indents it
+# as deb-control(5) wants (lines starting with a space stay as they are).
+set(deb_torch "")
+if(TARGET cairn_torch)
+  string(CONCAT deb_torch
+    " - the LibTorch adapter (Cairn::torch): a module's weights, optimizer and\n"
+    "   random generators as safetensors files that PyTorch and Hugging Face\n"
+    "   load, and data-parallel training over Gloo;\n")
+endif()
+string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
+  "Cairn saves model and training state as checkpoints that are whole or\n"
+  "absent after any crash, on a local disk or S3, and keeps the best and the\n"
+  "latest of them. This package holds:\n"
+  " - the cairn command: ls, show, verify and gc of experiments and\n"
+  "   checkpoints, and cp, which copies them between storages (local, s3://);\n"
+  " - the libraries core, format, train and tune: storage and commit\n"
+  "   protocol, CheckpointManager, the safetensors state engine, the Trainer\n"
+  "   and the Tuner (hyperparameter search with ASHA, PBT and other\n"
+  "   schedulers);\n"
+  "${deb_torch}"
+  " - their headers, CMake package (find_package(Cairn)) and pkg-config files.")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# CairnConfig.cmake: find_dependency(nlohmann_json) always; with static
+# libraries fmt, spdlog, xxhash (Findxxhash.cmake), and with the S3 backend
+# CURL, OpenSSL and pugixml; Cairn::train's MPI; Cairn::torch's Torch. The
+# .pc files require the same (libcrypto from libssl-dev, -lcurl).
 set(deb_depends "nlohmann-json3-dev (>= 3.11)")
 if(NOT CAIRN_SHARED)
   string(APPEND deb_depends ", libfmt-dev, libspdlog-dev, libxxhash-dev")
+  if(CAIRN_S3)
+    string(APPEND deb_depends ", libcurl4-openssl-dev | libcurl-dev, libssl-dev, libpugixml-dev")
+  endif()
   if(CAIRN_TRAIN_MPI)
     string(APPEND deb_depends ", libopenmpi-dev")
   endif()
@@ -172,11 +204,22 @@ endif()
 if(TARGET cairn_torch)
   string(APPEND deb_depends ", libtorch-dev")
 endif()
+if(TARGET cairn_cuda)
+  string(APPEND deb_depends ", nvidia-cuda-toolkit")
+endif()
 set(CPACK_DEBIAN_PACKAGE_DEPENDS "${deb_depends}")
 if(CAIRN_SHARED)
   # The package's own libraries satisfy each other's NEEDED entries.
   set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${CMAKE_INSTALL_LIBDIR})
 endif()
+# Checked when cpack runs: a .deb for /usr from a build whose library folder
+# is not Debian's multiarch one would put the libraries in /usr/lib.
+set(CPACK_CAIRN_LIBDIR "${CMAKE_INSTALL_LIBDIR}")
+set(CPACK_CAIRN_MULTIARCH "")
+if(CMAKE_LIBRARY_ARCHITECTURE AND EXISTS /etc/debian_version)
+  set(CPACK_CAIRN_MULTIARCH "${CMAKE_LIBRARY_ARCHITECTURE}")
+endif()
+set(CPACK_PROJECT_CONFIG_FILE ${CMAKE_CURRENT_LIST_DIR}/CairnCPackChecks.cmake)
 set(CPACK_GENERATOR DEB)
 set(CPACK_SOURCE_GENERATOR TGZ)
 set(CPACK_SOURCE_IGNORE_FILES "/build[^/]*/" "/\\\\.git/" "/\\\\.cache/")

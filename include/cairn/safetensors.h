@@ -150,8 +150,9 @@ struct FileLayout {
 // when empty). Tensors are placed by decreasing element size, then by name,
 // so every tensor starts at an offset aligned to its element size (as the
 // reference writer does); the data buffer starts 8-byte aligned. Throws
-// kInvalidArgument for a duplicate or empty name, a name equal to
-// "__metadata__", or a size that overflows.
+// kInvalidArgument for a duplicate name, a name equal to "__metadata__", or
+// a size that overflows. An empty name is accepted ("" is a valid JSON key,
+// and the reference implementation writes and reads it).
 FileLayout layout_file(std::vector<TensorDescriptor> tensors,
                        const std::map<std::string, std::string>& metadata);
 

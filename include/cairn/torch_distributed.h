@@ -11,7 +11,7 @@
 //     torch::Tensor mine = cairn::libtorch::shard_indices(X.size(0));  // this rank's rows
 //     for (...) {
 //       opt.zero_grad();
-//       ddp.backward(loss_of(model, X.index_select(0, mine)));  // + gradient all-reduce
+//       loss_of(model, X.index_select(0, mine)).backward();  // gradients averaged over ranks
 //       opt.step();                               // identical on every rank
 //       cairn::train::report(metrics, same_checkpoint_on_every_rank);
 //     }
@@ -110,48 +110,64 @@ struct DataParallelOptions {
   int64_t bucket_bytes = 25 << 20;
 };
 
-// Data parallelism over a module, as PyTorch's DistributedDataParallel with
-// explicit synchronization: construct it on every rank over modules of the
-// same structure, call backward(loss) (or loss.backward() then
-// all_reduce_gradients()) every step on every rank, then step the
-// optimizer. Every rank then holds the same gradients, bit for bit, so the
-// same optimizer keeps every rank's weights bitwise identical.
+// Data parallelism over a module, as PyTorch's DistributedDataParallel:
+// construct it on every rank over modules of the same structure, call
+// loss.backward() (or backward(loss), the same) every step on every rank,
+// then step the optimizer. At the end of every backward pass that
+// accumulates into the parameters' gradients, autograd hooks on their
+// gradient accumulators (registered here, removed by the destructor) average
+// the gradients over the ranks, so every rank then holds the same gradients,
+// bit for bit, and the same optimizer keeps every rank's weights bitwise
+// identical. A collective failure in that averaging is thrown by
+// loss.backward() as the cairn::Error the file comment describes.
+// torch::autograd::grad(), which does not accumulate into .grad, averages
+// nothing. Several backward passes before a step (gradient accumulation)
+// each average what has accumulated so far, which is the same mean.
 //
 // Parameters are those of module.parameters() that require a gradient, in
 // that order. A parameter without a gradient on a rank (not used in its
 // forward pass) counts as zeros there, so the collectives stay matched, and
-// gets the averaged gradient like the others.
+// gets the averaged gradient like the others. Every rank must run the same
+// backward passes over the model (at least one of its parameters taking
+// part in each), as the collectives are matched in order.
 //
 // The module must outlive this object and keep its parameters (their
-// number, order, shapes and dtypes). Not thread-safe.
+// number, order, shapes and dtypes). Move-only. Not thread-safe.
 class DistributedDataParallel {
  public:
   // Collective. Checks that every rank's module has the same parameters and
   // buffers (counts, shapes and dtypes; kInvalidArgument otherwise, on every
-  // rank), then copies rank 0's parameters and buffers to every rank.
+  // rank), then copies rank 0's parameters and buffers to every rank, and
+  // hooks the parameters' gradient accumulators.
   // kInvalidArgument for a tensor not on the CPU or a sparse one.
   explicit DistributedDataParallel(torch::nn::Module& module, ProcessGroup& group = process_group(),
                                    DataParallelOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel& operator=(DistributedDataParallel&&) noexcept;
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // loss.backward(), then all_reduce_gradients().
+  // loss.backward(), which averages the gradients.
   void backward(const torch::Tensor& loss);
-  // Collective. Every parameter's gradient becomes the mean over the ranks.
+  // Collective. Every parameter's gradient becomes the mean over the ranks,
+  // unless they already are since the last backward pass (then it does
+  // nothing, on every rank alike).
   void all_reduce_gradients();
   // Collective. Every rank's parameters and buffers become rank `root`'s.
   void broadcast_state(int root = 0);
 
-  torch::nn::Module& module() const { return *module_; }
-  ProcessGroup& group() const { return *group_; }
+  torch::nn::Module& module() const;
+  ProcessGroup& group() const;
   // The buckets' parameter indices (into the parameters above), in the
   // order they are all-reduced.
-  const std::vector<std::vector<size_t>>& buckets() const { return buckets_; }
+  const std::vector<std::vector<size_t>>& buckets() const;
+
+  // What the object and its autograd hooks share (distributed.cc).
+  struct State;
 
  private:
-  torch::nn::Module* module_;
-  ProcessGroup* group_;
-  std::vector<torch::Tensor> params_;  // those that require a gradient
-  std::vector<std::vector<size_t>> buckets_;
-  int64_t bucket_bytes_;
+  std::shared_ptr<State> state_;
 };
 
 // prepare_model(module): Ray Train's name for the same thing.

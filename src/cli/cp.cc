@@ -52,18 +52,34 @@ std::optional<double> transfer_rate(const TransferProgress& p, double elapsed_se
   return static_cast<double>(moved) / elapsed_seconds;
 }
 
-std::optional<double> estimate_eta(const TransferProgress& p, std::optional<double> rate) {
+std::optional<double> estimate_eta(const TransferProgress& p, double elapsed_seconds) {
   if (p.bytes_done >= p.bytes_total) return 0.0;
+  // A rate measured over the first file or the first instant says little
+  // about the rest (a small file, a connection still opening): no estimate
+  // until enough time has passed and enough of the bytes to move have moved.
+  if (!(elapsed_seconds >= kEtaMinSeconds)) return std::nullopt;
+  const uint64_t skipped = std::min(p.bytes_skipped, p.bytes_done);
+  const uint64_t moved = p.bytes_done - skipped;
+  const uint64_t to_move = p.bytes_total - std::min(p.bytes_skipped, p.bytes_total);
+  if (static_cast<double>(moved) < kEtaMinFraction * static_cast<double>(to_move)) {
+    return std::nullopt;
+  }
+  const std::optional<double> rate = transfer_rate(p, elapsed_seconds);
   if (!rate || !(*rate > 0)) return std::nullopt;
   return static_cast<double>(p.bytes_total - p.bytes_done) / *rate;
 }
 
 std::string render_progress_bar(const TransferProgress& p, double elapsed_seconds, size_t width) {
   const std::optional<double> rate = transfer_rate(p, elapsed_seconds);
-  const std::optional<double> eta = estimate_eta(p, rate);
+  const std::optional<double> eta = estimate_eta(p, elapsed_seconds);
+  // Every field is padded to the widest text it can take during one copy (the
+  // totals do not change), so the line and its bar keep their width from one
+  // redraw to the next; single spaces leave a bar on an 80-column terminal.
+  const size_t file_digits = fmt::formatted_size("{}", p.files_total);
   const std::string numbers = fmt::format(
-      "{:3}%  {}  {}  ETA {}  {}/{} files", percent(p), counts(p), rate ? format_rate(*rate) : "-",
-      eta ? format_duration(*eta) : "-", p.files_done, p.files_total);
+      "{:>3}% {:>10}/{} {:>12} ETA {:>6} {:>{}}/{} files", percent(p), format_size(p.bytes_done),
+      format_size(p.bytes_total), rate ? format_rate(*rate) : "-",
+      eta ? format_duration(*eta) : "-", p.files_done, file_digits, p.files_total);
   // "[" + bar + "]  " + numbers; a bar narrower than 10 cells says nothing.
   if (width < numbers.size() + 4 + 10) return numbers.substr(0, width);
   const size_t cells = std::min<size_t>(40, width - numbers.size() - 4);
@@ -74,7 +90,7 @@ std::string render_progress_bar(const TransferProgress& p, double elapsed_second
 
 std::string render_progress_line(const TransferProgress& p, double elapsed_seconds) {
   const std::optional<double> rate = transfer_rate(p, elapsed_seconds);
-  const std::optional<double> eta = estimate_eta(p, rate);
+  const std::optional<double> eta = estimate_eta(p, elapsed_seconds);
   return fmt::format("cp: {}% {}, {}/{} files, {}, ETA {}", percent(p), counts(p), p.files_done,
                      p.files_total, rate ? format_rate(*rate) : "-",
                      eta ? format_duration(*eta) : "-");

@@ -31,12 +31,21 @@ std::string format_duration(double seconds);
 // nullopt before any time has passed or anything was transferred.
 std::optional<double> transfer_rate(const TransferProgress& p, double elapsed_seconds);
 
-// Seconds left at `rate`; 0 when done; nullopt when it cannot be estimated.
-std::optional<double> estimate_eta(const TransferProgress& p, std::optional<double> rate);
+// No ETA before this many seconds, nor before this share of the bytes to
+// move (the total less those found in place) has moved: the rate of the
+// first file or the first instant predicts nothing.
+inline constexpr double kEtaMinSeconds = 2.0;
+inline constexpr double kEtaMinFraction = 0.01;
+
+// Seconds left at the rate so far (transfer_rate); 0 when done; nullopt when
+// it cannot be estimated yet (see kEtaMinSeconds and kEtaMinFraction).
+std::optional<double> estimate_eta(const TransferProgress& p, double elapsed_seconds);
 
 // One frame of the terminal progress bar, at most `width` characters:
-// "[#########...........]  45%  12.0 MiB/40.0 MiB  3.1 MiB/s  ETA 9s  3/10 files".
-// The bar shrinks to fit; below a usable width only the numbers are shown.
+// "[#########...........]   45%   12.0 MiB/40.0 MiB    3.1 MiB/s ETA     9s  3/10 files".
+// Each number is padded to the widest text it can take during the copy, so
+// every frame of one copy has the same length and the same bar; the bar
+// shrinks to fit the width; below a usable width only the numbers are shown.
 std::string render_progress_bar(const TransferProgress& p, double elapsed_seconds, size_t width);
 
 // One line for a log (stderr that is not a terminal):

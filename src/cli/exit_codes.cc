@@ -11,6 +11,7 @@ ExitCode exit_code_for(ErrorCode code) {
     case ErrorCode::kCorruption:
       return kExitCorruption;
     case ErrorCode::kAlreadyExists:
+      return kExitAlreadyExists;
     case ErrorCode::kPermissionDenied:
     case ErrorCode::kNoSpace:
     case ErrorCode::kIO:

@@ -1,12 +1,16 @@
 // The `cairn` command: list, inspect, verify, clean and copy checkpoints.
 // Usage and the --json schema: docs/cli.md. Exit codes: cli/exit_codes.h.
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <map>
 #include <string>
+#include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include "cairn/error.h"
@@ -30,8 +34,49 @@ constexpr const char* kAnyHelp =
 
 constexpr const char* kFooter =
     "Exit codes: 0 ok; 1 verify found bad files; 2 usage error; 3 not found; 4 stored data "
-    "unreadable (corrupt); 5 any other error. --json prints one JSON document on stdout "
-    "(schema_version 1, see docs/cli.md).";
+    "unreadable (corrupt); 5 any other error; 6 the destination already holds other data. "
+    "--json prints one JSON document on stdout (schema_version 1, see docs/cli.md).";
+
+constexpr const char* kVersionLine = "cairn " CAIRN_VERSION_STRING;
+
+// A check of one option's text that fails with a message naming the option,
+// the value given and the values accepted (CLI11 prefixes the option's name),
+// rather than CLI11's own "Check ... FAILED" text.
+CLI::Validator one_of(std::vector<std::string> accepted) {
+  const std::string list = fmt::format("{}", fmt::join(accepted, ", "));
+  return CLI::Validator(
+      [accepted, list](std::string& value) -> std::string {
+        for (const auto& a : accepted) {
+          if (value == a) return "";
+        }
+        return fmt::format("\"{}\" is not accepted; use one of: {}", value, list);
+      },
+      fmt::format("{}", fmt::join(accepted, "|")));
+}
+
+CLI::Validator whole_number(int min, int max) {
+  return CLI::Validator(
+      [min, max](std::string& value) -> std::string {
+        int n = 0;
+        const char* end = value.data() + value.size();
+        auto [at, ec] = std::from_chars(value.data(), end, n);
+        if (ec == std::errc() && at == end && n >= min && n <= max) return "";
+        return fmt::format("\"{}\" is not accepted; use a whole number from {} to {}", value, min,
+                           max);
+      },
+      fmt::format("{}-{}", min, max));
+}
+
+// `cp`'s arguments as given, when `message` names neither: an error found
+// deep below the destination (a parent folder it could not create, an
+// absolute URI for a relative path) names what failed, which is not always
+// what was typed.
+std::string naming_arguments(std::string message, const std::string& src, const std::string& dst) {
+  if (message.find(dst) != std::string::npos || message.find(src) != std::string::npos) {
+    return message;
+  }
+  return fmt::format("cp {} {}: {}", src, dst, message);
+}
 
 template <typename View>
 void print(const View& view, bool json) {
@@ -45,7 +90,7 @@ int main(int argc, char** argv) {
   CLI::App app{"cairn: list, inspect, verify, clean and copy Cairn checkpoints", "cairn"};
   app.require_subcommand(1);
   app.footer(kFooter);
-  app.set_version_flag("--version", "cairn " CAIRN_VERSION_STRING,
+  app.set_version_flag("-V,--version", kVersionLine,
                        "Print the version (cairn <version>) and exit");
 
   bool json = false;
@@ -92,24 +137,24 @@ int main(int argc, char** argv) {
       "already in place)");
   cp->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
   cp->add_option("--jobs,-j", jobs, "Parallel reads and writes (default 8)")
-      ->check(CLI::Range(1, 1024));
+      ->check(whole_number(1, 1024));
   cp->add_flag("--no-progress", no_progress, "Do not report progress on stderr");
-  cairn::TransferVerify verify_mode = cairn::TransferVerify::kAuto;
-  cp->add_option("--verify", verify_mode,
+  std::string verify_name = "auto";
+  cp->add_option("--verify", verify_name,
                  "How copied files are checked before the manifest is written: checksum (read "
                  "back), size, or auto (size where the destination checks uploads itself, as S3 "
                  "does; checksum elsewhere)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, cairn::TransferVerify>{
-          {"auto", cairn::TransferVerify::kAuto},
-          {"checksum", cairn::TransferVerify::kChecksum},
-          {"size", cairn::TransferVerify::kSize}}));
+      ->check(one_of({"auto", "checksum", "size"}));
   cp->add_option("SRC", path, "a committed checkpoint or an experiment (a path or URI)")
       ->required();
   cp->add_option("DST", destination,
                  "where the checkpoint or experiment goes (a path or URI; it becomes the copy)")
       ->required();
 
-  for (CLI::App* sub : {ls, show, verify, gc, cp}) sub->footer(kFooter);
+  CLI::App* version =
+      app.add_subcommand("version", "Print the version (cairn <version>) and exit, as --version");
+
+  for (CLI::App* sub : {ls, show, verify, gc, cp, version}) sub->footer(kFooter);
 
   try {
     app.parse(argc, argv);
@@ -117,7 +162,8 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     std::string message = e.what();
     if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') {
-      message = fmt::format("unknown command \"{}\" (commands: ls, show, verify, gc, cp)", argv[1]);
+      message = fmt::format("unknown command \"{}\" (commands: ls, show, verify, gc, cp, version)",
+                            argv[1]);
     }
     std::cerr << error_line(message + " (run `cairn --help` for usage)") << '\n';
     return kExitUsage;
@@ -144,9 +190,21 @@ int main(int argc, char** argv) {
     } else if (gc->parsed()) {
       print(collect_gc(path, dry_run), json);
     } else if (cp->parsed()) {
-      cairn::TransferReport report = run_cp(path, destination, jobs, !no_progress, verify_mode);
+      const cairn::TransferVerify verify_mode =
+          verify_name == "checksum" ? cairn::TransferVerify::kChecksum
+          : verify_name == "size"   ? cairn::TransferVerify::kSize
+                                    : cairn::TransferVerify::kAuto;
+      cairn::TransferReport report;
+      try {
+        report = run_cp(path, destination, jobs, !no_progress, verify_mode);
+      } catch (const cairn::Error& e) {
+        std::cerr << render_text(error_line(naming_arguments(e.what(), path, destination))) << '\n';
+        return exit_code_for(e.code());
+      }
       std::cout << (json ? render_json(cp_to_json(report)) : render_text(cp_to_text(report)));
       std::cout.flush();
+    } else if (version->parsed()) {
+      std::cout << kVersionLine << '\n';
     }
     return kExitOk;
   } catch (const cairn::Error& e) {

@@ -152,15 +152,32 @@ std::span<std::byte> bytes_of(const torch::Tensor& t) {
           static_cast<size_t>(t.numel()) * static_cast<size_t>(t.element_size())};
 }
 
+namespace {
+
+void collect_tensors(const torch::nn::Module& m, const std::string& prefix,
+                     std::vector<std::pair<std::string, torch::Tensor>>& out) {
+  for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+    out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& item : m.named_buffers(/*recurse=*/false)) {
+    out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& child : m.named_children()) {
+    collect_tensors(*child.value(), prefix + child.key() + ".", out);
+  }
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, torch::Tensor>> module_tensors(const torch::nn::Module& m) {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : m.named_buffers(/*recurse=*/true)) {
-    out.emplace_back(item.key(), item.value());
-  }
+  collect_tensors(m, "", out);
   return out;
+}
+
+uint64_t storage_id(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return 0;
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.storage().unsafeGetStorageImpl()));
 }
 
 }  // namespace cairn::libtorch_internal

@@ -51,7 +51,14 @@ torch::Tensor empty_for(DType dtype, const Shape& shape);
 // The bytes of a contiguous CPU tensor.
 std::span<std::byte> bytes_of(const torch::Tensor& t);
 
-// Every parameter and buffer of a module, with its dotted name.
+// Every parameter and buffer of a module, with its dotted name, in the order
+// of PyTorch's state_dict(): module by module (depth first, in registration
+// order), each module's own parameters, then its own buffers, then its
+// children.
 std::vector<std::pair<std::string, torch::Tensor>> module_tensors(const torch::nn::Module& m);
+
+// An id of the storage `t` views (tensors sharing storage have the same);
+// 0 for an undefined tensor or one without storage.
+uint64_t storage_id(const torch::Tensor& t);
 
 }  // namespace cairn::libtorch_internal

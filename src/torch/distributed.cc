@@ -15,12 +15,17 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -298,13 +303,61 @@ uint64_t fnv1a(const std::string& s) {
 
 }  // namespace
 
+// What the autograd hooks and the object share: a DistributedDataParallel
+// may be moved while its hooks stay registered on the parameters, and a hook
+// may outlive it inside a graph still being run.
+struct DistributedDataParallel::State {
+  torch::nn::Module* module = nullptr;
+  ProcessGroup* group = nullptr;
+  std::vector<torch::Tensor> params;  // those that require a gradient
+  std::vector<std::vector<size_t>> buckets;
+  int64_t bucket_bytes = 0;
+  // Each parameter's gradient accumulator (kept alive, as the tensor holds
+  // it weakly) and the key of the hook registered on it.
+  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  bool callback_queued = false;  // in the backward pass now running
+  bool averaged = false;         // gradients are the ranks' mean since the last backward pass
+
+  void average();
+};
+
+namespace {
+
+// Registered on every parameter's gradient accumulator: the first one to run
+// in a backward pass queues the averaging for the end of that pass, when
+// every gradient of it has been accumulated (PyTorch's DDP finalizes its
+// reducer the same way). Only gradients accumulated into .grad run these
+// hooks: torch::autograd::grad() leaves them alone.
+void on_gradient_accumulated(const std::weak_ptr<DistributedDataParallel::State>& weak) {
+  std::shared_ptr<DistributedDataParallel::State> state = weak.lock();
+  if (!state) return;
+  state->averaged = false;
+  if (state->callback_queued) return;
+  state->callback_queued = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    std::shared_ptr<DistributedDataParallel::State> s = weak.lock();
+    if (!s) return;
+    s->callback_queued = false;
+    // A failure (a rank gone, a timeout) is rethrown by backward() as the
+    // cairn::Error it is.
+    s->average();
+    s->averaged = true;
+  });
+}
+
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, ProcessGroup& group,
                                                  DataParallelOptions options)
-    : module_(&module), group_(&group), bucket_bytes_(options.bucket_bytes) {
-  if (bucket_bytes_ <= 0) {
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.module = &module;
+  s.group = &group;
+  s.bucket_bytes = options.bucket_bytes;
+  if (s.bucket_bytes <= 0) {
     throw Error(
         ErrorCode::kInvalidArgument,
-        fmt::format("DataParallelOptions::bucket_bytes must be positive, got {}", bucket_bytes_));
+        fmt::format("DataParallelOptions::bucket_bytes must be positive, got {}", s.bucket_bytes));
   }
   // Every rank must hold the same parameters and buffers: a signature of
   // names, shapes, dtypes and which need a gradient, compared across ranks
@@ -315,7 +368,7 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, Proc
     signature +=
         fmt::format("p {} {} {} {};", item.key(), fmt::join(item.value().sizes(), "x"),
                     c10::toString(item.value().scalar_type()), item.value().requires_grad());
-    if (item.value().requires_grad()) params_.push_back(item.value());
+    if (item.value().requires_grad()) s.params.push_back(item.value());
   }
   for (const auto& item : module.named_buffers()) {
     check_dense_cpu(item.value(), item.key(), "buffer");
@@ -323,9 +376,9 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, Proc
                              c10::toString(item.value().scalar_type()));
   }
   const int64_t mine = static_cast<int64_t>(fnv1a(signature));
-  std::vector<torch::Tensor> all = group_->all_gather(torch::tensor({mine}, torch::kLong));
+  std::vector<torch::Tensor> all = group.all_gather(torch::tensor({mine}, torch::kLong));
   std::vector<int> differ;
-  for (int r = 1; r < group_->size(); ++r) {
+  for (int r = 1; r < group.size(); ++r) {
     if (all[static_cast<size_t>(r)].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(r);
   }
   if (!differ.empty()) {
@@ -333,26 +386,67 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, Proc
                 fmt::format("rank {}: DistributedDataParallel needs the same module on every "
                             "rank, but rank(s) {} hold parameters or buffers (names, shapes, "
                             "dtypes) that differ from rank 0's",
-                            group_->rank(), fmt::join(differ, ", ")));
+                            group.rank(), fmt::join(differ, ", ")));
   }
-  buckets_ = plan_buckets(params_, bucket_bytes_);
+  s.buckets = plan_buckets(s.params, s.bucket_bytes);
   broadcast_state(0);
+  // Plain loss.backward() averages the gradients, as with PyTorch's DDP.
+  std::weak_ptr<State> weak = state_;
+  for (const torch::Tensor& p : s.params) {
+    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p);
+    const uintptr_t key =
+        accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [weak](const torch::autograd::variable_list& outputs,
+                   const torch::autograd::variable_list& /*inputs*/) {
+              on_gradient_accumulated(weak);
+              return outputs;
+            }));
+    s.hooks.emplace_back(std::move(accumulator), key);
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  if (!state_) return;  // moved from
+  for (auto& [accumulator, key] : state_->hooks) accumulator->del_post_hook(key);
+}
+
+DistributedDataParallel::DistributedDataParallel(DistributedDataParallel&&) noexcept = default;
+
+DistributedDataParallel& DistributedDataParallel::operator=(
+    DistributedDataParallel&& other) noexcept {
+  if (this != &other) {
+    DistributedDataParallel gone(std::move(*this));  // removes this one's hooks
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+torch::nn::Module& DistributedDataParallel::module() const { return *state_->module; }
+ProcessGroup& DistributedDataParallel::group() const { return *state_->group; }
+const std::vector<std::vector<size_t>>& DistributedDataParallel::buckets() const {
+  return state_->buckets;
 }
 
 void DistributedDataParallel::backward(const torch::Tensor& loss) {
-  loss.backward();
-  all_reduce_gradients();
+  loss.backward();         // the hooks average the gradients at its end
+  all_reduce_gradients();  // a no-op then; averages if no hook ran on any rank
 }
 
 void DistributedDataParallel::all_reduce_gradients() {
+  if (state_->averaged) return;
+  state_->average();
+  state_->averaged = true;
+}
+
+void DistributedDataParallel::State::average() {
   torch::NoGradGuard no_grad;
-  const double world = group_->size();
-  for (const auto& bucket : buckets_) {
-    torch::Tensor flat = torch::empty({numel_of(params_, bucket)},
-                                      params_[bucket[0]].options().requires_grad(false));
+  const double world = group->size();
+  for (const auto& bucket : buckets) {
+    torch::Tensor flat =
+        torch::empty({numel_of(params, bucket)}, params[bucket[0]].options().requires_grad(false));
     int64_t offset = 0;
     for (size_t i : bucket) {
-      const torch::Tensor& p = params_[i];
+      const torch::Tensor& p = params[i];
       torch::Tensor slice = flat.narrow(0, offset, p.numel());
       offset += p.numel();
       const torch::Tensor& g = p.grad();
@@ -363,15 +457,15 @@ void DistributedDataParallel::all_reduce_gradients() {
       if (g.layout() != torch::kStrided || !g.device().is_cpu()) {
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("rank {}: the gradient of parameter #{} is not a dense CPU tensor",
-                                group_->rank(), i));
+                                group->rank(), i));
       }
       slice.copy_(g.reshape({-1}));
     }
-    group_->all_reduce(flat);
+    group->all_reduce(flat);
     if (world > 1) flat.div_(world);
     offset = 0;
     for (size_t i : bucket) {
-      torch::Tensor p = params_[i];
+      torch::Tensor p = params[i];
       torch::Tensor mean = flat.narrow(0, offset, p.numel()).view(p.sizes());
       offset += p.numel();
       if (p.grad().defined()) {
@@ -386,13 +480,13 @@ void DistributedDataParallel::all_reduce_gradients() {
 void DistributedDataParallel::broadcast_state(int root) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> state;
-  for (const auto& p : module_->parameters()) state.push_back(p);
-  for (const auto& b : module_->buffers()) state.push_back(b);
-  for (const auto& bucket : plan_buckets(state, bucket_bytes_)) {
+  for (const auto& p : state_->module->parameters()) state.push_back(p);
+  for (const auto& b : state_->module->buffers()) state.push_back(b);
+  for (const auto& bucket : plan_buckets(state, state_->bucket_bytes)) {
     std::vector<torch::Tensor> flat_parts;
     for (size_t i : bucket) flat_parts.push_back(state[i].reshape({-1}));
     std::vector<torch::Tensor> flat{torch::cat(flat_parts)};
-    group_->broadcast(flat, root);
+    state_->group->broadcast(flat, root);
     int64_t offset = 0;
     for (size_t i : bucket) {
       state[i].copy_(flat[0].narrow(0, offset, state[i].numel()).view(state[i].sizes()));

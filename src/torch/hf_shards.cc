@@ -1,5 +1,7 @@
 #include "hf_shards.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -28,16 +30,46 @@ bool all_digits(std::string_view s) {
 }  // namespace
 
 std::vector<std::vector<size_t>> plan_shards(const std::vector<uint64_t>& sizes,
-                                             uint64_t max_shard_size) {
+                                             uint64_t max_shard_size,
+                                             const std::vector<uint64_t>& storage_ids) {
+  // huggingface_hub's split_state_dict_into_shards_factory, step for step.
   std::vector<std::vector<size_t>> shards;
-  uint64_t current = 0;
+  std::vector<size_t> current;
+  uint64_t current_size = 0;
+  // Storage id -> the positions sharing it, the first one placed.
+  std::vector<std::pair<uint64_t, std::vector<size_t>>> groups;
+  std::map<uint64_t, size_t> group_of;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (shards.empty() || (!shards.back().empty() && current + sizes[i] > max_shard_size)) {
-      shards.emplace_back();
-      current = 0;
+    const uint64_t id = i < storage_ids.size() ? storage_ids[i] : 0;
+    if (id != 0) {
+      auto [it, fresh] = group_of.emplace(id, groups.size());
+      if (!fresh) {
+        groups[it->second].second.push_back(i);  // placed with the first, below
+        continue;
+      }
+      groups.push_back({id, {i}});
     }
-    shards.back().push_back(i);
-    current += sizes[i];
+    if (sizes[i] > max_shard_size) {
+      // A shard of its own, listed now; the open shard stays open.
+      shards.push_back({i});
+      continue;
+    }
+    if (current_size + sizes[i] > max_shard_size) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_size = 0;
+    }
+    current.push_back(i);
+    current_size += sizes[i];
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  for (const auto& [id, members] : groups) {
+    if (members.size() < 2) continue;
+    for (auto& shard : shards) {
+      if (std::find(shard.begin(), shard.end(), members.front()) == shard.end()) continue;
+      shard.insert(shard.end(), members.begin() + 1, members.end());
+      break;
+    }
   }
   return shards;
 }

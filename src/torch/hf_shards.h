@@ -15,13 +15,22 @@
 
 namespace cairn::libtorch_internal {
 
-// Tensors in order, split greedily as transformers does: a shard is closed
-// when the next tensor would take it past `max_shard_size` bytes; a tensor
-// larger than that gets a shard of its own. Returns the tensors' positions,
-// shard by shard (none for no tensors). max_shard_size 0 is one tensor per
-// shard.
+// Tensors in state_dict order, split as huggingface_hub's
+// split_torch_state_dict_into_shards (which transformers' save_pretrained
+// uses) splits them, so that the same model gives the same files with the
+// same names in each:
+//   - a tensor larger than `max_shard_size` bytes gets a shard of its own,
+//     listed at once, while the shard being filled stays open;
+//   - otherwise the open shard is closed when the tensor would take it past
+//     `max_shard_size`, and the tensor opens the next one;
+//   - tensors with the same nonzero `storage_ids` entry (views of one
+//     storage, tied weights) go into the shard of the first of them, and
+//     only the first one's size counts.
+// Returns the tensors' positions, shard by shard, in file order (none for no
+// tensors). `storage_ids` may be empty (no storage shared).
 std::vector<std::vector<size_t>> plan_shards(const std::vector<uint64_t>& sizes,
-                                             uint64_t max_shard_size);
+                                             uint64_t max_shard_size,
+                                             const std::vector<uint64_t>& storage_ids = {});
 
 // "model-00002-of-00005.safetensors" for k = 2 (1-based), n = 5 and
 // weights_name "model.safetensors".

@@ -183,11 +183,13 @@ std::vector<std::string> save_pretrained(std::string_view directory_or_uri,
   std::shared_ptr<Storage> storage = open_storage(directory_or_uri);
   const auto tensors = module_tensors(module);
   std::vector<uint64_t> sizes;
+  std::vector<uint64_t> storages;
   for (const auto& [name, t] : tensors) {
     check_tensor(t, name);
     sizes.push_back(static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(t.element_size()));
+    storages.push_back(storage_id(t));
   }
-  const auto shards = plan_shards(sizes, options.max_shard_size);
+  const auto shards = plan_shards(sizes, options.max_shard_size, storages);
   const size_t n = std::max<size_t>(shards.size(), 1);
 
   std::vector<std::string> written;

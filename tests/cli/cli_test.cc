@@ -650,6 +650,30 @@ TEST_F(CliTest, CpVerifiesBySizeOrChecksumAsAskedAndRefusesOtherModes) {
   EXPECT_FALSE(fs::exists(root_ / "copies/bad"));
 }
 
+TEST_F(CliTest, ABadOptionValueIsNamedWithTheValuesAccepted) {
+  make_experiment("exp", 1);
+  const std::string src = checkpoint_dir("exp", 0).string();
+  const std::string dst = (root_ / "copies/bad").string();
+  ProcessResult verify = cairn({"cp", "--verify", "bogus", src, dst});
+  EXPECT_EQ(verify.exit_code, 2);
+  expect_one_line_error(verify,
+                        "--verify: \"bogus\" is not accepted; use one of: auto, checksum, size");
+  for (const std::string jobs : {"0", "many", "2000", "3x"}) {
+    SCOPED_TRACE(jobs);
+    ProcessResult r = cairn({"cp", "--jobs", jobs, src, dst});
+    EXPECT_EQ(r.exit_code, 2);
+    expect_one_line_error(
+        r, "--jobs: \"" + jobs + "\" is not accepted; use a whole number from 1 to 1024");
+  }
+  // Nothing of CLI11's own wording.
+  for (const auto& r : {verify, cairn({"cp", "--jobs", "0", src, dst})}) {
+    EXPECT_EQ(r.err.find("Check "), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("FAILED"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("->"), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(fs::exists(dst));
+}
+
 TEST_F(CliTest, CpReportsProgressAsLinesWhenStderrIsNotATerminal) {
   make_experiment("exp", 1);
   const std::string dst = (root_ / "one").string();
@@ -691,7 +715,7 @@ TEST_F(CliTest, CpRefusesUncommittedSourcesAndCommittedDestinationsOnOneLine) {
   const std::string manifest_before =
       testing::read_text(checkpoint_dir("exp", 1) / ".cairn/manifest.json");
   ProcessResult taken = cairn({"cp", "--no-progress", checkpoint_dir("exp", 0).string(), other});
-  EXPECT_EQ(taken.exit_code, 5);
+  EXPECT_EQ(taken.exit_code, 6);
   expect_one_line_error(taken, other);
   EXPECT_EQ(testing::read_text(checkpoint_dir("exp", 1) / ".cairn/manifest.json"), manifest_before);
 
@@ -702,6 +726,30 @@ TEST_F(CliTest, CpRefusesUncommittedSourcesAndCommittedDestinationsOnOneLine) {
   ProcessResult bad_jobs = cairn({"cp", "--jobs", "0", other, (root_ / "dst").string()});
   EXPECT_EQ(bad_jobs.exit_code, 2);
   expect_one_line_error(bad_jobs, "--jobs");
+}
+
+TEST_F(CliTest, CpIntoAFolderHoldingAnotherExperimentIsTheAlreadyExistsCode) {
+  make_experiment("a", 2);
+  make_experiment("b", 1);
+  ProcessResult r = cairn({"cp", "--no-progress", (root_ / "a").string(), (root_ / "b").string()});
+  EXPECT_EQ(r.exit_code, 6);
+  expect_one_line_error(r, (root_ / "b").string());
+  ProcessResult one =
+      cairn({"cp", "--no-progress", checkpoint_dir("a", 1).string(), (root_ / "b").string()});
+  EXPECT_EQ(one.exit_code, 6);
+  expect_one_line_error(one, (root_ / "b").string());
+  EXPECT_EQ(cairn({"verify", (root_ / "b").string()}).exit_code, 0);
+}
+
+TEST_F(CliTest, CpToAnUnwritableDestinationNamesTheDestinationAsGiven) {
+  make_experiment("exp", 1);
+  // Not even root may create a folder in /proc.
+  for (const std::string dst : {"/proc/forbidden", "/proc/forbidden/copy"}) {
+    SCOPED_TRACE(dst);
+    ProcessResult r = cairn({"cp", "--no-progress", checkpoint_dir("exp", 0).string(), dst});
+    EXPECT_NE(r.exit_code, 0);
+    expect_one_line_error(r, dst);
+  }
 }
 
 }  // namespace

@@ -53,30 +53,70 @@ TEST(CpFormat, TheRateCountsOnlyBytesTransferredNotThoseFoundInPlace) {
 }
 
 TEST(CpFormat, TheEtaIsWhatIsLeftAtTheRateSoFar) {
-  EXPECT_DOUBLE_EQ(*estimate_eta(progress(10 * kMiB, 40 * kMiB), 5.0 * kMiB), 6.0);
-  EXPECT_DOUBLE_EQ(*estimate_eta(progress(40 * kMiB, 40 * kMiB), std::nullopt), 0.0);
-  EXPECT_FALSE(estimate_eta(progress(10 * kMiB, 40 * kMiB), std::nullopt).has_value());
+  EXPECT_DOUBLE_EQ(*estimate_eta(progress(10 * kMiB, 40 * kMiB), 2), 6.0);
+  EXPECT_DOUBLE_EQ(*estimate_eta(progress(40 * kMiB, 40 * kMiB), 0), 0.0);
+  EXPECT_FALSE(estimate_eta(progress(0, 40 * kMiB), 5).has_value());
+}
+
+TEST(CpFormat, NoEtaIsShownBeforeEnoughTimeAndEnoughBytes) {
+  // The first small file of a large copy, done in a blink: its rate says
+  // nothing about the rest.
+  const TransferProgress first_file = progress(4096, 2048 * kMiB, 1, 100);
+  EXPECT_NE(render_progress_line(first_file, 0.01).find("ETA -"), std::string::npos)
+      << render_progress_line(first_file, 0.01);
+  EXPECT_NE(render_progress_bar(first_file, 0.01, 120).find("ETA      - "), std::string::npos)
+      << render_progress_bar(first_file, 0.01, 120);
+  // Long enough, but still under 1% of the bytes moved.
+  EXPECT_FALSE(estimate_eta(progress(10 * kMiB, 2048 * kMiB), 60).has_value());
+  // Enough bytes, too soon.
+  EXPECT_FALSE(estimate_eta(progress(10 * kMiB, 40 * kMiB), kEtaMinSeconds / 2).has_value());
+  // Bytes found in place are neither moved nor left to move.
+  EXPECT_FALSE(estimate_eta(progress(1000 * kMiB, 2048 * kMiB, 3, 10, 999 * kMiB), 10).has_value());
+  EXPECT_TRUE(estimate_eta(progress(1048 * kMiB, 2048 * kMiB, 3, 10, 1000 * kMiB), 10).has_value());
 }
 
 TEST(CpBar, ShowsTheBarPercentBytesRateEtaAndFilesWithinTheWidth) {
-  std::string line = render_progress_bar(progress(10 * kMiB, 40 * kMiB), 2, 100);
+  std::string line = render_progress_bar(progress(10 * kMiB, 40 * kMiB), 2, 120);
   EXPECT_EQ(line,
-            "[##########..............................]   25%  10.0 MiB/40.0 MiB  5.0 MiB/s  ETA "
-            "6s  3/10 files");
-  EXPECT_LE(line.size(), 100u);
-  std::string narrow = render_progress_bar(progress(10 * kMiB, 40 * kMiB), 2, 70);
-  EXPECT_LE(narrow.size(), 70u);
+            "[##########..............................]   25%   10.0 MiB/40.0 MiB    5.0 MiB/s "
+            "ETA     6s  3/10 files");
+  EXPECT_LE(line.size(), 120u);
+  // An 80-column terminal (79 usable) still gets a bar.
+  std::string narrow = render_progress_bar(progress(10 * kMiB, 40 * kMiB), 2, 79);
+  EXPECT_LE(narrow.size(), 79u);
   EXPECT_EQ(narrow.rfind("[#", 0), 0u) << narrow;
   std::string tiny = render_progress_bar(progress(10 * kMiB, 40 * kMiB), 2, 20);
   EXPECT_EQ(tiny.size(), 20u);
   EXPECT_EQ(tiny.find('['), std::string::npos) << tiny;
 }
 
+TEST(CpBar, EveryFrameOfOneCopyHasTheSameWidthAndTheSameBar) {
+  const uint64_t total = 1500 * kMiB;
+  std::vector<TransferProgress> frames = {progress(0, total, 0, 120),
+                                          progress(700, total, 1, 120),
+                                          progress(3 * kMiB, total, 9, 120),
+                                          progress(900 * kMiB, total, 99, 120),
+                                          progress(1499 * kMiB, total, 119, 120),
+                                          progress(total, total, 120, 120)};
+  for (size_t width : {79u, 100u, 160u}) {
+    SCOPED_TRACE(width);
+    std::string first;
+    for (size_t i = 0; i < frames.size(); ++i) {
+      // Rates from a few B/s to hundreds of MiB/s, ETAs from none to hours.
+      const double elapsed = i == 0 ? 0.0 : (i == 1 ? 100.0 : 3.0);
+      std::string frame = render_progress_bar(frames[i], elapsed, width);
+      if (first.empty()) first = frame;
+      EXPECT_EQ(frame.size(), first.size()) << first << "\n" << frame;
+      EXPECT_EQ(frame.find(']'), first.find(']')) << first << "\n" << frame;
+    }
+  }
+}
+
 TEST(CpBar, AnEmptyCopyIsCompleteAndAFreshOneHasNoRateOrEta) {
   EXPECT_NE(render_progress_bar(progress(0, 0, 0, 0), 0, 100).find("100%"), std::string::npos);
-  std::string fresh = render_progress_bar(progress(0, 40 * kMiB, 0, 10), 0, 100);
+  std::string fresh = render_progress_bar(progress(0, 40 * kMiB, 0, 10), 0, 120);
   EXPECT_NE(fresh.find("  0%"), std::string::npos) << fresh;
-  EXPECT_NE(fresh.find("-  ETA -"), std::string::npos) << fresh;
+  EXPECT_NE(fresh.find("- ETA      -"), std::string::npos) << fresh;
 }
 
 TEST(CpLines, ALogLineCarriesTheSameNumbers) {

@@ -1,5 +1,5 @@
-// `cairn --version`: prints "cairn <version>" from the project version and
-// exits 0, with no subcommand needed.
+// `cairn --version` (or -V, or `cairn version`): prints "cairn <version>"
+// from the project version and exits 0, with no subcommand needed.
 #include <regex>
 #include <string>
 
@@ -16,6 +16,16 @@ TEST(CliVersionTest, PrintsCairnAndTheProjectVersionAndExitsZero) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "cairn " CAIRN_PROJECT_VERSION "\n");
   EXPECT_EQ(r.err, "");
+}
+
+TEST(CliVersionTest, TheShortFlagAndTheVersionCommandPrintTheSameLine) {
+  for (const char* spelling : {"-V", "version"}) {
+    SCOPED_TRACE(spelling);
+    testing::ProcessResult r = testing::run_process(CAIRN_CLI_PATH, {spelling});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "cairn " CAIRN_PROJECT_VERSION "\n");
+    EXPECT_EQ(r.err, "");
+  }
 }
 
 TEST(CliVersionTest, TheInstalledHeaderCarriesTheSameVersion) {

@@ -4,13 +4,18 @@
 #   1. static (PIC) build, installed into a temporary prefix: the files, the
 #      `cairn` command, a shared object made from the static archives,
 #      tests/package/consumer built with find_package(Cairn) and with
-#      `pkg-config --static`, and run;
+#      `pkg-config --static`, and run; what README and docs/ tell a consumer
+#      (its first pkg-config line, its component table: check_readme.sh);
 #   2. BUILD_SHARED_LIBS=ON, installed likewise: soname links, only cairn::
 #      symbols exported, the consumer built both ways and run;
 #   3. the consumer through add_subdirectory(<checkout>) with GoogleTest,
 #      LibTorch, MPI and CLI11 made unfindable: nothing but the libraries is
 #      configured;
-#   4. `cpack -G DEB`: the package's fields and files; as root it is installed
+#   4. `cpack -G DEB` from the static build configured for /usr: the
+#      package's fields (a real maintainer and description), its Depends
+#      against what the installed CairnConfig.cmake and .pc files need
+#      (check_deb_depends.sh), its files in Debian's multiarch library
+#      folder; a build for another prefix is refused; as root it is installed
 #      with dpkg -i, `cairn --version` and a pkg-config build run from it, and
 #      it is removed again (otherwise it is only extracted).
 #
@@ -141,6 +146,8 @@ check "static: the archives link into a shared object (PIC)" link_into_shared_ob
 check "static: find_package(Cairn) consumer builds and runs" consumer_cmake static "$static"
 check "static: pkg-config --static consumer builds and runs" \
   consumer_pkgconfig static "$static/lib/pkgconfig" "" --static
+check "static: README's first pkg-config line works; its table and docs' targets are Cairn's" \
+  "$src/tests/package/check_readme.sh" "$src" "$static"
 refuses_version() {  # refuses_version VERSION: find_package(Cairn VERSION) must fail
   local out
   if out=$(cmake -S "$src/tests/package/consumer" -B "$work/consumer-version-$1" -G Ninja \
@@ -216,33 +223,71 @@ check "add_subdirectory: no tests/examples/bench/CLI, GTest/Torch/MPI/CLI11 not 
   subdir_build
 
 # ---- 4. Debian package -------------------------------------------------------
+# The static build again, configured for /usr (compile flags unchanged, so
+# nothing is rebuilt): GNUInstallDirs then picks Debian's multiarch library
+# folder, which the package must use.
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
 deb_build() {
+  cmake -S "$src" -B "$work/build-static" -DCMAKE_INSTALL_PREFIX=/usr || return 1
   (cd "$work/build-static" && cpack -G DEB) || return 1
   deb=$(ls "$work/build-static"/cairn_*.deb) && echo "$deb"
 }
 echo "package: cpack -G DEB"
 deb=""
-check "deb: cpack -G DEB makes a package" deb_build
+check "deb: cpack -G DEB makes a package (build configured for /usr)" deb_build
 deb=$(ls "$work/build-static"/cairn_*.deb 2>/dev/null || true)
+deb_refuses_plain_lib() {
+  # A build configured for another prefix would put the libraries in
+  # /usr/lib: cpack refuses it, naming the fix.
+  local b=$work/build-static-lib out
+  cmake -S "$src" -B "$b" "${cmake_common[@]}" "${cairn_options[@]}" -DCAIRN_BUILD_CLI=OFF \
+    -DCMAKE_INSTALL_PREFIX="$work/elsewhere" >/dev/null || return 1
+  if out=$(cd "$b" && cpack -G DEB 2>&1); then
+    echo "$out"
+    echo "cpack made a .deb with the libraries in /usr/lib"
+    return 1
+  fi
+  echo "$out"
+  grep -q "CMAKE_INSTALL_PREFIX=/usr" <<<"$out"
+}
 deb_fields() {
   dpkg-deb -I "$deb" &&
     [ "$(dpkg-deb -f "$deb" Package)" = cairn ] &&
     [ "$(dpkg-deb -f "$deb" Version)" = "$version" ] &&
-    dpkg-deb -f "$deb" Maintainer | grep -q . &&
     dpkg-deb -f "$deb" Depends | grep -q 'libfmt' &&
-    dpkg-deb -f "$deb" Depends | grep -q 'libc6'
+    dpkg-deb -f "$deb" Depends | grep -q 'libc6' || return 1
+  # A maintainer with a name and an address, not a placeholder.
+  local maintainer description
+  maintainer=$(dpkg-deb -f "$deb" Maintainer)
+  grep -qE '^[^<]+ <[^@ ]+@[^> ]+>$' <<<"$maintainer" || { echo "Maintainer: $maintainer"; return 1; }
+  if grep -qiE 'example\.(org|com|net)|changeme|todo' <<<"$maintainer"; then
+    echo "placeholder Maintainer: $maintainer"
+    return 1
+  fi
+  # A description that says what is in the package.
+  description=$(dpkg-deb -f "$deb" Description)
+  local word
+  for word in "cairn command" " cp" "tune" "find_package(Cairn)" "pkg-config"; do
+    grep -qF "$word" <<<"$description" || { echo "Description lacks \"$word\""; return 1; }
+  done
 }
-check "deb: Package cairn, Version $version, Maintainer, Depends from shlibdeps" deb_fields
+check "deb: Package, Version, Maintainer (not a placeholder), Description, Depends" deb_fields
+check "deb: Depends declares what CairnConfig.cmake and the .pc files need" \
+  "$src/tests/package/check_deb_depends.sh" "$deb"
 deb_contents() {
   dpkg-deb -c "$deb" | awk '{ print $NF }' | sed 's|^\./|/|' >"$work/deb-files" &&
     for f in /usr/bin/cairn /usr/include/cairn/manager.h /usr/include/cairn/version.h \
-      /usr/lib/libcairn_core.a /usr/lib/cmake/Cairn/CairnConfig.cmake /usr/lib/pkgconfig/cairn.pc; do
+      "/usr/lib/$multiarch/libcairn_core.a" "/usr/lib/$multiarch/cmake/Cairn/CairnConfig.cmake" \
+      "/usr/lib/$multiarch/pkgconfig/cairn.pc"; do
       grep -qxF "$f" "$work/deb-files" || { echo "missing $f"; return 1; }
     done &&
+    ! grep -E '^/usr/lib/[^/]+\.(a|so)' "$work/deb-files" &&
     dpkg-deb -x "$deb" "$work/deb-root" &&
-    grep -q '^prefix=/usr$' "$work/deb-root/usr/lib/pkgconfig/cairn-core.pc"
+    grep -q '^prefix=/usr$' "$work/deb-root/usr/lib/$multiarch/pkgconfig/cairn-core.pc" &&
+    grep -q "^libdir=\${prefix}/lib/$multiarch\$" "$work/deb-root/usr/lib/$multiarch/pkgconfig/cairn-core.pc"
 }
-check "deb: contains cairn, headers, libraries, CMake and pkg-config files (prefix /usr)" deb_contents
+check "deb: cairn, headers, libraries, CMake and pkg-config files in /usr/lib/$multiarch" deb_contents
+check "deb: cpack refuses a build whose libraries would go to /usr/lib" deb_refuses_plain_lib
 if [ "$(id -u)" -eq 0 ] && [ -n "$deb" ]; then
   if dpkg-query -W -f='${Status}' cairn 2>/dev/null | grep -q installed || [ -e /usr/bin/cairn ]; then
     echo "package: skip installing the .deb: a cairn package or /usr/bin/cairn is already present"
@@ -257,7 +302,7 @@ if [ "$(id -u)" -eq 0 ] && [ -n "$deb" ]; then
       consumer_pkgconfig deb "" "" --static
     deb_remove() {
       dpkg -r cairn && deb_installed=0 && [ ! -e /usr/bin/cairn ] && [ ! -e /usr/include/cairn ] &&
-        [ ! -e /usr/lib/cmake/Cairn ]
+        [ ! -e "/usr/lib/$multiarch/cmake/Cairn" ]
     }
     check "deb: dpkg -r removes it, leaving nothing behind" deb_remove
   fi

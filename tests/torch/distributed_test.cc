@@ -76,7 +76,7 @@ std::string context_json(const TrainContext& c) {
 // SIGKILLs itself before that step, first attempt only), stall_rank/
 // stall_step (that rank skips the step's all-reduce and sleeps, first
 // attempt only), b_ranks (ranks that use fc_b; default all), timeout_ms,
-// bucket_bytes.
+// bucket_bytes, plain_backward (loss.backward() instead of ddp.backward).
 void ddp_loop(const nlohmann::json& config) {
   torch::set_num_threads(1);
   const TrainContext& ctx = train::get_context();
@@ -123,7 +123,11 @@ void ddp_loop(const nlohmann::json& config) {
       std::this_thread::sleep_for(std::chrono::seconds(60));  // the others must not wait for this
     }
     try {
-      ddp.backward(loss);
+      if (config.value("plain_backward", false)) {
+        loss.backward();  // the PyTorch habit: the hooks average
+      } else {
+        ddp.backward(loss);
+      }
     } catch (const Error& e) {
       write_file(out / fmt::format("error-{}-{}.txt", rank, ctx.attempt),
                  fmt::format("{}\n{}", error_code_name(e.code()), e.what()));
@@ -194,15 +198,17 @@ void expect_ranks_match_reference(const fs::path& out, int world, int steps) {
 
 nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(slurp(p)); }
 
-void run_and_check(int world, int64_t bucket_bytes, size_t buckets) {
+void run_and_check(int world, int64_t bucket_bytes, size_t buckets,
+                   const nlohmann::json& extra = nlohmann::json::object()) {
   torch::set_num_threads(1);
   TempDir dir;
   const fs::path out = dir / "out";
   fs::create_directories(out);
   constexpr int kSteps = 5;
-  Trainer trainer(ddp_loop,
-                  {{"steps", kSteps}, {"out", out.string()}, {"bucket_bytes", bucket_bytes}},
-                  ScalingConfig{.num_workers = world}, run_in(dir));
+  nlohmann::json config = {
+      {"steps", kSteps}, {"out", out.string()}, {"bucket_bytes", bucket_bytes}};
+  config.update(extra);
+  Trainer trainer(ddp_loop, config, ScalingConfig{.num_workers = world}, run_in(dir));
   const Result result = trainer.fit();
   ASSERT_FALSE(result.error) << *result.error;
   EXPECT_EQ(result.metrics.at("step"), kSteps - 1);
@@ -238,6 +244,12 @@ TEST(TorchDistributed, TwoRanksOnHalvesMatchSingleProcessTraining) {
 
 TEST(TorchDistributed, ThreeRanksOnThirdsMatchSingleProcessTrainingWithTwoBuckets) {
   run_and_check(3, 20, 2);  // fc_a's weight and bias (16 + 4 bytes), then fc_b's
+}
+
+TEST(TorchDistributed, PlainLossBackwardAveragesTheGradientsAsPyTorchsDdpDoes) {
+  // A newcomer's loop: loss.backward() after prepare_model, no ddp.backward.
+  // The ranks train on different halves, so without averaging they drift.
+  run_and_check(2, 20, 2, {{"plain_backward", true}});
 }
 
 TEST(TorchDistributed, ParameterUnusedOnOneRankStaysInStep) {

@@ -17,10 +17,20 @@ TEST(HfShards, ShardsCloseBeforeTheTensorThatWouldOverflowThem) {
   EXPECT_EQ(plan_shards({1, 2, 3}, 100), (Plan{{0, 1, 2}}));
 }
 
-TEST(HfShards, ATensorLargerThanTheLimitGetsAShardOfItsOwn) {
-  EXPECT_EQ(plan_shards({2, 50, 2}, 10), (Plan{{0}, {1}, {2}}));
+TEST(HfShards, ATensorLargerThanTheLimitGetsAShardOfItsOwnListedAtOnce) {
+  // As huggingface_hub: the large tensor's shard comes first, and the shard
+  // being filled stays open for the tensors after it.
+  EXPECT_EQ(plan_shards({2, 50, 2}, 10), (Plan{{1}, {0, 2}}));
+  EXPECT_EQ(plan_shards({2, 50, 9, 60, 1}, 10), (Plan{{1}, {0}, {3}, {2, 4}}));
   EXPECT_EQ(plan_shards({50}, 10), (Plan{{0}}));
   EXPECT_EQ(plan_shards({1, 1}, 0), (Plan{{0}, {1}}));
+}
+
+TEST(HfShards, TensorsSharingStorageGoWithTheFirstOfThemAndCountOnce) {
+  // 0 and 2 share a storage: 2 joins 0's shard and takes no room.
+  EXPECT_EQ(plan_shards({4, 4, 4}, 4, {7, 0, 7}), (Plan{{0, 2}, {1}}));
+  EXPECT_EQ(plan_shards({4, 4, 4, 4}, 8, {0, 3, 3, 0}), (Plan{{0, 1, 2}, {3}}));
+  EXPECT_EQ(plan_shards({4, 4, 4, 4}, 8), (Plan{{0, 1}, {2, 3}}));
 }
 
 TEST(HfShards, NoTensorsIsNoShard) { EXPECT_TRUE(plan_shards({}, 10).empty()); }

@@ -6,6 +6,8 @@
 //                                DIR/expected.json (the eval output on a fixed input)
 //   interop_tool load PATH OUT   load_pretrained(PATH) strictly into a fresh
 //                                network; OUT gets its eval output
+//   interop_tool shard DIR SIZE  save_pretrained(DIR) of a fresh network with
+//                                max_shard_size SIZE (how it splits)
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -77,10 +79,15 @@ int main(int argc, char** argv) {
       write_output(net, argv[3]);
       return 0;
     }
+    if (cmd == "shard" && argc == 4) {
+      Net net;
+      cairn::libtorch::save_pretrained(argv[2], *net, {.max_shard_size = std::stoull(argv[3])});
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::cerr << "interop_tool: " << e.what() << "\n";
     return 1;
   }
-  std::cerr << "usage: interop_tool save DIR | load PATH OUT\n";
+  std::cerr << "usage: interop_tool save DIR | load PATH OUT | shard DIR SIZE\n";
   return 2;
 }

@@ -10,6 +10,11 @@ safetensors package would.
      output as C++ did.
   2. PyTorch writes its state dict as one file and as shards + index; C++
      loads each strictly and gives the same output as PyTorch.
+  3. C++ splits the same network into the same shards, with the same tensor
+     names in each file, as huggingface_hub's
+     split_torch_state_dict_into_shards (transformers' save_pretrained) does
+     for several max_shard_size values; its rule is restated below as the
+     oracle, since neither package is in Debian.
 Usage: python_interop_test.py PATH_TO_INTEROP_TOOL
 """
 import json
@@ -128,11 +133,86 @@ def python_to_cpp(tool, tmp):
             same(json.load(f), expected, f"PyTorch weights from {os.path.basename(path)} in C++")
 
 
+def storage_key(tensor):
+    """huggingface_hub's get_torch_storage_id: tensors with one key share storage."""
+    storage = tensor.storage()
+    return (tensor.device, storage.data_ptr(), storage.nbytes())
+
+
+def hf_split(state_dict, max_shard_size):
+    """huggingface_hub's split_state_dict_into_shards_factory (v0.23+), the
+    rule transformers' save_pretrained uses: shard file name -> tensor names."""
+    shard_list = []
+    current, current_size = {}, 0
+    shared = {}
+    for key, tensor in state_dict.items():
+        sid = storage_key(tensor)
+        if sid in shared:
+            shared[sid].append(key)  # placed with the first of its storage, below
+            continue
+        shared[sid] = [key]
+        size = tensor.storage().nbytes()
+        if size > max_shard_size:
+            shard_list.append({key: tensor})  # alone; the open shard stays open
+            continue
+        if current_size + size > max_shard_size:
+            shard_list.append(current)
+            current, current_size = {}, 0
+        current[key] = tensor
+        current_size += size
+    if current:
+        shard_list.append(current)
+    for keys in shared.values():
+        for shard in shard_list:
+            if keys[0] in shard:
+                for key in keys:
+                    shard[key] = state_dict[key]
+                break
+    if len(shard_list) == 1:
+        return {"model.safetensors": sorted(shard_list[0])}
+    n = len(shard_list)
+    return {f"model-{k:05d}-of-{n:05d}.safetensors": sorted(shard)
+            for k, shard in enumerate(shard_list, 1)}
+
+
+def cpp_shards(folder):
+    index_path = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index_path):
+        tensors, _ = st.read(os.path.join(folder, "model.safetensors"))
+        return {"model.safetensors": sorted(tensors)}
+    with open(index_path) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = {}
+    for name, file in weight_map.items():
+        files.setdefault(file, []).append(name)
+    for file, names in files.items():
+        tensors, _ = st.read(os.path.join(folder, file))
+        assert sorted(tensors) == sorted(names), f"{file}: holds {sorted(tensors)}, index {names}"
+    on_disk = sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    assert on_disk == sorted(files), f"{folder}: {on_disk} on disk, {sorted(files)} indexed"
+    return {file: sorted(names) for file, names in files.items()}
+
+
+def shards_as_huggingface(tool, tmp):
+    state = Net().state_dict()
+    sizes = [t.numel() * t.element_size() for t in state.values()]
+    # From one tensor per shard, through limits smaller than the largest
+    # tensor (which then sits alone while its neighbours share a shard), to
+    # one file.
+    for max_shard_size in (0, 8, 40, 64, 100, 200, 256, 300, 400, sum(sizes)):
+        folder = os.path.join(tmp, f"split-{max_shard_size}")
+        subprocess.run([tool, "shard", folder, str(max_shard_size)], check=True)
+        expected = hf_split(state, max_shard_size)
+        got = cpp_shards(folder)
+        assert got == expected, f"max_shard_size {max_shard_size}: C++ {got}, huggingface_hub {expected}"
+
+
 def main():
     tool = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="cairn-torch-interop-") as tmp:
         cpp_to_python(tool, tmp)
         python_to_cpp(tool, tmp)
+        shards_as_huggingface(tool, tmp)
     print("torch interop: ok")
 
 
