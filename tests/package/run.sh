@@ -65,7 +65,7 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$work
   cmake_common+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
-cairn_options=(-DCAIRN_TORCH=OFF -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_EXAMPLES=OFF
+cairn_options=(-DCAIRN_TORCH=OFF -DCAIRN_PYTHON=OFF -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_EXAMPLES=OFF
                -DCAIRN_BUILD_BENCH=OFF)
 
 # build_and_install KIND PREFIX [cmake args]: Cairn itself.
