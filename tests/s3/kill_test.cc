@@ -168,7 +168,9 @@ std::string make_copy_source(const TempDir& dir) {
 
 TEST(S3Kills, KilledSavesAndCopiesNeverLeaveMetadataThatNeedsAPerson) {
   const char* env = std::getenv("CAIRN_S3_KILL_ITERATIONS");
-  const int kills_wanted = env ? std::atoi(env) : 200;
+  // The long loop runs against s3rver, a bounded sample against radosgw.
+  const bool radosgw = S3Server::instance().kind() == S3Server::Kind::kRadosgw;
+  const int kills_wanted = env ? std::atoi(env) : radosgw ? 20 : 200;
   const std::string root = S3Server::instance().fresh_uri("kills");
   const std::string exp = root + "/exp";
   TempDir dir;
