@@ -69,10 +69,12 @@ struct Manifest {
   // of every byte before the member (docs/format.md, "The manifest").
   std::string to_json() const;
   // Why `text` is not a whole manifest, or nullopt when it is. Not whole:
-  // empty, holding NUL bytes, not JSON (a write cut short), or carrying a
-  // "self_check" that its bytes do not match. (Too large or nested too deeply
-  // is malformed, not torn.) A JSON object without "self_check" (written by an earlier
-  // version) is whole. A text that is not whole is never a commit: readers
+  // empty, holding NUL bytes, or not JSON (a write cut short: no proper
+  // prefix of the manifest is JSON). Whole JSON whose "self_check" its bytes
+  // do not match was damaged after the commit: that is corruption, which
+  // parse() reports and nothing removes. (Too large or nested too deeply is
+  // malformed, not torn.) A JSON object without "self_check" (written by an
+  // earlier version) is whole. A text that is not whole is never a commit: readers
   // treat its checkpoint as uncommitted, a leftover that the manager's open
   // and `cairn gc` remove. (A whole text can still be a malformed manifest,
   // which parse() refuses.)

@@ -157,7 +157,11 @@ std::optional<std::string> Manifest::torn(std::string_view text) {
     if (e.code() != ErrorCode::kCorruption) throw;
     return fmt::format("{} bytes that are not JSON ({})", text.size(), e.what());
   }
-  return self_check_fails(text, j);
+  // Whole JSON is never what an interrupted write leaves (the manifest is one
+  // object, and no proper prefix of it is JSON): a self-check that fails on
+  // it means the bytes were damaged after the commit, which parse() reports
+  // as corruption for a person to look at, and nothing deletes.
+  return std::nullopt;
 }
 
 Manifest Manifest::parse(std::string_view text, std::string_view source) {
@@ -173,7 +177,9 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
     if (e.code() != ErrorCode::kCorruption) throw;
     torn_manifest(fmt::format("{} bytes that are not JSON ({})", text.size(), e.what()));
   }
-  if (std::optional<std::string> why = self_check_fails(text, j)) torn_manifest(*why);
+  if (std::optional<std::string> why = self_check_fails(text, j)) {
+    corrupt(source, fmt::format("manifest damaged after it was written: {}", *why));
+  }
   if (!j.is_object()) corrupt(source, "manifest is not a JSON object");
   // Fields are looked up with find(): operator[] on a const object with a
   // missing key is undefined behaviour in nlohmann::json.

@@ -879,6 +879,32 @@ TEST_F(ManagerTest, ACheckpointWithATornManifestIsALeftoverThatOpenAndGcRemove) 
   EXPECT_EQ(m.register_checkpoint({}, source("s", "w")).index, 4u) << "indices are never reused";
 }
 
+// A manifest that is whole JSON but fails its self-check was damaged after
+// its commit (bit rot, an edit), which no interrupted write leaves: it is
+// corruption for a person to look at, and gc must not delete the data.
+TEST_F(ManagerTest, AManifestDamagedAfterItsCommitIsCorruptionThatGcLeavesInPlace) {
+  {
+    CheckpointManager m(uri, {}, quiet());
+    m.register_checkpoint({{"i", 0}}, source("s", "x"));
+    m.register_checkpoint({{"i", 1}}, source("s", "y"));
+  }
+  auto storage = open_storage(uri);
+  const std::string key = "checkpoint_000001/.cairn/manifest.json";
+  std::string text = storage->get(key);
+  const size_t at = text.find("\"i\": 1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 5] = '7';
+  storage->put(key, text);
+  ASSERT_FALSE(Manifest::torn(text));
+
+  collect_garbage(uri);
+  EXPECT_TRUE(storage->exists(key));
+  EXPECT_TRUE(storage->exists("checkpoint_000001/model.bin"));
+  const std::string msg = error_message_of(
+      [&] { Checkpoint(storage->child("checkpoint_000001")).manifest(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("damaged after it was written"), std::string::npos) << msg;
+}
+
 // A snapshot of the history torn by an interrupted write (empty, or cut
 // short) is rebuilt from the committed manifests by the next open, with a
 // warning, instead of stopping every open until a person deletes it.
