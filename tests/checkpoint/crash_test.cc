@@ -96,6 +96,9 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       startup_us = std::chrono::duration_cast<std::chrono::microseconds>(
                        std::chrono::steady_clock::now() - started)
                        .count();
+      // Past the worker's first commit, however slow the machine: the kill
+      // lands in the saves and retention passes that follow it.
+      ASSERT_TRUE(wait_ready(ready_fd)) << "worker never committed a checkpoint";
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
     } else {
       std::this_thread::sleep_for(std::chrono::microseconds(rng() % (startup_us + 40000)));
@@ -103,6 +106,7 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    close(ready_fd);
     ASSERT_TRUE(WIFSIGNALED(status))
         << "worker exited by itself (status " << status << ") at iteration " << i;
     ++kills;
@@ -173,8 +177,9 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
     }
     if (::testing::Test::HasFailure()) break;
   }
-  // The kills must land while work is being done, not only at start-up.
-  EXPECT_GT(kills_with_progress, kills / 8) << "highest checkpoint index reached: " << max_seen;
+  // The kills must land while work is being done, not only at start-up:
+  // every aimed kill comes after a commit of its own worker.
+  EXPECT_GE(kills_with_progress, kills / 2) << "highest checkpoint index reached: " << max_seen;
 }
 
 // Keep-all, where the history's log grows and is compacted: after every

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
       nlohmann::json metrics = {{"seed", seed}};
       if (rng() % 8 != 0) metrics["score"] = static_cast<double>(rng() % 1000) / 10.0;
       auto record = manager.register_checkpoint(metrics, source);
+      (void)!::write(STDOUT_FILENO, "c", 1);  // committed: the test may aim past it
       if (rng() % 4 == 0) record.checkpoint.update_metadata({{"touched", seed}});
     }
   } catch (const std::exception& e) {
