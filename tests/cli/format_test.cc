@@ -77,10 +77,10 @@ TEST(ExitCodes, MapEachErrorKindToItsDocumentedCode) {
   EXPECT_EQ(exit_code_for(ErrorCode::kInvalidArgument), 2);
   EXPECT_EQ(exit_code_for(ErrorCode::kNotFound), 3);
   EXPECT_EQ(exit_code_for(ErrorCode::kCorruption), 4);
-  for (ErrorCode c :
-       {ErrorCode::kAlreadyExists, ErrorCode::kPermissionDenied, ErrorCode::kNoSpace,
-        ErrorCode::kIO, ErrorCode::kLocked, ErrorCode::kTimeout, ErrorCode::kUnavailable,
-        ErrorCode::kFailedPrecondition, ErrorCode::kInternal}) {
+  EXPECT_EQ(exit_code_for(ErrorCode::kAlreadyExists), 6);
+  for (ErrorCode c : {ErrorCode::kPermissionDenied, ErrorCode::kNoSpace, ErrorCode::kIO,
+                      ErrorCode::kLocked, ErrorCode::kTimeout, ErrorCode::kUnavailable,
+                      ErrorCode::kFailedPrecondition, ErrorCode::kInternal}) {
     EXPECT_EQ(exit_code_for(c), 5) << error_code_name(c);
   }
 }
