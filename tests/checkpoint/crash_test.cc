@@ -20,6 +20,7 @@
 #include "cairn/manager.h"
 #include "checkpoint/crash_pattern.h"
 #include "manager/history_store.h"
+#include "support/child.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -47,29 +48,12 @@ std::set<uint64_t> recorded_indices(const std::string& exp, bool* damaged = null
 // Starts the worker with its stdout on a pipe; returns its pid.
 pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd,
                    int num_to_keep = kNumToKeep) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    std::string s = std::to_string(seed);
-    std::string keep = std::to_string(num_to_keep);
-    execl(CRASH_WORKER, CRASH_WORKER, exp.c_str(), s.c_str(), keep.c_str(), nullptr);
-    _exit(127);
-  }
-  close(fds[1]);
-  ready_fd = fds[0];
-  return pid;
+  return testing::spawn_with_stdout_pipe(
+      {CRASH_WORKER, exp, std::to_string(seed), std::to_string(num_to_keep)}, ready_fd);
 }
 
-// Waits (at most 20 s) for the worker's ready byte.
-bool wait_ready(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  char c;
-  return poll(&p, 1, 20000) == 1 && read(fd, &c, 1) == 1;
-}
+// Waits (at most 20 s) for the worker's next byte (ready, or a commit).
+bool wait_ready(int fd) { return testing::wait_byte(fd, 20000); }
 
 TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
   const char* env = std::getenv("CAIRN_CRASH_ITERATIONS");

@@ -31,6 +31,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "checkpoint/crash_pattern.h"
+#include "support/child.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -59,29 +60,10 @@ ManagerOptions quiet() {
 // Starts `argv` with its stdout on a pipe (the crash worker writes 'r' there
 // once its experiment is open); returns its pid.
 pid_t spawn(const std::vector<std::string>& argv, int& out_fd) {
-  int fds[2];
-  if (pipe(fds) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], STDOUT_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  out_fd = fds[0];
-  return pid;
+  return testing::spawn_with_stdout_pipe(argv, out_fd);
 }
 
-bool wait_ready(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  char c;
-  return poll(&p, 1, 30000) == 1 && read(fd, &c, 1) == 1;
-}
+bool wait_ready(int fd) { return testing::wait_byte(fd, 30000); }
 
 // The crash worker's checkpoint `r` loads: each file is exactly what the
 // worker wrote for the seed in its metrics.
