@@ -24,6 +24,8 @@
 #include "cairn/state_manager.h"
 #include "cairn/train.h"
 #include "support/env.h"
+#include "support/errors.h"
+#include "support/lease_race.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -152,6 +154,48 @@ TEST_F(S3Faults, WhenEveryRequestFailsTheErrorIsClearAndNothingPartialIsVisible)
 // retention deleting the old ones) at random moments; after each kill,
 // reopening the experiment finds every committed checkpoint whole and
 // cleans up what the killed process left.
+// A server that refuses conditional writes (acted out by the proxy, which
+// answers 501 to a write with If-Match or If-None-Match) is detected, and
+// leases are taken by listing instead: a fresh lease and a lapsed one are
+// taken, and of several racing takers of a lapsed lease at most one holds it.
+TEST_F(S3Faults, AServerRefusingConditionalWritesStillGivesEachLeaseOneHolder) {
+  ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
+  proxy.configure(R"({"refuse_conditional_writes": true})");
+  auto s = open_storage(root);
+  {
+    auto lock = s->try_lock("exp/.cairn.lock");
+    EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
+    EXPECT_EQ(testing::code_of([&] { open_storage(root)->try_lock("exp/.cairn.lock"); }),
+              ErrorCode::kLocked);
+  }
+  EXPECT_FALSE(s->exists("exp/.cairn.lock"));
+  s->put("exp/.cairn.lock", testing::foreign_lease(0));
+  EXPECT_NO_THROW(open_storage(root)->try_lock("exp/.cairn.lock"));
+  // Reads slowed at random widen the windows between a taker's write and
+  // its reads: a write-and-read-back protocol lets two takers hold the lease
+  // in about a third of such rounds.
+  proxy.configure(R"({"rate": 0.5, "faults": ["delay"], "delay_ms": 40,
+    "methods": ["GET", "HEAD"], "seed": 3})");
+  int taken = 0;
+  for (int round = 0; round < 10; ++round) {
+    int holders = testing::race_for_lapsed_lease(root, fmt::format("race{}/.cairn.lock", round), 6);
+    EXPECT_LE(holders, 1) << "round " << round;
+    taken += holders;
+  }
+  EXPECT_GE(taken, 1);
+  EXPECT_GT(nlohmann::json::parse(proxy.stats())["refused_conditional"].get<int>(), 0);
+  proxy.configure(R"({"rate": 0})");
+  // A manager and its retention work the same behind such a server.
+  CheckpointConfig config;
+  config.num_to_keep = 1;
+  CheckpointManager m(root + "/managed", config);
+  for (int i = 0; i < 2; ++i) {
+    m.register_checkpoint({{"i", i}},
+                          Checkpoint::from_directory(make_source(dir.path(), i).string()));
+  }
+  EXPECT_EQ(m.history().size(), 1u);
+}
+
 TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNothing) {
   const std::string exp = root + "/crash";
   CheckpointConfig config;

@@ -268,16 +268,18 @@ TEST(S3Client, BadTunablesAreRefusedNamingTheVariable) {
 
 // S3 refuses parts below 5 MiB (but the last) with 400 EntityTooSmall only
 // once an upload is under way; the setting is refused before any request.
-TEST(S3Client, PartSizesOutsideS3sLimitsAreRefusedNamingTheSetting) {
-  auto options_with = [](std::map<std::string, std::string> vars) {
-    AwsEnvironment env;
-    env.getenv = [vars](std::string_view name) -> std::optional<std::string> {
-      auto it = vars.find(std::string(name));
-      if (it == vars.end()) return std::nullopt;
-      return it->second;
-    };
-    return S3Options::from_environment(env);
+// The options from an environment holding only `vars`.
+S3Options options_with(const std::map<std::string, std::string>& vars) {
+  AwsEnvironment env;
+  env.getenv = [vars](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
   };
+  return S3Options::from_environment(env);
+}
+
+TEST(S3Client, PartSizesOutsideS3sLimitsAreRefusedNamingTheSetting) {
   for (std::string bad : {"4096", "5242879", "5368709121"}) {
     try {
       options_with({{"CAIRN_S3_PART_SIZE", bad}});
@@ -296,6 +298,21 @@ TEST(S3Client, PartSizesOutsideS3sLimitsAreRefusedNamingTheSetting) {
             262144u);
   EXPECT_THROW(options_with({{"CAIRN_S3_PART_SIZE", "262144"}, {"CAIRN_S3_MIN_PART_SIZE", "1024"}}),
                Error);
+}
+
+TEST(S3Client, ConditionalWritesAreOnUnlessTurnedOffAndOtherValuesAreRefused) {
+  EXPECT_TRUE(options_with({}).conditional_writes);
+  EXPECT_FALSE(options_with({{"CAIRN_S3_CONDITIONAL_WRITES", "off"}}).conditional_writes);
+  EXPECT_TRUE(options_with({{"CAIRN_S3_CONDITIONAL_WRITES", "on"}}).conditional_writes);
+  try {
+    options_with({{"CAIRN_S3_CONDITIONAL_WRITES", "maybe"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("CAIRN_S3_CONDITIONAL_WRITES=\"maybe\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "storage/s3/xml.h"
 #include "support/env.h"
 #include "support/errors.h"
+#include "support/lease_race.h"
 #include "support/s3_server.h"
 
 namespace cairn::testing {
@@ -43,13 +44,6 @@ class S3Storage : public ::testing::Test {
   std::shared_ptr<Storage> s = open_storage(uri);
 };
 
-// A lease as another machine's holder writes it.
-std::string foreign_lease(int ttl_seconds) {
-  return fmt::format(
-      R"({{"host":"elsewhere","boot_id":"b","pid":42,"start_time":"1","token":"t","ttl_seconds":{}}})",
-      ttl_seconds);
-}
-
 // The key in the bucket of `key` under the test's root `uri`.
 std::string bucket_key(const std::string& uri, const std::string& key) {
   std::string prefix = uri.substr(uri.find('/', 5) + 1);
@@ -61,6 +55,17 @@ s3::S3Client raw_client() {
   s3::AwsEnvironment env = s3::AwsEnvironment::process();
   return s3::S3Client(s3::resolve_s3_settings(env), s3::default_credentials(env),
                       s3::make_http_client(), s3::S3Options::from_environment(env));
+}
+
+// Every key under `prefix` (a key prefix in the bucket), hidden ones too.
+std::vector<std::string> raw_keys(const std::string& prefix) {
+  s3::S3Request r;
+  r.query = {{"list-type", "2"}, {"prefix", prefix}};
+  s3::ListPage page =
+      s3::parse_list_objects_v2(raw_client().call(S3Server::instance().bucket(), r).body);
+  std::vector<std::string> keys;
+  for (const auto& o : page.objects) keys.push_back(o.key);
+  return keys;
 }
 
 // ListMultipartUploads under `prefix` (a key prefix in the bucket).
@@ -404,6 +409,75 @@ TEST_F(S3Storage, AHeldLeaseIsRenewedPastItsLifetime) {
   // Five seconds on, a lease of two is live only because it was renewed.
   EXPECT_TRUE(short_lived->is_locked("exp/.cairn.lock"));
   EXPECT_EQ(code_of([&] { short_lived->try_lock("exp/.cairn.lock"); }), ErrorCode::kLocked);
+}
+
+// Servers that take If-Match / If-None-Match and ignore them (s3rver) are
+// declared with CAIRN_S3_CONDITIONAL_WRITES=off: leases are then taken by
+// listing the takers (docs/s3.md), which lets only one of several racing
+// takers hold a lease, on any server.
+TEST_F(S3Storage, WithoutConditionalWritesRacingTakersOfALapsedLeaseYieldOneHolder) {
+  ScopedEnv off("CAIRN_S3_CONDITIONAL_WRITES", "off");
+  int taken = 0;
+  for (int round = 0; round < 8; ++round) {
+    int holders = race_for_lapsed_lease(uri, fmt::format("race{}/.cairn.lock", round), 5);
+    EXPECT_LE(holders, 1) << "round " << round;
+    taken += holders;
+  }
+  EXPECT_GE(taken, 1);
+  // Every lease was released, and no taker left its object behind.
+  EXPECT_TRUE(raw_keys(bucket_key(uri, "")).empty()) << raw_keys(bucket_key(uri, "")).front();
+}
+
+TEST_F(S3Storage, WithoutConditionalWritesALeaseIsTakenHeldAndReleasedAsWithThem) {
+  ScopedEnv off("CAIRN_S3_CONDITIONAL_WRITES", "off");
+  auto plain = open_storage(uri);
+  {
+    auto lock = plain->try_lock("exp/.cairn.lock");
+    EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
+    EXPECT_EQ(code_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }), ErrorCode::kLocked);
+    plain->put("exp/manifest.json", "written under the lease");
+  }
+  EXPECT_FALSE(s->exists("exp/.cairn.lock"));
+  EXPECT_EQ(raw_keys(bucket_key(uri, "")),
+            std::vector<std::string>{bucket_key(uri, "exp/manifest.json")});
+}
+
+// Without conditional writes a holder cannot confirm a lease it has not
+// renewed for half its lifetime (a taker may be writing it right now): it
+// stops writing, and leaves the lease for whoever took it.
+TEST_F(S3Storage, WithoutConditionalWritesAHolderPausedPastHalfItsLeaseStopsWriting) {
+  ScopedEnv off("CAIRN_S3_CONDITIONAL_WRITES", "off");
+  auto now = std::make_shared<std::atomic<int64_t>>(0);
+  s3::set_lease_clock_for_testing(
+      [now] { return std::chrono::steady_clock::time_point(std::chrono::seconds(now->load())); });
+  auto holder = open_storage(uri);
+  auto lock = holder->try_lock("exp/.cairn.lock");
+  holder->put("exp/a.bin", "before the pause");
+  *now += 4;  // the tests' lease lives 6 s
+  std::string message =
+      error_message_of([&] { holder->put("exp/b.bin", "after"); }, ErrorCode::kLocked);
+  EXPECT_NE(message.find("half its lifetime"), std::string::npos) << message;
+  EXPECT_NE(message.find(uri + "/exp/.cairn.lock"), std::string::npos) << message;
+  EXPECT_FALSE(s->exists("exp/b.bin"));
+  lock.reset();
+  // Not deleted on release: it may be another taker's by now.
+  EXPECT_TRUE(s->exists("exp/.cairn.lock"));
+}
+
+// A taker killed between writing its object and withdrawing it holds the
+// lease back for one lifetime (the server's clock), not for good.
+TEST_F(S3Storage, WithoutConditionalWritesATakerKilledMidwayHoldsTheLeaseBackForOneLifetime) {
+  ScopedEnv off("CAIRN_S3_CONDITIONAL_WRITES", "off");
+  ScopedEnv ttl("CAIRN_S3_LOCK_TTL", "3");
+  const std::string dead = "exp/..cairn.lock.cairn-taker-killed";
+  s->put(dead, foreign_lease(3));
+  std::string message =
+      error_message_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }, ErrorCode::kLocked);
+  EXPECT_NE(message.find("taking it over"), std::string::npos) << message;
+  EXPECT_TRUE(s->list("exp").empty());  // takers' objects are not listed
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  EXPECT_NO_THROW(open_storage(uri)->try_lock("exp/.cairn.lock"));
+  EXPECT_TRUE(raw_keys(bucket_key(uri, "")).empty()) << raw_keys(bucket_key(uri, "")).front();
 }
 
 TEST_F(S3Storage, AMissingBucketIsNotFoundNamingIt) {

@@ -49,13 +49,19 @@ HEAD, as S3 does). `methods` limits faults to those HTTP methods (empty: all);
 `budget` limits the number of faults injected from now on (null: no limit),
 e.g. rate 1.0 and budget 2 fails exactly the next two requests.
 
+A server without conditional writes: with `refuse_conditional_writes` true,
+every PUT, POST or DELETE carrying If-Match or If-None-Match is answered
+501 NotImplemented and not forwarded (GETs keep their conditions). Not a
+fault: it draws nothing and is counted under "refused_conditional".
+
 Control endpoint (answered by the proxy itself, never forwarded; no S3
 bucket name can start with "__"):
   GET  /__fault__/config   the current configuration as JSON
   POST /__fault__/config   change it: a JSON object with any of
                            {"rate": 0.1, "faults": ["503", "reset"],
                             "delay_ms": 200, "seed": 7, "methods": ["PUT"],
-                            "budget": 3 or null}
+                            "budget": 3 or null,
+                            "refuse_conditional_writes": true}
                            (a new seed restarts the random sequence);
                            answers the new configuration, or 400 naming the
                            bad field
@@ -127,16 +133,18 @@ class Faults:
         self.seed = seed
         self.methods = methods
         self.budget = budget
+        self.refuse_conditional_writes = False
         self.rng = random.Random(seed)
         self.reset_stats()
 
     def reset_stats(self):
         self.stats = {"requests": 0, "forwarded": 0, "passed": 0, "upstream_errors": 0,
-                      "faults": {k: 0 for k in KINDS}}
+                      "refused_conditional": 0, "faults": {k: 0 for k in KINDS}}
 
     def config(self):
         return {"rate": self.rate, "faults": list(self.kinds), "delay_ms": self.delay_ms,
-                "seed": self.seed, "methods": list(self.methods), "budget": self.budget}
+                "seed": self.seed, "methods": list(self.methods), "budget": self.budget,
+                "refuse_conditional_writes": self.refuse_conditional_writes}
 
     def update(self, changes):
         """Applies a JSON object of changes; raises ValueError naming the bad
@@ -169,6 +177,10 @@ class Faults:
                                           or value < 0):
                     raise ValueError("budget: an integer >= 0 or null")
                 new["budget"] = value
+            elif key == "refuse_conditional_writes":
+                if not isinstance(value, bool):
+                    raise ValueError("refuse_conditional_writes: true or false")
+                new["refuse_conditional_writes"] = value
             else:
                 raise ValueError("unknown field {!r}".format(key))
         with self.lock:
@@ -176,6 +188,7 @@ class Faults:
                 self.rng = random.Random(new["seed"])
             self.rate, self.kinds, self.delay_ms = new["rate"], new["faults"], new["delay_ms"]
             self.seed, self.methods, self.budget = new["seed"], new["methods"], new["budget"]
+            self.refuse_conditional_writes = new["refuse_conditional_writes"]
             return self.config()
 
     def draw(self, method):
@@ -419,6 +432,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(400, "bad Content-Length")
             return
 
+        if self.faults.refuse_conditional_writes and self.command in ("PUT", "POST", "DELETE") \
+                and ("If-Match" in self.headers or "If-None-Match" in self.headers):
+            self.drain(body_length)
+            n = self.faults.count("refused_conditional")
+            return self.error_reply(501, "NotImplemented", "A header you provided implies "
+                                    "functionality that is not implemented", n)
         kind, n, delay_ms = self.faults.draw(self.command)
         if kind in ("500", "503", "slowdown"):
             self.drain(body_length)

@@ -310,6 +310,21 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(self.request("GET", "b/x")[0].status, 404)
         self.assertEqual(self.request("PUT", "b/x", body=b"1")[0].status, 500)
 
+    def test_refused_conditional_writes_are_501_and_not_forwarded(self):
+        self.proxy.configure(refuse_conditional_writes=True)
+        for header in ("If-Match", "If-None-Match"):
+            resp, body = self.request("PUT", "c/x", body=b"1", headers={header: "*"})
+            self.assertEqual((resp.status, error_code(body)), (501, "NotImplemented"))
+        self.assertEqual(self.direct("GET", "c/x")[0].status, 404)
+        # Plain writes and conditional reads pass.
+        self.assertEqual(self.request("PUT", "c/x", body=b"1")[0].status, 200)
+        etag = self.request("HEAD", "c/x")[0].getheader("ETag")
+        self.assertEqual(self.request("GET", "c/x", headers={"If-Match": etag})[0].status, 200)
+        self.assertEqual(self.proxy.stats()["refused_conditional"], 2)
+        self.proxy.configure(refuse_conditional_writes=False)
+        resp, _ = self.request("PUT", "c/y", body=b"1", headers={"If-None-Match": "*"})
+        self.assertNotEqual(resp.status, 501)
+
     def test_control_endpoint(self):
         cfg = self.proxy.configure(rate=0.25, faults=["reset", "delay"], delay_ms=10)
         self.assertEqual(cfg, self.proxy.config())
@@ -343,7 +358,8 @@ class ProxyTest(unittest.TestCase):
                                            "--methods", "GET", "--budget", "3"]) as p:
             cfg = p.config()
             self.assertEqual(cfg, {"rate": 1.0, "faults": ["slowdown", "503"], "delay_ms": 5.0,
-                                   "seed": 7, "methods": ["GET"], "budget": 3})
+                                   "seed": 7, "methods": ["GET"], "budget": 3,
+                                   "refuse_conditional_writes": False})
             resp, _ = self.request("GET", "flags/a", port=p.port)
             self.assertEqual(resp.status, 503)
             # An idle client connection must not keep it alive.

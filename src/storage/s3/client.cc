@@ -67,6 +67,16 @@ S3Options S3Options::from_environment(const AwsEnvironment& env) {
   o.lock_ttl =
       std::chrono::seconds(env_number<long long>(env, "CAIRN_S3_LOCK_TTL", o.lock_ttl.count(), 2));
   o.retry.max_attempts = env_number<int>(env, "CAIRN_S3_MAX_ATTEMPTS", o.retry.max_attempts, 1);
+  if (std::optional<std::string> v = env.getenv("CAIRN_S3_CONDITIONAL_WRITES"); v && !v->empty()) {
+    if (*v == "on" || *v == "1") {
+      o.conditional_writes = true;
+    } else if (*v == "off" || *v == "0") {
+      o.conditional_writes = false;
+    } else {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("CAIRN_S3_CONDITIONAL_WRITES=\"{}\": expected on or off", *v));
+    }
+  }
   return o;
 }
 

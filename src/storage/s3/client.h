@@ -50,6 +50,11 @@ struct S3Options {
   int concurrency = 8;                // CAIRN_S3_CONCURRENCY: parallel parts / ranges per object
   std::chrono::seconds lock_ttl{30};  // CAIRN_S3_LOCK_TTL: lease lifetime without heartbeat
   RetryPolicy retry;                  // CAIRN_S3_MAX_ATTEMPTS sets retry.max_attempts
+  // CAIRN_S3_CONDITIONAL_WRITES=off: take leases without If-Match /
+  // If-None-Match, for servers that accept those headers and ignore them
+  // (docs/s3.md, "The experiment lock"). On (the default), a server that
+  // refuses them is detected and the same fallback is used.
+  bool conditional_writes = true;
   std::chrono::milliseconds request_timeout{std::chrono::minutes(5)};
   static S3Options from_environment(const AwsEnvironment& env);
 };

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -55,6 +56,9 @@ using s3::S3Client;
 using s3::S3Request;
 
 constexpr std::string_view kUploadMarker = ".cairn-upload-";
+// Beside a lease, on servers without conditional writes: one object per
+// process taking the lease over (take_lease_by_listing).
+constexpr std::string_view kTakerMarker = ".cairn-taker-";
 
 std::span<const std::byte> bytes_of(std::string_view s) { return as_bytes(s); }
 
@@ -70,6 +74,18 @@ bool is_marker_name(std::string_view name) {
 }
 
 bool is_marker_key(std::string_view key) { return is_marker_name(split_dir(key).second); }
+
+bool is_taker_key(std::string_view key) {
+  std::string_view name = split_dir(key).second;
+  return name.size() > 1 && name.front() == '.' &&
+         name.find(kTakerMarker) != std::string_view::npos;
+}
+
+// The prefix of the takers' objects of the lease at `lease_key`.
+std::string taker_prefix(std::string_view lease_key) {
+  auto [dir, name] = split_dir(lease_key);
+  return join_key(dir, fmt::format(".{}{}", name, kTakerMarker));
+}
 
 // The marker key for an upload of `key` with `upload_id`.
 std::string marker_key(std::string_view key, std::string_view upload_id) {
@@ -197,6 +213,9 @@ struct Context {
   std::atomic<bool> no_abort{false};
   // How the server takes If-Match on a PUT (lease.h), learned on first use.
   std::atomic<s3::IfMatchForm> if_match_form{s3::IfMatchForm::kUnknown};
+  // Learned: the server refuses conditional writes (If-Match or
+  // If-None-Match), so leases are taken by listing (take_lease_by_listing).
+  std::atomic<bool> no_conditional_writes{false};
   // The leases held through this context, for fencing (fence()).
   std::mutex leases_mu;
   std::vector<std::weak_ptr<struct LeaseGuard>> leases;
@@ -209,6 +228,12 @@ struct Context {
 
   std::string uri(std::string_view key) const { return S3Client::object_uri(bucket, key); }
   HttpResponse call(const S3Request& r) { return client->call(bucket, r); }
+
+  // Leases are written with conditional writes (not turned off by
+  // CAIRN_S3_CONDITIONAL_WRITES, not refused by the server).
+  bool conditional() const {
+    return client->options().conditional_writes && !no_conditional_writes;
+  }
 
   // HEAD of `key`: its size, time and ETag, or nothing when it is missing.
   struct Head {
@@ -707,65 +732,189 @@ LeaseState read_lease(Context& ctx, const std::string& key) {
   return s;
 }
 
-// Writes a lease over `key`: with `If-None-Match: *` when `expected_etag` is
-// empty (there is none), else with `If-Match` on that ETag. Returns the new
-// lease's ETag, or nothing when the precondition failed (another writer got
-// there first). Servers differ in how they take If-Match (lease.h): the form
-// that works is learned on first use by trying the other one after a 412. A
-// server that refuses both forms while the lease still has the ETag just
-// read cannot do conditional writes: it is then written unconditionally and
-// the caller's read-back decides (docs/s3.md, "The experiment lock").
-std::optional<std::string> put_lease(Context& ctx, const std::string& key, const std::string& body,
-                                     const std::string& expected_etag) {
-  auto put = [&](std::optional<std::pair<std::string, std::string>> condition) {
+// What a conditional write of a lease came to.
+struct LeaseWrite {
+  enum class Outcome {
+    kWritten,             // `etag` is the new lease's
+    kPreconditionFailed,  // another writer got there first
+    kUnsupported,         // the server cannot do conditional writes; nothing written
+  };
+  Outcome outcome = Outcome::kWritten;
+  std::string etag;
+};
+
+// Writes a lease over `key` without a condition; returns its ETag.
+std::string put_lease_plainly(Context& ctx, const std::string& key, const std::string& body) {
+  S3Request r;
+  r.method = "PUT";
+  r.key = key;
+  r.body = bytes_of(body);
+  r.headers = {{"content-md5", s3::md5_base64(r.body)}};
+  return ctx.call(r).header("etag").value_or("");
+}
+
+// Writes a lease over `key` with `If-None-Match: *` when `expected_etag` is
+// empty (there is none), else with `If-Match` on that ETag. Servers differ
+// in how they take If-Match (lease.h): the form that works is learned on
+// first use by trying the other one after a 412. A server that refuses both
+// forms while the lease still has the ETag just read, or answers 501,
+// cannot do conditional writes: that is remembered in the context, and the
+// caller falls back to the protocol that needs none (docs/s3.md).
+LeaseWrite put_lease(Context& ctx, const std::string& key, const std::string& body,
+                     const std::string& expected_etag) {
+  using Outcome = LeaseWrite::Outcome;
+  auto put = [&](std::pair<std::string, std::string> condition) {
     S3Request r;
     r.method = "PUT";
     r.key = key;
     r.body = bytes_of(body);
-    r.headers = {{"content-md5", s3::md5_base64(r.body)}};
-    if (condition) {
-      r.headers.push_back(*condition);
-      r.accept = {409, 412, 501};
-    }
+    r.headers = {{"content-md5", s3::md5_base64(r.body)}, std::move(condition)};
+    r.accept = {409, 412, 501};
     return ctx.call(r);
   };
-  auto written = [&](const HttpResponse& resp) { return resp.header("etag").value_or(""); };
-  using s3::IfMatchForm;
-  if (expected_etag.empty()) {
-    HttpResponse resp = put(std::pair<std::string, std::string>{"if-none-match", "*"});
-    if (resp.status == 409 || resp.status == 412) return std::nullopt;
-    if (resp.status == 501) resp = put(std::nullopt);
-    return written(resp);
-  }
-  IfMatchForm known = ctx.if_match_form.load();
-  if (known != IfMatchForm::kUnsupported) {
-    std::vector<IfMatchForm> forms;
-    if (known == IfMatchForm::kUnknown) {
-      forms = {IfMatchForm::kQuoted, IfMatchForm::kBare};
-    } else {
-      forms = {known};
-    }
-    for (IfMatchForm form : forms) {
-      HttpResponse resp = put(std::pair<std::string, std::string>{
-          "if-match", s3::if_match_value(expected_etag, form == IfMatchForm::kQuoted)});
-      if (resp.status < 300) {
-        ctx.if_match_form = form;
-        return written(resp);
-      }
-      if (resp.status == 501) break;
-    }
-    // Every form refused: a real change by another writer, or a server that
-    // cannot compare (then the lease still has the ETag just read).
-    std::optional<Context::Head> now = ctx.head(key);
-    if (!now || !s3::same_etag(now->etag, expected_etag)) return std::nullopt;
+  auto unsupported = [&](std::string_view header) {
     log::warn(
-        fmt::format("{}: the server refuses conditional writes (If-Match); the lock falls "
-                    "back to writing and reading back (docs/s3.md)",
-                    ctx.uri(key)));
-    ctx.if_match_form = IfMatchForm::kUnsupported;
+        fmt::format("{}: the server refuses conditional writes ({}); leases are taken by "
+                    "listing instead (docs/s3.md, \"The experiment lock\")",
+                    ctx.uri(key), header));
+    ctx.no_conditional_writes = true;
+    return LeaseWrite{Outcome::kUnsupported, ""};
+  };
+  if (expected_etag.empty()) {
+    HttpResponse resp = put({"if-none-match", "*"});
+    if (resp.status == 409 || resp.status == 412) return {Outcome::kPreconditionFailed, ""};
+    if (resp.status == 501) return unsupported("If-None-Match");
+    return {Outcome::kWritten, resp.header("etag").value_or("")};
   }
-  HttpResponse resp = put(std::nullopt);
-  return written(resp);
+  using s3::IfMatchForm;
+  IfMatchForm known = ctx.if_match_form.load();
+  std::vector<IfMatchForm> forms = {known};
+  if (known == IfMatchForm::kUnknown) forms = {IfMatchForm::kQuoted, IfMatchForm::kBare};
+  for (IfMatchForm form : forms) {
+    HttpResponse resp =
+        put({"if-match", s3::if_match_value(expected_etag, form == IfMatchForm::kQuoted)});
+    if (resp.status < 300) {
+      ctx.if_match_form = form;
+      return {Outcome::kWritten, resp.header("etag").value_or("")};
+    }
+    if (resp.status == 501) return unsupported("If-Match");
+  }
+  // Every form refused: a real change by another writer, or a server that
+  // cannot compare (then the lease still has the ETag just read).
+  std::optional<Context::Head> now = ctx.head(key);
+  if (!now || !s3::same_etag(now->etag, expected_etag)) return {Outcome::kPreconditionFailed, ""};
+  return unsupported("If-Match");
+}
+
+// Takes the lease at `key` (read as lapsed or missing) on a server without
+// conditional writes, where a plain PUT lets the last of several takers
+// win unseen. Each taker writes an object of its own beside the lease,
+// waits until it can see it, then lists the takers: of takers that all do
+// so, at most one sees no other (whichever wrote last sees the first), and
+// only that one goes on, reads the lease again and writes it. The others
+// withdraw theirs, wait a random while and try again, up to a few times. A
+// taker killed midway leaves an object that counts as a rival for one
+// lease lifetime (the server's clock), then is ignored and deleted; so a
+// taker that has not written the lease within half a lifetime of starting
+// gives up, as a holder renews within half of one (LeaseGuard::renew).
+// Returns the lease's ETag; throws kLocked (retryable) when it is held or
+// contended.
+std::string take_lease_by_listing(Context& ctx, const std::string& key, const std::string& body,
+                                  const std::string& token, std::string replaced_token,
+                                  std::chrono::steady_clock::time_point& confirmed) {
+  const std::chrono::seconds ttl = ctx.client->options().lock_ttl;
+  const std::string prefix = taker_prefix(key);
+  const std::string mine = prefix + token;
+  auto locked = [&](const std::string& why) {
+    return Error(ErrorCode::kLocked, fmt::format("{}: locked, {}", ctx.uri(key), why),
+                 /*retryable=*/true);
+  };
+  auto remove = [&](const std::string& k) {
+    S3Request r;
+    r.method = "DELETE";
+    r.key = k;
+    r.accept = {404};
+    ctx.call(r);
+  };
+  // This taker's object is withdrawn on every way out of an attempt; one
+  // that cannot be (the store failing) is left as a killed taker's would be.
+  struct Withdrawal {
+    std::function<void()> run;
+    ~Withdrawal() {
+      try {
+        run();
+      } catch (const Error& e) {  // ignore-error: it is ignored after one lifetime
+        log::warn(e.what());
+      }
+    }
+  };
+  std::mt19937_64 rng(std::hash<std::string>{}(token));
+  constexpr int kAttempts = 6;
+  for (int attempt = 0;; ++attempt) {
+    const auto started = s3::lease_now();
+    int rivals = 0;
+    std::vector<std::string> stale;
+    {
+      put_lease_plainly(ctx, mine, body);
+      Withdrawal withdrawal{[&] { remove(mine); }};
+      std::optional<Context::Head> own = ctx.head(mine);
+      for (int i = 0; i < 5 && !own; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
+        own = ctx.head(mine);
+      }
+      if (!own) {
+        throw locked(fmt::format("the server does not show {} after writing it", ctx.uri(mine)));
+      }
+      std::string continuation;
+      do {
+        S3Request r;
+        r.query = {{"list-type", "2"}, {"prefix", prefix}, {"encoding-type", "url"}};
+        if (!continuation.empty()) r.query.emplace_back("continuation-token", continuation);
+        s3::ListPage page = s3::parse_list_objects_v2(ctx.call(r).body);
+        for (const auto& o : page.objects) {
+          if (o.key == mine) continue;
+          // Last-Modified has whole seconds: one more for the rounding.
+          if (own->info.modified - o.modified >= static_cast<double>(ttl.count() + 1)) {
+            stale.push_back(o.key);
+          } else {
+            ++rivals;
+          }
+        }
+        continuation = page.truncated ? page.next_token : "";
+      } while (!continuation.empty());
+      if (rivals == 0) {
+        LeaseState s = read_lease(ctx, key);
+        if (s.exists && s.live) throw locked(s.description);
+        if (s3::lease_needs_confirming(started, s3::lease_now(), ttl)) {
+          throw locked(fmt::format("taking it over took longer than half its lifetime ({} s)",
+                                   ttl.count() / 2));
+        }
+        if (s.exists) replaced_token = s.token;
+        confirmed = s3::lease_now();
+        std::string etag = put_lease_plainly(ctx, key, body);
+        // Shown to the next taker before this one withdraws (some servers
+        // answer a PUT before the object is readable).
+        LeaseState after = read_lease(ctx, key);
+        auto seen = s3::classify_lease_read_back(after.exists, after.token, token, replaced_token);
+        for (int i = 0; i < 5 && seen == s3::LeaseReadBack::kNotYetVisible; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
+          after = read_lease(ctx, key);
+          seen = s3::classify_lease_read_back(after.exists, after.token, token, replaced_token);
+        }
+        if (seen != s3::LeaseReadBack::kOurs) throw locked("taken by another process just now");
+        for (const auto& k : stale) Withdrawal{[&] { remove(k); }};
+        return etag;
+      }
+    }
+    if (attempt + 1 == kAttempts) {
+      throw locked(fmt::format("{} other processes are taking it over right now", rivals));
+    }
+    std::uniform_int_distribution<int> wait_ms(10, 40 << attempt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms(rng)));
+    LeaseState s = read_lease(ctx, key);
+    if (s.exists && s.live) throw locked(s.description);
+    if (s.exists) replaced_token = s.token;
+  }
 }
 
 // A lease held through a context, shared by its S3Lock (heartbeat, release)
@@ -807,14 +956,29 @@ struct LeaseGuard {
       lost_to = "deleted by another process";
       return false;
     }
-    std::optional<std::string> put = put_lease(ctx, key, body, s.etag);
-    if (!put) {
+    LeaseWrite w = ctx.conditional() ? put_lease(ctx, key, body, s.etag)
+                                     : LeaseWrite{LeaseWrite::Outcome::kUnsupported, ""};
+    if (w.outcome == LeaseWrite::Outcome::kUnsupported) {
+      // A plain write is safe only while no taker can have seen the lease
+      // lapse: sent within half its lifetime of the last renewal, with the
+      // other half for the write to land (the margin fencing uses too).
+      if (s3::lease_needs_confirming(confirmed, sent, ctx.client->options().lock_ttl)) {
+        lost = true;
+        lost_to = fmt::format(
+            "not renewed within half its lifetime ({} s), which a server without conditional "
+            "writes needs to rule out a takeover",
+            ctx.client->options().lock_ttl.count() / 2);
+        return false;
+      }
+      w = {LeaseWrite::Outcome::kWritten, put_lease_plainly(ctx, key, body)};
+    }
+    if (w.outcome == LeaseWrite::Outcome::kPreconditionFailed) {
       LeaseState now = read_lease(ctx, key);
       lost = true;
       lost_to = now.description;
       return false;
     }
-    etag = *put;
+    etag = w.etag;
     confirmed = sent;
     return true;
   }
@@ -876,7 +1040,14 @@ class S3Lock final : public Lock {
       });
     }
     try {
-      LeaseState s = read_lease(*ctx_, guard_->key);
+      std::lock_guard<std::mutex> lease(guard_->mu);
+      // Deleting what is read as ours is safe only while no taker can have
+      // seen it lapse; past half its lifetime it is confirmed first.
+      if (!guard_->lost && s3::lease_needs_confirming(guard_->confirmed, s3::lease_now(),
+                                                      ctx_->client->options().lock_ttl)) {
+        guard_->renew(*ctx_);
+      }
+      LeaseState s = guard_->lost ? LeaseState{} : read_lease(*ctx_, guard_->key);
       if (s.exists && s.token == guard_->token) {
         S3Request r;
         r.method = "DELETE";
@@ -892,9 +1063,11 @@ class S3Lock final : public Lock {
 
  private:
   void beat() {
-    const auto period = ctx_->client->options().lock_ttl / 3;
     std::unique_lock<std::mutex> g(mu_);
-    while (!cv_.wait_for(g, period, [&] { return stop_; })) {
+    // A fourth of the lifetime where a renewal must be sent within half of
+    // it (LeaseGuard::renew without conditional writes).
+    auto period = [&] { return ctx_->client->options().lock_ttl / (ctx_->conditional() ? 3 : 4); };
+    while (!cv_.wait_for(g, period(), [&] { return stop_; })) {
       g.unlock();
       try {
         std::lock_guard<std::mutex> lease(guard_->mu);
@@ -953,7 +1126,7 @@ class S3Storage final : public Storage {
   std::vector<ObjectInfo> list(std::string_view prefix) override {
     std::vector<ObjectInfo> out;
     for (ObjectInfo& o : list_raw(prefix)) {
-      if (!is_marker_key(o.key)) out.push_back(std::move(o));
+      if (!is_marker_key(o.key) && !is_taker_key(o.key)) out.push_back(std::move(o));
     }
     return out;
   }
@@ -1016,28 +1189,35 @@ class S3Storage final : public Storage {
     guard->confirmed = s3::lease_now();
     // Where the server has conditional writes (AWS S3 and radosgw do) taking
     // the lease is atomic: only one of several racing takers succeeds.
-    std::optional<std::string> etag = put_lease(*ctx_, k, guard->body, s.exists ? s.etag : "");
-    if (!etag) {
-      throw Error(ErrorCode::kLocked,
-                  fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
-                  /*retryable=*/true);
+    if (ctx_->conditional()) {
+      LeaseWrite w = put_lease(*ctx_, k, guard->body, s.exists ? s.etag : "");
+      if (w.outcome == LeaseWrite::Outcome::kPreconditionFailed) {
+        throw Error(ErrorCode::kLocked,
+                    fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
+                    /*retryable=*/true);
+      }
+      if (w.outcome == LeaseWrite::Outcome::kWritten) {
+        guard->etag = w.etag;
+        // Servers that accept the headers and ignore them (s3rver) let the
+        // last writer win: read back to see who did, again (bounded, ~0.3 s
+        // in all) while the server does not show the write yet.
+        LeaseState after = read_lease(*ctx_, k);
+        s3::LeaseReadBack seen =
+            s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
+        for (int i = 0; i < 5 && seen == s3::LeaseReadBack::kNotYetVisible; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
+          after = read_lease(*ctx_, k);
+          seen = s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
+        }
+        if (seen != s3::LeaseReadBack::kOurs) {
+          throw Error(ErrorCode::kLocked,
+                      fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
+                      /*retryable=*/true);
+        }
+        return std::make_unique<S3Lock>(ctx_, std::move(guard));
+      }
     }
-    guard->etag = *etag;
-    // Elsewhere the last writer wins: read back to see who did, again
-    // (bounded, ~0.3 s in all) while the server does not show the write yet.
-    LeaseState after = read_lease(*ctx_, k);
-    s3::LeaseReadBack seen =
-        s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
-    for (int i = 0; i < 5 && seen == s3::LeaseReadBack::kNotYetVisible; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10 << i));
-      after = read_lease(*ctx_, k);
-      seen = s3::classify_lease_read_back(after.exists, after.token, h.token, s.token);
-    }
-    if (seen != s3::LeaseReadBack::kOurs) {
-      throw Error(ErrorCode::kLocked,
-                  fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
-                  /*retryable=*/true);
-    }
+    guard->etag = take_lease_by_listing(*ctx_, k, guard->body, h.token, s.token, guard->confirmed);
     return std::make_unique<S3Lock>(ctx_, std::move(guard));
   }
 
