@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "binding.h"
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
@@ -25,89 +26,10 @@ namespace py = pybind11;
 
 namespace {
 
+using cairn::python::from_json;
+using cairn::python::path_arg;
+using cairn::python::to_json;
 using nlohmann::json;
-
-// Python object -> JSON. Keys must be strings; anything else that is not a
-// JSON value is a TypeError naming its type (raised before any I/O).
-json to_json(py::handle h, int depth = 0) {
-  if (depth > 128) throw py::value_error("value nested deeper than 128 levels");
-  if (h.is_none()) return nullptr;
-  if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
-  if (py::isinstance<py::int_>(h)) {
-    // Beyond 64 bits a Python int has no JSON number Cairn can store exactly.
-    try {
-      return h.cast<int64_t>();
-    } catch (const py::cast_error&) {
-      try {
-        return h.cast<uint64_t>();
-      } catch (const py::cast_error&) {
-        throw py::value_error("integer does not fit in 64 bits: " + py::str(h).cast<std::string>());
-      }
-    }
-  }
-  if (py::isinstance<py::float_>(h)) return h.cast<double>();
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
-  if (py::isinstance<py::dict>(h)) {
-    json out = json::object();
-    for (auto [k, v] : h.cast<py::dict>()) {
-      if (!py::isinstance<py::str>(k)) {
-        throw py::type_error("dict keys must be str, got " +
-                             py::str(py::type::of(k).attr("__name__")).cast<std::string>());
-      }
-      out[k.cast<std::string>()] = to_json(v, depth + 1);
-    }
-    return out;
-  }
-  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
-    json out = json::array();
-    for (py::handle v : h) out.push_back(to_json(v, depth + 1));
-    return out;
-  }
-  // numpy and torch scalars: their item() is a plain Python number.
-  if (py::hasattr(h, "item") && py::hasattr(h, "ndim") && h.attr("ndim").cast<int>() == 0) {
-    return to_json(h.attr("item")(), depth + 1);
-  }
-  throw py::type_error("not a JSON value: object of type " +
-                       py::str(py::type::of(h).attr("__name__")).cast<std::string>());
-}
-
-py::object from_json(const json& j) {
-  switch (j.type()) {
-    case json::value_t::null:
-      return py::none();
-    case json::value_t::boolean:
-      return py::bool_(j.get<bool>());
-    case json::value_t::number_integer:
-      return py::int_(j.get<int64_t>());
-    case json::value_t::number_unsigned:
-      return py::int_(j.get<uint64_t>());
-    case json::value_t::number_float:
-      return py::float_(j.get<double>());
-    case json::value_t::string:
-      return py::str(j.get_ref<const std::string&>());
-    case json::value_t::array: {
-      py::list out;
-      for (const auto& v : j) out.append(from_json(v));
-      return out;
-    }
-    case json::value_t::object: {
-      py::dict out;
-      for (auto it = j.begin(); it != j.end(); ++it) out[py::str(it.key())] = from_json(it.value());
-      return out;
-    }
-    default:
-      return py::none();  // binary and discarded values never come from Cairn's parser
-  }
-}
-
-// A path-like (str, os.PathLike) or URI as a string.
-std::string path_arg(py::handle h) {
-  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
-  py::module_ os = py::module_::import("os");
-  py::object p = os.attr("fspath")(h);
-  if (!py::isinstance<py::str>(p)) throw py::type_error("a path must be str or os.PathLike[str]");
-  return p.cast<std::string>();
-}
 
 // Checkpoint.as_directory()'s context manager: holds the view until __exit__.
 class DirectoryView {
@@ -158,6 +80,7 @@ class PyManager {
 PYBIND11_MODULE(_cairn, m) {
   m.doc() = "Cairn's C++ core (use the cairn package, which wraps this module).";
   m.attr("__version__") = CAIRN_VERSION_STRING;
+  cairn::python::bind_tensors(m);
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {

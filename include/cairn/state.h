@@ -288,16 +288,31 @@ Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
 // A validated safetensors file mapped read-only into memory (zero copy). The
 // header is validated when opened; tensor views stay valid while any copy of
 // the MappedState, or any StateDict made by state_dict(), lives.
+// How MappedState::open maps a local file.
+//   kReadOnly     shared, read-only: a write through a view is a crash.
+//   kCopyOnWrite  private and writable: a write copies the page it touches
+//                 for this process only; the file never changes. For views
+//                 handed to code that may write to them (a framework's
+//                 tensors), as torch.load(mmap=True) and numpy's mmap mode
+//                 "c" map.
+// Either way, a change to the file by another process while it is mapped
+// may show in pages this process has not written (do not rewrite files in
+// place; Cairn's saves replace them).
+enum class MapMode : uint8_t { kReadOnly, kCopyOnWrite };
+
 class MappedState {
  public:
   // Maps a local file. kNotFound if it does not exist, kCorruption if invalid.
   // `read_ahead` asks the kernel to read the whole file in (the fastest way
   // to read all of it); without it, only the pages touched are read, and
   // prefetch() reads ranges ahead.
-  static MappedState open(const std::filesystem::path& path, bool read_ahead = true);
+  static MappedState open(const std::filesystem::path& path, bool read_ahead = true,
+                          MapMode mode = MapMode::kReadOnly);
   // Maps `key` when the backend keeps it as a local file (local_path);
-  // otherwise reads the object into memory once.
-  static MappedState open(Storage& storage, std::string_view key, bool read_ahead = true);
+  // otherwise reads the object into memory once (memory of its own, which
+  // is writable whatever `mode` says).
+  static MappedState open(Storage& storage, std::string_view key, bool read_ahead = true,
+                          MapMode mode = MapMode::kReadOnly);
   // Validates an in-memory file image and keeps `owner` alive with it.
   static MappedState from_bytes(std::span<const std::byte> file, std::string source,
                                 std::shared_ptr<void> owner);
@@ -316,6 +331,11 @@ class MappedState {
   StateDict state_dict() const;
   // The whole file.
   std::span<const std::byte> file_bytes() const;
+  // The whole file, writable: a copy-on-write mapping or memory of its own
+  // (see open()). kFailedPrecondition naming the file for a read-only
+  // mapping or an image from from_bytes(). Writes change what every copy of
+  // this MappedState, and every view of it, sees; never the file.
+  std::span<std::byte> writable_file_bytes() const;
   // Asks the kernel to read bytes [offset, offset + length) of a mapped file
   // in now, in large requests (a hint; nothing for an in-memory image).
   void prefetch(uint64_t offset, uint64_t length) const;

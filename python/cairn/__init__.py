@@ -26,6 +26,7 @@ from cairn import errors
 from cairn._cairn import __version__
 from cairn._checkpoint import Checkpoint, VerifyProblem
 from cairn._manager import CheckpointConfig, CheckpointManager, CheckpointRecord
+from cairn._tensors import flatten_state_dict, load, load_metadata, save
 from cairn.errors import (
     AlreadyExistsError,
     CorruptionError,
@@ -48,6 +49,10 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointManager",
     "CheckpointRecord",
+    "save",
+    "load",
+    "load_metadata",
+    "flatten_state_dict",
     "Error",
     "AlreadyExistsError",
     "CorruptionError",

@@ -261,6 +261,37 @@ TEST(MappedState, GivesZeroCopyViewsThatOutliveTheHandleThroughStateDict) {
   EXPECT_THROW(views.view("layer.w").as<double>(), Error);
 }
 
+// Views handed to code that writes to them (a framework's tensors) come from
+// a copy-on-write mapping: writes stay in this process, the file is intact.
+TEST(MappedState, ACopyOnWriteMappingTakesWritesThatNeverReachTheFile) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  const std::string before = read_text(dir / "s.safetensors");
+  auto cow = MappedState::open(dir / "s.safetensors", true, MapMode::kCopyOnWrite);
+  std::span<std::byte> all = cow.writable_file_bytes();
+  auto w = cow.tensor("layer.w");
+  const size_t at = static_cast<size_t>(w.bytes.data() - all.data());
+  const float changed = 42.5f;
+  std::memcpy(all.data() + at, &changed, sizeof changed);
+  EXPECT_EQ(cow.tensor("layer.w").as<float>()[0], 42.5f);
+  EXPECT_EQ(cow.state_dict().view("layer.w").as<float>()[0], 42.5f);
+  EXPECT_EQ(read_text(dir / "s.safetensors"), before);
+  EXPECT_EQ(MappedState::open(dir / "s.safetensors").tensor("layer.w").as<float>()[0], src.w[0]);
+  // A read-only mapping refuses to hand out writable bytes, naming the file.
+  try {
+    (void)MappedState::open(dir / "s.safetensors").writable_file_bytes();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+    EXPECT_NE(std::string(e.what()).find("s.safetensors"), std::string::npos) << e.what();
+  }
+  // An object read from a store is memory of its own: writable.
+  auto mem = open_storage("memory://cow-test/p");
+  save(src.state(), *mem, "s.safetensors");
+  EXPECT_EQ(MappedState::open(*mem, "s.safetensors").writable_file_bytes().size(), before.size());
+}
+
 TEST(MappedState, NamesTheFileAndTensorWhenATensorIsMissing) {
   TempDir dir;
   Source src;

@@ -1,0 +1,251 @@
+"""Tensor files: ``cairn.save`` and ``cairn.load``.
+
+A state dict of ``torch.Tensor`` or ``numpy.ndarray`` values is written as a
+safetensors file by Cairn's C++ engine, the same file its C++ API writes:
+durable on return, replaced atomically, readable by any safetensors reader.
+Tensor memory is handed to the engine by address (no copy in Python); a
+mapped load returns tensors that view the file's mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal, Union
+
+from cairn import _cairn
+from cairn.errors import InvalidArgumentError
+
+__all__ = ["save", "load", "load_metadata", "flatten_state_dict"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# torch dtype name -> safetensors dtype, and back.
+_TORCH_TO_FILE = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
+    "float32": "F32", "float64": "F64", "int64": "I64", "uint64": "U64",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+}
+_FILE_TO_TORCH = {v: k for k, v in _TORCH_TO_FILE.items()}
+# numpy dtype name -> safetensors dtype (numpy has no bfloat16 or float8).
+_NUMPY_TO_FILE = {
+    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32",
+    "float64": "F64", "int64": "I64", "uint64": "U64",
+}
+_FILE_TO_NUMPY = {v: k for k, v in _NUMPY_TO_FILE.items()}
+
+
+def flatten_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts flattened with dots, as PyTorch names parameters.
+
+    ``{"model": {"w": t}}`` becomes ``{"model.w": t}``. Keys must be ``str``;
+    two paths that flatten to the same name are an
+    :class:`~cairn.InvalidArgumentError` naming it.
+    """
+    out: dict[str, Any] = {}
+
+    def walk(d: Mapping[str, Any], at: str) -> None:
+        for key, value in d.items():
+            if not isinstance(key, str):
+                raise InvalidArgumentError(
+                    f"state dict key {key!r} at {at or 'the top'!r}: keys must be str, "
+                    f"not {type(key).__name__}", "invalid_argument")
+            name = f"{at}.{key}" if at else key
+            if isinstance(value, Mapping):
+                walk(value, name)
+            elif name in out:
+                raise InvalidArgumentError(
+                    f"tensor {name!r}: two entries of the state dict have this name once "
+                    "nested dicts are joined with dots", "invalid_argument")
+            else:
+                out[name] = value
+
+    walk(state_dict, prefix)
+    return out
+
+
+def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, int, Any]:
+    """(name, file dtype, shape, address, nbytes, keep-alive) of one tensor."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(
+            f"tensor name {name!r} is not valid UTF-8 (safetensors names are UTF-8)",
+            "invalid_argument") from None
+    kind = type(value).__module__.split(".")[0]
+    if kind == "torch":
+        import torch
+
+        if not isinstance(value, torch.Tensor):
+            raise InvalidArgumentError(
+                f"tensor {name!r}: a {type(value).__name__} is not a tensor", "invalid_argument")
+        dtype = str(value.dtype).removeprefix("torch.")
+        if dtype not in _TORCH_TO_FILE:
+            raise InvalidArgumentError(
+                f"tensor {name!r}: dtype {value.dtype} has no safetensors type "
+                f"(supported: {', '.join(sorted(_TORCH_TO_FILE))})", "invalid_argument")
+        if value.layout != torch.strided:
+            raise InvalidArgumentError(
+                f"tensor {name!r}: a {value.layout} tensor; save its dense form "
+                "(tensor.to_dense())", "invalid_argument")
+        if value.device.type != "cpu":
+            # The engine reads host memory: one copy off the device.
+            value = value.detach().cpu()
+        if not value.is_contiguous():
+            raise InvalidArgumentError(
+                f"tensor {name!r}: not contiguous (strides {tuple(value.stride())} for shape "
+                f"{tuple(value.shape)}); save tensor.contiguous(), which copies it",
+                "invalid_argument")
+        return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
+                value.numel() * value.element_size(), value)
+    if kind == "numpy":
+        import numpy as np
+
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value)  # numpy scalars
+        dtype = value.dtype.name
+        if dtype not in _NUMPY_TO_FILE or value.dtype.byteorder == ">":
+            raise InvalidArgumentError(
+                f"tensor {name!r}: numpy dtype {value.dtype.str} has no safetensors type "
+                f"(supported, little-endian: {', '.join(sorted(_NUMPY_TO_FILE))})",
+                "invalid_argument")
+        if not value.flags.c_contiguous:
+            raise InvalidArgumentError(
+                f"tensor {name!r}: not C-contiguous (strides {value.strides} for shape "
+                f"{value.shape}); save numpy.ascontiguousarray(a), which copies it",
+                "invalid_argument")
+        return (name, _NUMPY_TO_FILE[dtype], tuple(value.shape),
+                value.__array_interface__["data"][0], value.nbytes, value)
+    raise InvalidArgumentError(
+        f"tensor {name!r}: a {type(value).__module__}.{type(value).__name__} is not a "
+        "torch.Tensor or numpy.ndarray", "invalid_argument")
+
+
+def save(state_dict: Mapping[str, Any], path: PathLike, metadata: Mapping[str, Any] | None = None,
+         *, durable: bool = True) -> None:
+    """Write ``state_dict`` as a safetensors file at ``path``.
+
+    Args:
+        state_dict: names to ``torch.Tensor`` or ``numpy.ndarray`` values, in any
+            mix; nested dicts are flattened with dots (:func:`flatten_state_dict`).
+            Every dtype both sides have is supported, ``bfloat16`` and float8
+            included (torch). Tensors must be contiguous and dense; a CUDA
+            tensor is copied to host memory first.
+        path: a local path, or the URI of a file in a store
+            (``s3://bucket/folder/model.safetensors``, ``memory://...``, ``file://...``).
+        metadata: JSON-serializable values (epoch, step, loss, ...) stored in the
+            file's header, read back with :func:`load_metadata`.
+        durable: fsync the file and its folder before returning (local paths;
+            stores are always durable on return).
+
+    The file is written next to ``path`` and renamed over it: a reader sees the
+    old file or the new one, never a mix. A file of torch tensors says
+    ``format: pt`` (as Hugging Face writes), one of numpy arrays ``format: np``.
+    The tensors must not change until the call returns; the GIL is released
+    while the engine writes, so other Python threads run.
+
+    Raises:
+        cairn.InvalidArgumentError: a value that is not a tensor, a dtype
+            safetensors lacks, a non-contiguous tensor or a name that is not
+            UTF-8 — naming the tensor, before anything is written.
+        cairn.Error: the write failed (naming the file); the old file, if any,
+            is untouched.
+    """
+    if not isinstance(state_dict, Mapping):
+        raise InvalidArgumentError(
+            f"state_dict: a mapping of names to tensors, not a {type(state_dict).__name__}",
+            "invalid_argument")
+    flat = flatten_state_dict(state_dict)
+    tensors = [_describe(name, value) for name, value in flat.items()]
+    kinds = {type(t[5]).__module__.split(".")[0] for t in tensors}
+    fmt = "pt" if "torch" in kinds or not kinds else "np"
+    _cairn.save_tensors([t[:5] for t in tensors], _path(path),
+                        None if metadata is None else dict(metadata), {"format": fmt}, durable)
+    del tensors  # the engine no longer reads them
+
+
+def load(path: PathLike, device: Any = None, mmap: bool = True,
+         framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
+    """Read a safetensors file (any writer's) into a dict of tensors.
+
+    Args:
+        path: a local path or a file's URI, as for :func:`save`.
+        device: for ``framework="pt"``, a device to move the tensors to
+            (``"cuda:0"``; a copy); ``None`` keeps them in host memory.
+        mmap: map the file and return tensors that view the mapping: no read
+            until a tensor is touched, no copy. The mapping is private
+            (copy-on-write): writing to a tensor changes it in this process
+            only, never the file. ``False`` reads the file into memory of its
+            own (direct from the disk for large files), which later changes
+            to the file cannot reach. Objects in a store are always read
+            into memory.
+        framework: ``"pt"`` for ``torch.Tensor`` values, ``"np"`` for
+            ``numpy.ndarray`` (numpy has no bfloat16 or float8: such a tensor
+            is an :class:`~cairn.InvalidArgumentError` naming it).
+
+    Returns:
+        The tensors by name, in the file's order. Shapes and dtypes are the
+        file's; a scalar is a 0-d tensor.
+
+    Raises:
+        cairn.NotFoundError: no such file or object.
+        cairn.CorruptionError: the file is not a valid safetensors file (naming
+            it, the tensor and the byte offset).
+    """
+    if framework not in ("pt", "np"):
+        raise InvalidArgumentError(f"framework {framework!r}: 'pt' or 'np'", "invalid_argument")
+    described, data, _, _ = _cairn.load_tensors(_path(path), bool(mmap))
+    import numpy as np
+
+    raw = np.frombuffer(data, dtype=np.uint8)
+    out: dict[str, Any] = {}
+    if framework == "np":
+        for name, dtype, shape, begin, end in described:
+            if dtype not in _FILE_TO_NUMPY:
+                raise InvalidArgumentError(
+                    f"{os.fspath(path)}: tensor {name!r} is {dtype}, which numpy does not have; "
+                    "load it with framework='pt'", "invalid_argument")
+            out[name] = _view(raw[begin:end], np.dtype(_FILE_TO_NUMPY[dtype])).reshape(shape)
+        return out
+    import torch
+
+    for name, dtype, shape, begin, end in described:
+        want = getattr(torch, _FILE_TO_TORCH[dtype], None)
+        if want is None:
+            raise InvalidArgumentError(
+                f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch {torch.__version__} "
+                "does not have; load it with framework='np'", "invalid_argument")
+        t = torch.from_numpy(raw[begin:end])
+        if want != torch.uint8:
+            try:
+                t = t.view(want)
+            except RuntimeError:  # a foreign writer's unaligned offset: copy to align
+                t = t.clone().view(want)
+        t = t.reshape(shape)
+        out[name] = t if device is None else t.to(device)
+    return out
+
+
+def load_metadata(path: PathLike) -> dict[str, Any]:
+    """The JSON metadata :func:`save` stored in a file (``{}`` if none).
+
+    Reads only the file's header.
+    """
+    _, metadata, _ = _cairn.read_tensor_header(_path(path))
+    return metadata
+
+
+def _view(raw: Any, dtype: Any) -> Any:
+    """``raw`` (uint8) as ``dtype``, copied first when its offset is unaligned."""
+    if raw.ctypes.data % dtype.alignment:
+        raw = raw.copy()
+    return raw.view(dtype)
+
+
+def _path(path: PathLike) -> str:
+    p = os.fspath(path)
+    if not isinstance(p, str):
+        raise InvalidArgumentError(f"path {p!r}: str or os.PathLike[str]", "invalid_argument")
+    return p
