@@ -90,3 +90,24 @@ class CheckpointManager:
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+
+# Tensor files (_tensors.cc; wrapped by cairn.save / cairn.load).
+# (name, safetensors dtype, shape, begin, end): a tensor of a file, its bytes
+# at [begin, end) of the file's data.
+TensorInfo = tuple[str, str, tuple[int, ...], int, int]
+
+class FileData:
+    """A loaded file's data: a writable byte buffer (buffer protocol)."""
+    def __buffer__(self, flags: int) -> memoryview: ...
+
+def save_tensors(
+    tensors: list[tuple[str, str, tuple[int, ...], int, int]],
+    path: str,
+    metadata: dict[str, Any] | None,
+    string_metadata: dict[str, str],
+    durable: bool,
+) -> None: ...
+def load_tensors(
+    path: str, mmap: bool
+) -> tuple[list[TensorInfo], FileData, dict[str, Any], dict[str, str]]: ...
+def read_tensor_header(path: str) -> tuple[list[TensorInfo], dict[str, Any], dict[str, str]]: ...

@@ -2,11 +2,16 @@
 //   interop_tool write PATH   writes the reference state with Cairn
 //   interop_tool check PATH   checks that PATH (written by Python) holds it,
 //                             through both the mapped and the copying load
-// The reference state is defined identically in interop_test.py.
+// The reference state is defined identically in interop_test.py. The
+// "-common" modes (write-common, check-common) use the reference without
+// its float8 tensors and with "format": "pt": what the cairn Python package
+// can write from numpy arrays and a torch bfloat16 tensor
+// (python/tests/test_tensors.py).
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cairn/error.h"
@@ -25,7 +30,7 @@ void add(StateDict& s, const std::string& name, DType dtype, Shape shape, std::v
   s.add_owned(name, dtype, std::move(shape), std::move(bytes));
 }
 
-StateDict reference() {
+StateDict reference(bool common) {
   StateDict s;
   std::vector<float> f32;
   for (int i = 0; i < 6; ++i) f32.push_back(static_cast<float>(i) * 0.5f - 1.0f);
@@ -44,12 +49,14 @@ StateDict reference() {
   add<int64_t>(s, "i64", DType::kI64, {2}, {-(int64_t{1} << 40), 5});
   add<uint64_t>(s, "u64", DType::kU64, {1}, {uint64_t{1} << 63});
   add<uint8_t>(s, "bool", DType::kBool, {3}, {1, 0, 1});
-  add<uint8_t>(s, "f8_e4m3", DType::kF8_E4M3, {2}, {0x38, 0xb8});
-  add<uint8_t>(s, "f8_e5m2", DType::kF8_E5M2, {1}, {0x3c});
+  if (!common) {
+    add<uint8_t>(s, "f8_e4m3", DType::kF8_E4M3, {2}, {0x38, 0xb8});
+    add<uint8_t>(s, "f8_e5m2", DType::kF8_E5M2, {1}, {0x3c});
+  }
   add<float>(s, "scalar", DType::kF32, {}, {7.5f});
   add<float>(s, "empty", DType::kF32, {0, 4}, {});
   s.metadata = {{"epoch", 3}, {"step", 100}};
-  s.string_metadata = {{"format", "np"}};
+  s.string_metadata = {{"format", common ? "pt" : "np"}};
   return s;
 }
 
@@ -58,8 +65,8 @@ int fail(const std::string& why) {
   return 1;
 }
 
-int check(const std::string& path) {
-  StateDict want = reference();
+int check(const std::string& path, bool common) {
+  StateDict want = reference(common);
   auto mapped = cairn::MappedState::open(path);
   if (mapped.names() != want.names()) return fail("tensor names differ");
   for (const auto& [name, e] : want.entries()) {
@@ -94,14 +101,16 @@ int check(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) return fail("usage: interop_tool write|check PATH");
+  if (argc != 3) return fail("usage: interop_tool write|check|write-common|check-common PATH");
   try {
     std::string mode = argv[1];
+    const bool common = mode.ends_with("-common");
+    if (common) mode.resize(mode.size() - std::string_view("-common").size());
     if (mode == "write") {
-      cairn::save_file(reference(), argv[2]);
+      cairn::save_file(reference(common), argv[2]);
       return 0;
     }
-    if (mode == "check") return check(argv[2]);
+    if (mode == "check") return check(argv[2], common);
     return fail("unknown mode " + mode);
   } catch (const std::exception& e) {
     return fail(e.what());
