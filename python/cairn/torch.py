@@ -480,7 +480,8 @@ class AsyncSaver:
     :meth:`SaveHandle.wait`, else by the next :meth:`save`, :meth:`wait_all`
     or :meth:`close`. Thread safety: calls from several threads are
     serialized. A ``cairn.CheckpointManager`` given to :meth:`save` is kept
-    open until that save is done, even if closed meanwhile.
+    open until that save is done, even if closed meanwhile; its lock is then
+    released at this saver's next call, :meth:`wait_all` or :meth:`close`.
     """
 
     def __init__(self, *, max_in_flight: int = 1, when_busy: str = "wait",

@@ -284,6 +284,21 @@ def test_async_save_snapshots_so_the_caller_may_change_tensors_at_once(
         assert (cairn.load(tmp_path / "mine" / "state.safetensors")["w"] == -1.0).all()
 
 
+def test_a_manager_closed_during_an_async_save_stays_open_for_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    saver = ct.AsyncSaver()
+    manager = cairn.CheckpointManager(tmp_path, "exp")
+    h = saver.save({"w": torch.ones(1 << 20)}, manager)
+    manager.close()
+    rec = h.wait()
+    assert rec is not None and rec.checkpoint.is_committed()
+    saver.close()  # lets go of the manager: its lock is released
+    with cairn.CheckpointManager(tmp_path, "exp") as again:
+        latest = again.latest()
+        assert latest is not None and latest.name == rec.name
+
+
 def test_a_failed_async_save_raises_a_cairn_error_once(tmp_path: pathlib.Path) -> None:
     (tmp_path / "file").write_text("not a folder")
     saver = ct.AsyncSaver()
