@@ -226,9 +226,26 @@ PYBIND11_MODULE(_cairn, m) {
             return manager.register_checkpoint(j, checkpoint);
           },
           py::arg("metrics"), py::arg("checkpoint"))
-      .def("latest", [](PyManager& m) { return m.get().latest(); })
-      .def("best", [](PyManager& m) { return m.get().best(); })
-      .def("history", [](PyManager& m) { return m.get().history(); })
+      // These wait for the manager's lock, which an async save's commit
+      // (cairn.torch.AsyncSaver) holds while it writes.
+      .def("latest",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.latest();
+           })
+      .def("best",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.best();
+           })
+      .def("history",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.history();
+           })
       .def("wait_for_deletes",
            [](PyManager& m) {
              cairn::CheckpointManager& manager = m.get();

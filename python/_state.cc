@@ -238,9 +238,25 @@ void bind_state(py::module_& m) {
             return py::make_tuple(r->step, from_json(r->metadata), r->record);
           },
           py::arg("tensors"), py::arg("which"))
-      .def("latest", [](PyStateManager& m) { return m.get().latest(); })
-      .def("checkpoints", [](PyStateManager& m) { return m.get().checkpoints(); })
-      .def("best", [](PyStateManager& m) { return m.get().best(); })
+      // These wait for the manager's lock, which a background commit holds.
+      .def("latest",
+           [](PyStateManager& m) {
+             StateCheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.latest();
+           })
+      .def("checkpoints",
+           [](PyStateManager& m) {
+             StateCheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.checkpoints();
+           })
+      .def("best",
+           [](PyStateManager& m) {
+             StateCheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.best();
+           })
       .def_property_readonly("last_step", [](PyStateManager& m) { return m.get().last_step(); })
       .def_property_readonly("uri", [](PyStateManager& m) { return m.get().base().uri(); })
       .def_property_readonly("closed", &PyStateManager::closed)
