@@ -265,7 +265,8 @@ def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
             raise _invalid(f"tensor {name!r}: on {value.device}; restore into a CPU tensor "
                            "and copy it over")
     elif type(value).__module__.split(".")[0] == "numpy":
-        if not getattr(value, "flags", None) or not value.flags.writeable:
+        # A numpy scalar is read-only too: a copy would take the values.
+        if not value.flags.writeable:
             raise _invalid(f"tensor {name!r}: a read-only array cannot be restored into")
     return _describe(name, value)[:5]
 
