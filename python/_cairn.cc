@@ -28,6 +28,7 @@ namespace {
 
 using cairn::python::from_json;
 using cairn::python::path_arg;
+using cairn::python::PyManager;
 using cairn::python::to_json;
 using nlohmann::json;
 
@@ -47,32 +48,6 @@ class DirectoryView {
  private:
   cairn::Checkpoint checkpoint_;
   std::optional<cairn::LocalDirectory> view_;
-};
-
-// The manager behind close(): the experiment's lock is released when it is
-// closed, not when Python's collector gets to the object.
-class PyManager {
- public:
-  PyManager(std::string uri, cairn::CheckpointConfig config) {
-    py::gil_scoped_release release;
-    manager_ = std::make_unique<cairn::CheckpointManager>(uri, std::move(config));
-  }
-  cairn::CheckpointManager& get() {
-    if (!manager_) {
-      throw cairn::Error(cairn::ErrorCode::kFailedPrecondition,
-                         "the CheckpointManager is closed; open a new one");
-    }
-    return *manager_;
-  }
-  void close() {
-    std::unique_ptr<cairn::CheckpointManager> m = std::move(manager_);
-    py::gil_scoped_release release;
-    m.reset();
-  }
-  bool closed() const { return manager_ == nullptr; }
-
- private:
-  std::unique_ptr<cairn::CheckpointManager> manager_;
 };
 
 }  // namespace
@@ -251,9 +226,26 @@ PYBIND11_MODULE(_cairn, m) {
             return manager.register_checkpoint(j, checkpoint);
           },
           py::arg("metrics"), py::arg("checkpoint"))
-      .def("latest", [](PyManager& m) { return m.get().latest(); })
-      .def("best", [](PyManager& m) { return m.get().best(); })
-      .def("history", [](PyManager& m) { return m.get().history(); })
+      // These wait for the manager's lock, which an async save's commit
+      // (cairn.torch.AsyncSaver) holds while it writes.
+      .def("latest",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.latest();
+           })
+      .def("best",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.best();
+           })
+      .def("history",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.history();
+           })
       .def("wait_for_deletes",
            [](PyManager& m) {
              cairn::CheckpointManager& manager = m.get();
@@ -263,4 +255,5 @@ PYBIND11_MODULE(_cairn, m) {
       .def_property_readonly("uri", [](PyManager& m) { return m.get().uri(); })
       .def_property_readonly("closed", &PyManager::closed)
       .def("close", &PyManager::close);
+  cairn::python::bind_state(m);
 }

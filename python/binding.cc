@@ -16,11 +16,14 @@ json to_json(py::handle h, int depth) {
   if (py::isinstance<py::bool_>(h)) return h.cast<bool>();
   if (py::isinstance<py::int_>(h)) {
     // Beyond 64 bits a Python int has no JSON number Cairn can store exactly.
+    // A non-negative int is unsigned, as nlohmann's parser makes it, so that
+    // C++ checks written against parsed JSON (is_number_unsigned: sizes,
+    // block sizes, steps) accept the same values coming from Python.
     try {
-      return h.cast<int64_t>();
+      return h.cast<uint64_t>();
     } catch (const py::cast_error&) {
       try {
-        return h.cast<uint64_t>();
+        return h.cast<int64_t>();
       } catch (const py::cast_error&) {
         throw py::value_error("integer does not fit in 64 bits: " + py::str(h).cast<std::string>());
       }

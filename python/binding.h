@@ -5,9 +5,14 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "cairn/manager.h"
 
 namespace cairn::python {
 
@@ -19,7 +24,41 @@ pybind11::object from_json(const nlohmann::json& j);
 // A path-like (str, os.PathLike) or URI as a string.
 std::string path_arg(pybind11::handle h);
 
+// cairn.CheckpointManager's core (_cairn.cc), shared with the async saves
+// of _state.cc. close() releases the experiment's lock when it is called,
+// not when Python's collector gets to the object; an async save still
+// writing into the manager holds it (share()) until that save finishes.
+class PyManager {
+ public:
+  PyManager(std::string uri, CheckpointConfig config) {
+    pybind11::gil_scoped_release release;
+    manager_ = std::make_shared<CheckpointManager>(uri, std::move(config));
+  }
+  CheckpointManager& get() { return *share(); }
+  // The manager, kept alive by the caller as long as it needs it.
+  // kFailedPrecondition once closed.
+  std::shared_ptr<CheckpointManager> share() {
+    if (!manager_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the CheckpointManager is closed; open a new one");
+    }
+    return manager_;
+  }
+  void close() {
+    std::shared_ptr<CheckpointManager> m = std::move(manager_);
+    pybind11::gil_scoped_release release;
+    m.reset();
+  }
+  bool closed() const { return manager_ == nullptr; }
+
+ private:
+  std::shared_ptr<CheckpointManager> manager_;
+};
+
 // cairn.save / cairn.load's core (_tensors.cc).
 void bind_tensors(pybind11::module_& m);
+// cairn.torch's core (_state.cc): StateCheckpointManager, AsyncSaver and
+// sharded saves.
+void bind_state(pybind11::module_& m);
 
 }  // namespace cairn::python

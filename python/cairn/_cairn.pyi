@@ -111,3 +111,106 @@ def load_tensors(
     path: str, mmap: bool
 ) -> tuple[list[TensorInfo], FileData, dict[str, Any], dict[str, str]]: ...
 def read_tensor_header(path: str) -> tuple[list[TensorInfo], dict[str, Any], dict[str, str]]: ...
+
+# cairn.torch's core (python/_state.cc). Tensors cross as
+# (name, dtype, shape, address, nbytes) tuples; see cairn/torch.py.
+_Tensor = tuple[str, str, tuple[int, ...], int, int]
+
+class SaveHandle:
+    def done(self) -> bool: ...
+    def skipped(self) -> bool: ...
+    def wait(self) -> None: ...
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+    @property
+    def record(self) -> Optional[CheckpointRecord]: ...
+
+class StateCheckpointManager:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        max_to_keep: Optional[int],
+        keep_checkpoint_every_n_hours: Optional[float],
+        checkpoint_interval: Optional[int],
+        best_metric: str,
+        best_mode: str,
+        max_in_flight: int,
+        when_busy: str,
+    ) -> None: ...
+    def save(
+        self,
+        tensors: list[_Tensor],
+        metadata: Optional[dict[str, Any]],
+        step: Optional[int],
+        metrics: Optional[dict[str, Any]],
+        force: bool,
+    ) -> Optional[CheckpointRecord]: ...
+    def save_async(
+        self,
+        tensors: list[_Tensor],
+        metadata: Optional[dict[str, Any]],
+        step: Optional[int],
+        metrics: Optional[dict[str, Any]],
+        force: bool,
+    ) -> Optional[SaveHandle]: ...
+    def wait(self) -> None: ...
+    def restore(
+        self, tensors: list[_Tensor], which: Optional[CheckpointRecord]
+    ) -> tuple[int, dict[str, Any], CheckpointRecord]: ...
+    def latest(self) -> Optional[CheckpointRecord]: ...
+    def checkpoints(self) -> list[CheckpointRecord]: ...
+    def best(self) -> list[CheckpointRecord]: ...
+    @property
+    def last_step(self) -> Optional[int]: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
+class AsyncSaver:
+    def __init__(self, max_in_flight: int, when_busy: str, max_staging_buffers: int) -> None: ...
+    def save(
+        self,
+        tensors: list[_Tensor],
+        metadata: Optional[dict[str, Any]],
+        string_metadata: dict[str, str],
+        dest: Checkpoint,
+        metrics: Optional[dict[str, Any]],
+    ) -> SaveHandle: ...
+    def save_to_manager(
+        self,
+        tensors: list[_Tensor],
+        metadata: Optional[dict[str, Any]],
+        string_metadata: dict[str, str],
+        manager: CheckpointManager,
+        metrics: Optional[dict[str, Any]],
+    ) -> SaveHandle: ...
+    def wait_all(self) -> None: ...
+    def close(self) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+def even_split(
+    global_shape: list[int], dim: int, rank: int, world_size: int
+) -> tuple[list[int], list[int]]: ...
+def save_rank_shards(
+    tensors: list[_Tensor],
+    specs: dict[str, tuple[list[int], list[int]]],
+    dest: Checkpoint,
+    rank: int,
+) -> dict[str, Any]: ...
+def commit_sharded(
+    dest: Checkpoint, reports: list[dict[str, Any]], metrics: Optional[dict[str, Any]]
+) -> str: ...
+
+class ShardedReader:
+    def __init__(self, checkpoint: Checkpoint) -> None: ...
+    @property
+    def world_size(self) -> int: ...
+    def tensors(self) -> list[tuple[str, str, list[int]]]: ...
+    def load(
+        self,
+        tensors: list[_Tensor],
+        specs: dict[str, tuple[list[int], list[int]]],
+        strict: bool,
+    ) -> tuple[list[str], list[str], list[str], list[str]]: ...
