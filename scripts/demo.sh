@@ -3,7 +3,8 @@
 # `cairn_demo`, trains a logistic regression that checkpoints every epoch and
 # fails on purpose after epoch 5, runs it again so that it resumes from the
 # latest checkpoint and finishes, then lists and verifies the experiment with
-# the `cairn` CLI.
+# the `cairn` CLI. Then the Python demo (scripts/demo-python.sh), the
+# training-runtime demo and the tuning demo.
 #
 # Usage: scripts/demo.sh            (from anywhere in the checkout)
 # Environment: JOBS (default 2); BUILD_DIR (default build); CAIRN_DEMO_STORAGE
@@ -45,6 +46,10 @@ echo "\$ cairn ls $storage"
 echo
 echo "\$ cairn verify $storage"
 "$cairn" verify "$storage"
+
+echo
+echo "== Python demo: a PyTorch model checkpointed with cairn.save and cairn.CheckpointManager (scripts/demo-python.sh)"
+CAIRN_DEPS_READY=1 bash scripts/demo-python.sh
 
 if [ -f scripts/demo-train.sh ]; then
   echo
