@@ -21,6 +21,10 @@ packages=(
   libtorch-dev python3 python3-numpy python3-torch
   # the Python package (python/, docs/python.md): the binding and its tests
   pybind11-dev python3-dev python3-pytest
+  # `pip install .` into a venv (README, docs/python.md; tests/package/pip.sh):
+  # python3 -m venv, whose ensurepip brings pip into the venv (python3-pip is
+  # not needed: Debian's pip refuses to install outside a venv anyway)
+  python3-venv
   # the Trainer's data-parallel process group: c10d::ProcessGroupGloo's headers
   libgloo-dev
   # benchmarks and multi-node runtime

@@ -2,7 +2,8 @@
 # Builds and runs every test: the normal build (warnings as errors, LibTorch
 # adapter and Python package included) and the Python package's pytest suite,
 # then the package test (Cairn installed and used as a
-# dependency: tests/package/run.sh, counted as one test), then the ASan+UBSan
+# dependency, and the Python package pip-installed offline into a venv:
+# tests/package/run.sh, counted as one test), then the ASan+UBSan
 # build of the tests (without LibTorch, Python, the benchmarks and the
 # radosgw repeats), then the fuzzers on their seed corpus, then the
 # formatting check. Exits non-zero on the first failure.
@@ -76,7 +77,7 @@ run_ctest build "normal build"
 echo "== Python package tests (pytest)"
 run_pytest build
 
-echo "== package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb)"
+echo "== package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb, pip install .)"
 if JOBS=$jobs bash tests/package/run.sh; then
   passed=$((passed + 1))
 else

@@ -17,7 +17,10 @@
 #      (check_deb_depends.sh), its files in Debian's multiarch library
 #      folder; a build for another prefix is refused; as root it is installed
 #      with dpkg -i, `cairn --version` and a pkg-config build run from it, and
-#      it is removed again (otherwise it is only extracted).
+#      it is removed again (otherwise it is only extracted);
+#   5. `pip install .` of the Python package into a fresh venv, offline, and
+#      the package used from outside the checkout (pip.sh; after 1, whose
+#      objects ccache serves to it).
 #
 # One line per check ("package: ok|FAIL <check>"), then a total; exit 1 if
 # any check failed. Everything happens in a temporary directory removed at the
@@ -309,6 +312,13 @@ if [ "$(id -u)" -eq 0 ] && [ -n "$deb" ]; then
 else
   check "deb: extracted cairn --version (not root: not installed)" \
     version_is "$work/deb-root/usr/bin/cairn"
+fi
+
+# ---- 5. pip install . ---------------------------------------------------------
+if [ -f "$src/pyproject.toml" ]; then
+  echo "package: pip install . (the Python package, offline, into a fresh venv)"
+  check "pip: offline pip install . into a venv; cairn imported from outside the checkout, save/load, CheckpointManager" \
+    env TMPDIR="$work" JOBS="$jobs" bash "$src/tests/package/pip.sh"
 fi
 
 echo "package: $passed passed, $failed failed"

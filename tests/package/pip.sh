@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# `pip install .` checked from outside the checkout, offline, as README and
+# docs/python.md tell a user to run it:
+#
+#   1. a fresh venv over Debian's python3 (--system-site-packages, for
+#      python3-torch and python3-numpy) in a temporary folder;
+#   2. `pip install --no-index --no-build-isolation <checkout>`: the in-tree
+#      backend (python/backend/cairn_backend.py) builds _cairn with CMake and
+#      Ninja and writes the wheel; with the network unused (--no-index);
+#   3. from a folder outside the checkout, with PYTHONPATH unset: `cairn` is
+#      the installed one, its __version__ and the distribution's version are
+#      the project's (CMakeLists.txt), every *.py/*.pyi/py.typed under
+#      python/cairn is installed and matches RECORD's sha256, a small torch
+#      state goes through cairn.save/cairn.load (and its metadata), and a
+#      cairn.CheckpointManager registers it as a checkpoint that verifies and
+#      reads back.
+#
+# The build passes -DCAIRN_WERROR=ON so that its compile lines are those of
+# tests/package/run.sh's static build (Release), whose objects ccache then
+# serves; the install is checked with warnings as errors too.
+# Usage: tests/package/pip.sh     Environment: JOBS (default 2); PYTHON
+# (default /usr/bin/python3). Exits non-zero on the first failure; the
+# temporary folder is removed at the exit.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+python=${PYTHON:-/usr/bin/python3}
+work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-pip.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+version=$(sed -nE 's/^project\(cairn VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
+
+echo "pip: venv over $python (system site-packages)"
+"$python" -m venv --system-site-packages "$work/venv"
+
+echo "pip: pip install --no-index --no-build-isolation $src"
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$work  # the build folder's paths made relative, as run.sh's
+fi
+start=$SECONDS
+env -u PYTHONPATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JOBS="${JOBS:-2}" \
+  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON" \
+  "$work/venv/bin/pip" install --no-index --no-build-isolation \
+  --config-settings "build-dir=$work/build" "$src"
+echo "pip: installed in $((SECONDS - start)) s"
+
+mkdir "$work/outside"
+cd "$work/outside"
+env -u PYTHONPATH PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" - "$version" "$src" <<'PY'
+"""The installed package, used as a user would."""
+import base64
+import hashlib
+import importlib.metadata
+import os
+import pathlib
+import sys
+import tempfile
+
+import torch
+
+import cairn
+
+version, src = sys.argv[1], pathlib.Path(sys.argv[2])
+where = pathlib.Path(cairn.__file__).resolve().parent
+assert src not in where.parents, f"cairn imported from the checkout: {where}"
+assert where.parent.name == "site-packages", f"cairn imported from {where}"
+assert cairn.__version__ == version, f"cairn.__version__ {cairn.__version__}, project {version}"
+dist = importlib.metadata.distribution("cairn")
+assert dist.version == version, f"installed distribution {dist.version}, project {version}"
+print(f"cairn {cairn.__version__} from {where}, torch {torch.__version__}")
+
+# Every pure-Python file of the package is installed, and RECORD's hashes hold.
+root = src / "python" / "cairn"
+wanted = {p.relative_to(root).as_posix() for pattern in ("*.py", "*.pyi", "py.typed")
+          for p in root.rglob(pattern) if "__pycache__" not in p.parts}
+recorded = {}
+for f in dist.files or []:
+    if f.hash is None:
+        continue
+    digest = base64.urlsafe_b64encode(hashlib.sha256(f.read_binary()).digest()).rstrip(b"=")
+    assert f.hash.mode == "sha256" and f.hash.value == digest.decode(), f"RECORD: {f} differs"
+    recorded[f.as_posix()] = f
+missing = sorted(w for w in wanted if f"cairn/{w}" not in recorded)
+assert not missing, f"not in the wheel: {missing}"
+assert any(n.startswith("cairn/_cairn.") and n.endswith(".so") for n in recorded), "no extension"
+print(f"{len(recorded)} files installed, RECORD's sha256 verified")
+
+with tempfile.TemporaryDirectory() as tmp:
+    state_dir = os.path.join(tmp, "state")
+    os.mkdir(state_dir)
+    path = os.path.join(state_dir, "model.safetensors")
+    state = {"layer": {"weight": torch.randn(4, 3), "bias": torch.zeros(4)},
+             "step": torch.tensor(7), "half": torch.ones(2, 2, dtype=torch.bfloat16)}
+    cairn.save(state, path, metadata={"epoch": 3, "lr": 0.01})
+    back = cairn.load(path)
+    flat = cairn.flatten_state_dict(state)
+    assert sorted(back) == sorted(flat), f"names {sorted(back)}, saved {sorted(flat)}"
+    for name, tensor in flat.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    assert cairn.load_metadata(path) == {"epoch": 3, "lr": 0.01}, cairn.load_metadata(path)
+    print(f"cairn.save/cairn.load: {len(back)} tensors round-trip")
+
+    config = cairn.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss",
+                                    checkpoint_score_order="min")
+    with cairn.CheckpointManager(os.path.join(tmp, "runs"), "exp", config) as manager:
+        record = manager.register_checkpoint({"epoch": 3, "loss": 0.5},
+                                             cairn.Checkpoint.from_directory(state_dir))
+        latest = manager.latest()
+        assert latest is not None and latest.name == record.name, latest
+        assert latest.checkpoint.verify() == [], latest.checkpoint.verify()
+        with latest.checkpoint.as_directory() as d:
+            again = cairn.load(os.path.join(d, "model.safetensors"), mmap=False)
+        assert torch.equal(again["layer.weight"], flat["layer.weight"])
+    print(f"cairn.CheckpointManager: {record.name} registered, verified, read back")
+PY
+echo "pip: ok"
