@@ -315,11 +315,9 @@ else
 fi
 
 # ---- 5. pip install . ---------------------------------------------------------
-if [ -f "$src/pyproject.toml" ]; then
-  echo "package: pip install . (the Python package, offline, into a fresh venv)"
-  check "pip: offline pip install . into a venv; cairn imported from outside the checkout, save/load, CheckpointManager" \
-    env TMPDIR="$work" JOBS="$jobs" bash "$src/tests/package/pip.sh"
-fi
+echo "package: pip install . (the Python package, offline, into a fresh venv)"
+check "pip: offline pip install . into a venv; cairn imported from outside the checkout, save/load, CheckpointManager" \
+  env TMPDIR="$work" JOBS="$jobs" bash "$src/tests/package/pip.sh"
 
 echo "package: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
