@@ -1,8 +1,8 @@
 """Train a small PyTorch model, checkpointing every epoch with Cairn, and resume.
 
 A two-layer MLP learns y = sin(3x) + noise with Adam. After every epoch the
-model's and the optimizer's tensors are written with ``cairn.save`` (one
-safetensors file; the epoch and Adam's hyperparameters in its metadata) and
+model's and the optimizer's state are written with ``cairn.torch.save_state``
+(one safetensors file, through ``cairn.save``; the epoch in its metadata) and
 registered with a ``cairn.CheckpointManager``, which keeps the 3 best by
 validation loss (the latest always). When the experiment already has a
 checkpoint the run resumes from the latest one: model weights, Adam's
@@ -21,11 +21,11 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Any
 
 import torch
 
 import cairn
+import cairn.torch
 
 STATE_FILE = "state.safetensors"
 
@@ -59,36 +59,6 @@ def train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int,
     return total / len(x)
 
 
-def state_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """Model and optimizer tensors by name; the optimizer's as ``optim.<param>.<key>``."""
-    sd = opt.state_dict()
-    optim = {str(p): {k: v for k, v in s.items() if isinstance(v, torch.Tensor)}
-             for p, s in sd["state"].items()}
-    return {"model": model.state_dict(), "optim": optim}
-
-
-def save_state(path: str, model: torch.nn.Module, opt: torch.optim.Optimizer,
-               epoch: int) -> None:
-    groups = opt.state_dict()["param_groups"]
-    cairn.save(state_tensors(model, opt), path,
-               metadata={"epoch": epoch, "param_groups": groups})
-
-
-def load_state(path: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Restores model and optimizer from ``path``; returns the epoch it was saved after."""
-    tensors = cairn.load(path, mmap=False)
-    meta = cairn.load_metadata(path)
-    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items()
-                           if k.startswith("model.")})
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, param, key = name.split(".", 2)
-            state.setdefault(int(param), {})[key] = value
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    return int(meta["epoch"])
-
-
 def validate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         return torch.nn.functional.mse_loss(model(x), y).item()
@@ -117,7 +87,9 @@ def main() -> int:
         latest = manager.latest()
         if latest is not None:
             with latest.checkpoint.as_directory() as d:
-                start = load_state(os.path.join(d, STATE_FILE), model, opt) + 1
+                # Model and Adam's state restored bit for bit; the metadata back.
+                meta = cairn.torch.load_state(os.path.join(d, STATE_FILE), model, opt)
+                start = int(meta["epoch"]) + 1
             print(f"resumed from {latest.name} (epoch {start - 1}): "
                   f"model, Adam's moments and step restored; continuing at epoch {start}")
         else:
@@ -127,7 +99,9 @@ def main() -> int:
             train_loss = train_epoch(model, opt, epoch, x, y)
             val_loss = validate(model, val_x, val_y)
             with tempfile.TemporaryDirectory() as tmp:
-                save_state(os.path.join(tmp, STATE_FILE), model, opt, epoch)
+                # One safetensors file: model and optimizer state, the epoch.
+                cairn.torch.save_state(os.path.join(tmp, STATE_FILE), model, opt,
+                                       metadata={"epoch": epoch})
                 record = manager.register_checkpoint(
                     {"epoch": epoch, "train": {"loss": train_loss}, "val": {"loss": val_loss}},
                     cairn.Checkpoint.from_directory(tmp))
