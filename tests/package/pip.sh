@@ -82,6 +82,9 @@ missing = sorted(w for w in wanted if f"cairn/{w}" not in recorded)
 assert not missing, f"not in the wheel: {missing}"
 assert any(n.startswith("cairn/_cairn.") and n.endswith(".so") for n in recorded), "no extension"
 print(f"{len(recorded)} files installed, RECORD's sha256 verified")
+import cairn.torch  # noqa: E402  (a module of the package beside __init__)
+
+assert pathlib.Path(cairn.torch.__file__).resolve().parent == where, cairn.torch.__file__
 
 with tempfile.TemporaryDirectory() as tmp:
     state_dir = os.path.join(tmp, "state")
