@@ -186,7 +186,8 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
             is an :class:`~cairn.InvalidArgumentError` naming it).
 
     Returns:
-        The tensors by name, in the file's order. Shapes and dtypes are the
+        The tensors by name, in the order of their data in the file (which
+        need not be the order they were saved in). Shapes and dtypes are the
         file's; a scalar is a 0-d tensor.
 
     Raises:
