@@ -285,8 +285,8 @@ def main() -> int:
     ]
     for op, r in tiny.items():
         ratios.append((f"{args.tiny_tensors} tensors / 10 tensors, {op} (Python; C++ "
-                       f"{r['engine_ratio']:.2f})", (r["python_ratio"], r["python_ratio_per_round"]),
-                       "<= 2"))
+                       f"{r['engine_ratio']:.2f})",
+                       (r["python_ratio"], r["python_ratio_per_round"]), "<= 2"))
 
     print(f"cairn {cairn.__version__}, torch {torch.__version__}, {len(state)} tensors, "
           f"{nbytes / 1e9:.3f} GB, median of {args.runs} rounds, cache drop: "
