@@ -5,8 +5,9 @@
 //   cairn_bench --many-tensors N --runs N --dir DIR [--out FILE]
 //                                            (tensor-count scaling, below)
 //   cairn_bench --save-load --size-mib N --runs N --dir DIR [--out FILE]
-//                                            (save and cold loads only: the
-//                                            engine's side of bench/python_bench.py)
+//                                            (memcpy, save, cold loads and the
+//                                            AsyncSaver stall only: the engine's
+//                                            side of bench/python_bench.py)
 //
 // Run 0 of each measurement is the first run in this process (fresh memory
 // where the operation allocates); later runs are steady state. See
@@ -149,6 +150,36 @@ void measure_fresh_load(const cb::Options& opts, const std::vector<cb::TensorSpe
         }));
     check_same(specs, state, last, "load_into (fresh buffers)");
   }
+}
+
+// AsyncSaver::save into a CheckpointManager keeping one checkpoint, until it
+// returns (staging allocated by the first run, reused after), then waited
+// for: "cairn.async_saver_stall", what cairn.torch.AsyncSaver.save calls.
+void measure_async_saver_stall(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                               const std::vector<cb::FloatBuffer>& state,
+                               std::vector<cb::Measurement>& results) {
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto exp = opts.dir / "cairn-saver-exp";
+  cairn::CheckpointConfig config;
+  config.num_to_keep = 1;
+  cb::Measurement stall{"cairn.async_saver_stall",
+                        "AsyncSaver::save into a CheckpointManager until it returns (run 1 "
+                        "allocates staging)",
+                        cb::total_bytes(specs),
+                        {}};
+  {
+    cairn::CheckpointManager manager(exp.string(), config);
+    cairn::AsyncSaver saver;
+    for (int run = 0; run < opts.runs; ++run) {
+      cb::sync_all();
+      const double t0 = cb::now_seconds();
+      cairn::SaveHandle h = saver.save(sd, manager);
+      stall.runs_s.push_back(cb::now_seconds() - t0);
+      h.wait();
+    }
+  }
+  std::filesystem::remove_all(exp);
+  results.push_back(stall);
 }
 
 void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
@@ -510,9 +541,11 @@ int main(int argc, char** argv) {
     std::vector<cb::Measurement> results;
     if (opts.save_load) {
       const auto path = opts.dir / "cairn.safetensors";
+      results.push_back(bench_memcpy(specs, state, opts.runs));
       measure_save_and_cold_loads(opts, "cairn", specs, state, path, cache_drop, results);
       measure_fresh_load(opts, specs, state, path, cache_drop, results);
       std::filesystem::remove(path);
+      measure_async_saver_stall(opts, specs, state, results);
       cb::write_report(opts, "cairn.save_load", specs, cache_drop, results);
       return 0;
     }

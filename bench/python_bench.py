@@ -25,6 +25,10 @@ is faster, except the binding's overhead, which is Python time / C++ time):
   against ``torch.load``.
 - cold ``cairn.load`` against fio's O_DIRECT sequential read (libaio, queue
   depth 8, 1 MiB) of a file of the same size.
+- ``cairn.torch.AsyncSaver.save`` into a ``CheckpointManager`` until it
+  returns (the training loop's stall; one saver for every round, so round 1
+  allocates its staging) against the engine's ``AsyncSaver::save`` (second
+  run) and against a memcpy of the state (``cairn_bench``, second run).
 - ``--tiny-tensors`` N tensors of 4 KiB against the same bytes in 10
   tensors: the per-tensor cost of save and load through the binding, next to
   the C++ engine's own (``cairn_bench --many-tensors``).
@@ -150,6 +154,14 @@ def torch_round(state: dict[str, Any], path: str, rounds: Rounds) -> None:
     os.remove(path)
 
 
+def async_round(saver: Any, manager: Any, state: dict[str, Any], rounds: Rounds) -> None:
+    """``cairn.torch.AsyncSaver.save`` into a manager until it returns, then waited for."""
+    os.sync()
+    seconds, handle = timed(lambda: saver.save(state, manager))
+    rounds.add("py.async_saver_stall", seconds)
+    handle.wait()
+
+
 def fio_read(path: str, nbytes: int) -> float:
     """fio's O_DIRECT sequential read of ``path`` (laid out at ``nbytes``), in seconds."""
     size = f"{max(nbytes >> 20, 1)}M"
@@ -174,7 +186,8 @@ def engine_round(cairn_bench: str, size_mib: int, folder: str, rounds: Rounds) -
         report = json.load(f)
     os.remove(out)
     for m in report["results"]:
-        rounds.add("cpp." + m["name"].partition(".")[2], m["runs_s"][-1])
+        name = m["name"].partition(".")[2] or m["name"]  # "memcpy" has no prefix
+        rounds.add("cpp." + name, m["runs_s"][-1])
 
 
 def tiny_tensors(count: int, runs: int, folder: str, cairn_bench: str) -> dict[str, Any]:
@@ -234,6 +247,7 @@ def main() -> int:
         print("python_bench: torch is not installed (python3-torch); nothing measured")
         return 77
     import cairn
+    import cairn.torch
 
     workload = json.loads(subprocess.run(
         [args.cairn_bench, "--workload", "--size-mib", str(args.size_mib)],
@@ -246,15 +260,24 @@ def main() -> int:
     try:
         rounds = Rounds()
         fio_file = os.path.join(folder, "fio.dat")
+        # One saver and manager for every round: the saver's first save
+        # allocates its staging, later ones reuse it (as in training).
+        manager = cairn.CheckpointManager(folder, "py-saver-exp",
+                                          cairn.CheckpointConfig(num_to_keep=1))
+        saver = cairn.torch.AsyncSaver()
         for r in range(args.runs):
             engine_round(args.cairn_bench, args.size_mib, folder, rounds)
             cairn_round(state, os.path.join(folder, "py.safetensors"), rounds, "py")
             rounds.add("fio.read_direct", fio_read(fio_file, nbytes))
             torch_round(state, os.path.join(folder, "torch.pt"), rounds)
             os.remove(os.path.join(folder, "py.safetensors"))
+            async_round(saver, manager, state, rounds)
             print(f"round {r + 1}/{args.runs}: " + ", ".join(
                 f"{k} {v[-1]:.3f} s" for k, v in rounds.runs.items()), file=sys.stderr)
+        saver.close()
+        manager.close()
         os.remove(fio_file)
+        shutil.rmtree(os.path.join(folder, "py-saver-exp"))
         tiny = tiny_tensors(args.tiny_tensors, args.runs, folder, args.cairn_bench)
     finally:
         if own_dir:
@@ -282,6 +305,10 @@ def main() -> int:
          ">= 0.9"),
         ("cold load mmap=True + read vs fio O_DIRECT read",
          pair("fio.read_direct", "py.load_mmap"), ">= 0.9"),
+        ("binding overhead, AsyncSaver.save stall (Python / C++)",
+         pair("py.async_saver_stall", "cpp.async_saver_stall"), "<= 1.05"),
+        ("AsyncSaver.save stall (Python) / memcpy of the state (C++)",
+         pair("py.async_saver_stall", "cpp.memcpy"), "<= 1.5"),
     ]
     for op, r in tiny.items():
         ratios.append((f"{args.tiny_tensors} tensors / 10 tensors, {op} (Python; C++ "
