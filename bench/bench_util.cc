@@ -204,6 +204,8 @@ Options parse_options(int argc, char** argv, const char* usage) {
       o.idle_s = std::stod(value());
     } else if (a == "--reshard") {
       o.reshard = true;
+    } else if (a == "--save-load") {
+      o.save_load = true;
     } else if (a == "--fio") {
       o.fio = value();
     } else {

@@ -124,6 +124,10 @@ struct Options {
   double idle_s = 0;
   // --reshard: bytes read by a 2 -> 4 rank re-shard (reshard.h).
   bool reshard = false;
+  // --save-load: only memcpy, the save, the cold loads and the AsyncSaver
+  // stall of the workload, the C++ side of bench/python_bench.py
+  // (cairn_bench only).
+  bool save_load = false;
   // --fio PATH: the fio binary for reference runs (empty: fio on PATH, and
   // gpu_bench runs none).
   std::string fio;

@@ -4,6 +4,10 @@
 //   cairn_bench --size-mib N --workload      (prints the workload as JSON)
 //   cairn_bench --many-tensors N --runs N --dir DIR [--out FILE]
 //                                            (tensor-count scaling, below)
+//   cairn_bench --save-load --size-mib N --runs N --dir DIR [--out FILE]
+//                                            (memcpy, save, cold loads and the
+//                                            AsyncSaver stall only: the engine's
+//                                            side of bench/python_bench.py)
 //
 // Run 0 of each measurement is the first run in this process (fresh memory
 // where the operation allocates); later runs are steady state. See
@@ -119,15 +123,13 @@ void measure_save_and_cold_loads(const cb::Options& opts, const std::string& pre
   }
 }
 
-void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
-                 const std::vector<cb::FloatBuffer>& state, std::string& cache_drop,
-                 std::vector<cb::Measurement>& results) {
+// Times cold loads of `path` into newly allocated buffers (what torch.load
+// and a copying cairn.load do), checked against `state`: "cairn.load_fresh".
+void measure_fresh_load(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                        const std::vector<cb::FloatBuffer>& state,
+                        const std::filesystem::path& path, std::string& cache_drop,
+                        std::vector<cb::Measurement>& results) {
   const uint64_t bytes = cb::total_bytes(specs);
-  const cairn::StateDict sd = view_state(specs, state);
-  const auto path = opts.dir / "cairn.safetensors";
-
-  // A save, then loads of the file just saved, each from a cold page cache.
-  measure_save_and_cold_loads(opts, "cairn", specs, state, path, cache_drop, results);
   auto cold = [&](int) { cache_drop = cb::drop_caches({path}); };
   {
     std::vector<cb::FloatBuffer> last;
@@ -148,6 +150,48 @@ void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& spe
         }));
     check_same(specs, state, last, "load_into (fresh buffers)");
   }
+}
+
+// AsyncSaver::save into a CheckpointManager keeping one checkpoint, until it
+// returns (staging allocated by the first run, reused after), then waited
+// for: "cairn.async_saver_stall", what cairn.torch.AsyncSaver.save calls.
+void measure_async_saver_stall(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                               const std::vector<cb::FloatBuffer>& state,
+                               std::vector<cb::Measurement>& results) {
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto exp = opts.dir / "cairn-saver-exp";
+  cairn::CheckpointConfig config;
+  config.num_to_keep = 1;
+  cb::Measurement stall{"cairn.async_saver_stall",
+                        "AsyncSaver::save into a CheckpointManager until it returns (run 1 "
+                        "allocates staging)",
+                        cb::total_bytes(specs),
+                        {}};
+  {
+    cairn::CheckpointManager manager(exp.string(), config);
+    cairn::AsyncSaver saver;
+    for (int run = 0; run < opts.runs; ++run) {
+      cb::sync_all();
+      const double t0 = cb::now_seconds();
+      cairn::SaveHandle h = saver.save(sd, manager);
+      stall.runs_s.push_back(cb::now_seconds() - t0);
+      h.wait();
+    }
+  }
+  std::filesystem::remove_all(exp);
+  results.push_back(stall);
+}
+
+void bench_cairn(const cb::Options& opts, const std::vector<cb::TensorSpec>& specs,
+                 const std::vector<cb::FloatBuffer>& state, std::string& cache_drop,
+                 std::vector<cb::Measurement>& results) {
+  const uint64_t bytes = cb::total_bytes(specs);
+  const cairn::StateDict sd = view_state(specs, state);
+  const auto path = opts.dir / "cairn.safetensors";
+
+  // A save, then loads of the file just saved, each from a cold page cache.
+  measure_save_and_cold_loads(opts, "cairn", specs, state, path, cache_drop, results);
+  measure_fresh_load(opts, specs, state, path, cache_drop, results);
   std::filesystem::remove(path);
 
   // Through the manager: the full checkpoint path (manifest with checksums,
@@ -477,6 +521,7 @@ int main(int argc, char** argv) {
   const char* usage =
       "usage: cairn_bench --size-mib N [--runs N] [--dir DIR] [--out FILE] [--workload]\n"
       "       cairn_bench --many-tensors N [--runs N] [--dir DIR] [--out FILE]\n"
+      "       cairn_bench --save-load --size-mib N [--runs N] [--dir DIR] [--out FILE]\n"
       "       cairn_bench --disk-rounds --size-mib N [--runs N] [--idle-s S] [--dir DIR]\n"
       "                   [--out FILE]\n"
       "       cairn_bench --reshard --size-mib N [--dir DIR] [--out FILE]\n";
@@ -494,6 +539,16 @@ int main(int argc, char** argv) {
     if (opts.reshard) return cb::bench_reshard(opts, specs, state);
     std::string cache_drop = "none";
     std::vector<cb::Measurement> results;
+    if (opts.save_load) {
+      const auto path = opts.dir / "cairn.safetensors";
+      results.push_back(bench_memcpy(specs, state, opts.runs));
+      measure_save_and_cold_loads(opts, "cairn", specs, state, path, cache_drop, results);
+      measure_fresh_load(opts, specs, state, path, cache_drop, results);
+      std::filesystem::remove(path);
+      measure_async_saver_stall(opts, specs, state, results);
+      cb::write_report(opts, "cairn.save_load", specs, cache_drop, results);
+      return 0;
+    }
     results.push_back(bench_memcpy(specs, state, opts.runs));
     bench_cairn(opts, specs, state, cache_drop, results);
     bench_async_policies(opts, specs, state, results);
