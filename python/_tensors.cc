@@ -52,8 +52,8 @@ Location locate(const std::string& where) {
 }
 
 // The data of a loaded file, as one writable byte buffer (the buffer
-// protocol) that the tensors view: a copy-on-write mapping, an object read
-// into memory, or memory the file was read into.
+// protocol) that the tensors view: a copy-on-write mapping, or the file or
+// object read into memory of its own.
 class FileData {
  public:
   explicit FileData(MappedState mapped) : mapped_(std::move(mapped)) {
@@ -61,8 +61,6 @@ class FileData {
     data_ = all.data() + mapped_->header().data_start();
     size_ = mapped_->header().data_size;
   }
-  FileData(std::shared_ptr<std::byte> memory, uint64_t size)
-      : memory_(std::move(memory)), data_(memory_.get()), size_(size) {}
 
   py::buffer_info buffer() {
     return py::buffer_info(data_, 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -72,25 +70,44 @@ class FileData {
 
  private:
   std::optional<MappedState> mapped_;
-  std::shared_ptr<std::byte> memory_;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
 };
 
-// Memory for a copying load, aligned for direct I/O and any element type.
-std::shared_ptr<std::byte> allocate(uint64_t size) {
-  constexpr std::align_val_t kAlign{4096};
-  auto* p = static_cast<std::byte*>(::operator new(std::max<uint64_t>(size, 1), kAlign));
-  return std::shared_ptr<std::byte>(p, [](std::byte* q) { ::operator delete(q, kAlign); });
+// The "__metadata__" strings other than Cairn's JSON metadata (as
+// StateDict::string_metadata has them, without building a StateDict).
+std::map<std::string, std::string> string_metadata(const SafetensorsHeader& header) {
+  std::map<std::string, std::string> out = header.metadata;
+  out.erase(std::string(kCairnMetadataKey));
+  return out;
 }
 
-// (name, dtype name, shape, begin, end) of each tensor, in file order.
+// (name, dtype name, shape, begin, end) of each tensor, in file order. Built
+// with CPython's own calls: a file may hold 100,000 tensors, and this is
+// the binding's whole per-tensor cost on the C++ side.
 py::list describe(const SafetensorsHeader& header) {
-  py::list tensors;
-  for (const TensorInfo& t : header.tensors) {
+  std::map<DType, py::str> dtype_names;
+  py::list tensors(header.tensors.size());
+  for (size_t i = 0; i < header.tensors.size(); ++i) {
+    const TensorInfo& t = header.tensors[i];
+    auto [at, added] = dtype_names.try_emplace(t.dtype);
+    if (added) at->second = py::str(std::string(dtype_name(t.dtype)));
     py::tuple shape(t.shape.size());
-    for (size_t i = 0; i < t.shape.size(); ++i) shape[i] = py::int_(t.shape[i]);
-    tensors.append(py::make_tuple(t.name, std::string(dtype_name(t.dtype)), shape, t.begin, t.end));
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      PyTuple_SET_ITEM(shape.ptr(), d, PyLong_FromUnsignedLongLong(t.shape[d]));
+    }
+    py::tuple entry(5);
+    PyTuple_SET_ITEM(entry.ptr(), 0,
+                     PyUnicode_DecodeUTF8(t.name.data(), static_cast<py::ssize_t>(t.name.size()),
+                                          "surrogateescape"));
+    PyTuple_SET_ITEM(entry.ptr(), 1, at->second.inc_ref().ptr());
+    PyTuple_SET_ITEM(entry.ptr(), 2, shape.release().ptr());
+    PyTuple_SET_ITEM(entry.ptr(), 3, PyLong_FromUnsignedLongLong(t.begin));
+    PyTuple_SET_ITEM(entry.ptr(), 4, PyLong_FromUnsignedLongLong(t.end));
+    for (int k = 0; k < 5; ++k) {
+      if (PyTuple_GET_ITEM(entry.ptr(), k) == nullptr) throw py::error_already_set();
+    }
+    PyList_SET_ITEM(tensors.ptr(), static_cast<py::ssize_t>(i), entry.release().ptr());
   }
   return tensors;
 }
@@ -141,38 +158,21 @@ void bind_tensors(py::module_& m) {
       "load_tensors",
       [](const std::string& where, bool mmap) {
         Location at = locate(where);
-        std::optional<FileData> data;
-        SafetensorsHeader header;
-        json metadata;
-        std::map<std::string, std::string> strings;
+        std::optional<MappedState> file;
         {
           py::gil_scoped_release release;
-          if (at.storage || mmap) {
-            MappedState mapped =
-                at.storage ? MappedState::open(*at.storage, at.key, true, MapMode::kCopyOnWrite)
-                           : MappedState::open(at.path, true, MapMode::kCopyOnWrite);
-            header = mapped.header();
-            metadata = mapped.metadata();
-            strings = mapped.state_dict().string_metadata;
-            data.emplace(std::move(mapped));
+          if (at.storage) {
+            file = MappedState::open(*at.storage, at.key, true, MapMode::kCopyOnWrite);
+          } else if (mmap) {
+            file = MappedState::open(at.path, true, MapMode::kCopyOnWrite);
           } else {
-            // Only the header is read here; the data goes straight into
-            // memory of its own, direct from the disk where that is faster.
-            MappedState probe = MappedState::open(at.path, /*read_ahead=*/false);
-            header = probe.header();
-            auto memory = allocate(header.data_size);
-            StateDict state;
-            for (const TensorInfo& t : header.tensors) {
-              state.add_mutable(t.name, t.dtype, t.shape, {memory.get() + t.begin, t.nbytes()});
-            }
-            load_into(at.path, state);
-            metadata = std::move(state.metadata);
-            strings = std::move(state.string_metadata);
-            data.emplace(std::move(memory), header.data_size);
+            // One read of the whole file into memory of its own, direct
+            // from the disk where that is faster.
+            file = MappedState::read(at.path, LoadOptions{});
           }
         }
-        return py::make_tuple(describe(header), py::cast(std::move(*data)), from_json(metadata),
-                              strings);
+        return py::make_tuple(describe(file->header()), py::cast(FileData(*file)),
+                              from_json(file->metadata()), string_metadata(file->header()));
       },
       py::arg("path"), py::arg("mmap"));
 
@@ -187,7 +187,7 @@ void bind_tensors(py::module_& m) {
                               : MappedState::open(at.path, /*read_ahead=*/false);
         }
         return py::make_tuple(describe(mapped->header()), from_json(mapped->metadata()),
-                              mapped->state_dict().string_metadata);
+                              string_metadata(mapped->header()));
       },
       py::arg("path"));
 }

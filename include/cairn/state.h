@@ -288,6 +288,8 @@ Manifest save_checkpoint(const StateDict& state, const Checkpoint& dest,
 // A validated safetensors file mapped read-only into memory (zero copy). The
 // header is validated when opened; tensor views stay valid while any copy of
 // the MappedState, or any StateDict made by state_dict(), lives.
+struct LoadOptions;
+
 // How MappedState::open maps a local file.
 //   kReadOnly     shared, read-only: a write through a view is a crash.
 //   kCopyOnWrite  private and writable: a write copies the page it touches
@@ -313,6 +315,15 @@ class MappedState {
   // is writable whatever `mode` says).
   static MappedState open(Storage& storage, std::string_view key, bool read_ahead = true,
                           MapMode mode = MapMode::kReadOnly);
+  // Reads a local file whole into memory of its own (writable, see
+  // writable_file_bytes) and validates it: one read of the file, direct from
+  // the disk where that is faster (LoadOptions::io, as load_into decides),
+  // however many tensors it has; the header is parsed once. For a copying
+  // load into fresh memory, which later changes to the file cannot reach.
+  // LoadOptions::expected_xxh3, when set, is checked (kCorruption naming the
+  // file); threads and block_size are used; the rest is ignored. kNotFound
+  // if the file does not exist, kCorruption if it is invalid.
+  static MappedState read(const std::filesystem::path& path, const LoadOptions& options);
   // Validates an in-memory file image and keeps `owner` alive with it.
   static MappedState from_bytes(std::span<const std::byte> file, std::string source,
                                 std::shared_ptr<void> owner);

@@ -10,6 +10,7 @@ mapped load returns tensors that view the file's mapping.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
@@ -66,8 +67,32 @@ def flatten_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[
     return out
 
 
+# torch.dtype -> safetensors dtype, built on first use (torch is imported
+# only where the caller uses it).
+_torch_dtypes: dict[Any, str] = {}
+
+
+def _torch_file_dtype(dtype: Any) -> str | None:
+    if not _torch_dtypes:
+        import torch
+
+        for name, file_dtype in _TORCH_TO_FILE.items():
+            if hasattr(torch, name):
+                _torch_dtypes[getattr(torch, name)] = file_dtype
+    return _torch_dtypes.get(dtype)
+
+
 def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, int, Any]:
     """(name, file dtype, shape, address, nbytes, keep-alive) of one tensor."""
+    # The common case first, in as few calls as can be (a state dict may
+    # hold 100,000 tensors): a dense, contiguous CPU tensor with an ASCII name.
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and name.isascii():
+        file_dtype = _torch_file_dtype(value.dtype)
+        if (file_dtype is not None and value.is_cpu and value.layout == torch.strided
+                and value.is_contiguous()):
+            return (name, file_dtype, tuple(value.shape), value.data_ptr(),
+                    value.numel() * value.element_size(), value)
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -208,25 +233,49 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
                 raise InvalidArgumentError(
                     f"{os.fspath(path)}: tensor {name!r} is {dtype}, which numpy does not have; "
                     "load it with framework='pt'", "invalid_argument")
-            out[name] = _view(raw[begin:end], np.dtype(_FILE_TO_NUMPY[dtype])).reshape(shape)
+            np_dtype = np.dtype(_FILE_TO_NUMPY[dtype])
+            if begin % np_dtype.alignment:
+                out[name] = _view(raw[begin:end], np_dtype).reshape(shape)
+            else:
+                out[name] = np.ndarray(shape, np_dtype, raw, begin)
         return out
     import torch
 
+    # One typed view of the whole buffer per dtype; each tensor is then one
+    # as_strided call on it (a state dict may hold 100,000 tensors).
+    base = torch.from_numpy(raw)
+    typed: dict[str, tuple[Any, int]] = {}
+    strides: dict[tuple[int, ...], tuple[int, ...]] = {}
     for name, dtype, shape, begin, end in described:
-        want = getattr(torch, _FILE_TO_TORCH[dtype], None)
-        if want is None:
-            raise InvalidArgumentError(
-                f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch {torch.__version__} "
-                "does not have; load it with framework='np'", "invalid_argument")
-        t = torch.from_numpy(raw[begin:end])
-        if want != torch.uint8:
-            try:
-                t = t.view(want)
-            except RuntimeError:  # a foreign writer's unaligned offset: copy to align
-                t = t.clone().view(want)
-        t = t.reshape(shape)
+        view = typed.get(dtype)
+        if view is None:
+            want = getattr(torch, _FILE_TO_TORCH[dtype], None)
+            if want is None:
+                raise InvalidArgumentError(
+                    f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
+                    f"{torch.__version__} does not have; load it with framework='np'",
+                    "invalid_argument")
+            size = torch.empty((), dtype=want).element_size()
+            view = typed[dtype] = (base[: len(raw) - len(raw) % size].view(want), size)
+        whole, size = view
+        if begin % size:
+            # A foreign writer's unaligned offset: copied to align.
+            t = base[begin:end].clone().view(whole.dtype).reshape(shape)
+        else:
+            stride = strides.get(shape)
+            if stride is None:
+                stride = strides[shape] = _contiguous_strides(shape)
+            t = torch.as_strided(whole, shape, stride, begin // size)
         out[name] = t if device is None else t.to(device)
     return out
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements, of a tensor of ``shape``."""
+    out = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        out[i] = out[i + 1] * max(shape[i + 1], 1)
+    return tuple(out)
 
 
 def load_metadata(path: PathLike) -> dict[str, Any]:

@@ -888,6 +888,53 @@ MappedState MappedState::open(Storage& storage, std::string_view key, bool read_
   return out;
 }
 
+MappedState MappedState::read(const std::filesystem::path& path, const LoadOptions& options) {
+  const std::string source = path.string();
+  UniqueFd fd = open_file(path, O_RDONLY);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  auto buffer = std::make_shared<format::HugeBuffer>(std::max<uint64_t>(size, 1));
+  const std::span<std::byte> all(buffer->data(), size);
+  // As load_into decides: direct reads only for a large file the page cache
+  // does not hold already.
+  UniqueFd direct;
+  if (options.io != IoPath::kBuffered && size >= kDirectIoMinBytes) {
+    int d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (d >= 0) direct = UniqueFd(d);  // ignore-error: no O_DIRECT means buffered reads
+  }
+  const double cached =
+      direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
+  const IoReport io = format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
+                                               format::direct_io_env(), source);
+  if (options.report) *options.report = io;
+  if (io.path == IoPath::kDirect) {
+    format::read_direct(
+        {{0, all}}, size, format::kDirectAlignment,
+        [&](uint64_t off, std::span<std::byte> out) {
+          return pread_some(direct.get(), out, off, source);
+        },
+        options.block_size, options.threads, source);
+  } else {
+    format::read_blocks(
+        {{0, all}},
+        [&](uint64_t off, std::span<std::byte> out) { pread_all(fd.get(), out, off, source); },
+        options.block_size, format::pick_threads(options.threads));
+  }
+  if (options.expected_xxh3) {
+    const uint64_t got =
+        xxh3_64(std::string_view(reinterpret_cast<const char*>(all.data()), all.size()));
+    if (got != *options.expected_xxh3) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: checksum mismatch: XXH3-64 {}, expected {}", source,
+                              hash_to_hex(got), hash_to_hex(*options.expected_xxh3)));
+    }
+  }
+  MappedState out = from_bytes(all, source, std::move(buffer));
+  std::const_pointer_cast<Impl>(out.impl_)->writable = true;
+  return out;
+}
+
 MappedState MappedState::from_bytes(std::span<const std::byte> file, std::string source,
                                     std::shared_ptr<void> owner) {
   auto impl = std::make_shared<Impl>();

@@ -239,6 +239,15 @@ TEST(SaveFile, ParallelSmallBlocksWriteTheSameBytesAsOneBlock) {
   EXPECT_EQ(read_text(dir / "a"), read_text(dir / "b"));
 }
 
+ErrorCode code_of_read(const std::filesystem::path& path) {
+  try {
+    MappedState::read(path, LoadOptions{});
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kInternal;
+}
+
 TEST(MappedState, GivesZeroCopyViewsThatOutliveTheHandleThroughStateDict) {
   TempDir dir;
   Source src;
@@ -290,6 +299,42 @@ TEST(MappedState, ACopyOnWriteMappingTakesWritesThatNeverReachTheFile) {
   auto mem = open_storage("memory://cow-test/p");
   save(src.state(), *mem, "s.safetensors");
   EXPECT_EQ(MappedState::open(*mem, "s.safetensors").writable_file_bytes().size(), before.size());
+}
+
+// A copying load into memory of its own: one read of the whole file, the
+// same tensors as a mapping, writable, and the file's checksum checked.
+TEST(MappedState, ReadTakesTheWholeFileIntoMemoryOfItsOwn) {
+  TempDir dir;
+  Source src;
+  save_file(src.state(), dir / "s.safetensors");
+  const std::string bytes = read_text(dir / "s.safetensors");
+  auto read = MappedState::read(dir / "s.safetensors", LoadOptions{});
+  auto mapped = MappedState::open(dir / "s.safetensors");
+  EXPECT_EQ(read.names(), mapped.names());
+  for (const auto& name : read.names()) {
+    auto a = read.tensor(name), b = mapped.tensor(name);
+    EXPECT_EQ(a.dtype, b.dtype);
+    EXPECT_EQ(a.shape, b.shape);
+    EXPECT_TRUE(std::equal(a.bytes.begin(), a.bytes.end(), b.bytes.begin(), b.bytes.end())) << name;
+  }
+  EXPECT_EQ(read.metadata(), mapped.metadata());
+  // Its own memory: writes reach neither the file nor a later read.
+  read.writable_file_bytes()[read.header().data_start()] = std::byte{0x7f};
+  EXPECT_EQ(read_text(dir / "s.safetensors"), bytes);
+  LoadOptions checked;
+  checked.expected_xxh3 = xxh3_64(bytes);
+  EXPECT_NO_THROW(MappedState::read(dir / "s.safetensors", checked));
+  checked.expected_xxh3 = *checked.expected_xxh3 + 1;
+  try {
+    MappedState::read(dir / "s.safetensors", checked);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find("s.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(code_of_read(dir / "missing.safetensors"), ErrorCode::kNotFound);
+  std::filesystem::resize_file(dir / "s.safetensors", bytes.size() - 3);
+  EXPECT_EQ(code_of_read(dir / "s.safetensors"), ErrorCode::kCorruption);
 }
 
 TEST(MappedState, NamesTheFileAndTensorWhenATensorIsMissing) {
