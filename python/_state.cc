@@ -123,12 +123,14 @@ class PyAsyncSaver {
  public:
   explicit PyAsyncSaver(AsyncSaveOptions options) : saver_(std::move(options)) {}
 
-  SaveHandle save(const StateDict& state, const Checkpoint& dest, const json& metrics) {
+  SaveHandle save(StateDict state, const Checkpoint& dest, const json& metrics) {
+    state = same_as_last(std::move(state));
     py::gil_scoped_release release;
     prune();
     return saver_.save(state, dest, metrics);
   }
-  SaveHandle save(const StateDict& state, PyManager& manager, const json& metrics) {
+  SaveHandle save(StateDict state, PyManager& manager, const json& metrics) {
+    state = same_as_last(std::move(state));
     std::shared_ptr<CheckpointManager> m = manager.share();
     py::gil_scoped_release release;
     prune();
@@ -151,6 +153,30 @@ class PyAsyncSaver {
   AsyncSaver::Stats stats() const { return saver_.stats(); }
 
  private:
+  // Python builds a new StateDict for every save, which would cost the
+  // saver its reuse of the last save's layout (StateDict::entries_version).
+  // A state with the same tensors (names, dtypes, shapes, addresses) as the
+  // last one is given the last one's entries, so the version matches.
+  StateDict same_as_last(StateDict state) {
+    std::lock_guard lock(mu_);
+    const auto same = [](const StateDict::Entry& a, const StateDict::Entry& b) {
+      return a.dtype == b.dtype && a.shape == b.shape && a.data == b.data && a.nbytes == b.nbytes;
+    };
+    if (last_ && last_->size() == state.size() &&
+        std::equal(last_->entries().begin(), last_->entries().end(), state.entries().begin(),
+                   [&](const auto& a, const auto& b) {
+                     return a.first == b.first && same(a.second, b.second);
+                   })) {
+      StateDict reused = *last_;  // shares the entries: same version
+      reused.metadata = std::move(state.metadata);
+      reused.string_metadata = std::move(state.string_metadata);
+      return reused;
+    }
+    last_ = state;
+    return state;
+  }
+  std::optional<StateDict> last_;  // guarded by mu_
+
   void prune() {
     std::lock_guard lock(mu_);
     std::erase_if(held_, [](const auto& h) { return h.first.done(); });
@@ -279,7 +305,8 @@ void bind_state(py::module_& m) {
              py::handle metrics) {
             StateDict state = state_from(tensors, metadata, /*writable=*/false);
             state.string_metadata = string_metadata;
-            return s.save(state, dest, metrics.is_none() ? json::object() : to_json(metrics));
+            return s.save(std::move(state), dest,
+                          metrics.is_none() ? json::object() : to_json(metrics));
           },
           py::arg("tensors"), py::arg("metadata"), py::arg("string_metadata"), py::arg("dest"),
           py::arg("metrics"))
@@ -290,7 +317,8 @@ void bind_state(py::module_& m) {
              py::handle metrics) {
             StateDict state = state_from(tensors, metadata, /*writable=*/false);
             state.string_metadata = string_metadata;
-            return s.save(state, manager, metrics.is_none() ? json::object() : to_json(metrics));
+            return s.save(std::move(state), manager,
+                          metrics.is_none() ? json::object() : to_json(metrics));
           },
           py::arg("tensors"), py::arg("metadata"), py::arg("string_metadata"), py::arg("manager"),
           py::arg("metrics"))
