@@ -284,6 +284,31 @@ def test_async_save_snapshots_so_the_caller_may_change_tensors_at_once(
         assert (cairn.load(tmp_path / "mine" / "state.safetensors")["w"] == -1.0).all()
 
 
+def test_repeated_async_saves_of_the_same_tensors_save_their_values_of_the_moment(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The binding reuses the last state's entries when the tensors are the
+    # same (names, dtypes, shapes, addresses): what is saved must still be
+    # each save's values, and metadata, and a changed set must be seen.
+    w = torch.zeros(1000)
+    b = torch.zeros(10, dtype=torch.float64)
+    with cairn.CheckpointManager(tmp_path, "exp") as manager, ct.AsyncSaver() as saver:
+        for step in range(4):
+            w.fill_(float(step))
+            state = {"w": w, "b": b} if step < 3 else {"w": w}
+            saver.save(state, manager, metrics={"step": step}, metadata={"step": step}).wait()
+        history = manager.history()
+        assert [r.metrics["step"] for r in history] == [0, 1, 2, 3]
+        for r in history:
+            with r.checkpoint.as_directory() as d:
+                f = pathlib.Path(d) / "state.safetensors"
+                back = cairn.load(f, mmap=False)
+                step = r.metrics["step"]
+                assert cairn.load_metadata(f) == {"step": step}
+                assert (back["w"] == float(step)).all()
+                assert sorted(back) == (["b", "w"] if step < 3 else ["w"])
+
+
 def test_a_manager_closed_during_an_async_save_stays_open_for_it(
     tmp_path: pathlib.Path,
 ) -> None:
