@@ -36,32 +36,6 @@ namespace {
 
 using nlohmann::json;
 
-// The entries of `tensors`, viewing the caller's memory: read-only for a
-// save, writable for a restore or load.
-StateDict state_from(const py::list& tensors, py::handle metadata, bool writable) {
-  StateDict state;
-  for (py::handle item : tensors) {
-    auto t = item.cast<py::tuple>();
-    auto name = t[0].cast<std::string>();
-    auto dtype_text = t[1].cast<std::string>();
-    std::optional<DType> dtype = parse_dtype(dtype_text);
-    if (!dtype) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("tensor \"{}\": unknown dtype {}", name, dtype_text));
-    }
-    Shape shape = t[2].cast<Shape>();
-    auto* data = reinterpret_cast<std::byte*>(t[3].cast<uintptr_t>());
-    auto nbytes = t[4].cast<uint64_t>();
-    if (writable) {
-      state.add_mutable(std::move(name), *dtype, std::move(shape), {data, nbytes});
-    } else {
-      state.add(std::move(name), *dtype, std::move(shape), {data, nbytes});
-    }
-  }
-  if (!metadata.is_none()) state.metadata = to_json(metadata);
-  return state;
-}
-
 // {name: (global_shape, offsets)} -> ShardSpecs.
 std::map<std::string, ShardSpec> specs_from(const py::dict& specs) {
   std::map<std::string, ShardSpec> out;

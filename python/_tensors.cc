@@ -123,23 +123,7 @@ void bind_tensors(py::module_& m) {
       "save_tensors",
       [](const py::list& tensors, const std::string& where, py::handle metadata,
          const std::map<std::string, std::string>& string_metadata, bool durable) {
-        StateDict state;
-        for (py::handle item : tensors) {
-          auto t = item.cast<py::tuple>();
-          auto name = t[0].cast<std::string>();
-          auto dtype_text = t[1].cast<std::string>();
-          std::optional<DType> dtype = parse_dtype(dtype_text);
-          if (!dtype) {
-            throw Error(ErrorCode::kInvalidArgument,
-                        fmt::format("tensor \"{}\": unknown dtype {}", name, dtype_text));
-          }
-          Shape shape = t[2].cast<Shape>();
-          auto address = t[3].cast<uintptr_t>();
-          auto nbytes = t[4].cast<uint64_t>();
-          state.add(std::move(name), *dtype, std::move(shape),
-                    {reinterpret_cast<const std::byte*>(address), nbytes});
-        }
-        if (!metadata.is_none()) state.metadata = to_json(metadata);
+        StateDict state = state_from(tensors, metadata, /*writable=*/false);
         state.string_metadata = string_metadata;
         Location at = locate(where);
         py::gil_scoped_release release;

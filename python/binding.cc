@@ -1,8 +1,13 @@
 // Python values <-> JSON and path arguments, for every part of the binding.
 #include "binding.h"
 
+#include <pybind11/stl.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include <fmt/format.h>
 
 namespace py = pybind11;
 
@@ -90,6 +95,30 @@ std::string path_arg(py::handle h) {
   py::object p = os.attr("fspath")(h);
   if (!py::isinstance<py::str>(p)) throw py::type_error("a path must be str or os.PathLike[str]");
   return p.cast<std::string>();
+}
+
+StateDict state_from(const py::list& tensors, py::handle metadata, bool writable) {
+  StateDict state;
+  for (py::handle item : tensors) {
+    auto t = item.cast<py::tuple>();
+    auto name = t[0].cast<std::string>();
+    auto dtype_text = t[1].cast<std::string>();
+    std::optional<DType> dtype = parse_dtype(dtype_text);
+    if (!dtype) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("tensor \"{}\": unknown dtype {}", name, dtype_text));
+    }
+    Shape shape = t[2].cast<Shape>();
+    auto* data = reinterpret_cast<std::byte*>(t[3].cast<uintptr_t>());
+    auto nbytes = t[4].cast<uint64_t>();
+    if (writable) {
+      state.add_mutable(std::move(name), *dtype, std::move(shape), {data, nbytes});
+    } else {
+      state.add(std::move(name), *dtype, std::move(shape), {data, nbytes});
+    }
+  }
+  if (!metadata.is_none()) state.metadata = to_json(metadata);
+  return state;
 }
 
 }  // namespace cairn::python

@@ -13,6 +13,7 @@
 
 #include "cairn/error.h"
 #include "cairn/manager.h"
+#include "cairn/state.h"
 
 namespace cairn::python {
 
@@ -23,6 +24,13 @@ nlohmann::json to_json(pybind11::handle h, int depth = 0);
 pybind11::object from_json(const nlohmann::json& j);
 // A path-like (str, os.PathLike) or URI as a string.
 std::string path_arg(pybind11::handle h);
+
+// A StateDict of the tensors Python describes as (name, safetensors dtype,
+// shape, address, nbytes) tuples (cairn/_tensors.py), viewing the caller's
+// memory: read-only for a save, writable for a restore or load. The caller
+// keeps the tensors alive while the StateDict is used. kInvalidArgument
+// naming the tensor for an unknown dtype or a size that does not match.
+StateDict state_from(const pybind11::list& tensors, pybind11::handle metadata, bool writable);
 
 // cairn.CheckpointManager's core (_cairn.cc), shared with the async saves
 // of _state.cc. close() releases the experiment's lock when it is called,
