@@ -445,39 +445,55 @@ LoadReport load_from(const format::ReadAt& read_at, uint64_t size, StateDict& st
   return load_common(header, header_bytes, read_at, state, options, source, read_jobs);
 }
 
+// A local file opened for reading, with the read path chosen as load_into
+// and MappedState::read choose it: direct reads only for a large file the
+// page cache does not hold already (one it holds is copied from memory
+// faster than any disk reads it).
+struct LocalFile {
+  UniqueFd fd;
+  UniqueFd direct;  // open only when the path is kDirect
+  uint64_t size = 0;
+  std::string source;
+  format::ReadAt buffered;
+  format::ReadJobs read_jobs;  // direct reads; empty for buffered ones
+
+  LocalFile(const std::filesystem::path& path, const LoadOptions& options, std::string src)
+      : fd(open_file(path, O_RDONLY)), source(std::move(src)) {
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
+    size = static_cast<uint64_t>(st.st_size);
+    buffered = [this](uint64_t off, std::span<std::byte> out) {
+      pread_all(fd.get(), out, off, source);
+    };
+    if (options.io != IoPath::kBuffered && size >= kDirectIoMinBytes) {
+      int d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      if (d >= 0) direct = UniqueFd(d);  // ignore-error: no O_DIRECT means buffered reads
+    }
+    const double cached =
+        direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
+    const IoReport io = format::choose_read_path(options.io, size, static_cast<bool>(direct),
+                                                 cached, format::direct_io_env(), source);
+    if (options.report) *options.report = io;
+    if (io.path == IoPath::kDirect) {
+      read_jobs = [this, block = options.block_size,
+                   threads = options.threads](const std::vector<format::ReadJob>& jobs) {
+        format::read_direct(
+            jobs, size, format::kDirectAlignment,
+            [this](uint64_t off, std::span<std::byte> out) {
+              return pread_some(direct.get(), out, off, source);
+            },
+            block, threads, source);
+      };
+    }
+  }
+  LocalFile(const LocalFile&) = delete;
+  LocalFile& operator=(const LocalFile&) = delete;
+};
+
 LoadReport load_local(const std::filesystem::path& path, StateDict& state,
                       const LoadOptions& options, const std::string& source) {
-  UniqueFd fd = open_file(path, O_RDONLY);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
-  const auto size = static_cast<uint64_t>(st.st_size);
-  const format::ReadAt buffered = [&](uint64_t off, std::span<std::byte> out) {
-    pread_all(fd.get(), out, off, source);
-  };
-  // Direct reads only pay off for a cold file: one the page cache holds is
-  // copied from memory faster than any disk reads it.
-  UniqueFd direct;
-  if (options.io != IoPath::kBuffered && size >= kDirectIoMinBytes) {
-    int d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (d >= 0) direct = UniqueFd(d);  // ignore-error: no O_DIRECT means buffered reads
-  }
-  const double cached =
-      direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
-  const IoReport io = format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
-                                               format::direct_io_env(), source);
-  if (options.report) *options.report = io;
-  format::ReadJobs read_jobs;
-  if (io.path == IoPath::kDirect) {
-    read_jobs = [&](const std::vector<format::ReadJob>& jobs) {
-      format::read_direct(
-          jobs, size, format::kDirectAlignment,
-          [&](uint64_t off, std::span<std::byte> out) {
-            return pread_some(direct.get(), out, off, source);
-          },
-          options.block_size, options.threads, source);
-    };
-  }
-  return load_from(buffered, size, state, options, source, read_jobs);
+  LocalFile file(path, options, source);
+  return load_from(file.buffered, file.size, state, options, source, file.read_jobs);
 }
 
 }  // namespace
@@ -890,36 +906,14 @@ MappedState MappedState::open(Storage& storage, std::string_view key, bool read_
 
 MappedState MappedState::read(const std::filesystem::path& path, const LoadOptions& options) {
   const std::string source = path.string();
-  UniqueFd fd = open_file(path, O_RDONLY);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) throw errno_error(errno, "stat", source);
-  const auto size = static_cast<uint64_t>(st.st_size);
-  auto buffer = std::make_shared<format::HugeBuffer>(std::max<uint64_t>(size, 1));
-  const std::span<std::byte> all(buffer->data(), size);
-  // As load_into decides: direct reads only for a large file the page cache
-  // does not hold already.
-  UniqueFd direct;
-  if (options.io != IoPath::kBuffered && size >= kDirectIoMinBytes) {
-    int d = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (d >= 0) direct = UniqueFd(d);  // ignore-error: no O_DIRECT means buffered reads
-  }
-  const double cached =
-      direct && options.io == IoPath::kAuto ? cached_fraction(fd.get(), size) : 0.0;
-  const IoReport io = format::choose_read_path(options.io, size, static_cast<bool>(direct), cached,
-                                               format::direct_io_env(), source);
-  if (options.report) *options.report = io;
-  if (io.path == IoPath::kDirect) {
-    format::read_direct(
-        {{0, all}}, size, format::kDirectAlignment,
-        [&](uint64_t off, std::span<std::byte> out) {
-          return pread_some(direct.get(), out, off, source);
-        },
-        options.block_size, options.threads, source);
+  LocalFile file(path, options, source);
+  auto buffer = std::make_shared<format::HugeBuffer>(std::max<uint64_t>(file.size, 1));
+  const std::span<std::byte> all(buffer->data(), file.size);
+  if (file.read_jobs) {
+    file.read_jobs({{0, all}});
   } else {
-    format::read_blocks(
-        {{0, all}},
-        [&](uint64_t off, std::span<std::byte> out) { pread_all(fd.get(), out, off, source); },
-        options.block_size, format::pick_threads(options.threads));
+    format::read_blocks({{0, all}}, file.buffered, options.block_size,
+                        format::pick_threads(options.threads));
   }
   if (options.expected_xxh3) {
     const uint64_t got =
