@@ -829,24 +829,23 @@ std::string take_lease_by_listing(Context& ctx, const std::string& key, const st
     return Error(ErrorCode::kLocked, fmt::format("{}: locked, {}", ctx.uri(key), why),
                  /*retryable=*/true);
   };
-  auto remove = [&](const std::string& k) {
-    S3Request r;
-    r.method = "DELETE";
-    r.key = k;
-    r.accept = {404};
-    ctx.call(r);
+  // Best effort: a takers' object that cannot be deleted (the store
+  // failing) is left as a killed taker's would be, ignored after a lifetime.
+  auto remove = [&](const std::string& k) noexcept {
+    try {
+      S3Request r;
+      r.method = "DELETE";
+      r.key = k;
+      r.accept = {404};
+      ctx.call(r);
+    } catch (const Error& e) {  // ignore-error: see above
+      log::warn(e.what());
+    }
   };
-  // This taker's object is withdrawn on every way out of an attempt; one
-  // that cannot be (the store failing) is left as a killed taker's would be.
+  // This taker's object is withdrawn on every way out of an attempt.
   struct Withdrawal {
     std::function<void()> run;
-    ~Withdrawal() {
-      try {
-        run();
-      } catch (const Error& e) {  // ignore-error: it is ignored after one lifetime
-        log::warn(e.what());
-      }
-    }
+    ~Withdrawal() { run(); }
   };
   std::mt19937_64 rng(std::hash<std::string>{}(token));
   constexpr int kAttempts = 6;
@@ -902,7 +901,7 @@ std::string take_lease_by_listing(Context& ctx, const std::string& key, const st
           seen = s3::classify_lease_read_back(after.exists, after.token, token, replaced_token);
         }
         if (seen != s3::LeaseReadBack::kOurs) throw locked("taken by another process just now");
-        for (const auto& k : stale) Withdrawal{[&] { remove(k); }};
+        for (const auto& k : stale) remove(k);
         return etag;
       }
     }
