@@ -208,16 +208,23 @@ TEST_F(S3Storage, TheLockOfAKilledHolderOnThisMachineIsFreeAtOnce) {
   EXPECT_NO_THROW(s->try_lock("exp/.cairn.lock"));
 }
 
+// The lease's own lifetime counts, not the reader's: one of ten minutes is
+// held however slow the test runs, one of a second has lapsed two seconds on
+// (server times in whole seconds: at least two apart).
 TEST_F(S3Storage, ALeaseFromAnotherMachineHoldsUntilItLapses) {
-  s->put("exp/.cairn.lock",
-         R"({"host":"elsewhere","boot_id":"b","pid":42,"start_time":"1","token":"t",)"
-         R"("ttl_seconds":3})");
+  auto foreign = [](int ttl) {
+    return fmt::format(R"({{"host":"elsewhere","boot_id":"b","pid":42,"start_time":"1",)"
+                       R"("token":"t","ttl_seconds":{}}})",
+                       ttl);
+  };
+  s->put("exp/.cairn.lock", foreign(600));
   std::string message =
       error_message_of([&] { s->try_lock("exp/.cairn.lock"); }, ErrorCode::kLocked);
   EXPECT_NE(message.find("pid 42 on elsewhere"), std::string::npos) << message;
   EXPECT_NE(message.find("exp/.cairn.lock"), std::string::npos) << message;
   EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
-  std::this_thread::sleep_for(std::chrono::seconds(4));
+  s->put("exp/.cairn.lock", foreign(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   EXPECT_FALSE(s->is_locked("exp/.cairn.lock"));
   auto lock = s->try_lock("exp/.cairn.lock");
   EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
