@@ -15,6 +15,7 @@
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 namespace cairn {
 
@@ -110,9 +111,9 @@ struct ViewHandle {
 }  // namespace
 
 fs::path view_cache_root() {
-  if (const char* dir = std::getenv("CAIRN_CACHE_DIR"); dir && *dir) return dir;
-  const char* tmp = std::getenv("TMPDIR");
-  return fs::path((tmp && *tmp) ? tmp : "/tmp") / fmt::format("cairn-views-{}", ::getuid());
+  const Settings settings = Settings::from(Environment::process());
+  if (!settings.cache_dir.empty()) return settings.cache_dir;
+  return fs::path(settings.temp_dir) / fmt::format("cairn-views-{}", ::getuid());
 }
 
 std::shared_ptr<void> acquire_shared_view(const Checkpoint& checkpoint, fs::path& path) {

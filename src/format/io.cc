@@ -16,6 +16,7 @@
 
 #include "cairn/error.h"
 #include "util/hash.h"
+#include "util/settings.h"
 
 namespace cairn::format {
 
@@ -423,10 +424,7 @@ DeviceImage::~DeviceImage() {
   if (held_) sync_staging().mu.unlock();
 }
 
-std::string direct_io_env() {
-  const char* v = std::getenv("CAIRN_DIRECT_IO");
-  return v ? v : "";
-}
+std::string direct_io_env() { return Settings::from(Environment::process()).direct_io; }
 
 namespace {
 bool env_says_off(std::string_view env) {

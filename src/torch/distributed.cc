@@ -32,6 +32,7 @@
 
 #include "cairn/error.h"
 #include "cairn/train.h"
+#include "util/settings.h"
 
 namespace cairn::libtorch {
 
@@ -65,7 +66,8 @@ bool is_loopback(const std::string& address) {
 // to (Gloo falls back to loopback if it resolves to none).
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
   if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname(master_addr);
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+  if (std::string ifname = Settings::from(Environment::process()).gloo_socket_ifname;
+      !ifname.empty()) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();

@@ -35,6 +35,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 namespace cairn::train_internal {
 
@@ -743,8 +744,7 @@ ExperimentLocation locate_experiment(const RunConfig& run) {
   ExperimentLocation loc;
   loc.storage_path = run.storage_path;
   if (loc.storage_path.empty()) {
-    const char* env = std::getenv("CAIRN_STORAGE_PATH");
-    loc.storage_path = env && *env ? std::string(env) : std::string("~/cairn_results");
+    loc.storage_path = Settings::from(Environment::process()).storage_path;
   }
   const bool is_uri = loc.storage_path.find("://") != std::string::npos;
   if (!is_uri) {

@@ -9,15 +9,11 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/settings.h"
 
 namespace cairn::train_internal {
 
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
+bool launched_by_mpi() { return Settings::from(Environment::process()).launched_by_mpi; }
 
 int mpi_world_ranks(int num_workers, int world_size) {
   if (num_workers == 0 || num_workers == world_size) return world_size;

@@ -45,6 +45,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 namespace cairn::train_internal {
 
@@ -654,7 +655,7 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
   nlohmann::json boot = nlohmann::json::object();
   if (w.rank == 0) {
     try {
-      const char* forced = std::getenv("CAIRN_MPI_ADDRESS");
+      const std::string forced = Settings::from(Environment::process()).mpi_address;
       std::vector<std::string> interfaces;
       try {
         interfaces = local_addresses();
@@ -662,7 +663,7 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
         // ignore-error: the host name is still advertised
         log::warn(fmt::format("driver: cannot list network interfaces: {}", e.what()));
       }
-      control = choose_control_address(w.hosts, forced ? forced : "", interfaces, w.hosts.at(0));
+      control = choose_control_address(w.hosts, forced, interfaces, w.hosts.at(0));
       listener = std::make_unique<TcpListener>(control.bind);
       boot = {
           {"addresses", control.advertise}, {"port", listener->port()}, {"token", random_token()}};

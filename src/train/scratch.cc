@@ -12,6 +12,7 @@
 #include "cairn/error.h"
 #include "util/fs.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 namespace cairn::train_internal {
 
@@ -43,10 +44,7 @@ std::optional<ScratchOwner> owner_of(int64_t pid) {
   return ScratchOwner{pid_namespace_of(p), pid, *start};
 }
 
-std::filesystem::path temp_root() {
-  const char* tmp = std::getenv("TMPDIR");
-  return (tmp && *tmp) ? tmp : "/tmp";
-}
+std::filesystem::path temp_root() { return Settings::from(Environment::process()).temp_dir; }
 
 }  // namespace
 

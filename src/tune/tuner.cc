@@ -40,6 +40,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/settings.h"
 
 namespace cairn::tune {
 
@@ -251,10 +252,11 @@ class Experiment {
       const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
       max_concurrent_ = std::max(1, static_cast<int>(cores) / std::max(1, spec_.num_workers));
     }
-    if (const char* env = std::getenv("CAIRN_TUNE_STATE_PERIOD_S"); env && *env) {
+    if (const std::string env = Settings::from(Environment::process()).tune_state_period_s;
+        !env.empty()) {
       char* end = nullptr;
-      const double v = std::strtod(env, &end);
-      if (end == env || *end != '\0' || !(v >= 0)) {
+      const double v = std::strtod(env.c_str(), &end);
+      if (end == env.c_str() || *end != '\0' || !(v >= 0)) {
         throw Error(
             ErrorCode::kInvalidArgument,
             fmt::format("CAIRN_TUNE_STATE_PERIOD_S=\"{}\" is not a number of seconds >= 0", env));

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/settings.h"
 
 namespace cairn {
 
@@ -178,23 +179,23 @@ std::string expand_home(std::string_view path) {
   if (path.empty() || path.front() != '~' || (path.size() > 1 && path[1] != '/')) {
     return std::string(path);
   }
-  std::string home;
-  if (const char* env = std::getenv("HOME"); env && *env) {
-    home = env;
-  } else if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir) {
+  std::string home = Settings::from(Environment::process()).home;
+  if (home.empty()) {
+    const passwd* pw = ::getpwuid(::getuid());
+    if (pw == nullptr || pw->pw_dir == nullptr || *pw->pw_dir == '\0') {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: cannot expand \"~\": HOME is not set and the user has no "
+                              "home directory",
+                              path));
+    }
     home = pw->pw_dir;
-  } else {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: cannot expand \"~\": HOME is not set and the user has no home "
-                            "directory",
-                            path));
   }
   return home + std::string(path.substr(1));
 }
 
 std::filesystem::path make_temp_dir(std::string_view prefix) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = fmt::format("{}/{}XXXXXX", (tmp && *tmp) ? tmp : "/tmp", prefix);
+  std::string templ =
+      fmt::format("{}/{}XXXXXX", Settings::from(Environment::process()).temp_dir, prefix);
   if (::mkdtemp(templ.data()) == nullptr) throw errno_error(errno, "mkdtemp", templ);
   return templ;
 }

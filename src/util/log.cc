@@ -1,4 +1,5 @@
 #include "util/log.h"
+#include "util/settings.h"
 
 #include <cstdlib>
 #include <memory>
@@ -13,8 +14,8 @@ spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
     auto l = spdlog::stderr_color_mt("cairn");
     l->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [cairn] [%l] %v");
-    const char* level = std::getenv("CAIRN_LOG_LEVEL");
-    l->set_level(level ? spdlog::level::from_str(level) : spdlog::level::info);
+    const std::string level = Settings::from(Environment::process()).log_level;
+    l->set_level(level.empty() ? spdlog::level::info : spdlog::level::from_str(level));
     return l;
   }();
   return *instance;

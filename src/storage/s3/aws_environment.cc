@@ -5,17 +5,14 @@
 #include <string>
 
 #include "storage/s3/aws_config.h"
+#include "util/settings.h"
 
 namespace cairn::s3 {
 
 AwsEnvironment AwsEnvironment::process() {
   AwsEnvironment env;
-  env.getenv = [](std::string_view name) -> std::optional<std::string> {
-    // std::getenv is safe to call from many threads as long as nothing
-    // modifies the environment, which Cairn never does.
-    const char* v = std::getenv(std::string(name).c_str());
-    if (v == nullptr) return std::nullopt;
-    return std::string(v);
+  env.getenv = [process = Environment::process()](std::string_view name) {
+    return process.get(name);
   };
   env.now = [] { return std::chrono::system_clock::now(); };
   env.http = make_http_client(8);
