@@ -6,7 +6,8 @@
 # tests/package/run.sh, counted as one test), then the ASan+UBSan
 # build of the tests (without LibTorch, Python, the benchmarks and the
 # radosgw repeats), then the fuzzers on their seed corpus, then the
-# formatting check. Exits non-zero on the first failure.
+# formatting check; first of all, the architecture check
+# (scripts/check_layers.py). Exits non-zero on the first failure.
 # Usage: scripts/test.sh            (from anywhere in the checkout)
 # Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200).
 set -euo pipefail
@@ -67,6 +68,15 @@ launcher=()
 if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$PWD
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+
+echo "== architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes)"
+if python3 scripts/check_layers.py --self-test && python3 scripts/check_layers.py; then
+  passed=$((passed + 1))
+else
+  echo "test: architecture check failed"
+  echo "$passed passed, $((failed + 1)) failed"
+  exit 1
 fi
 
 echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
