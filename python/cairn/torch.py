@@ -581,7 +581,7 @@ def save_sharded(dest: Union[Checkpoint, PathLike], rank: int,
 
     ``state`` maps names to :class:`Shard` values (this rank's box of a
     global tensor) or plain tensors (whole tensors every rank may hold).
-    Writes ``rank_<r>.safetensors`` into ``dest`` durably and commits
+    Writes ``rank_NNNNN.safetensors`` (the rank, five digits) into ``dest`` durably and commits
     nothing: send the returned report (JSON values) to the committer, which
     calls :func:`commit_sharded` with every rank's. Ranks may call this
     concurrently, from threads or processes. GIL released.

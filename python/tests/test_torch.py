@@ -3,6 +3,7 @@ AsyncSaver and sharded saves, over the C++ core."""
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import subprocess
@@ -452,6 +453,47 @@ def test_two_ranks_save_and_three_ranks_load_their_shards_of_the_global_tensors(
     assert torch.equal(whole["emb"], E)
     with pytest.raises(cairn.InvalidArgumentError, match="emb"):
         ct.load_sharded(dest, {"emb": torch.zeros(9, 2)})  # float, not int64
+
+
+_RANK_PROGRAM = """
+import json, sys
+import torch
+import cairn.torch as ct
+
+dest, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+W = torch.arange(10 * 3, dtype=torch.float64).reshape(10, 3)
+offsets, shape = ct.even_split(W.shape, 0, rank, world)
+box = W[offsets[0]:offsets[0] + shape[0]].contiguous()
+report = ct.save_sharded(dest, rank, {"w": ct.Shard(box, W.shape, offsets),
+                                      "step": torch.tensor(7)})
+print(json.dumps(report))
+"""
+
+
+def test_ranks_in_separate_processes_save_shards_that_one_commit_makes_whole(
+    tmp_path: pathlib.Path,
+) -> None:
+    # As under a launcher: each rank its own process, writing into the same
+    # uncommitted checkpoint at once; the reports travel as JSON.
+    dest = tmp_path / "ckpt"
+    world = 3
+    procs = [subprocess.Popen([sys.executable, "-c", _RANK_PROGRAM, str(dest), str(r), str(world)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(world)]
+    reports = []
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"rank {r}: {err}"
+        reports.append(json.loads(out))
+    assert not cairn.Checkpoint.from_directory(dest).is_committed()
+    ct.commit_sharded(dest, reports)
+    assert cairn.Checkpoint.from_directory(dest).verify() == []
+    assert sorted(f.name for f in dest.glob("rank_*.safetensors")) == [
+        f"rank_{r:05d}.safetensors" for r in range(world)]
+    whole = {"w": torch.zeros(10, 3, dtype=torch.float64), "step": torch.tensor(0)}
+    ct.load_sharded(dest, whole)
+    assert torch.equal(whole["w"], torch.arange(30, dtype=torch.float64).reshape(10, 3))
+    assert int(whole["step"]) == 7
 
 
 # ---- without torch ------------------------------------------------------------
