@@ -581,9 +581,9 @@ def save_sharded(dest: Union[Checkpoint, PathLike], rank: int,
 
     ``state`` maps names to :class:`Shard` values (this rank's box of a
     global tensor) or plain tensors (whole tensors every rank may hold).
-    Writes ``rank_NNNNN.safetensors`` (the rank, five digits) into ``dest`` durably and commits
-    nothing: send the returned report (JSON values) to the committer, which
-    calls :func:`commit_sharded` with every rank's. Ranks may call this
+    Writes ``rank_NNNNN.safetensors`` (the rank in five digits) into
+    ``dest`` durably and commits nothing: send the returned report (JSON
+    values) to the committer, which calls :func:`commit_sharded` with every rank's. Ranks may call this
     concurrently, from threads or processes. GIL released.
 
     Raises:
