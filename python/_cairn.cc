@@ -256,4 +256,5 @@ PYBIND11_MODULE(_cairn, m) {
       .def_property_readonly("closed", &PyManager::closed)
       .def("close", &PyManager::close);
   cairn::python::bind_state(m);
+  cairn::python::bind_train(m);
 }

@@ -68,5 +68,7 @@ void bind_tensors(pybind11::module_& m);
 // cairn.torch's core (_state.cc): StateCheckpointManager, AsyncSaver and
 // sharded saves.
 void bind_state(pybind11::module_& m);
+// cairn.train's core (_train.cc): the Trainer and the worker-side calls.
+void bind_train(pybind11::module_& m);
 
 }  // namespace cairn::python

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __version__: str
 
@@ -214,3 +214,39 @@ class ShardedReader:
         specs: dict[str, tuple[list[int], list[int]]],
         strict: bool,
     ) -> tuple[list[str], list[str], list[str], list[str]]: ...
+
+# ---- the training runtime (_train.cc) ----------------------------------------
+
+class BestCheckpoint:
+    checkpoint: Checkpoint
+    metrics: dict[str, Any]
+
+class TrainResult:
+    metrics: dict[str, Any]
+    checkpoint: Optional[Checkpoint]
+    best_checkpoints: list[BestCheckpoint]
+    path: str
+    error: Optional[str]
+    preempted: bool
+    metrics_history: list[dict[str, Any]]
+    @staticmethod
+    def from_path(path: str | os.PathLike[str]) -> TrainResult: ...
+
+class Trainer:
+    def __init__(self, fn: Callable[[Any], None], config: Any, num_workers: int, launcher: str,
+                 run: dict[str, Any], resume_from: Optional[Checkpoint]) -> None: ...
+    def fit(self) -> TrainResult: ...
+    @staticmethod
+    def can_restore(path: str | os.PathLike[str]) -> bool: ...
+    @staticmethod
+    def restore(path: str | os.PathLike[str], fn: Callable[[Any], None],
+                config: Any) -> Trainer: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+
+def train_report(metrics: Any, checkpoint: Optional[Checkpoint], async_: bool,
+                 max_in_flight: int) -> None: ...
+def train_get_checkpoint() -> Optional[Checkpoint]: ...
+def train_get_context() -> dict[str, Any]: ...
+def train_should_checkpoint() -> bool: ...
+def train_wait_for_reports() -> None: ...

@@ -1,0 +1,99 @@
+"""The run's configuration, with Ray Train's names (ScalingConfig, RunConfig, FailureConfig)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from cairn._manager import CheckpointConfig
+
+
+@dataclass
+class ScalingConfig:
+    """How many workers run the training function, and where.
+
+    Args:
+        num_workers: worker processes (the ranks), each running
+            ``train_loop_per_worker``.
+        use_gpu: give each worker a GPU (``LOCAL_RANK``'s) and use NCCL for
+            ``torch.distributed``; Gloo on CPU otherwise.
+        launcher: ``"auto"`` (MPI when the program runs under ``mpirun``,
+            else local), ``"local"`` (fork the workers on this machine) or
+            ``"mpi"`` (one worker per MPI process).
+        resources_per_worker, trainer_resources, placement_strategy: accepted
+            for Ray compatibility and ignored (Cairn places one worker per
+            process, not per Ray resource).
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    launcher: str = "auto"
+    resources_per_worker: Optional[dict[str, Any]] = None
+    trainer_resources: Optional[dict[str, Any]] = None
+    placement_strategy: str = "PACK"
+
+
+@dataclass
+class FailureConfig:
+    """What to do when a worker fails.
+
+    Args:
+        max_failures: how many times the whole group restarts from the
+            latest committed checkpoint (``train.get_checkpoint()``) after a
+            worker fails; 0 never, -1 without limit.
+        report_timeout_s: once one rank reports, how long every other rank
+            may take to reach the same report before the group fails naming
+            the late ranks.
+        preemption_grace_s: after SIGTERM, how long the workers have to
+            report an emergency checkpoint (``train.should_checkpoint()``).
+    """
+
+    max_failures: int = 0
+    report_timeout_s: float = 1800.0
+    preemption_grace_s: float = 120.0
+    fail_fast: bool = False  # accepted for Ray compatibility; Cairn stops the group at once
+
+
+@dataclass
+class RunConfig:
+    """Where the run's results go and how its checkpoints are kept.
+
+    Args:
+        name: the experiment's folder under ``storage_path``; a generated
+            ``cairn_train_<date>_<time>.<µs>_<random>`` when empty.
+        storage_path: a local path or URI (``s3://bucket/prefix``); the
+            environment variable ``CAIRN_STORAGE_PATH``, else
+            ``~/cairn_results``, when None.
+        checkpoint_config: retention (``num_to_keep``, the score attribute
+            and order) as :class:`cairn.CheckpointConfig`.
+        failure_config: restarts, see :class:`FailureConfig`.
+        resume_existing: run again in an experiment folder that already
+            holds a finished run (otherwise that is an error, so that two
+            runs never mix their checkpoints by accident).
+        verbose, callbacks, stop, sync_config: accepted for Ray compatibility
+            and ignored by the trainer.
+    """
+
+    name: Optional[str] = None
+    storage_path: Optional[str | os.PathLike[str]] = None
+    checkpoint_config: Optional[CheckpointConfig] = None
+    failure_config: Optional[FailureConfig] = None
+    resume_existing: bool = False
+    verbose: Optional[int] = None
+    callbacks: Optional[list[Any]] = None
+    stop: Optional[Any] = None
+    sync_config: Optional[Any] = None
+
+    def _native(self) -> dict[str, Any]:
+        """The C++ RunConfig's fields (python/_train.cc)."""
+        failure = self.failure_config or FailureConfig()
+        return {
+            "name": self.name or "",
+            "storage_path": "" if self.storage_path is None else os.fspath(self.storage_path),
+            "resume_existing": bool(self.resume_existing),
+            "checkpoint_config": self.checkpoint_config or CheckpointConfig(),
+            "max_failures": int(failure.max_failures),
+            "report_timeout_s": float(failure.report_timeout_s),
+            "preemption_grace_s": float(failure.preemption_grace_s),
+        }

@@ -1,0 +1,213 @@
+"""The trainer: Ray Train's fit() over Cairn's C++ Trainer (python/_train.cc)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+from cairn import _cairn
+from cairn._checkpoint import Checkpoint
+from cairn.errors import InvalidArgumentError
+from cairn.train._config import RunConfig, ScalingConfig
+from cairn.train._result import Result
+from cairn.train._session import TrainContext, get_context
+
+# Setup for a framework's process group, run in each worker before the
+# training function: returns what tears it down (or None).
+BackendSetup = Callable[[TrainContext, ScalingConfig], Optional[Callable[[], None]]]
+
+
+def _takes_config(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: assume it takes the config
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                   p.VAR_POSITIONAL)]
+    return bool(positional)
+
+
+def _std_streams_on_fds_1_and_2() -> None:
+    """Points sys.stdout and sys.stderr at the worker's fds 1 and 2.
+
+    The runtime closes every inherited descriptor above 2 in a worker and
+    sends fd 2 to the driver (which keeps its tail for ``Result.error``); a
+    stream the driver had elsewhere (a test runner's capture, a file) would
+    write to a closed descriptor.
+    """
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            ok = stream.fileno() == fd
+        except (AttributeError, OSError, ValueError):
+            ok = False
+        if not ok:
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False,
+                                    errors="backslashreplace"))
+
+
+def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
+                 setup: Optional[BackendSetup]) -> None:
+    """What each worker process runs: the rendezvous, then ``fn``.
+
+    A worker is a fork of the driver; the C++ runtime has set MASTER_ADDR,
+    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK in the C environment, which
+    ``os.environ`` (read at start-up) is told of here. An exception is
+    printed with its traceback on the worker's stderr, whose tail the driver
+    puts in ``Result.error``, and ends the worker as failed.
+    """
+    _std_streams_on_fds_1_and_2()
+    try:
+        context = get_context()
+        values = context._values
+        os.environ.update({
+            "MASTER_ADDR": str(values["master_addr"]),
+            "MASTER_PORT": str(values["master_port"]),
+            "RANK": str(values["world_rank"]),
+            "WORLD_SIZE": str(values["world_size"]),
+            "LOCAL_RANK": str(values["local_rank"]),
+            "LOCAL_WORLD_SIZE": str(values["local_world_size"]),
+            "GROUP_RANK": str(values["node_rank"]),
+        })
+        teardown = setup(context, scaling) if setup is not None else None
+        try:
+            if _takes_config(fn):
+                fn({} if config is None else config)
+            else:
+                fn()
+        finally:
+            if teardown is not None:
+                teardown()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class DataParallelTrainer:
+    """Runs ``train_loop_per_worker`` in ``scaling_config.num_workers`` processes.
+
+    As Ray's: each worker calls :func:`cairn.train.report` with metrics and
+    checkpoints; :meth:`fit` returns a :class:`Result` when the run ends.
+    Behind it runs Cairn's C++ Trainer: workers forked from this process
+    (or one per MPI process under ``mpirun``), a collective report, a
+    manifest-last commit of each checkpoint, restarts from the latest
+    committed one (``FailureConfig.max_failures``), and the run's state in
+    the experiment folder so that :meth:`restore` goes on after the driver
+    itself died.
+
+    ``train_loop_config`` is handed to the function as it is (the workers
+    are forks, nothing is pickled); it is also stored as JSON for
+    :meth:`restore` when it is made of JSON values.
+
+    Call :meth:`fit` from the thread that lives for the whole run, with no
+    other thread holding locks the workers need (they are forks).
+    """
+
+    _backend_setup: Optional[BackendSetup] = None
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: Optional[dict[str, Any]] = None,
+                 scaling_config: Optional[ScalingConfig] = None,
+                 run_config: Optional[RunConfig] = None,
+                 resume_from_checkpoint: Optional[Checkpoint] = None,
+                 datasets: Optional[dict[str, Any]] = None,
+                 metadata: Optional[dict[str, Any]] = None) -> None:
+        if not callable(train_loop_per_worker):
+            raise InvalidArgumentError(
+                f"train_loop_per_worker: a function, not a {type(train_loop_per_worker).__name__}",
+                "invalid_argument")
+        if datasets:
+            raise InvalidArgumentError(
+                "datasets: Ray Data datasets are not supported; load data in "
+                "train_loop_per_worker (prepare_data_loader shards a DataLoader)",
+                "invalid_argument")
+        del metadata  # accepted for Ray compatibility
+        self._fn = train_loop_per_worker
+        self._config = train_loop_config
+        self._scaling = scaling_config or ScalingConfig()
+        self._run = run_config or RunConfig()
+        self._impl: Any = _cairn.Trainer(
+            self._worker(), _json_or_none(train_loop_config), int(self._scaling.num_workers),
+            self._scaling.launcher, self._run._native(),
+            None if resume_from_checkpoint is None else resume_from_checkpoint._impl)
+
+    def _worker(self) -> Callable[[Any], None]:
+        return _worker_of(self._fn, self._config, self._scaling, type(self)._backend_setup)
+
+    def fit(self) -> Result:
+        """Runs the training to its end and returns its Result.
+
+        Worker failures do not raise: they end in ``Result.error`` (after the
+        restarts ``FailureConfig`` allows). The GIL is released meanwhile.
+
+        Raises:
+            cairn.Error: the run could not start (the experiment folder is
+                locked by another run, or holds a finished run and
+                ``resume_existing`` is False, a bad configuration).
+        """
+        return Result(self._impl.fit())
+
+    @classmethod
+    def can_restore(cls, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` holds a run that :meth:`restore` can go on with."""
+        return bool(_cairn.Trainer.can_restore(path))
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike[str],
+                train_loop_per_worker: Optional[Callable[..., Any]] = None,
+                train_loop_config: Optional[dict[str, Any]] = None,
+                scaling_config: Optional[ScalingConfig] = None) -> "DataParallelTrainer":
+        """The run at ``path`` (an experiment folder), to :meth:`fit` again.
+
+        The run goes on from its latest committed checkpoint with its saved
+        configuration (workers, retention, failures). The function is
+        needed again (it is code, not data); ``train_loop_config`` replaces
+        the saved one when given, else the saved JSON is used.
+
+        Raises:
+            cairn.NotFoundError: no run at ``path``.
+            cairn.InvalidArgumentError: no function given.
+        """
+        if train_loop_per_worker is None:
+            raise InvalidArgumentError(
+                f"{os.fspath(path)}: restore needs train_loop_per_worker (functions are not "
+                "stored with the run)", "invalid_argument")
+        self = cls.__new__(cls)
+        self._fn = train_loop_per_worker
+        self._config = train_loop_config
+        self._scaling = scaling_config or ScalingConfig()
+        self._run = RunConfig()
+        self._impl = _cairn.Trainer.restore(
+            path, self._worker(), _json_or_none(train_loop_config))
+        return self
+
+
+def _worker_of(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
+               setup: Optional[BackendSetup]) -> Callable[[Any], None]:
+    """The callable the C++ worker calls with the run's JSON configuration.
+
+    The Python object given to the trainer is used when there is one (it
+    need not be JSON; the workers are forks); else the JSON one (a restored
+    run's saved configuration).
+    """
+    def worker(saved: Any) -> None:
+        _worker_main(fn, config if config is not None else saved, scaling, setup)
+
+    return worker
+
+
+def _json_or_none(config: Any) -> Any:
+    """``config`` when it is made of JSON values, else None (not stored)."""
+    import json
+
+    try:
+        json.dumps(config, allow_nan=True)
+    except (TypeError, ValueError):
+        return None
+    return config

@@ -1,0 +1,268 @@
+"""cairn.train: Ray Train's loop over the C++ Trainer, in forked worker processes.
+
+Each test runs a real run: worker processes forked by the C++ runtime run a
+Python function, report collectively, and the driver commits checkpoints
+manifest-last into a temporary experiment folder.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+import cairn
+from cairn import train
+from cairn.train import (
+    Checkpoint,
+    CheckpointConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+
+torch = pytest.importorskip("torch")
+from cairn.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
+
+
+def _run(tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2,
+         **run: Any) -> train.Result:
+    return TorchTrainer(fn, train_loop_config=config,
+                        scaling_config=ScalingConfig(num_workers=workers),
+                        run_config=RunConfig(name="exp", storage_path=tmp_path, **run)).fit()
+
+
+def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop(config: dict[str, Any]) -> None:
+        ctx = train.get_context()
+        for step in range(config["steps"]):
+            # Every rank passes a checkpoint: the files of all go into one.
+            folder = tmp_path / f"scratch_{ctx.get_world_rank()}_{step}"
+            folder.mkdir()
+            (folder / f"rank{ctx.get_world_rank()}.txt").write_text(str(step))
+            score = [0.5, 0.1, 0.9, 0.3][step]
+            train.report({"step": step, "score": score, "rank": ctx.get_world_rank()},
+                         checkpoint=Checkpoint.from_directory(folder))
+
+    result = _run(tmp_path, loop, {"steps": 4},
+                  checkpoint_config=CheckpointConfig(num_to_keep=2,
+                                                     checkpoint_score_attribute="score",
+                                                     checkpoint_score_order="min"))
+    assert result.error is None
+    assert result.metrics["step"] == 3 and result.metrics["rank"] == 0  # rank 0's metrics
+    assert [m["score"] for _, m in result.best_checkpoints] == [0.1, 0.3]
+    assert result.checkpoint is not None and result.checkpoint.get_metadata() is not None
+    with result.checkpoint.as_directory() as d:
+        assert sorted(os.listdir(d)) == [".cairn", "rank0.txt", "rank1.txt"]
+        assert pathlib.Path(d, "rank1.txt").read_text() == "3"
+    assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
+    assert result.path == str(tmp_path / "exp")
+    again = train.Result.from_path(tmp_path / "exp")
+    assert again.metrics["step"] == 3
+    assert [m["score"] for _, m in again.best_checkpoints] == [0.1, 0.3]
+
+
+def test_the_context_names_each_rank_and_torch_distributed_is_initialised(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop() -> None:  # a function without a config argument
+        import torch.distributed as dist
+
+        ctx = train.get_context()
+        assert dist.is_initialized() and dist.get_world_size() == ctx.get_world_size()
+        t = torch.tensor([float(ctx.get_world_rank() + 1)])
+        dist.all_reduce(t)
+        train.report({"sum": float(t[0]), "world": ctx.get_world_size(),
+                      "local": ctx.get_local_rank(), "node": ctx.get_node_rank(),
+                      "name": ctx.get_experiment_name(), "env_rank": os.environ["RANK"]})
+
+    result = _run(tmp_path, loop, workers=3)
+    assert result.error is None, result.error
+    seen = {k: result.metrics[k] for k in ("sum", "world", "local", "node", "name", "env_rank")}
+    assert seen == {"sum": 6.0, "world": 3, "local": 0, "node": 0, "name": "exp",
+                    "env_rank": "0"}
+
+
+def test_a_worker_exception_ends_the_run_with_its_traceback_in_result_error(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop(config: dict[str, Any]) -> None:
+        train.report({"step": 0}, checkpoint=Checkpoint.from_dict({"step": 0}))
+        if train.get_context().get_world_rank() == 1:
+            raise ValueError("bad batch in shard 7")
+        train.report({"step": 1})
+
+    result = _run(tmp_path, loop, {})
+    assert isinstance(result.error, train.TrainingFailedError)
+    message = str(result.error)
+    assert "rank 1" in message and "ValueError" in message, message
+    assert "bad batch in shard 7" in message and "Traceback" in message, message
+    # What was committed before the failure is kept.
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 0}
+
+
+def _make_model() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def _data() -> Any:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    return torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+
+
+def _ddp_loop(config: dict[str, Any]) -> None:
+    """Two ranks train with DDP; a checkpoint (model + optimizer) every step.
+
+    With ``kill_at`` rank 1 SIGKILLs itself at that step of the first attempt.
+    """
+    import cairn.torch as ct
+
+    ctx = train.get_context()
+    model = prepare_model(_make_model())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = prepare_data_loader(torch.utils.data.DataLoader(_data(), batch_size=8))
+    start = 0
+    if (ckpt := train.get_checkpoint()) is not None:
+        with ckpt.as_directory() as d:
+            extra = ct.load_state(pathlib.Path(d) / "state.safetensors", model.module, optimizer)
+        start = extra["epoch"] + 1
+    for epoch in range(start, config["epochs"]):
+        loader.sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        if epoch == config.get("kill_at") and ctx.attempt == 0 and ctx.get_world_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint = None
+        if ctx.get_world_rank() == 0:
+            folder = pathlib.Path(config["scratch"]) / f"epoch_{epoch}_{ctx.attempt}"
+            folder.mkdir(parents=True)
+            ct.save_state(folder / "state.safetensors", model.module, optimizer,
+                          metadata={"epoch": epoch})
+            checkpoint = Checkpoint.from_directory(folder)
+        train.report({"epoch": epoch}, checkpoint=checkpoint)
+
+
+def _final_weights(result: train.Result) -> dict[str, Any]:
+    assert result.checkpoint is not None
+    with result.checkpoint.as_directory() as d:
+        return cairn.load(pathlib.Path(d) / "state.safetensors", mmap=False)
+
+
+def test_a_worker_killed_mid_run_restarts_from_the_latest_checkpoint_bit_for_bit(
+    tmp_path: pathlib.Path,
+) -> None:
+    config = {"epochs": 4, "scratch": str(tmp_path / "a")}
+    clean = _run(tmp_path / "clean", _ddp_loop, config)
+    assert clean.error is None, clean.error
+
+    config = {"epochs": 4, "kill_at": 2, "scratch": str(tmp_path / "b")}
+    failed_once = _run(tmp_path / "failed", _ddp_loop, config,
+                       failure_config=FailureConfig(max_failures=1))
+    assert failed_once.error is None, failed_once.error
+    assert [row["epoch"] for row in failed_once.metrics_history] == [0, 1, 2, 3]
+
+    want, got = _final_weights(clean), _final_weights(failed_once)
+    assert sorted(want) == sorted(got)
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+
+    # Without a restart allowed, the kill is the run's error, naming the signal.
+    config = {"epochs": 4, "kill_at": 1, "scratch": str(tmp_path / "c")}
+    dead = _run(tmp_path / "dead", _ddp_loop, config)
+    assert dead.error is not None and "rank 1" in str(dead.error), dead.error
+    assert dead.checkpoint is not None  # epoch 0's stays
+
+
+def test_restore_goes_on_from_the_latest_checkpoint_with_the_saved_config(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop(config: dict[str, Any]) -> None:
+        ckpt = train.get_checkpoint()
+        start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
+        for step in range(start, config["steps"]):
+            if step == config["fail_at"] and ckpt is None:
+                raise RuntimeError("the machine went away")
+            train.report({"step": step, "resumed": ckpt is not None},
+                         checkpoint=Checkpoint.from_dict({"step": step}))
+
+    first = _run(tmp_path, loop, {"steps": 4, "fail_at": 2})
+    assert first.error is not None
+    path = tmp_path / "exp"
+    assert TorchTrainer.can_restore(path)
+    with pytest.raises(cairn.InvalidArgumentError, match="train_loop_per_worker"):
+        TorchTrainer.restore(path)
+    result = TorchTrainer.restore(path, loop).fit()
+    assert result.error is None, result.error
+    assert (result.metrics["step"], result.metrics["resumed"]) == (3, True)
+    assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3}
+
+
+def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import train_driver
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    # Steps before HOLD_AT are committed, then the workers wait.
+    last = (tmp_path / "exp" / f"checkpoint_{train_driver.HOLD_AT - 1:06d}" / ".cairn" /
+            "manifest.json")
+    driver = subprocess.Popen([sys.executable, train_driver.__file__, str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120  # bounds a hang; judges no speed
+        while not last.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert last.exists(), driver.stderr.read().decode() if driver.poll() is not None else ""
+    finally:
+        driver.kill()  # its workers die with it (PR_SET_PDEATHSIG)
+        driver.wait()
+        driver.stderr.close()
+    hold.unlink()
+
+    latest = train.Result.from_path(tmp_path / "exp").checkpoint
+    assert latest is not None
+    committed = latest.to_dict()["step"]
+    assert committed == train_driver.HOLD_AT - 1
+    assert TorchTrainer.can_restore(tmp_path / "exp")
+    result = TorchTrainer.restore(tmp_path / "exp", train_driver.loop).fit()
+    assert result.error is None, result.error
+    assert result.checkpoint is not None
+    assert result.checkpoint.to_dict() == {"step": train_driver.STEPS - 1}
+    # The restored run went on after the latest committed step, with the saved config.
+    restored = [row for row in result.metrics_history if row["start"] > 0]
+    assert restored and all(row["start"] == committed + 1 for row in restored), restored
+    assert [row["step"] for row in restored] == list(range(committed + 1, train_driver.STEPS))
+
+
+def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
+    tmp_path: pathlib.Path,
+) -> None:
+    with pytest.raises(cairn.Error):
+        train.report({"x": 1})
+    with pytest.raises(cairn.Error):
+        train.get_context()
+    with pytest.raises(cairn.InvalidArgumentError, match="train_loop_per_worker"):
+        TorchTrainer(42)  # type: ignore[arg-type]
+    with pytest.raises(cairn.InvalidArgumentError, match="launcher"):
+        TorchTrainer(lambda: None, scaling_config=ScalingConfig(launcher="yarn"))
+
+    def loop() -> None:
+        train.report({"not json": object()})
+
+    result = _run(tmp_path, loop, workers=1)
+    assert result.error is not None and "TypeError" in str(result.error), result.error
