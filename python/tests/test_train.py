@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,6 +90,37 @@ def test_the_context_names_each_rank_and_torch_distributed_is_initialised(
     seen = {k: result.metrics[k] for k in ("sum", "world", "local", "node", "name", "env_rank")}
     assert seen == {"sum": 6.0, "world": 3, "local": 0, "node": 0, "name": "exp",
                     "env_rank": "0"}
+
+
+def test_asynchronous_reports_commit_every_checkpoint_while_the_loop_goes_on(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop(config: dict[str, Any]) -> None:
+        rank = train.get_context().get_world_rank()
+        for step in range(5):
+            folder = tmp_path / f"scratch_{rank}_{step}"
+            folder.mkdir()
+            (folder / f"part{rank}.txt").write_text(f"{step}")
+            train.report({"step": step}, checkpoint=Checkpoint.from_directory(folder),
+                         async_report=True, max_in_flight=2)
+            # The report froze the files: the loop may delete them at once.
+            shutil.rmtree(folder)
+        train.wait_for_reports()
+
+    result = _run(tmp_path, loop, {})
+    assert result.error is None, result.error
+    assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3, 4]
+    manager = cairn.CheckpointManager(tmp_path / "exp")
+    try:
+        records = manager.history()
+        assert [r.metrics["step"] for r in records] == [0, 1, 2, 3, 4]
+        for r in records:
+            with r.checkpoint.as_directory() as d:
+                for rank in (0, 1):
+                    text = pathlib.Path(d, f"part{rank}.txt").read_text()
+                    assert text == str(r.metrics["step"]), (r.name, rank)
+    finally:
+        manager.close()
 
 
 def test_a_worker_exception_ends_the_run_with_its_traceback_in_result_error(
