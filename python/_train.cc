@@ -13,6 +13,8 @@
 // handler holding the GIL on the one thread it has, the one that then runs
 // train_fn, so the Python function runs as in any forked Python process.
 #include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <memory>
 #include <mutex>
@@ -106,14 +108,52 @@ RunConfig run_config_arg(const py::dict& d) {
   return run;
 }
 
-// Trainer::fit with the GIL released and this thread's forks prepared.
+// Ctrl-C while fit() runs. Python's own handler would only set a flag that
+// nobody reads until the run ends; instead SIGINT becomes the preemption
+// notice (SIGTERM to this process, which the C++ driver turns into an
+// emergency checkpoint and a stop: docs/train.md, "Preemption"), and fit()
+// raises KeyboardInterrupt once the run has stopped.
+volatile sig_atomic_t g_interrupted = 0;
+
+void on_sigint(int) {
+  g_interrupted = 1;
+  ::kill(::getpid(), SIGTERM);
+}
+
+// Trainer::fit with the GIL released, this thread's forks prepared and
+// Ctrl-C turned into a preemption. Raises KeyboardInterrupt after a Ctrl-C.
 Result fit(Trainer& trainer) {
-  struct Flag {
-    Flag() { t_forking_for_fit = true; }
-    ~Flag() { t_forking_for_fit = false; }
-  } flag;
-  py::gil_scoped_release release;
-  return trainer.fit();
+  struct Guard {
+    struct sigaction previous {};
+    bool main_thread;
+    explicit Guard(bool main) : main_thread(main) {
+      t_forking_for_fit = true;
+      g_interrupted = 0;
+      if (main_thread) {
+        struct sigaction sa {};
+        sa.sa_handler = on_sigint;
+        ::sigemptyset(&sa.sa_mask);
+        ::sigaction(SIGINT, &sa, &previous);
+      }
+    }
+    ~Guard() {
+      t_forking_for_fit = false;
+      if (main_thread) ::sigaction(SIGINT, &previous, nullptr);
+    }
+  };
+  py::module_ threading = py::module_::import("threading");
+  const bool main = threading.attr("current_thread")().is(threading.attr("main_thread")());
+  std::optional<Result> result;
+  {
+    Guard guard(main);
+    py::gil_scoped_release release;
+    result = trainer.fit();
+  }
+  if (g_interrupted) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  return std::move(*result);
 }
 
 py::dict context_dict(const TrainContext& c) {

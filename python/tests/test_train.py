@@ -281,6 +281,34 @@ def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
     assert [row["step"] for row in restored] == list(range(committed + 1, train_driver.STEPS))
 
 
+def test_ctrl_c_in_the_driver_saves_an_emergency_checkpoint_then_raises_keyboard_interrupt(
+    tmp_path: pathlib.Path,
+) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import train_driver
+
+    first = tmp_path / "exp" / "checkpoint_000000" / ".cairn" / "manifest.json"
+    driver = subprocess.Popen(
+        [sys.executable, train_driver.__file__, str(tmp_path), "interruptible"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120  # bounds a hang; judges no speed
+        while not first.exists() and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.exists(), driver.stderr.read().decode() if driver.poll() is not None else ""
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=300)
+    finally:
+        driver.kill()
+        driver.wait()
+    assert driver.returncode != 0
+    assert "KeyboardInterrupt" in err.decode(), err.decode()
+    result = train.Result.from_path(tmp_path / "exp")
+    assert result.preempted
+    assert result.checkpoint is not None and result.checkpoint.to_dict()["preempted"] is True
+    assert result.checkpoint.verify() == []
+
+
 def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -1,6 +1,6 @@
 """A training run's driver for test_train.py's driver-kill test.
 
-    python3 train_driver.py STORAGE_PATH
+    python3 train_driver.py STORAGE_PATH [interruptible]
 
 Runs ``loop`` (which test_train.py imports to restore the run) in two
 workers: steps 0..STEPS-1, a checkpoint each. Before step HOLD_AT the
@@ -33,9 +33,24 @@ def loop(config: dict[str, Any]) -> None:
                      checkpoint=Checkpoint.from_dict({"step": step}))
 
 
+def interruptible_loop(config: dict[str, Any]) -> None:
+    """Reports every step; a checkpoint at step 0 and when preempted (Ctrl-C)."""
+    for step in range(100_000):  # bounded: about 30 minutes
+        time.sleep(0.02)
+        checkpoint = None
+        if step == 0 or train.should_checkpoint():
+            checkpoint = Checkpoint.from_dict({"step": step,
+                                               "preempted": train.should_checkpoint()})
+        train.report({"step": step}, checkpoint=checkpoint)
+
+
 def main(argv: list[str]) -> int:
     from cairn.train.torch import TorchTrainer
 
+    if argv[2:] == ["interruptible"]:
+        TorchTrainer(interruptible_loop, scaling_config=ScalingConfig(num_workers=2),
+                     run_config=RunConfig(name="exp", storage_path=argv[1])).fit()
+        return 0
     TorchTrainer(loop, train_loop_config={"hold": os.path.join(argv[1], "hold")},
                  scaling_config=ScalingConfig(num_workers=2),
                  run_config=RunConfig(name="exp", storage_path=argv[1])).fit()
