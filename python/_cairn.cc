@@ -257,4 +257,5 @@ PYBIND11_MODULE(_cairn, m) {
       .def("close", &PyManager::close);
   cairn::python::bind_state(m);
   cairn::python::bind_train(m);
+  cairn::python::bind_tune(m);
 }

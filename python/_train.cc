@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,26 +50,43 @@ void after_fork_in_parent() {
   PyGILState_Release(g_fork_gil);
 }
 
+// The flag stays set in the child: a Tuner's trial runner forks its own
+// workers from it. A worker clears it before it runs Python code
+// (python_train_fn), whose forks (a DataLoader's workers) are Python's own.
 void after_fork_in_child() {
   if (!t_forking_for_fit) return;
-  // The child's forks (a DataLoader's workers, subprocess) are Python's own.
-  t_forking_for_fit = false;
   PyOS_AfterFork_Child();
 }
 
-// A Python object whose last owner may be a C++ thread without the GIL.
-struct PyRef {
-  py::object object;
-  explicit PyRef(py::object o) : object(std::move(o)) {}
-  ~PyRef() {
-    if (!Py_IsInitialized()) {
-      object.release();  // the interpreter is gone; so is what it owned
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    object = py::object();
-  }
-};
+// Ctrl-C while fit() runs. Python's own handler would only set a flag that
+// nobody reads until the run ends; instead SIGINT becomes the preemption
+// notice (SIGTERM to this process, which the C++ driver turns into an
+// emergency checkpoint and a stop: docs/train.md, "Preemption"), and fit()
+// raises KeyboardInterrupt once the run has stopped.
+volatile sig_atomic_t g_interrupted = 0;
+
+void on_sigint(int) {
+  g_interrupted = 1;
+  ::kill(::getpid(), SIGTERM);
+}
+
+py::dict context_dict(const TrainContext& c) {
+  py::dict d;
+  d["world_rank"] = c.world_rank;
+  d["world_size"] = c.world_size;
+  d["local_rank"] = c.local_rank;
+  d["local_world_size"] = c.local_world_size;
+  d["node_rank"] = c.node_rank;
+  d["experiment_name"] = c.experiment_name;
+  d["storage_path"] = c.storage_path;
+  d["experiment_path"] = c.experiment_path;
+  d["attempt"] = c.attempt;
+  d["master_addr"] = c.master_addr;
+  d["master_port"] = c.master_port;
+  return d;
+}
+
+}  // namespace
 
 // The worker's train_fn: calls `fn(config)` with the run's configuration as
 // the C++ Trainer holds it (JSON) (cairn/train/_trainer.py's closure around
@@ -78,6 +96,7 @@ struct PyRef {
 TrainFn python_train_fn(py::object fn) {
   auto ref = std::make_shared<PyRef>(std::move(fn));
   return [ref](const nlohmann::json& config) {
+    python_worker_starts();
     py::gil_scoped_acquire gil;
     try {
       ref->object(from_json(config));
@@ -108,21 +127,9 @@ RunConfig run_config_arg(const py::dict& d) {
   return run;
 }
 
-// Ctrl-C while fit() runs. Python's own handler would only set a flag that
-// nobody reads until the run ends; instead SIGINT becomes the preemption
-// notice (SIGTERM to this process, which the C++ driver turns into an
-// emergency checkpoint and a stop: docs/train.md, "Preemption"), and fit()
-// raises KeyboardInterrupt once the run has stopped.
-volatile sig_atomic_t g_interrupted = 0;
+void python_worker_starts() { t_forking_for_fit = false; }
 
-void on_sigint(int) {
-  g_interrupted = 1;
-  ::kill(::getpid(), SIGTERM);
-}
-
-// Trainer::fit with the GIL released, this thread's forks prepared and
-// Ctrl-C turned into a preemption. Raises KeyboardInterrupt after a Ctrl-C.
-Result fit(Trainer& trainer) {
+void run_forking(const std::function<void()>& body) {
   struct Guard {
     struct sigaction previous {};
     bool main_thread;
@@ -143,36 +150,16 @@ Result fit(Trainer& trainer) {
   };
   py::module_ threading = py::module_::import("threading");
   const bool main = threading.attr("current_thread")().is(threading.attr("main_thread")());
-  std::optional<Result> result;
   {
     Guard guard(main);
     py::gil_scoped_release release;
-    result = trainer.fit();
+    body();
   }
   if (g_interrupted) {
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();
   }
-  return std::move(*result);
 }
-
-py::dict context_dict(const TrainContext& c) {
-  py::dict d;
-  d["world_rank"] = c.world_rank;
-  d["world_size"] = c.world_size;
-  d["local_rank"] = c.local_rank;
-  d["local_world_size"] = c.local_world_size;
-  d["node_rank"] = c.node_rank;
-  d["experiment_name"] = c.experiment_name;
-  d["storage_path"] = c.storage_path;
-  d["experiment_path"] = c.experiment_path;
-  d["attempt"] = c.attempt;
-  d["master_addr"] = c.master_addr;
-  d["master_port"] = c.master_port;
-  return d;
-}
-
-}  // namespace
 
 void bind_train(py::module_& m) {
   static std::once_flag handlers;
@@ -220,7 +207,12 @@ void bind_train(py::module_& m) {
            }),
            py::arg("fn"), py::arg("config"), py::arg("num_workers"), py::arg("launcher"),
            py::arg("run"), py::arg("resume_from"))
-      .def("fit", &fit)
+      .def("fit",
+           [](Trainer& trainer) {
+             std::optional<Result> result;
+             run_forking([&] { result = trainer.fit(); });
+             return std::move(*result);
+           })
       .def_static(
           "can_restore",
           [](py::handle path) {

@@ -5,6 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/state.h"
+#include "cairn/train.h"
 
 namespace cairn::python {
 
@@ -70,5 +72,37 @@ void bind_tensors(pybind11::module_& m);
 void bind_state(pybind11::module_& m);
 // cairn.train's core (_train.cc): the Trainer and the worker-side calls.
 void bind_train(pybind11::module_& m);
+// cairn.tune's core (_tune.cc): the Tuner, search spaces and schedulers.
+void bind_tune(pybind11::module_& m);
+
+// A Python object whose last owner may be a C++ thread without the GIL.
+struct PyRef {
+  pybind11::object object;
+  explicit PyRef(pybind11::object o) : object(std::move(o)) {}
+  ~PyRef() {
+    if (!Py_IsInitialized()) {
+      object.release();  // the interpreter is gone; so is what it owned
+      return;
+    }
+    pybind11::gil_scoped_acquire gil;
+    object = pybind11::object();
+  }
+};
+
+// Shared by _train.cc and _tune.cc (defined in _train.cc).
+//
+// A TrainFn that calls the Python callable `fn(config)` with the GIL in a
+// worker; a Python exception fails the worker naming its type.
+TrainFn python_train_fn(pybind11::object fn);
+// Runs `body` (a fit() that forks the runtime's processes) with the GIL
+// released, the forks of this thread prepared for the interpreter and, on
+// the main thread, Ctrl-C turned into a preemption notice; raises
+// KeyboardInterrupt afterwards if Ctrl-C was pressed.
+void run_forking(const std::function<void()>& body);
+// Called in a worker before it runs Python code: its own forks are Python's.
+void python_worker_starts();
+// ScalingConfig.launcher and RunConfig from cairn.train's Python values.
+Launcher launcher_arg(const std::string& name);
+RunConfig run_config_arg(const pybind11::dict& d);
 
 }  // namespace cairn::python

@@ -18,7 +18,9 @@ class Result:
     """The outcome of ``fit()``, as Ray's ``Result``.
 
     Attributes:
-        metrics: rank 0's last reported metrics (``{}`` if none).
+        metrics: rank 0's last reported metrics (``{}`` if none), with what
+            the runtime adds to each round's row (``training_iteration``,
+            ``time_total_s``, ``timestamp``, ...).
         checkpoint: the latest committed checkpoint, or None.
         best_checkpoints: the kept checkpoints as (checkpoint, metrics),
             best first by ``CheckpointConfig.checkpoint_score_attribute``
@@ -32,7 +34,11 @@ class Result:
 
     def __init__(self, impl: _cairn.TrainResult) -> None:
         self._impl = impl
-        self.metrics: dict[str, Any] = impl.metrics or {}
+        history = impl.metrics_history
+        # As Ray's: the last round's row, with what the runtime adds to it
+        # (training_iteration, time_total_s, timestamp, ...).
+        self.metrics: dict[str, Any] = {**(history[-1] if history else {}),
+                                        **(impl.metrics or {})}
         self.checkpoint: Optional[Checkpoint] = (
             None if impl.checkpoint is None else Checkpoint(impl.checkpoint))
         self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = [
@@ -41,7 +47,7 @@ class Result:
         self.error: Optional[TrainingFailedError] = (
             None if impl.error is None else TrainingFailedError(impl.error))
         self.preempted: bool = impl.preempted
-        self.metrics_history: list[dict[str, Any]] = impl.metrics_history
+        self.metrics_history: list[dict[str, Any]] = history
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> "Result":

@@ -1,0 +1,247 @@
+// cairn.tune's core: cairn::tune::Tuner over Python trainables (a function
+// run as each trial's training function, or a class driven step by step),
+// the search-space functions and the schedulers. Public headers only.
+//
+// Trials run in processes forked by the Tuner (a runner per trial, which
+// forks the trial's workers): the forks are prepared as for cairn.train
+// (_train.cc, "Forking an interpreter"), and a class trainable's methods
+// are called with the GIL in the worker that runs it.
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <pybind11/stl.h>
+
+#include "binding.h"
+#include "cairn/tuner.h"
+
+namespace py = pybind11;
+
+namespace cairn::python {
+namespace {
+
+// A Python object of cairn.tune.Trainable's shape behind the C++ interface.
+// Lives in the worker process that runs the trial.
+class PyTrainable final : public tune::Trainable {
+ public:
+  explicit PyTrainable(py::object obj) : obj_(std::move(obj)) {}
+  ~PyTrainable() override {
+    py::gil_scoped_acquire gil;
+    obj_ = py::object();
+  }
+  void setup(const nlohmann::json& config) override { call("_cairn_setup", from_json(config)); }
+  nlohmann::json step() override {
+    py::gil_scoped_acquire gil;
+    return to_json(guarded([&] { return obj_.attr("_cairn_step")(); }));
+  }
+  void save_checkpoint(const std::string& dir) override {
+    call("_cairn_save_checkpoint", py::str(dir));
+  }
+  void load_checkpoint(const std::string& dir) override {
+    call("_cairn_load_checkpoint", py::str(dir));
+  }
+  void cleanup() override { call("cleanup"); }
+  bool reset_config(const nlohmann::json& config) override {
+    py::gil_scoped_acquire gil;
+    return guarded([&] { return obj_.attr("_cairn_reset_config")(from_json(config)); })
+        .cast<bool>();
+  }
+
+ private:
+  template <typename... Args>
+  void call(const char* method, Args&&... args) {
+    py::gil_scoped_acquire gil;
+    guarded([&] { return obj_.attr(method)(std::forward<Args>(args)...); });
+  }
+  // A Python exception is printed (the worker's stderr reaches Result.error)
+  // and ends the trial's attempt as a failure naming its type.
+  template <typename F>
+  py::object guarded(F&& f) {
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      std::string what =
+          std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value()));
+      e.restore();
+      PyErr_Print();
+      py::module_::import("sys").attr("stderr").attr("flush")();
+      throw std::runtime_error(what);
+    }
+  }
+
+  py::object obj_;
+};
+
+tune::TrainableFactory factory_of(py::object cls) {
+  auto hold = std::make_shared<PyRef>(std::move(cls));
+  return [hold]() -> std::unique_ptr<tune::Trainable> {
+    python_worker_starts();
+    py::gil_scoped_acquire gil;
+    return std::make_unique<PyTrainable>(hold->object());
+  };
+}
+
+tune::TuneConfig tune_config_arg(const py::dict& d) {
+  tune::TuneConfig c;
+  c.metric = d["metric"].cast<std::string>();
+  c.mode = d["mode"].cast<std::string>();
+  c.num_samples = d["num_samples"].cast<int>();
+  c.max_concurrent_trials = d["max_concurrent_trials"].cast<int>();
+  if (!d["scheduler"].is_none()) {
+    c.scheduler = d["scheduler"].cast<std::shared_ptr<tune::TrialScheduler>>();
+  }
+  c.seed = d["seed"].cast<std::uint64_t>();
+  c.stop = to_json(d["stop"]);
+  return c;
+}
+
+struct Trainables {
+  TrainFn fn;
+  tune::TrainableFactory cls;
+};
+
+Trainables trainables_of(py::object fn, py::object cls) {
+  Trainables t;
+  if (!cls.is_none()) t.cls = factory_of(std::move(cls));
+  if (!fn.is_none()) t.fn = python_train_fn(std::move(fn));
+  return t;
+}
+
+template <typename Options>
+void set_common(Options& o, const std::string& time_attr, const std::string& metric,
+                const std::string& mode) {
+  o.time_attr = time_attr;
+  o.metric = metric;
+  o.mode = mode;
+}
+
+}  // namespace
+
+void bind_tune(py::module_& m) {
+  m.def("tune_grid_search", [](py::handle v) { return from_json(tune::grid_search(to_json(v))); });
+  m.def("tune_choice", [](py::handle v) { return from_json(tune::choice(to_json(v))); });
+  m.def("tune_uniform", [](double lo, double hi) { return from_json(tune::uniform(lo, hi)); });
+  m.def("tune_loguniform",
+        [](double lo, double hi) { return from_json(tune::loguniform(lo, hi)); });
+  m.def("tune_randint",
+        [](std::int64_t lo, std::int64_t hi) { return from_json(tune::randint(lo, hi)); });
+  m.def("tune_quniform",
+        [](double lo, double hi, double q) { return from_json(tune::quniform(lo, hi, q)); });
+
+  py::class_<tune::TrialScheduler, std::shared_ptr<tune::TrialScheduler>>(m, "TrialScheduler");
+  py::class_<tune::FIFOScheduler, tune::TrialScheduler, std::shared_ptr<tune::FIFOScheduler>>(
+      m, "FIFOScheduler")
+      .def(py::init<>());
+  py::class_<tune::ASHAScheduler, tune::TrialScheduler, std::shared_ptr<tune::ASHAScheduler>>(
+      m, "ASHAScheduler")
+      .def(py::init([](const std::string& time_attr, const std::string& metric,
+                       const std::string& mode, double max_t, double grace_period,
+                       double reduction_factor, int brackets) {
+             tune::ASHAOptions o;
+             set_common(o, time_attr, metric, mode);
+             o.max_t = max_t;
+             o.grace_period = grace_period;
+             o.reduction_factor = reduction_factor;
+             o.brackets = brackets;
+             return std::make_shared<tune::ASHAScheduler>(o);
+           }),
+           py::arg("time_attr"), py::arg("metric"), py::arg("mode"), py::arg("max_t"),
+           py::arg("grace_period"), py::arg("reduction_factor"), py::arg("brackets"));
+  py::class_<tune::PopulationBasedTraining, tune::TrialScheduler,
+             std::shared_ptr<tune::PopulationBasedTraining>>(m, "PopulationBasedTraining")
+      .def(py::init([](const std::string& time_attr, const std::string& metric,
+                       const std::string& mode, double perturbation_interval,
+                       py::handle hyperparam_mutations, double quantile_fraction,
+                       double resample_probability, std::uint64_t seed) {
+             tune::PBTOptions o;
+             set_common(o, time_attr, metric, mode);
+             o.perturbation_interval = perturbation_interval;
+             o.hyperparam_mutations = to_json(hyperparam_mutations);
+             o.quantile_fraction = quantile_fraction;
+             o.resample_probability = resample_probability;
+             o.seed = seed;
+             return std::make_shared<tune::PopulationBasedTraining>(o);
+           }),
+           py::arg("time_attr"), py::arg("metric"), py::arg("mode"),
+           py::arg("perturbation_interval"), py::arg("hyperparam_mutations"),
+           py::arg("quantile_fraction"), py::arg("resample_probability"), py::arg("seed"));
+
+  py::class_<tune::TrialResult, Result>(m, "TrialResult")
+      .def_readonly("trial_id", &tune::TrialResult::trial_id)
+      .def_property_readonly("config",
+                             [](const tune::TrialResult& r) { return from_json(r.config); })
+      .def_property_readonly("status", [](const tune::TrialResult& r) {
+        return std::string(tune::to_string(r.status));
+      });
+
+  py::class_<tune::ResultGrid>(m, "ResultGrid")
+      .def("__len__", &tune::ResultGrid::size)
+      .def(
+          "__getitem__",
+          [](const tune::ResultGrid& g, std::size_t i) {
+            if (i >= g.size()) throw py::index_error("ResultGrid index out of range");
+            return g[i];
+          },
+          py::arg("i"))
+      .def_property_readonly("num_errors", &tune::ResultGrid::num_errors)
+      .def_property_readonly("num_terminated", &tune::ResultGrid::num_terminated)
+      .def_property_readonly("experiment_path", &tune::ResultGrid::experiment_path)
+      .def(
+          "get_best_result",
+          [](const tune::ResultGrid& g, const std::string& metric, const std::string& mode,
+             const std::string& scope) { return g.get_best_result(metric, mode, scope); },
+          py::arg("metric"), py::arg("mode"), py::arg("scope"));
+
+  py::class_<tune::Tuner>(m, "Tuner")
+      .def(py::init([](py::object fn, py::object cls, py::handle param_space,
+                       const py::dict& tune_config, const py::dict& run, int num_workers,
+                       const std::string& launcher) {
+             Trainables t = trainables_of(std::move(fn), std::move(cls));
+             ScalingConfig scaling{.num_workers = num_workers, .launcher = launcher_arg(launcher)};
+             nlohmann::json space = to_json(param_space);
+             if (t.cls) {
+               return tune::Tuner(std::move(t.cls), std::move(space), tune_config_arg(tune_config),
+                                  run_config_arg(run), scaling);
+             }
+             return tune::Tuner(std::move(t.fn), std::move(space), tune_config_arg(tune_config),
+                                run_config_arg(run), scaling);
+           }),
+           py::arg("fn"), py::arg("cls"), py::arg("param_space"), py::arg("tune_config"),
+           py::arg("run"), py::arg("num_workers"), py::arg("launcher"))
+      .def("fit",
+           [](tune::Tuner& tuner) {
+             std::optional<tune::ResultGrid> grid;
+             run_forking([&] { grid = tuner.fit(); });
+             return std::move(*grid);
+           })
+      .def_static(
+          "can_restore",
+          [](py::handle path) {
+            std::string p = path_arg(path);
+            py::gil_scoped_release release;
+            return tune::Tuner::can_restore(p);
+          },
+          py::arg("path"))
+      .def_static(
+          "restore",
+          [](py::handle path, py::object fn, py::object cls, bool resume_unfinished,
+             bool resume_errored, bool restart_errored, py::object scheduler) {
+            std::string p = path_arg(path);
+            Trainables t = trainables_of(std::move(fn), std::move(cls));
+            tune::RestoreOptions options{.resume_unfinished = resume_unfinished,
+                                         .resume_errored = resume_errored,
+                                         .restart_errored = restart_errored};
+            tune::TuneConfig code;
+            if (!scheduler.is_none()) {
+              code.scheduler = scheduler.cast<std::shared_ptr<tune::TrialScheduler>>();
+            }
+            py::gil_scoped_release release;
+            if (t.cls) return tune::Tuner::restore(p, std::move(t.cls), options, code);
+            return tune::Tuner::restore(p, std::move(t.fn), options, code);
+          },
+          py::arg("path"), py::arg("fn"), py::arg("cls"), py::arg("resume_unfinished"),
+          py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"));
+}
+
+}  // namespace cairn::python

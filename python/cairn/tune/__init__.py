@@ -1,0 +1,81 @@
+"""cairn.tune: Ray Tune's API over Cairn's C++ Tuner.
+
+A Ray Tune script runs with only its imports changed::
+
+    from cairn import tune
+    from cairn.tune.schedulers import ASHAScheduler
+
+    def trainable(config):
+        for step in range(100):
+            tune.report({"loss": (config["lr"] - 0.01) ** 2 / (step + 1)})
+
+    results = tune.Tuner(trainable,
+                         param_space={"lr": tune.loguniform(1e-4, 1e-1)},
+                         tune_config=tune.TuneConfig(metric="loss", mode="min", num_samples=8,
+                                                     scheduler=ASHAScheduler(max_t=100)),
+                         run_config=tune.RunConfig(name="search",
+                                                   storage_path="/tmp/results")).fit()
+    print(results.get_best_result().config)
+
+Each trial is a run of Cairn's Trainer in processes of its own; the
+experiment's state is saved as it goes, so ``Tuner.restore`` continues after
+a crash of the driver (docs/python.md, "Tuning").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cairn import _cairn
+from cairn._checkpoint import Checkpoint
+from cairn._manager import CheckpointConfig
+from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
+from cairn.train._result import Result
+from cairn.train._session import get_checkpoint, get_context, report
+from cairn.tune._trainable import Trainable
+from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner
+
+
+def grid_search(values: list[Any]) -> dict[str, Any]:
+    """Every value, one trial each (times ``num_samples``)."""
+    return _cairn.tune_grid_search(list(values))
+
+
+def choice(categories: list[Any]) -> dict[str, Any]:
+    """One of ``categories``, drawn uniformly per trial."""
+    return _cairn.tune_choice(list(categories))
+
+
+def uniform(lower: float, upper: float) -> dict[str, Any]:
+    """A float drawn uniformly from [lower, upper)."""
+    return _cairn.tune_uniform(float(lower), float(upper))
+
+
+def loguniform(lower: float, upper: float) -> dict[str, Any]:
+    """A float drawn uniformly in log space from [lower, upper)."""
+    return _cairn.tune_loguniform(float(lower), float(upper))
+
+
+def randint(lower: int, upper: int) -> dict[str, Any]:
+    """An int drawn uniformly from [lower, upper)."""
+    return _cairn.tune_randint(int(lower), int(upper))
+
+
+def quniform(lower: float, upper: float, q: float) -> dict[str, Any]:
+    """A float drawn uniformly from [lower, upper], rounded to a multiple of q."""
+    return _cairn.tune_quniform(float(lower), float(upper), float(q))
+
+
+def sample_from(func: Any) -> Any:
+    """Not supported: sampling runs in C++ from JSON domains, not Python functions."""
+    raise NotImplementedError(
+        "tune.sample_from: Python sampling functions are not supported; use choice, "
+        "uniform, loguniform, randint, quniform or grid_search")
+
+
+__all__ = [
+    "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
+    "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
+    "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "sample_from",
+    "uniform",
+]

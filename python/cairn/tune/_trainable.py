@@ -1,0 +1,91 @@
+"""cairn.tune.Trainable: the class trainable, as Ray Tune's."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Optional, Union
+
+_DICT_CHECKPOINT = "_dict_checkpoint.json"
+
+
+class Trainable:
+    """A trial driven step by step: subclass it and pass the class to Tuner.
+
+    The Tuner calls, in the trial's worker process: :meth:`setup` once with
+    the trial's config, :meth:`step` once per iteration (its dict is the
+    iteration's result; ``training_iteration`` is added), and
+    :meth:`save_checkpoint` when a checkpoint is due (``checkpoint_config``'s
+    frequency, ``checkpoint_at_end``, a scheduler's pause or PBT's clone),
+    :meth:`load_checkpoint` when the trial resumes. With PBT,
+    :meth:`reset_config` may take a new config in place (return True);
+    otherwise the trial restarts from the cloned checkpoint with it.
+    """
+
+    def __init__(self, config: Optional[dict[str, Any]] = None) -> None:
+        self.config: dict[str, Any] = dict(config or {})
+        self._iterations = 0
+
+    # ---- what a subclass overrides ----------------------------------------
+
+    def setup(self, config: dict[str, Any]) -> None:
+        """Builds the trial's state from its config."""
+
+    def step(self) -> dict[str, Any]:
+        """One iteration; returns its metrics (JSON values)."""
+        raise NotImplementedError(f"{type(self).__name__}.step")
+
+    def save_checkpoint(self, checkpoint_dir: str) -> Optional[dict[str, Any]]:
+        """Writes the state into ``checkpoint_dir``, or returns it as a dict."""
+        raise NotImplementedError(f"{type(self).__name__}.save_checkpoint")
+
+    def load_checkpoint(self, checkpoint: Union[str, dict[str, Any]]) -> None:
+        """Restores what :meth:`save_checkpoint` saved: its dict, or the folder."""
+        raise NotImplementedError(f"{type(self).__name__}.load_checkpoint")
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Takes ``new_config`` in place (PBT); False to be restarted instead."""
+        return False
+
+    def cleanup(self) -> None:
+        """Called when the trial ends in this process."""
+
+    @property
+    def iteration(self) -> int:
+        """Steps run in this process (the result's ``training_iteration``
+        counts across restarts)."""
+        return self._iterations
+
+    # ---- called by the C++ runtime (python/_tune.cc) ------------------------
+
+    def _cairn_setup(self, config: dict[str, Any]) -> None:
+        self.config = dict(config)
+        self.setup(self.config)
+
+    def _cairn_step(self) -> dict[str, Any]:
+        self._iterations += 1
+        result = self.step()
+        if not isinstance(result, dict):
+            raise TypeError(f"{type(self).__name__}.step returned a {type(result).__name__}, "
+                            "not a dict of metrics")
+        return result
+
+    def _cairn_save_checkpoint(self, checkpoint_dir: str) -> None:
+        state = self.save_checkpoint(checkpoint_dir)
+        if state is not None:
+            with open(os.path.join(checkpoint_dir, _DICT_CHECKPOINT), "w") as f:
+                json.dump(state, f)
+
+    def _cairn_load_checkpoint(self, checkpoint_dir: str) -> None:
+        path = os.path.join(checkpoint_dir, _DICT_CHECKPOINT)
+        if os.path.exists(path):
+            with open(path) as f:
+                self.load_checkpoint(json.load(f))
+        else:
+            self.load_checkpoint(checkpoint_dir)
+
+    def _cairn_reset_config(self, new_config: dict[str, Any]) -> bool:
+        if self.reset_config(dict(new_config)):
+            self.config = dict(new_config)
+            return True
+        return False

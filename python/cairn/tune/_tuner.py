@@ -1,0 +1,224 @@
+"""The Tuner: Ray Tune's fit() and restore over Cairn's C++ Tuner (python/_tune.cc)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from cairn import _cairn
+from cairn.errors import InvalidArgumentError
+from cairn.train._config import RunConfig, ScalingConfig
+from cairn.train._result import Result
+from cairn.train._trainer import DataParallelTrainer, _worker_main
+from cairn.tune._trainable import Trainable
+
+
+@dataclass
+class TuneConfig:
+    """How trials are sampled, scheduled and compared, as Ray Tune's.
+
+    Args:
+        metric, mode: what ``get_best_result`` and the schedulers rank by
+            (``mode`` "max" or "min").
+        num_samples: how many times the param space is sampled (each grid
+            point that many times).
+        max_concurrent_trials: trials running at once; by default as many
+            as the cores allow for the trials' workers.
+        scheduler: FIFO (default), ASHA or PBT from
+            :mod:`cairn.tune.schedulers`.
+        seed: the sampling seed (Cairn's: the same seed draws the same
+            trials, and a restored experiment draws on where it stopped).
+        search_alg, reuse_actors, time_budget_s, trial_name_creator,
+        trial_dirname_creator: search_alg is refused (only the basic variant
+            generator exists); the others are accepted and ignored.
+    """
+
+    metric: Optional[str] = None
+    mode: Optional[str] = None
+    num_samples: int = 1
+    max_concurrent_trials: Optional[int] = None
+    scheduler: Optional[Any] = None
+    search_alg: Optional[Any] = None
+    seed: int = 0
+    reuse_actors: Optional[bool] = None
+    time_budget_s: Optional[float] = None
+    trial_name_creator: Optional[Callable[..., str]] = None
+    trial_dirname_creator: Optional[Callable[..., str]] = None
+
+    def _native(self, stop: Any) -> dict[str, Any]:
+        if self.search_alg is not None:
+            raise InvalidArgumentError(
+                "TuneConfig.search_alg: only the default (grid and random sampling of the "
+                "param space) is supported", "invalid_argument")
+        if stop is not None and not isinstance(stop, dict):
+            raise InvalidArgumentError(
+                "RunConfig.stop: a dict of metric thresholds ({'training_iteration': 10}); "
+                "stopper objects and functions are not supported", "invalid_argument")
+        return {
+            "metric": self.metric or "",
+            "mode": self.mode or "",
+            "num_samples": int(self.num_samples),
+            "max_concurrent_trials": int(self.max_concurrent_trials or 0),
+            "scheduler": self.scheduler,
+            "seed": int(self.seed),
+            "stop": stop or {},
+        }
+
+
+class ResultGrid:
+    """The trials' results (Ray Tune's ResultGrid): ``len``, indexing, best.
+
+    Each item is a :class:`cairn.train.Result` with ``config``,
+    ``trial_id`` and ``status`` ("TERMINATED", "ERROR", ...) added.
+    """
+
+    def __init__(self, impl: Any, metric: Optional[str], mode: Optional[str]) -> None:
+        self._impl = impl
+        self._metric = metric
+        self._mode = mode
+        self._results = [_trial_result(impl[i]) for i in range(len(impl))]
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def __getitem__(self, i: int) -> Result:
+        return self._results[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._results)
+
+    @property
+    def num_errors(self) -> int:
+        return int(self._impl.num_errors)
+
+    @property
+    def num_terminated(self) -> int:
+        return int(self._impl.num_terminated)
+
+    @property
+    def errors(self) -> list[Exception]:
+        return [r.error for r in self._results if r.error is not None]
+
+    @property
+    def experiment_path(self) -> str:
+        return str(self._impl.experiment_path)
+
+    def get_best_result(self, metric: Optional[str] = None, mode: Optional[str] = None,
+                        scope: str = "last", filter_nan_and_inf: bool = True) -> Result:
+        """The trial with the best ``metric`` (TuneConfig's by default).
+
+        ``scope``: "last" (each trial's last result), "avg", "all" (its best
+        result), as Ray's. Raises cairn.NotFoundError when no trial reported
+        the metric, naming it.
+        """
+        del filter_nan_and_inf  # NaN always ranks worst
+        best = self._impl.get_best_result(metric or "", mode or "", scope)
+        return next(r for r in self._results if r.trial_id == best.trial_id)
+
+    def get_dataframe(self) -> Any:
+        """The trials' last results as a ``pandas.DataFrame`` (needs pandas)."""
+        import pandas
+
+        return pandas.json_normalize([{**r.metrics, "trial_id": r.trial_id}
+                                      for r in self._results], sep="/")
+
+
+def _trial_result(impl: Any) -> Result:
+    r = Result(impl)
+    r.config = impl.config  # type: ignore[attr-defined]
+    r.trial_id = impl.trial_id  # type: ignore[attr-defined]
+    r.status = impl.status  # type: ignore[attr-defined]
+    return r
+
+
+def _parts(trainable: Any, run: RunConfig) -> tuple[Any, Any, ScalingConfig, RunConfig]:
+    """(function, class, scaling, run config) for the C++ Tuner."""
+    if isinstance(trainable, DataParallelTrainer):
+        trainer = trainable
+        setup = type(trainer)._backend_setup
+        base = dict(trainer._config or {})
+
+        def fn(config: Any) -> None:
+            merged = {**base, **dict((config or {}).get("train_loop_config", {}))}
+            _worker_main(trainer._fn, merged, trainer._scaling, setup)
+
+        return fn, None, trainer._scaling, run if run.name or run.storage_path else trainer._run
+    if inspect.isclass(trainable):
+        if not issubclass(trainable, Trainable):
+            raise InvalidArgumentError(
+                f"trainable {trainable.__name__}: a class trainable subclasses "
+                "cairn.tune.Trainable", "invalid_argument")
+        return None, trainable, ScalingConfig(), run
+    if callable(trainable):
+        user = trainable
+
+        def fn(config: Any) -> None:
+            _worker_main(user, config, ScalingConfig(), None)
+
+        return fn, None, ScalingConfig(), run
+    raise InvalidArgumentError(
+        f"trainable: a function, a Trainable subclass or a TorchTrainer, not a "
+        f"{type(trainable).__name__}", "invalid_argument")
+
+
+class Tuner:
+    """Runs trials of ``trainable`` over ``param_space``, as Ray Tune's Tuner.
+
+    ``trainable`` is a function of the config that calls
+    :func:`cairn.tune.report` (each trial one Trainer run of one worker), a
+    :class:`Trainable` subclass, or a ``TorchTrainer`` (each trial a run of
+    its workers; ``param_space["train_loop_config"]`` is merged over the
+    trainer's). Behind it runs Cairn's C++ Tuner: trials in processes of
+    their own, checkpoints committed manifest-last, the experiment's state
+    in ``tuner_state.json`` so :meth:`restore` goes on after the driver
+    itself died. Results go to ``run_config.storage_path/name``.
+    """
+
+    def __init__(self, trainable: Any, *, param_space: Optional[dict[str, Any]] = None,
+                 tune_config: Optional[TuneConfig] = None,
+                 run_config: Optional[RunConfig] = None) -> None:
+        self._tune = tune_config or TuneConfig()
+        run = run_config or RunConfig()
+        if run.callbacks:
+            raise InvalidArgumentError(
+                "RunConfig.callbacks: Tune callbacks are not supported from Python yet",
+                "invalid_argument")
+        fn, cls, scaling, run = _parts(trainable, run)
+        self._impl: Any = _cairn.Tuner(fn, cls, param_space or {}, self._tune._native(run.stop),
+                                       run._native(), int(scaling.num_workers), scaling.launcher)
+
+    def fit(self) -> ResultGrid:
+        """Runs the experiment to its end; trial failures are in the results.
+
+        The GIL is released meanwhile; Ctrl-C (main thread) stops the trials
+        with their checkpoints, then raises KeyboardInterrupt (restorable).
+        """
+        return ResultGrid(self._impl.fit(), self._tune.metric, self._tune.mode)
+
+    @classmethod
+    def can_restore(cls, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` holds a Tuner experiment :meth:`restore` can go on with."""
+        return bool(_cairn.Tuner.can_restore(path))
+
+    @classmethod
+    def restore(cls, path: str | os.PathLike[str], trainable: Any, *,
+                resume_unfinished: bool = True, resume_errored: bool = False,
+                restart_errored: bool = False,
+                param_space: Optional[dict[str, Any]] = None) -> "Tuner":
+        """The experiment at ``path``, to :meth:`fit` again.
+
+        Finished trials stay finished; unfinished ones resume from their
+        latest checkpoint (``resume_unfinished``); errored ones resume
+        (``resume_errored``) or start over (``restart_errored``). The
+        trainable is needed again (it is code); the param space, config
+        and scheduler state are the saved ones (``param_space`` is ignored).
+        """
+        del param_space
+        fn, klass, _, _ = _parts(trainable, RunConfig())
+        self = cls.__new__(cls)
+        self._tune = TuneConfig()
+        self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
+                                          restart_errored, None)
+        return self

@@ -1,0 +1,68 @@
+"""cairn.tune.schedulers: FIFO, ASHA and PBT, as Ray Tune's (the C++ schedulers).
+
+Each is pure and seeded; its state goes into the experiment's
+``tuner_state.json``, so a restored Tuner goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from cairn import _cairn
+
+
+# Runs every trial to its end, in order (the default).
+FIFOScheduler = _cairn.FIFOScheduler
+
+
+def ASHAScheduler(time_attr: str = "training_iteration", metric: Optional[str] = None,
+                  mode: Optional[str] = None, max_t: float = 100, grace_period: float = 1,
+                  reduction_factor: float = 4, brackets: int = 1) -> Any:
+    """Asynchronous successive halving: stops the worse trials at each rung.
+
+    Rungs at ``grace_period * reduction_factor**k`` of ``time_attr`` up to
+    ``max_t``; at each, a trial goes on only if it is in the top
+    ``1/reduction_factor`` of the trials that reached it. ``metric`` and
+    ``mode`` default to the TuneConfig's.
+    """
+    return _cairn.ASHAScheduler(time_attr, metric or "", mode or "", float(max_t),
+                                float(grace_period), float(reduction_factor), int(brackets))
+
+
+AsyncHyperBandScheduler = ASHAScheduler
+
+
+def PopulationBasedTraining(time_attr: str = "training_iteration",
+                            metric: Optional[str] = None, mode: Optional[str] = None,
+                            perturbation_interval: float = 60.0,
+                            hyperparam_mutations: Optional[dict[str, Any]] = None,
+                            quantile_fraction: float = 0.25,
+                            resample_probability: float = 0.25,
+                            seed: int = 0, **ignored: Any) -> Any:
+    """Population based training: every ``perturbation_interval`` of
+    ``time_attr``, a trial in the bottom ``quantile_fraction`` clones the
+    latest checkpoint of one in the top and goes on with a perturbed config.
+
+    ``hyperparam_mutations`` maps config keys to a list of values or a
+    search-space domain (``tune.uniform(...)``); Python callables are not
+    supported (the exploration runs in C++, seeded by ``seed``). A trial
+    must report checkpoints for PBT to clone it.
+    """
+    if not hyperparam_mutations:
+        raise ValueError("PopulationBasedTraining: hyperparam_mutations must name at least one "
+                         "key")
+    for key, value in hyperparam_mutations.items():
+        if callable(value):
+            raise ValueError(f"PopulationBasedTraining: hyperparam_mutations[{key!r}] is a "
+                             "function; give a list of values or a tune domain")
+    del ignored  # custom_explore_fn, log_config, require_attrs, synch: not supported
+    return _cairn.PopulationBasedTraining(time_attr, metric or "", mode or "",
+                                          float(perturbation_interval), hyperparam_mutations,
+                                          float(quantile_fraction), float(resample_probability),
+                                          int(seed))
+
+
+TrialScheduler = _cairn.TrialScheduler
+
+__all__ = ["ASHAScheduler", "AsyncHyperBandScheduler", "FIFOScheduler",
+           "PopulationBasedTraining", "TrialScheduler"]

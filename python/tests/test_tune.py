@@ -1,0 +1,226 @@
+"""cairn.tune: Ray Tune's Tuner over the C++ Tuner, with Python trainables.
+
+Each test runs a real experiment: trials in processes forked by the C++
+Tuner, checkpoints committed manifest-last, the experiment's state in
+tuner_state.json, in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any, Optional, Union
+
+import pytest
+
+import cairn
+from cairn import tune
+from cairn.tune import Checkpoint, CheckpointConfig, RunConfig, TuneConfig
+from cairn.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+
+
+def _run_config(tmp_path: pathlib.Path, **kw: Any) -> RunConfig:
+    return RunConfig(name="exp", storage_path=tmp_path, **kw)
+
+
+def test_a_function_trainable_over_a_grid_with_asha_finds_the_best_config(
+    tmp_path: pathlib.Path,
+) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        for step in range(8):
+            tune.report({"loss": (config["lr"] - 0.01) ** 2 + 1.0 / (step + 1)})
+
+    grid = tune.Tuner(
+        trainable, param_space={"lr": tune.grid_search([0.001, 0.01, 0.1, 1.0]), "fixed": 7},
+        tune_config=TuneConfig(metric="loss", mode="min",
+                               scheduler=ASHAScheduler(max_t=8, grace_period=1,
+                                                       reduction_factor=2)),
+        run_config=_run_config(tmp_path)).fit()
+    assert len(grid) == 4 and grid.num_errors == 0
+    assert {r.status for r in grid} == {"TERMINATED"}
+    assert sorted(r.config["lr"] for r in grid) == [0.001, 0.01, 0.1, 1.0]
+    assert all(r.config["fixed"] == 7 for r in grid)
+    best = grid.get_best_result()
+    assert best.config["lr"] == 0.01
+    assert best.metrics["training_iteration"] == 8  # the best is never stopped early
+    assert best.path == os.path.join(grid.experiment_path, best.trial_id)
+    assert grid.experiment_path == str(tmp_path / "exp")
+    with pytest.raises(cairn.NotFoundError, match="accuracy"):
+        grid.get_best_result(metric="accuracy", mode="max")
+
+
+def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        tune.report({"v": 1})
+
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "layers": tune.randint(1, 4),
+             "act": tune.choice(["relu", "tanh"]), "drop": tune.uniform(0.0, 0.5)}
+    configs = []
+    for name in ("a", "b"):
+        grid = tune.Tuner(trainable, param_space=space,
+                          tune_config=TuneConfig(num_samples=5, seed=3),
+                          run_config=RunConfig(name=name, storage_path=tmp_path)).fit()
+        configs.append(sorted((r.trial_id, tuple(sorted(r.config.items()))) for r in grid))
+        for r in grid:
+            assert 1e-4 <= r.config["lr"] < 1e-1 and r.config["layers"] in (1, 2, 3)
+            assert r.config["act"] in ("relu", "tanh") and 0.0 <= r.config["drop"] < 0.5
+    assert configs[0] == configs[1]
+    with pytest.raises(NotImplementedError, match="sample_from"):
+        tune.sample_from(lambda spec: 1)
+
+
+class Counter(tune.Trainable):
+    """Adds ``config["inc"]`` each step; the running total is its state."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self.total = 0.0
+        self.restored = False
+
+    def step(self) -> dict[str, Any]:
+        self.total += self.config["inc"]
+        return {"total": self.total, "restored": self.restored}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> Optional[dict[str, Any]]:
+        return {"total": self.total}
+
+    def load_checkpoint(self, checkpoint: Union[str, dict[str, Any]]) -> None:
+        assert isinstance(checkpoint, dict)
+        self.total = checkpoint["total"]
+        self.restored = True
+
+
+def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
+    tmp_path: pathlib.Path,
+) -> None:
+    pbt = PopulationBasedTraining(perturbation_interval=2, seed=5,
+                                  hyperparam_mutations={"inc": [1.0, 2.0, 3.0, 4.0]})
+    grid = tune.Tuner(
+        Counter, param_space={"inc": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        tune_config=TuneConfig(metric="total", mode="max", scheduler=pbt,
+                               max_concurrent_trials=4),
+        run_config=_run_config(tmp_path, stop={"training_iteration": 8},
+                               checkpoint_config=CheckpointConfig(checkpoint_frequency=2))).fit()
+    assert grid.num_errors == 0, grid.errors
+    assert {r.status for r in grid} == {"TERMINATED"}
+    assert all(r.metrics["training_iteration"] == 8 for r in grid)
+    # A trial is only ever ahead of steady growth at its own rate if it
+    # took a better trial's state (PBT's exploit through load_checkpoint).
+    for r in grid:
+        if not r.metrics["restored"]:
+            assert r.metrics["total"] == pytest.approx(8 * r.config["inc"]), r.trial_id
+    assert grid.get_best_result().metrics["total"] >= 8 * 4.0
+
+
+def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_starts_over(
+    tmp_path: pathlib.Path,
+) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import tune_driver
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    exp = tmp_path / "exp"
+    held = [exp / f"trial_{i:05d}" / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}" / ".cairn" /
+            "manifest.json" for i in range(3)]
+    driver = subprocess.Popen([sys.executable, tune_driver.__file__, str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180  # bounds a hang; judges no speed
+        while (not all(p.exists() for p in held) and driver.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        assert all(p.exists() for p in held), (
+            driver.stderr.read().decode() if driver.poll() is not None else "")
+    finally:
+        driver.kill()  # trial runners and workers die with it
+        driver.wait()
+        driver.stderr.close()
+    hold.unlink()
+
+    assert tune.Tuner.can_restore(exp)
+    grid = tune.Tuner.restore(exp, tune_driver.trainable).fit()
+    assert grid.num_errors == 0, grid.errors
+    assert sorted(r.config["x"] for r in grid) == [1, 2, 3]
+    for r in grid:
+        assert r.status == "TERMINATED"
+        assert r.checkpoint is not None
+        assert r.checkpoint.to_dict() == {"step": tune_driver.STEPS - 1}
+        after = [row for row in r.metrics_history if row["start"] > 0]
+        # Resumed from its latest committed checkpoint, not from scratch.
+        assert after and {row["start"] for row in after} == {tune_driver.HOLD_AT}, r.trial_id
+        assert [row["step"] for row in after] == list(range(tune_driver.HOLD_AT,
+                                                            tune_driver.STEPS))
+
+
+def test_a_failing_trial_is_an_error_with_its_traceback_and_can_be_resumed(
+    tmp_path: pathlib.Path,
+) -> None:
+    marker = tmp_path / "fail"
+    marker.touch()
+
+    def trainable(config: dict[str, Any]) -> None:
+        ckpt = tune.get_checkpoint()
+        start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
+        for step in range(start, 4):
+            if config["x"] == 2 and step == 2 and marker.exists():
+                raise KeyError("missing shard")
+            tune.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
+
+    grid = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
+                      run_config=_run_config(tmp_path)).fit()
+    assert grid.num_errors == 1 and grid.num_terminated == 1
+    failed = next(r for r in grid if r.status == "ERROR")
+    assert failed.config["x"] == 2
+    assert "KeyError" in str(failed.error) and "missing shard" in str(failed.error)
+    assert "Traceback" in str(failed.error)
+
+    marker.unlink()
+    grid = tune.Tuner.restore(tmp_path / "exp", trainable, resume_errored=True).fit()
+    assert grid.num_errors == 0 and {r.status for r in grid} == {"TERMINATED"}
+    resumed = next(r for r in grid if r.config["x"] == 2)
+    assert [row["step"] for row in resumed.metrics_history] == [0, 1, 2, 3]
+
+
+def test_a_torch_trainer_as_trainable_runs_each_trial_on_its_workers(
+    tmp_path: pathlib.Path,
+) -> None:
+    pytest.importorskip("torch")
+    from cairn import train
+    from cairn.train import ScalingConfig
+    from cairn.train.torch import TorchTrainer
+
+    def loop(config: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([config["lr"]])
+        dist.all_reduce(t)
+        train.report({"sum": float(t[0]), "world": train.get_context().get_world_size(),
+                      "epochs": config["epochs"]})
+
+    trainer = TorchTrainer(loop, train_loop_config={"epochs": 3, "lr": 0.0},
+                           scaling_config=ScalingConfig(num_workers=2))
+    grid = tune.Tuner(trainer,
+                      param_space={"train_loop_config": {"lr": tune.grid_search([0.5, 1.5])}},
+                      run_config=_run_config(tmp_path)).fit()
+    assert grid.num_errors == 0, grid.errors
+    got = sorted((r.metrics["sum"], r.metrics["world"], r.metrics["epochs"]) for r in grid)
+    assert got == [(1.0, 2, 3), (3.0, 2, 3)]
+
+
+def test_bad_trainables_and_configs_are_clear_errors(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(cairn.InvalidArgumentError, match="Trainable"):
+        tune.Tuner(dict, run_config=_run_config(tmp_path))
+    with pytest.raises(cairn.InvalidArgumentError, match="trainable"):
+        tune.Tuner(42, run_config=_run_config(tmp_path))
+    with pytest.raises(cairn.InvalidArgumentError, match="search_alg"):
+        tune.Tuner(lambda c: None, tune_config=TuneConfig(search_alg=object()),
+                   run_config=_run_config(tmp_path))
+    with pytest.raises(cairn.InvalidArgumentError, match="mode"):
+        tune.Tuner(lambda c: None, tune_config=TuneConfig(metric="x", mode="sideways"),
+                   run_config=_run_config(tmp_path))
+    with pytest.raises(ValueError, match="hyperparam_mutations"):
+        PopulationBasedTraining(hyperparam_mutations={"lr": lambda: 0.1})
