@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <pybind11/stl.h>
 
@@ -73,6 +74,74 @@ class PyTrainable final : public tune::Trainable {
   py::object obj_;
 };
 
+py::dict info_dict(const tune::TrialInfo& t) {
+  py::dict d;
+  d["trial_id"] = t.trial_id;
+  d["index"] = t.index;
+  d["config"] = from_json(t.config);
+  d["status"] = std::string(tune::to_string(t.status));
+  d["last_result"] = from_json(t.last_result);
+  d["path"] = t.path;
+  d["num_failures"] = t.num_failures;
+  d["error"] = t.error ? py::object(py::str(*t.error)) : py::object(py::none());
+  d["latest_checkpoint"] =
+      t.latest_checkpoint ? py::object(py::str(*t.latest_checkpoint)) : py::object(py::none());
+  return d;
+}
+
+// A cairn.tune.Callback behind the C++ interface: called on the Tuner's
+// thread, with the GIL. A Python exception ends fit() with an Error naming
+// the callback and the exception.
+class PyCallback final : public tune::Callback {
+ public:
+  explicit PyCallback(py::object obj) : ref_(std::make_shared<PyRef>(std::move(obj))) {}
+  void on_trial_start(const tune::TrialInfo& t) override { call("_cairn_event", "start", t); }
+  void on_trial_result(const tune::TrialInfo& t, nlohmann::json& result) override {
+    py::gil_scoped_acquire gil;
+    py::object out = guarded("on_trial_result", [&] {
+      return ref_->object.attr("_cairn_result")(info_dict(t), from_json(result));
+    });
+    result = to_json(out);
+  }
+  void on_trial_complete(const tune::TrialInfo& t) override { call("_cairn_event", "complete", t); }
+  void on_trial_error(const tune::TrialInfo& t) override { call("_cairn_event", "error", t); }
+  void on_checkpoint(const tune::TrialInfo& t, const std::string& checkpoint) override {
+    py::gil_scoped_acquire gil;
+    guarded("on_checkpoint", [&] {
+      return ref_->object.attr("_cairn_checkpoint")(info_dict(t), py::str(checkpoint));
+    });
+  }
+  void on_experiment_end(const std::vector<tune::TrialInfo>& trials) override {
+    py::gil_scoped_acquire gil;
+    guarded("on_experiment_end", [&] {
+      py::list infos;
+      for (const auto& t : trials) infos.append(info_dict(t));
+      return ref_->object.attr("_cairn_end")(infos);
+    });
+  }
+
+ private:
+  void call(const char* method, const char* event, const tune::TrialInfo& t) {
+    py::gil_scoped_acquire gil;
+    guarded(event, [&] { return ref_->object.attr(method)(event, info_dict(t)); });
+  }
+  template <typename F>
+  py::object guarded(const char* what, F&& f) {
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("the Tune callback ") +
+                      std::string(py::str(py::type::of(ref_->object).attr("__name__"))) +
+                      " failed in " + what + ": " +
+                      std::string(py::str(e.type().attr("__name__"))) + ": " +
+                      std::string(py::str(e.value())));
+    }
+  }
+
+  std::shared_ptr<PyRef> ref_;
+};
+
 tune::TrainableFactory factory_of(py::object cls) {
   auto hold = std::make_shared<PyRef>(std::move(cls));
   return [hold]() -> std::unique_ptr<tune::Trainable> {
@@ -93,6 +162,9 @@ tune::TuneConfig tune_config_arg(const py::dict& d) {
   }
   c.seed = d["seed"].cast<std::uint64_t>();
   c.stop = to_json(d["stop"]);
+  for (py::handle cb : d["callbacks"].cast<py::list>()) {
+    c.callbacks.push_back(std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
+  }
   return c;
 }
 
@@ -226,7 +298,8 @@ void bind_tune(py::module_& m) {
       .def_static(
           "restore",
           [](py::handle path, py::object fn, py::object cls, bool resume_unfinished,
-             bool resume_errored, bool restart_errored, py::object scheduler) {
+             bool resume_errored, bool restart_errored, py::object scheduler,
+             const py::list& callbacks) {
             std::string p = path_arg(path);
             Trainables t = trainables_of(std::move(fn), std::move(cls));
             tune::RestoreOptions options{.resume_unfinished = resume_unfinished,
@@ -236,12 +309,17 @@ void bind_tune(py::module_& m) {
             if (!scheduler.is_none()) {
               code.scheduler = scheduler.cast<std::shared_ptr<tune::TrialScheduler>>();
             }
+            for (py::handle cb : callbacks) {
+              code.callbacks.push_back(
+                  std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
+            }
             py::gil_scoped_release release;
             if (t.cls) return tune::Tuner::restore(p, std::move(t.cls), options, code);
             return tune::Tuner::restore(p, std::move(t.fn), options, code);
           },
           py::arg("path"), py::arg("fn"), py::arg("cls"), py::arg("resume_unfinished"),
-          py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"));
+          py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"),
+          py::arg("callbacks"));
 }
 
 }  // namespace cairn::python

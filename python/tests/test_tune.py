@@ -224,3 +224,58 @@ def test_bad_trainables_and_configs_are_clear_errors(tmp_path: pathlib.Path) -> 
                    run_config=_run_config(tmp_path))
     with pytest.raises(ValueError, match="hyperparam_mutations"):
         PopulationBasedTraining(hyperparam_mutations={"lr": lambda: 0.1})
+
+
+class Recorder(tune.Callback):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.events.append(("start", trial.trial_id))
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any,
+                        result: dict[str, Any], **info: Any) -> None:
+        assert trial in trials
+        self.events.append(("result", trial.trial_id))
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
+                          **info: Any) -> None:
+        self.events.append(("complete", trial.trial_id))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.events.append(("error", trial.trial_id))
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        self.events.append(("end", ",".join(sorted(t.status for t in trials))))
+
+
+def test_python_callbacks_see_every_event_and_a_failing_one_ends_fit_naming_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        for step in range(2):
+            tune.report({"step": step})
+        if config["x"] == 1:
+            raise ValueError("no")
+
+    recorder = Recorder()
+    tune.Tuner(trainable, param_space={"x": tune.grid_search([0, 1])},
+               tune_config=TuneConfig(max_concurrent_trials=1),
+               run_config=_run_config(tmp_path, callbacks=[recorder])).fit()
+    assert recorder.events == [
+        ("start", "trial_00000"), ("result", "trial_00000"), ("result", "trial_00000"),
+        ("complete", "trial_00000"),
+        ("start", "trial_00001"), ("result", "trial_00001"), ("result", "trial_00001"),
+        ("error", "trial_00001"), ("end", "ERROR,TERMINATED")]
+
+    class Broken(tune.Callback):
+        def on_trial_result(self, *args: Any, **kw: Any) -> None:
+            raise RuntimeError("callback bug")
+
+    with pytest.raises(cairn.InvalidArgumentError, match="Broken.*callback bug"):
+        tune.Tuner(trainable, param_space={"x": 0},
+                   run_config=RunConfig(name="b", storage_path=tmp_path,
+                                        callbacks=[Broken()])).fit()
+    with pytest.raises(cairn.InvalidArgumentError, match=r"callbacks\[0\]"):
+        tune.Tuner(trainable, run_config=RunConfig(name="c", storage_path=tmp_path,
+                                                   callbacks=[object()]))

@@ -32,6 +32,7 @@ from cairn._manager import CheckpointConfig
 from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
 from cairn.train._result import Result
 from cairn.train._session import get_checkpoint, get_context, report
+from cairn.tune._callback import Callback
 from cairn.tune._trainable import Trainable
 from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner
 
@@ -74,7 +75,7 @@ def sample_from(func: Any) -> Any:
 
 
 __all__ = [
-    "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
+    "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
     "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
     "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "sample_from",
     "uniform",

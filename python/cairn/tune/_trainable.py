@@ -35,8 +35,9 @@ class Trainable:
         """One iteration; returns its metrics (JSON values)."""
         raise NotImplementedError(f"{type(self).__name__}.step")
 
-    def save_checkpoint(self, checkpoint_dir: str) -> Optional[dict[str, Any]]:
-        """Writes the state into ``checkpoint_dir``, or returns it as a dict."""
+    def save_checkpoint(self, checkpoint_dir: str) -> Optional[Union[str, dict[str, Any]]]:
+        """Writes the state into ``checkpoint_dir`` (returning None or the
+        folder), or returns it as a dict."""
         raise NotImplementedError(f"{type(self).__name__}.save_checkpoint")
 
     def load_checkpoint(self, checkpoint: Union[str, dict[str, Any]]) -> None:
@@ -72,7 +73,7 @@ class Trainable:
 
     def _cairn_save_checkpoint(self, checkpoint_dir: str) -> None:
         state = self.save_checkpoint(checkpoint_dir)
-        if state is not None:
+        if isinstance(state, dict):  # else None or the folder itself, as Ray allows
             with open(os.path.join(checkpoint_dir, _DICT_CHECKPOINT), "w") as f:
                 json.dump(state, f)
 

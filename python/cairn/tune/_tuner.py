@@ -12,6 +12,7 @@ from cairn.errors import InvalidArgumentError
 from cairn.train._config import RunConfig, ScalingConfig
 from cairn.train._result import Result
 from cairn.train._trainer import DataParallelTrainer, _worker_main
+from cairn.tune._callback import Callback
 from cairn.tune._trainable import Trainable
 
 
@@ -47,7 +48,7 @@ class TuneConfig:
     trial_name_creator: Optional[Callable[..., str]] = None
     trial_dirname_creator: Optional[Callable[..., str]] = None
 
-    def _native(self, stop: Any) -> dict[str, Any]:
+    def _native(self, stop: Any, callbacks: Optional[list[Any]] = None) -> dict[str, Any]:
         if self.search_alg is not None:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
@@ -64,7 +65,17 @@ class TuneConfig:
             "scheduler": self.scheduler,
             "seed": int(self.seed),
             "stop": stop or {},
+            "callbacks": _callbacks(callbacks),
         }
+
+
+def _callbacks(callbacks: Optional[list[Any]]) -> list[Callback]:
+    for i, cb in enumerate(callbacks or []):
+        if not isinstance(cb, Callback):
+            raise InvalidArgumentError(
+                f"RunConfig.callbacks[{i}]: a cairn.tune.Callback, not a {type(cb).__name__}",
+                "invalid_argument")
+    return list(callbacks or [])
 
 
 class ResultGrid:
@@ -130,6 +141,11 @@ def _trial_result(impl: Any) -> Result:
     r.config = impl.config  # type: ignore[attr-defined]
     r.trial_id = impl.trial_id  # type: ignore[attr-defined]
     r.status = impl.status  # type: ignore[attr-defined]
+    if r.status == "TERMINATED":
+        # Ended as the Tuner asked (a stop criterion, a scheduler, a final
+        # checkpoint): not a failure, whatever the trial's Trainer recorded.
+        r.error = None
+        r.preempted = False
     return r
 
 
@@ -181,12 +197,8 @@ class Tuner:
                  run_config: Optional[RunConfig] = None) -> None:
         self._tune = tune_config or TuneConfig()
         run = run_config or RunConfig()
-        if run.callbacks:
-            raise InvalidArgumentError(
-                "RunConfig.callbacks: Tune callbacks are not supported from Python yet",
-                "invalid_argument")
         fn, cls, scaling, run = _parts(trainable, run)
-        self._impl: Any = _cairn.Tuner(fn, cls, param_space or {}, self._tune._native(run.stop),
+        self._impl: Any = _cairn.Tuner(fn, cls, param_space or {}, self._tune._native(run.stop, run.callbacks),
                                        run._native(), int(scaling.num_workers), scaling.launcher)
 
     def fit(self) -> ResultGrid:
@@ -206,7 +218,8 @@ class Tuner:
     def restore(cls, path: str | os.PathLike[str], trainable: Any, *,
                 resume_unfinished: bool = True, resume_errored: bool = False,
                 restart_errored: bool = False,
-                param_space: Optional[dict[str, Any]] = None) -> "Tuner":
+                param_space: Optional[dict[str, Any]] = None,
+                callbacks: Optional[list[Any]] = None) -> "Tuner":
         """The experiment at ``path``, to :meth:`fit` again.
 
         Finished trials stay finished; unfinished ones resume from their
@@ -220,5 +233,5 @@ class Tuner:
         self = cls.__new__(cls)
         self._tune = TuneConfig()
         self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
-                                          restart_errored, None)
+                                          restart_errored, None, _callbacks(callbacks))
         return self
