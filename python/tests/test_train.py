@@ -309,6 +309,25 @@ def test_ctrl_c_in_the_driver_saves_an_emergency_checkpoint_then_raises_keyboard
     assert result.checkpoint.verify() == []
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
+def test_under_mpirun_every_process_gets_the_same_result(tmp_path: pathlib.Path) -> None:
+    # Every MPI process runs the program and calls fit(); rank 0 drives.
+    program = os.path.join(os.path.dirname(__file__), "mpi_train.py")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
+    args = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+            "--mca", "btl_vader_single_copy_mechanism", "none",
+            "-x", f"PYTHONPATH={package_root}", "-x", "PYTHONDONTWRITEBYTECODE=1"]
+    if os.geteuid() == 0:
+        args.append("--allow-run-as-root")
+    done = subprocess.run(args + [sys.executable, program, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    assert lines == ["RESULT 0 3.0 None", "RESULT 1 3.0 None"], done.stdout + done.stderr
+    result = train.Result.from_path(tmp_path / "mpi")
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 2}
+
+
 def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
     tmp_path: pathlib.Path,
 ) -> None:
