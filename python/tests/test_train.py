@@ -345,3 +345,22 @@ def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
 
     result = _run(tmp_path, loop, workers=1)
     assert result.error is not None and "TypeError" in str(result.error), result.error
+
+
+def test_metrics_dataframe_is_the_history_in_pandas_or_names_what_is_missing(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop() -> None:
+        for step in range(3):
+            train.report({"step": step, "eval": {"acc": step / 10}})
+
+    result = _run(tmp_path, loop, workers=1)
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pandas"):
+            result.metrics_dataframe
+        return
+    frame = result.metrics_dataframe
+    assert list(frame["step"]) == [0, 1, 2]
+    assert list(frame["eval/acc"]) == [0.0, 0.1, 0.2]
