@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -27,6 +26,9 @@ from cairn.train import (
     RunConfig,
     ScalingConfig,
 )
+
+sys.path.insert(0, os.path.dirname(__file__))
+import driver_process  # noqa: E402
 
 torch = pytest.importorskip("torch")
 from cairn.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
@@ -245,7 +247,6 @@ def test_restore_goes_on_from_the_latest_checkpoint_with_the_saved_config(
 def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
     tmp_path: pathlib.Path,
 ) -> None:
-    sys.path.insert(0, os.path.dirname(__file__))
     import train_driver
 
     hold = tmp_path / "hold"
@@ -253,17 +254,9 @@ def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
     # Steps before HOLD_AT are committed, then the workers wait.
     last = (tmp_path / "exp" / f"checkpoint_{train_driver.HOLD_AT - 1:06d}" / ".cairn" /
             "manifest.json")
-    driver = subprocess.Popen([sys.executable, train_driver.__file__, str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120  # bounds a hang; judges no speed
-        while not last.exists() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert last.exists(), driver.stderr.read().decode() if driver.poll() is not None else ""
-    finally:
+    with driver_process.started(train_driver.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, last)
         driver.kill()  # its workers die with it (PR_SET_PDEATHSIG)
-        driver.wait()
-        driver.stderr.close()
     hold.unlink()
 
     latest = train.Result.from_path(tmp_path / "exp").checkpoint
@@ -284,23 +277,13 @@ def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
 def test_ctrl_c_in_the_driver_saves_an_emergency_checkpoint_then_raises_keyboard_interrupt(
     tmp_path: pathlib.Path,
 ) -> None:
-    sys.path.insert(0, os.path.dirname(__file__))
     import train_driver
 
     first = tmp_path / "exp" / "checkpoint_000000" / ".cairn" / "manifest.json"
-    driver = subprocess.Popen(
-        [sys.executable, train_driver.__file__, str(tmp_path), "interruptible"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120  # bounds a hang; judges no speed
-        while not first.exists() and driver.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert first.exists(), driver.stderr.read().decode() if driver.poll() is not None else ""
+    with driver_process.started(train_driver.__file__, str(tmp_path), "interruptible") as driver:
+        driver_process.wait_for(driver, first)
         driver.send_signal(signal.SIGINT)
         _, err = driver.communicate(timeout=300)
-    finally:
-        driver.kill()
-        driver.wait()
     assert driver.returncode != 0
     assert "KeyboardInterrupt" in err.decode(), err.decode()
     result = train.Result.from_path(tmp_path / "exp")

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-import subprocess
 import sys
-import time
 from typing import Any, Optional, Union
 
 import pytest
@@ -20,6 +18,9 @@ import cairn
 from cairn import tune
 from cairn.tune import Checkpoint, CheckpointConfig, RunConfig, TuneConfig
 from cairn.tune.schedulers import ASHAScheduler, PopulationBasedTraining
+
+sys.path.insert(0, os.path.dirname(__file__))
+import driver_process  # noqa: E402
 
 
 def _run_config(tmp_path: pathlib.Path, **kw: Any) -> RunConfig:
@@ -105,19 +106,21 @@ def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
                                checkpoint_config=CheckpointConfig(checkpoint_frequency=2))).fit()
     assert grid.num_errors == 0, grid.errors
     assert {r.status for r in grid} == {"TERMINATED"}
-    assert all(r.metrics["training_iteration"] == 8 for r in grid)
+    # At least the stop's 8 iterations; a clone may jump past it, since it
+    # goes on from the iteration of the checkpoint it took (as in Ray).
+    assert all(r.metrics["training_iteration"] >= 8 for r in grid), [
+        (r.trial_id, r.metrics) for r in grid]
     # A trial is only ever ahead of steady growth at its own rate if it
     # took a better trial's state (PBT's exploit through load_checkpoint).
     for r in grid:
         if not r.metrics["restored"]:
             assert r.metrics["total"] == pytest.approx(8 * r.config["inc"]), r.trial_id
-    assert grid.get_best_result().metrics["total"] >= 8 * 4.0
+    assert grid.get_best_result().metrics["total"] == max(r.metrics["total"] for r in grid)
 
 
 def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_starts_over(
     tmp_path: pathlib.Path,
 ) -> None:
-    sys.path.insert(0, os.path.dirname(__file__))
     import tune_driver
 
     hold = tmp_path / "hold"
@@ -125,19 +128,9 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
     exp = tmp_path / "exp"
     held = [exp / f"trial_{i:05d}" / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}" / ".cairn" /
             "manifest.json" for i in range(3)]
-    driver = subprocess.Popen([sys.executable, tune_driver.__file__, str(tmp_path)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 180  # bounds a hang; judges no speed
-        while (not all(p.exists() for p in held) and driver.poll() is None
-               and time.monotonic() < deadline):
-            time.sleep(0.05)
-        assert all(p.exists() for p in held), (
-            driver.stderr.read().decode() if driver.poll() is not None else "")
-    finally:
+    with driver_process.started(tune_driver.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, *held)
         driver.kill()  # trial runners and workers die with it
-        driver.wait()
-        driver.stderr.close()
     hold.unlink()
 
     assert tune.Tuner.can_restore(exp)

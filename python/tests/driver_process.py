@@ -1,0 +1,49 @@
+"""A training or tuning driver run as its own process, for the kill tests.
+
+test_train.py and test_tune.py start a driver program (train_driver.py,
+tune_driver.py), wait until the files that say it got far enough exist,
+then signal it. The waits are bounded: they stop a hang, they judge no
+speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+WAIT_S = 180.0
+
+
+@contextlib.contextmanager
+def started(program: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python3 program args...``; killed (its runtime's processes with it) at exit."""
+    driver = subprocess.Popen([sys.executable, program, *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        assert driver.stderr is not None
+        driver.stderr.close()
+
+
+def wait_for(driver: subprocess.Popen[bytes], *paths: pathlib.Path) -> None:
+    """Returns once every path exists; fails if the driver ends first or WAIT_S pass."""
+    deadline = time.monotonic() + WAIT_S
+    while not all(p.exists() for p in paths):
+        if driver.poll() is not None:
+            assert driver.stderr is not None
+            raise AssertionError(f"the driver ended (status {driver.returncode}) before "
+                                 f"{[str(p) for p in paths if not p.exists()]} existed: "
+                                 f"{driver.stderr.read().decode(errors='replace')}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{[str(p) for p in paths if not p.exists()]} did not appear "
+                                 f"within {WAIT_S} s")
+        time.sleep(0.05)
