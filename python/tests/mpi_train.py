@@ -3,7 +3,8 @@
     mpirun -np 2 python3 mpi_train.py STORAGE_PATH
 
 Every MPI process calls fit(); MPI rank 0 is the driver, each process forks
-one rank's worker. Prints ``RESULT <mpi rank> <sum> <error>`` on each.
+one rank's worker. Each writes ``<sum> <error>`` to STORAGE_PATH/result_<mpi
+rank>.txt (not to stdout, which mpirun may interleave).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def loop(config: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, launcher="mpi"),
                           run_config=RunConfig(name="mpi", storage_path=argv[1])).fit()
-    print("RESULT", os.environ.get("OMPI_COMM_WORLD_RANK"), result.metrics.get("sum"),
-          result.error, flush=True)
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK")
+    with open(os.path.join(argv[1], f"result_{rank}.txt"), "w") as f:
+        f.write(f"{result.metrics.get('sum')} {result.error}")
     return 0
 
 
