@@ -9,7 +9,8 @@ Checks, over the #include lines and the text of src/ and python/:
   3. Backends stay behind their URIs: storage/backends.h is included only by
      src/storage/ itself and by tests.
   4. The environment is read in one place: getenv only in src/util/settings.cc.
-  5. The experiment folder's file names are defined once, in src/experiment/.
+  5. The experiment folder's file names are string literals in one file
+     each, their home (EXPERIMENT_NAMES), and nowhere else in src/.
   6. No source file of src/ or python/ above MAX_LINES lines.
 
 Prints every violation as "file:line: what" and exits 1 if there is one.
@@ -63,14 +64,16 @@ PUBLIC_HEADERS = {
     "torch_distributed": "torch",
 }
 
-# Names of files in an experiment's folder; written as literals only in
-# src/experiment/ (docs/ARCHITECTURE.md, "The experiment folder").
-EXPERIMENT_NAMES = [
-    '".cairn.lock"',
-    '"checkpoint_manager.json"',
-    '"trainer_state.json"',
-    '"tuner_state.json"',
-]
+# Names of files in an experiment's folder and the one file that defines
+# each (docs/ARCHITECTURE.md, "Experiment layout"): the manager's own files
+# in manager/, which lies below the experiment layer; the rest in
+# experiment/. Everyone else uses the constants.
+EXPERIMENT_NAMES = {
+    '".cairn.lock"': "src/manager/layout.h",
+    '"checkpoint_manager.json"': "src/manager/layout.h",
+    '"trainer_state.json"': "src/experiment/layout.h",
+    '"tuner_state.json"': "src/experiment/layout.h",
+}
 
 MAX_LINES = 800
 
@@ -129,11 +132,10 @@ def check(root: pathlib.Path):
                 if GETENV.search(line) and str(rel) != "src/util/settings.cc":
                     problems.append(f"{rel}:{n}: getenv outside src/util/settings.cc; "
                                     "read settings through util/settings.h")
-                if own != "experiment":
-                    for name in EXPERIMENT_NAMES:
-                        if name in line:
-                            problems.append(f"{rel}:{n}: experiment file name {name} outside "
-                                            "src/experiment/")
+                for name, home in EXPERIMENT_NAMES.items():
+                    if name in line and rel.as_posix() != home:
+                        problems.append(f"{rel}:{n}: experiment file name {name} written out; "
+                                        f"use the constant of {home}")
 
     python = root / "python"
     for path in [p for p in python.glob("*") if p.suffix in SOURCE_SUFFIXES]:
@@ -162,6 +164,7 @@ def self_test():
         "src/train/backend.cc": '#include "storage/backends.h"\n',
         "src/train/env.cc": 'auto v = std::getenv("X");\nauto w = env.getenv("Y");\n',
         "src/tune/name.cc": 'auto n = "tuner_state.json";\n',
+        "src/experiment/layout.h": 'auto k = "tuner_state.json";\n',
         "src/nowhere/x.cc": "",
         "src/util/big.cc": "\n" * (MAX_LINES + 1),
         "python/_x.cc": '#include "cairn/state.h"\n#include "format/io.h"\n',
