@@ -8,8 +8,8 @@
 #include "experiment/location.h"
 #include "experiment/results.h"
 #include "experiment/trainer_state.h"
+#include "train/control/driver.h"
 #include "train/control/group.h"
-#include "train/driver.h"
 #include "train/mpi.h"
 #include "util/json.h"
 

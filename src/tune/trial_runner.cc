@@ -8,8 +8,8 @@
 #include "cairn/error.h"
 #include "experiment/layout.h"
 #include "train/control/channel.h"
+#include "train/control/driver.h"
 #include "train/control/group.h"
-#include "train/driver.h"
 #include "util/fs.h"
 
 namespace cairn::tune_internal {

@@ -28,7 +28,7 @@
 #include "experiment/location.h"
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
-#include "train/driver.h"
+#include "train/control/driver.h"
 #include "tune/domain.h"
 #include "tune/experiment.h"
 #include "tune/trial_runner.h"

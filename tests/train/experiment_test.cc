@@ -17,7 +17,7 @@
 #include "experiment/location.h"
 #include "support/env.h"
 #include "support/temp_dir.h"
-#include "train/driver.h"
+#include "train/control/driver.h"
 #include "train/train_support.h"
 
 namespace cairn {

@@ -11,7 +11,7 @@
 // the configuration needed by Trainer::restore, the failure count and how
 // the run ended; every released round is added to the run's history
 // (history.h: result.json, progress.csv, the TensorBoard event file).
-#include "train/driver.h"
+#include "train/control/driver.h"
 
 #include <unistd.h>
 
