@@ -9,7 +9,8 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
-#include "cli/tuner_state.h"
+#include "experiment/layout.h"
+#include "experiment/tuner_state.h"
 #include "manager/history_store.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -20,7 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::string_view kHistoryKey = "checkpoint_manager.json";
+constexpr std::string_view kHistoryKey = experiment::kManagerHistoryKey;
+using experiment::kParamsKey;
+using experiment::kTunerStateKey;
+using experiment::read_tuner_state;
+using experiment::TunerState;
+using experiment::TunerTrialState;
 
 // Opens the storage at `path`, or throws kNotFound when nothing is there
 // (check_root_exists), naming the path as the user gave it.
@@ -189,12 +195,6 @@ bool looks_like_trial(Storage& experiment, const std::string& dir) {
   return false;
 }
 
-// The tuner state of the experiment at `storage`: kCorruption naming the file
-// when it cannot be read.
-TunerState read_tuner_state(Storage& storage) {
-  return parse_tuner_state(storage.get(kTunerStateKey), storage.uri_of(kTunerStateKey));
-}
-
 // params.json of a trial folder as JSON; nullopt when absent.
 std::optional<nlohmann::json> read_params(Storage& trial) {
   if (!trial.exists(kParamsKey)) return std::nullopt;
@@ -312,7 +312,7 @@ std::string base_name(std::string uri) {
 // torn by a crash is left out), and the last of them parsed; {0, null} when
 // the file is absent.
 std::pair<uint64_t, nlohmann::json> read_results(Storage& trial) {
-  constexpr std::string_view kResults = "result.json";
+  constexpr std::string_view kResults = experiment::kResultJsonKey;
   if (!trial.exists(kResults)) return {0, nullptr};
   const std::string text = trial.get(kResults);
   uint64_t count = 0;

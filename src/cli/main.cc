@@ -84,6 +84,133 @@ void print(const View& view, bool json) {
   std::cout.flush();
 }
 
+// What the command line says, as CLI11 fills it in.
+struct Options {
+  bool json = false;
+  bool dry_run = false;
+  std::string path;
+  int jobs = 8;
+  bool no_progress = false;
+  std::string destination;
+  std::string verify_name = "auto";
+};
+
+struct Commands {
+  CLI::App* ls = nullptr;
+  CLI::App* show = nullptr;
+  CLI::App* verify = nullptr;
+  CLI::App* gc = nullptr;
+  CLI::App* cp = nullptr;
+  CLI::App* version = nullptr;
+};
+
+// The subcommands and their options, bound to `o`.
+Commands define_commands(CLI::App& app, Options& o) {
+  Commands c;
+  c.ls = app.add_subcommand(
+      "ls", "List experiments and their checkpoints: state, time (UTC), size and metrics");
+  c.ls->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.ls->add_option("PATH", o.path, kRootHelp)->required();
+
+  c.show = app.add_subcommand(
+      "show",
+      "Show one checkpoint: its files with sizes and checksums, manifest and metadata; or one "
+      "trial of a Tuner experiment: its status, config, last result and checkpoints");
+  c.show->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.show
+      ->add_option("CHECKPOINT", o.path,
+                   "the checkpoint folder, or a Tuner trial folder <experiment>/<trial> (a path "
+                   "or URI)")
+      ->required();
+
+  c.verify = app.add_subcommand(
+      "verify",
+      "Check every file of every committed checkpoint against its manifest; exit 1 and name "
+      "each bad file if any is missing, truncated or altered");
+  c.verify->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.verify->add_option("PATH", o.path, kAnyHelp)->required();
+
+  c.gc = app.add_subcommand(
+      "gc",
+      "Remove leftovers of interrupted saves (uncommitted checkpoint folders and temporary "
+      "files); experiments locked by a live writer are skipped");
+  c.gc->add_flag("--dry-run", o.dry_run, "Report what would be removed without removing it");
+  c.gc->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.gc->add_option("PATH", o.path, kRootHelp)->required();
+
+  c.cp = app.add_subcommand(
+      "cp",
+      "Copy a committed checkpoint, or an experiment's committed checkpoints and history, "
+      "between any two storages; verified, manifest last, resumable (a re-run skips files "
+      "already in place)");
+  c.cp->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.cp->add_option("--jobs,-j", o.jobs, "Parallel reads and writes (default 8)")
+      ->check(whole_number(1, 1024));
+  c.cp->add_flag("--no-progress", o.no_progress, "Do not report progress on stderr");
+  c.cp->add_option("--verify", o.verify_name,
+                   "How copied files are checked before the manifest is written: checksum (read "
+                   "back), size, or auto (size where the destination checks uploads itself, as S3 "
+                   "does; checksum elsewhere)")
+      ->check(one_of({"auto", "checksum", "size"}));
+  c.cp->add_option("SRC", o.path, "a committed checkpoint or an experiment (a path or URI)")
+      ->required();
+  c.cp->add_option("DST", o.destination,
+                   "where the checkpoint or experiment goes (a path or URI; it becomes the copy)")
+      ->required();
+
+  c.version =
+      app.add_subcommand("version", "Print the version (cairn <version>) and exit, as --version");
+
+  return c;
+}
+
+// `cairn cp`: its errors name the arguments as given.
+int run_cp_command(const Options& o) {
+  const cairn::TransferVerify verify_mode =
+      o.verify_name == "checksum" ? cairn::TransferVerify::kChecksum
+      : o.verify_name == "size"   ? cairn::TransferVerify::kSize
+                                  : cairn::TransferVerify::kAuto;
+  cairn::TransferReport report;
+  try {
+    report = run_cp(o.path, o.destination, o.jobs, !o.no_progress, verify_mode);
+  } catch (const cairn::Error& e) {
+    std::cerr << render_text(error_line(naming_arguments(e.what(), o.path, o.destination))) << '\n';
+    return exit_code_for(e.code());
+  }
+  std::cout << (o.json ? render_json(cp_to_json(report)) : render_text(cp_to_text(report)));
+  std::cout.flush();
+  return kExitOk;
+}
+
+// Runs the parsed subcommand; its exit code.
+int run_command(const Commands& c, const Options& o) {
+  if (c.ls->parsed()) {
+    LsView view = collect_ls(o.path);
+    auto warn = [](const std::string& error) {
+      if (!error.empty()) std::cerr << render_text("cairn: warning: " + error) << '\n';
+    };
+    for (const auto& e : view.experiments) {
+      warn(e.error);
+      if (!e.tuner) continue;
+      for (const auto& trial : e.tuner->trials) warn(trial.folder.error);
+    }
+    print(view, o.json);
+  } else if (c.show->parsed()) {
+    print(collect_show(o.path), o.json);
+  } else if (c.verify->parsed()) {
+    VerifyView view = collect_verify(o.path);
+    print(view, o.json);
+    return view.ok() ? kExitOk : kExitProblems;
+  } else if (c.gc->parsed()) {
+    print(collect_gc(o.path, o.dry_run), o.json);
+  } else if (c.cp->parsed()) {
+    return run_cp_command(o);
+  } else if (c.version->parsed()) {
+    std::cout << kVersionLine << '\n';
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,68 +220,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("-V,--version", kVersionLine,
                        "Print the version (cairn <version>) and exit");
 
-  bool json = false;
-  bool dry_run = false;
-  std::string path;
-
-  CLI::App* ls = app.add_subcommand(
-      "ls", "List experiments and their checkpoints: state, time (UTC), size and metrics");
-  ls->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  ls->add_option("PATH", path, kRootHelp)->required();
-
-  CLI::App* show = app.add_subcommand(
-      "show",
-      "Show one checkpoint: its files with sizes and checksums, manifest and metadata; or one "
-      "trial of a Tuner experiment: its status, config, last result and checkpoints");
-  show->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  show->add_option("CHECKPOINT", path,
-                   "the checkpoint folder, or a Tuner trial folder <experiment>/<trial> (a path "
-                   "or URI)")
-      ->required();
-
-  CLI::App* verify = app.add_subcommand(
-      "verify",
-      "Check every file of every committed checkpoint against its manifest; exit 1 and name "
-      "each bad file if any is missing, truncated or altered");
-  verify->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  verify->add_option("PATH", path, kAnyHelp)->required();
-
-  CLI::App* gc = app.add_subcommand(
-      "gc",
-      "Remove leftovers of interrupted saves (uncommitted checkpoint folders and temporary "
-      "files); experiments locked by a live writer are skipped");
-  gc->add_flag("--dry-run", dry_run, "Report what would be removed without removing it");
-  gc->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  gc->add_option("PATH", path, kRootHelp)->required();
-
-  int jobs = 8;
-  bool no_progress = false;
-  std::string destination;
-  CLI::App* cp = app.add_subcommand(
-      "cp",
-      "Copy a committed checkpoint, or an experiment's committed checkpoints and history, "
-      "between any two storages; verified, manifest last, resumable (a re-run skips files "
-      "already in place)");
-  cp->add_flag("--json", json, "Print one JSON document (schema in docs/cli.md)");
-  cp->add_option("--jobs,-j", jobs, "Parallel reads and writes (default 8)")
-      ->check(whole_number(1, 1024));
-  cp->add_flag("--no-progress", no_progress, "Do not report progress on stderr");
-  std::string verify_name = "auto";
-  cp->add_option("--verify", verify_name,
-                 "How copied files are checked before the manifest is written: checksum (read "
-                 "back), size, or auto (size where the destination checks uploads itself, as S3 "
-                 "does; checksum elsewhere)")
-      ->check(one_of({"auto", "checksum", "size"}));
-  cp->add_option("SRC", path, "a committed checkpoint or an experiment (a path or URI)")
-      ->required();
-  cp->add_option("DST", destination,
-                 "where the checkpoint or experiment goes (a path or URI; it becomes the copy)")
-      ->required();
-
-  CLI::App* version =
-      app.add_subcommand("version", "Print the version (cairn <version>) and exit, as --version");
-
-  for (CLI::App* sub : {ls, show, verify, gc, cp, version}) sub->footer(kFooter);
+  Options o;
+  const Commands c = define_commands(app, o);
+  for (CLI::App* sub : {c.ls, c.show, c.verify, c.gc, c.cp, c.version}) sub->footer(kFooter);
 
   try {
     app.parse(argc, argv);
@@ -170,43 +238,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (ls->parsed()) {
-      LsView view = collect_ls(path);
-      auto warn = [](const std::string& error) {
-        if (!error.empty()) std::cerr << render_text("cairn: warning: " + error) << '\n';
-      };
-      for (const auto& e : view.experiments) {
-        warn(e.error);
-        if (!e.tuner) continue;
-        for (const auto& trial : e.tuner->trials) warn(trial.folder.error);
-      }
-      print(view, json);
-    } else if (show->parsed()) {
-      print(collect_show(path), json);
-    } else if (verify->parsed()) {
-      VerifyView view = collect_verify(path);
-      print(view, json);
-      return view.ok() ? kExitOk : kExitProblems;
-    } else if (gc->parsed()) {
-      print(collect_gc(path, dry_run), json);
-    } else if (cp->parsed()) {
-      const cairn::TransferVerify verify_mode =
-          verify_name == "checksum" ? cairn::TransferVerify::kChecksum
-          : verify_name == "size"   ? cairn::TransferVerify::kSize
-                                    : cairn::TransferVerify::kAuto;
-      cairn::TransferReport report;
-      try {
-        report = run_cp(path, destination, jobs, !no_progress, verify_mode);
-      } catch (const cairn::Error& e) {
-        std::cerr << render_text(error_line(naming_arguments(e.what(), path, destination))) << '\n';
-        return exit_code_for(e.code());
-      }
-      std::cout << (json ? render_json(cp_to_json(report)) : render_text(cp_to_text(report)));
-      std::cout.flush();
-    } else if (version->parsed()) {
-      std::cout << kVersionLine << '\n';
-    }
-    return kExitOk;
+    return run_command(c, o);
   } catch (const cairn::Error& e) {
     std::cerr << render_text(error_line(e.what())) << '\n';
     return exit_code_for(e.code());

@@ -39,11 +39,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/manager.h"
+#include "manager/layout.h"
 
 namespace cairn::history {
 
-inline constexpr std::string_view kSnapshotKey = "checkpoint_manager.json";
-inline constexpr std::string_view kLogPrefix = "checkpoint_manager.log";
+inline constexpr std::string_view kSnapshotKey = manager_layout::kHistoryKey;
+inline constexpr std::string_view kLogPrefix = manager_layout::kHistoryLogPrefix;
 inline constexpr std::string_view kSnapshotFormat = "cairn-manager";
 
 // The history: what the snapshot holds, with the log applied.

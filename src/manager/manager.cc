@@ -42,7 +42,9 @@
 #include "checkpoint/manifest_text.h"
 #include "manager/history.h"
 #include "manager/history_store.h"
+#include "manager/layout.h"
 #include "manager/retention.h"
+#include "manager/scan.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -50,86 +52,11 @@ namespace cairn {
 
 namespace {
 
-constexpr std::string_view kLockKey = ".cairn.lock";
+constexpr std::string_view kLockKey = manager_layout::kLockKey;
 constexpr std::string_view kStateKey = history::kSnapshotKey;
 
 double system_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// What an experiment's storage holds, grouped by checkpoint.
-struct Scan {
-  std::map<uint64_t, std::string> committed;    // index -> name
-  std::map<uint64_t, std::string> uncommitted;  // index -> name
-  std::vector<std::string> incomplete;          // incomplete-write ids
-  std::optional<uint64_t> max_index;
-};
-
-// `listing` and `incomplete` are list_with_incomplete("") of the experiment:
-// one listing tells which checkpoints are committed, with no request per
-// checkpoint.
-Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::string> incomplete) {
-  Scan scan;
-  std::map<uint64_t, std::string> all;
-  std::set<uint64_t> with_manifest;
-  for (const auto& o : listing) {
-    size_t slash = o.key.find('/');
-    if (slash == std::string::npos) continue;
-    std::string top = o.key.substr(0, slash);
-    auto index = parse_checkpoint_name(top);
-    if (!index) continue;
-    all[*index] = top;
-    // An empty manifest is never a commit (Manifest::torn): some servers keep
-    // an interrupted PUT as 0 bytes. Others are told apart by reading them.
-    if (o.key.substr(slash + 1) == kManifestKey && o.size > 0) with_manifest.insert(*index);
-  }
-  scan.incomplete = std::move(incomplete);
-  for (const auto& id : scan.incomplete) {
-    // A temp file inside a checkpoint folder, or (file systems) an empty
-    // folder a crash left: either way that index was used.
-    std::string top = id.substr(0, id.find('/'));
-    if (auto index = parse_checkpoint_name(top)) all.emplace(*index, top);
-  }
-  for (const auto& [index, name] : all) {
-    (with_manifest.count(index) ? scan.committed : scan.uncommitted)[index] = name;
-    scan.max_index = std::max(scan.max_index.value_or(0), index);
-  }
-  return scan;
-}
-
-// Reads the manifests of the committed checkpoints that `known` (the
-// history) does not list, and moves those that are torn (Manifest::torn:
-// the remains of an interrupted commit) to the uncommitted ones, telling
-// `note` why. The history lists only checkpoints committed before it was
-// written, so the manifests it names are whole and are not read. Returns
-// the whole manifests read, by index.
-std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
-                                           const std::map<uint64_t, history::State::Entry>& known,
-                                           const std::function<void(const std::string&)>& note) {
-  std::map<uint64_t, std::string> read;
-  for (auto it = scan.committed.begin(); it != scan.committed.end();) {
-    const auto& [index, name] = *it;
-    if (known.count(index)) {
-      ++it;
-      continue;
-    }
-    const std::string key = join_key(name, kManifestKey);
-    std::string why;
-    std::optional<std::string> text = read_whole_manifest(storage, key, &why);
-    if (text) {
-      read.emplace(index, std::move(*text));
-      ++it;
-      continue;
-    }
-    note(why.empty()
-             ? fmt::format("{}: the manifest went away since the listing", storage.uri_of(key))
-             : fmt::format("{}: torn manifest, the remains of an interrupted commit ({}); "
-                           "{} is not a checkpoint",
-                           storage.uri_of(key), why, name));
-    scan.uncommitted.emplace(index, name);
-    it = scan.committed.erase(it);
-  }
-  return read;
 }
 
 retention::Policy policy_of(const CheckpointConfig& c) {
@@ -706,117 +633,9 @@ std::vector<CheckpointRecord> CheckpointManager::history() const {
   return records_;
 }
 
-ExperimentListing read_experiment(std::string_view experiment_uri) {
-  ExperimentListing out;
-  auto storage = open_storage(experiment_uri);
-  out.uri = storage->uri();
-  std::vector<std::string> incomplete;
-  const std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
-  history::State stored =
-      history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); }).state;
-  out.config = stored.config;
-  Scan scan = scan_experiment(listing, std::move(incomplete));
-  std::map<uint64_t, std::string> manifests =
-      split_torn(*storage, scan, stored.records, [](const std::string& m) { log::info(m); });
-  for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
-  for (const auto& [index, name] : scan.committed) {
-    CheckpointRecord r(index, Checkpoint(storage->child(name)));
-    auto it = stored.records.find(index);
-    if (it != stored.records.end()) {
-      r.metrics = it->second.metrics;
-      r.created_at = it->second.created_at;
-      r.pinned = it->second.pinned;
-    } else {
-      try {
-        Manifest m =
-            Manifest::parse(manifests.at(index), r.checkpoint.storage().uri_of(kManifestKey));
-        r.metrics = m.metrics;
-        r.created_at = m.created_at;
-      } catch (const Error&) {
-        // ignore-error: listed without metrics; `cairn verify` reports the damage.
-      }
-    }
-    out.checkpoints.push_back(std::move(r));
-  }
-  return out;
-}
-
 std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecord>& records,
                                                const CheckpointConfig& config) {
   return ranked(records, config);
-}
-
-std::vector<std::string> find_experiments(std::string_view uri) {
-  auto storage = open_storage(uri);
-  // What only an experiment holds: its history, its log folder, checkpoint
-  // folders. list_names() ends folder names with '/'.
-  auto is_marker = [](std::string_view name) {
-    const bool folder = !name.empty() && name.back() == '/';
-    if (folder) name.remove_suffix(1);
-    return folder ? name == history::kLogPrefix || parse_checkpoint_name(name).has_value()
-                  : name == kStateKey;
-  };
-  std::vector<std::string> found;
-  const std::vector<std::string> top = storage->list_names("");
-  if (std::any_of(top.begin(), top.end(), is_marker)) found.emplace_back();
-  // Experiments one level down; a marker folder is part of the root's.
-  for (const auto& name : top) {
-    if (name.back() != '/' || is_marker(name)) continue;
-    const std::string folder = name.substr(0, name.size() - 1);
-    const std::vector<std::string> inner = storage->list_names(folder);
-    if (std::any_of(inner.begin(), inner.end(), is_marker)) found.push_back(folder);
-  }
-  return found;
-}
-
-GcReport collect_garbage(std::string_view uri, bool dry_run) {
-  GcReport report;
-  auto root = open_storage(uri);
-  for (const auto& name : find_experiments(uri)) {
-    auto storage = name.empty() ? root : root->child(name);
-    // A dry run changes nothing, not even by creating a lock file.
-    std::unique_ptr<Lock> lock;
-    bool locked = false;
-    if (dry_run) {
-      locked = storage->is_locked(kLockKey);
-    } else {
-      try {
-        lock = storage->try_lock(kLockKey);
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kLocked) throw;
-        locked = true;
-      }
-    }
-    if (locked) {
-      report.skipped.push_back(
-          fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
-      continue;
-    }
-    std::vector<std::string> incomplete;
-    std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
-    Scan scan = scan_experiment(listing, std::move(incomplete));
-    // Checkpoints whose manifest is torn are leftovers too. gc is asked for,
-    // so it reads every manifest rather than trusting the history.
-    split_torn(*storage, scan, {}, [](const std::string& m) { log::info(m); });
-    for (const auto& id : scan.incomplete) {
-      if (!dry_run) storage->discard_incomplete(id);
-      report.removed.push_back(storage->uri_of(id));
-    }
-    for (const auto& [index, cp] : scan.uncommitted) {
-      Checkpoint leftover(storage->child(cp));
-      if (dry_run) {
-        for (const auto& o : leftover.storage().list(""))
-          report.removed.push_back(leftover.storage().uri_of(o.key));
-      } else {
-        auto removed = remove_uncommitted(leftover);
-        report.removed.insert(report.removed.end(), removed.begin(), removed.end());
-      }
-    }
-  }
-  // Node-local views of remote checkpoints that no live process uses (their
-  // users were killed): garbage wherever they came from.
-  for (auto& view : sweep_unused_views(dry_run)) report.removed.push_back(std::move(view));
-  return report;
 }
 
 }  // namespace cairn

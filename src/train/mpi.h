@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cairn/train.h"
-#include "train/driver.h"
+#include "train/control/driver.h"
 
 namespace cairn::train_internal {
 

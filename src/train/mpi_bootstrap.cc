@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
-#include "train/net.h"
+#include "train/control/net.h"
 
 #if CAIRN_HAVE_MPI
 // The C API only: the deprecated C++ bindings would need libmpi_cxx.

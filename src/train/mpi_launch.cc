@@ -35,13 +35,14 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
-#include "train/channel.h"
-#include "train/group.h"
+#include "experiment/location.h"
+#include "train/control/channel.h"
+#include "train/control/group.h"
+#include "train/control/net.h"
+#include "train/control/scratch.h"
+#include "train/control/sigterm.h"
 #include "train/mpi.h"
 #include "train/mpi_bootstrap.h"
-#include "train/net.h"
-#include "train/scratch.h"
-#include "train/sigterm.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -489,7 +490,8 @@ Result drive(DriverSpec spec, const MpiWorld& w, TcpListener& listener, const st
     for (Agent& a : agents) a.send(m);
   };
   try {
-    ExperimentLocation loc = locate_experiment(spec.run);
+    experiment::ExperimentLocation loc =
+        experiment::locate_experiment(spec.run.storage_path, spec.run.name);
     spec.world_size = w.size;
     spec.run.name = loc.name;
     spec.run.storage_path = loc.storage_path;

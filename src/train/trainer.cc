@@ -4,9 +4,12 @@
 
 #include "cairn/error.h"
 #include "cairn/train.h"
-#include "train/driver.h"
-#include "train/group.h"
-#include "train/history.h"
+#include "experiment/layout.h"
+#include "experiment/location.h"
+#include "experiment/results.h"
+#include "experiment/trainer_state.h"
+#include "train/control/driver.h"
+#include "train/control/group.h"
 #include "train/mpi.h"
 #include "util/json.h"
 
@@ -40,7 +43,7 @@ void RunConfig::validate() const {
         fmt::format("RunConfig::storage_path \"{}\" is not valid UTF-8", printable(storage_path)));
   }
   if (name.empty()) return;  // a default name is made by fit()
-  train_internal::check_experiment_name(name, "RunConfig::name");
+  experiment::check_experiment_name(name, "RunConfig::name");
   try {
     validate_key(name);
   } catch (const Error& e) {
@@ -88,7 +91,7 @@ Result Trainer::fit() {
                 "ScalingConfig::num_workers must be >= 1 for the local launcher");
   }
   spec.world_size = scaling_config_.num_workers;
-  auto loc = train_internal::locate_experiment(run_config_);
+  auto loc = experiment::locate_experiment(run_config_.storage_path, run_config_.name);
   spec.run.name = loc.name;
   spec.run.storage_path = loc.storage_path;
   spec.experiment_uri = loc.uri;
@@ -97,12 +100,12 @@ Result Trainer::fit() {
 }
 
 bool Trainer::can_restore(std::string_view path) {
-  return train_internal::read_trainer_state(path).is_object();
+  return experiment::read_trainer_state(path).is_object();
 }
 
 Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
                          std::optional<nlohmann::json> train_loop_config) {
-  nlohmann::json state = train_internal::read_trainer_state(path);
+  nlohmann::json state = experiment::read_trainer_state(path);
   if (!state.is_object()) {
     throw Error(
         ErrorCode::kNotFound,
@@ -110,7 +113,7 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
   }
   // The experiment is the one at `path`, wherever it was when it ran: the
   // stored name and storage path are only where it used to be.
-  const train_internal::ExperimentParts where = train_internal::split_experiment_path(path);
+  const experiment::ExperimentParts where = experiment::split_experiment_path(path);
   RunConfig run;
   run.name = where.name;
   run.storage_path = where.storage_path;
@@ -129,8 +132,8 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kCorruption,
-                fmt::format("{}/trainer_state.json: a stored setting has the wrong type: {}", path,
-                            e.what()));
+                fmt::format("{}/{}: a stored setting has the wrong type: {}", path,
+                            experiment::kTrainerStateKey, e.what()));
   }
   Trainer t(std::move(train_fn),
             train_loop_config ? *train_loop_config
@@ -142,7 +145,7 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
 
 Result Result::from_path(std::string_view path) {
   ExperimentListing listing = read_experiment(path);
-  nlohmann::json state = train_internal::read_trainer_state(path);
+  nlohmann::json state = experiment::read_trainer_state(path);
   if (!state.is_object() && listing.checkpoints.empty()) {
     throw Error(
         ErrorCode::kNotFound,
@@ -162,7 +165,7 @@ Result Result::from_path(std::string_view path) {
   }
   if (state.is_object() && state["error"].is_string()) r.error = state["error"].get<std::string>();
   r.preempted = state.is_object() && state.value("status", nlohmann::json()) == "preempted";
-  r.metrics_history = train_internal::read_result_history(*open_storage(path));
+  r.metrics_history = experiment::read_result_rows(*open_storage(path));
   return r;
 }
 

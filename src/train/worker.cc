@@ -45,9 +45,9 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
-#include "train/channel.h"
-#include "train/group.h"
-#include "train/sigterm.h"
+#include "train/control/channel.h"
+#include "train/control/group.h"
+#include "train/control/sigterm.h"
 #include "train/snapshot.h"
 #include "util/fs.h"
 #include "util/json.h"

@@ -1,5 +1,5 @@
 // Single-domain validation and sampling, shared by ParamSpace (space.cc) and
-// Population Based Training's explore step (schedulers.cc), and the check of
+// Population Based Training's explore step (pbt_scheduler.cc), and the check of
 // a "max"/"min" mode shared by the schedulers and the Tuner. Internal to
 // cairn_tune; the public contract of domains is in include/cairn/tune.h.
 #pragma once

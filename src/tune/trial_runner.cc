@@ -6,9 +6,10 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
-#include "train/channel.h"
-#include "train/driver.h"
-#include "train/group.h"
+#include "experiment/layout.h"
+#include "train/control/channel.h"
+#include "train/control/driver.h"
+#include "train/control/group.h"
 #include "util/fs.h"
 
 namespace cairn::tune_internal {
@@ -137,7 +138,7 @@ int run_trial(const RunnerSpec& rs, int fd) {
     spec.experiment_path = rs.trial_path;
     spec.sweep_scratch = false;
     spec.iteration_from_checkpoint = true;
-    spec.restoring = open_storage(rs.trial_uri)->exists(train_internal::kTrainerStateKey);
+    spec.restoring = open_storage(rs.trial_uri)->exists(experiment::kTrainerStateKey);
     spec.on_round = [&channel](const train_internal::RoundInfo& info) {
       const nlohmann::json reply =
           ask_the_tuner(channel, {{"t", "round"},

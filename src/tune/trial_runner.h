@@ -1,5 +1,5 @@
 // The trial runner: the process the Tuner forks for each running trial. It
-// runs the trial as a Trainer run (train/driver.h) in the trial's folder and
+// runs the trial as a Trainer run (train/control/driver.h) in the trial's folder and
 // asks the Tuner, over a channel, what to do after every report round.
 //
 //   runner -> tuner  {"t":"round","row":{...}|null,"checkpoint":name|null,"kept":[names]}

@@ -8,12 +8,15 @@
 #include "cairn/error.h"
 #include "cli/exit_codes.h"
 #include "cli/format.h"
-#include "cli/tuner_state.h"
 #include "cli/views.h"
+#include "experiment/tuner_state.h"
 
 namespace cairn::cli {
 namespace {
 
+using experiment::parse_tuner_state;
+using experiment::TunerState;
+using experiment::TunerTrialState;
 using nlohmann::json;
 
 TEST(FormatSize, BytesBelowOneKibibyteAreExact) {

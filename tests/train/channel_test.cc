@@ -1,7 +1,7 @@
 // The control-plane channel refuses what a peer must never make it accept:
 // documents nested too deeply, NUL bytes, oversized frames. The error is
 // kCorruption naming the peer, never a crash.
-#include "train/channel.h"
+#include "train/control/channel.h"
 
 #include <sys/socket.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // The report round's state machine and the failure rules, without processes.
-#include "train/collective.h"
+#include "train/control/collective.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -14,9 +14,10 @@
 
 #include "cairn/error.h"
 #include "cairn/train.h"
+#include "experiment/location.h"
 #include "support/env.h"
 #include "support/temp_dir.h"
-#include "train/driver.h"
+#include "train/control/driver.h"
 #include "train/train_support.h"
 
 namespace cairn {
@@ -237,13 +238,13 @@ TEST(TrainExperiment, TildeInStoragePathIsTheHomeDirectory) {
 TEST(TrainExperiment, DefaultNameHasSubSecondTimeAndARandomSuffix) {
   using namespace std::chrono;
   const auto t = system_clock::time_point(seconds(1714564800)) + microseconds(123456);
-  const std::string a = train_internal::default_run_name(t, 0x1a2b3c);
+  const std::string a = experiment::default_run_name(t, 0x1a2b3c);
   EXPECT_TRUE(std::regex_match(
       a, std::regex(R"(cairn_train_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.123456_1a2b3c)")))
       << a;
-  EXPECT_NE(train_internal::default_run_name(t, 0x1a2b3d), a) << "same microsecond, other draw";
-  EXPECT_NE(train_internal::default_run_name(t + microseconds(1), 0x1a2b3c), a);
-  train_internal::check_experiment_name(a, "a default name");
+  EXPECT_NE(experiment::default_run_name(t, 0x1a2b3d), a) << "same microsecond, other draw";
+  EXPECT_NE(experiment::default_run_name(t + microseconds(1), 0x1a2b3c), a);
+  experiment::check_experiment_name(a, "a default name");
 }
 
 TEST(TrainExperiment, DefaultNamesOfConcurrentAndBackToBackFitsDiffer) {

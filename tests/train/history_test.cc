@@ -1,7 +1,7 @@
 // The run's result history: CRC32C, TFRecord and Event encoding, CSV
-// flattening and escaping, result.json parsing, and RunHistory's files
+// flattening and escaping, result.json parsing, and RunResults's files
 // across reopening.
-#include "train/history.h"
+#include "experiment/results.h"
 
 #include <filesystem>
 
@@ -11,7 +11,7 @@
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
-namespace cairn::train_internal {
+namespace cairn::experiment {
 namespace {
 
 using nlohmann::json;
@@ -116,7 +116,7 @@ TEST(ExperimentHistory, ResultLinesIgnoreATornLastLine) {
 
 struct FakeClock {
   double now = 1000.0;
-  RunHistory::Clock fn() {
+  RunResults::Clock fn() {
     return [this] { return now; };
   }
 };
@@ -126,7 +126,7 @@ TEST(ExperimentHistory, RunHistoryAppendsAndContinuesAfterReopening) {
   auto storage = open_storage(dir.str());
   FakeClock clock;
   {
-    RunHistory h(storage, clock.fn());
+    RunResults h(storage, clock.fn());
     clock.now = 1002.5;
     h.record({{"loss", 1.0}}, std::nullopt, 0);
     clock.now = 1004.0;
@@ -135,7 +135,7 @@ TEST(ExperimentHistory, RunHistoryAppendsAndContinuesAfterReopening) {
     EXPECT_EQ(h.event_file().rfind("events.out.tfevents.1000.", 0), 0u) << h.event_file();
   }
   clock.now = 2000.0;  // a new driver, later: the downtime is not counted
-  RunHistory h(storage, clock.fn());
+  RunResults h(storage, clock.fn());
   clock.now = 2001.0;
   h.record({{"loss", 0.25}}, std::nullopt, 1);
   ASSERT_EQ(h.rows().size(), 3u);
@@ -169,13 +169,13 @@ TEST(ExperimentHistory, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine
   auto storage = open_storage(dir.str());
   FakeClock clock;
   {
-    RunHistory h(storage, clock.fn());
+    RunResults h(storage, clock.fn());
     h.record({{"x", 1}}, std::nullopt, 0);
   }
   const std::string good = read_text(dir / "result.json");
   write_text(dir / "result.json", good + "{\"x\":2,\"trai");  // killed mid-append
   write_text(dir / "progress.csv", read_text(dir / "progress.csv") + "\"torn");
-  RunHistory h(storage, clock.fn());
+  RunResults h(storage, clock.fn());
   h.record({{"x", 3}}, std::nullopt, 0);
   const std::string text = read_text(dir / "result.json");
   EXPECT_EQ(text.rfind(good, 0), 0u);
@@ -193,13 +193,13 @@ TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {
   auto storage = open_storage("memory://history-test/exp");
   FakeClock clock;
   {
-    RunHistory h(storage, clock.fn());
+    RunResults h(storage, clock.fn());
     h.record({{"x", 1}}, std::nullopt, 0);
     h.record({{"x", 2}}, std::nullopt, 0);
   }
-  RunHistory h(storage, clock.fn());
+  RunResults h(storage, clock.fn());
   h.record({{"x", 3}}, std::nullopt, 0);
-  EXPECT_EQ(read_result_history(*storage), h.rows());
+  EXPECT_EQ(read_result_rows(*storage), h.rows());
   ASSERT_EQ(h.rows().size(), 3u);
   EXPECT_EQ(h.rows()[2]["training_iteration"], 3);
   // Both drivers started in the same second: the second file gets a suffix.
@@ -211,4 +211,4 @@ TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {
 }
 
 }  // namespace
-}  // namespace cairn::train_internal
+}  // namespace cairn::experiment

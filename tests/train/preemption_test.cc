@@ -16,7 +16,7 @@
 #include "cairn/error.h"
 #include "cairn/train.h"
 #include "support/temp_dir.h"
-#include "train/group.h"
+#include "train/control/group.h"
 #include "train/train_support.h"
 
 namespace cairn {

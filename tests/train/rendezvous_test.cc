@@ -19,7 +19,7 @@
 #include "cairn/error.h"
 #include "cairn/train.h"
 #include "support/temp_dir.h"
-#include "train/net.h"
+#include "train/control/net.h"
 #include "train/train_support.h"
 
 namespace cairn {

@@ -1,7 +1,7 @@
 // Scratch folders of the training runtime: the owner record, and the sweep
 // that removes folders whose owner process died (a SIGKILLed driver or agent)
 // while never touching a live one, another container's, or one being made.
-#include "train/scratch.h"
+#include "train/control/scratch.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

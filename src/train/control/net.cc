@@ -1,4 +1,4 @@
-#include "train/net.h"
+#include "train/control/net.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

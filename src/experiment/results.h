@@ -1,7 +1,8 @@
-// The run's result history in the experiment folder, as Ray Train writes it:
+// The run's result rows in the experiment folder (one reader and writer of
+// them for train/ and tune/), as Ray Train writes it:
 // result.json (one JSON object a line), progress.csv (the same rows
 // flattened) and a TensorBoard event file. The encoders and parsers are pure
-// functions, apart from RunHistory, which does the I/O.
+// functions, apart from RunResults, which does the I/O.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/storage.h"
+#include "experiment/layout.h"
 
-namespace cairn::train_internal {
-
-inline constexpr std::string_view kResultJsonKey = "result.json";
-inline constexpr std::string_view kProgressCsvKey = "progress.csv";
-inline constexpr std::string_view kEventFilePrefix = "events.out.tfevents.";
+namespace cairn::experiment {
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from
 // `crc` (0 to start): crc32c("123456789") == 0xE3069283.
@@ -69,7 +67,7 @@ struct ParsedResults {
 ParsedResults parse_result_lines(std::string_view text, std::string_view where);
 
 // Reads result.json of the experiment at `experiment` (none: empty).
-std::vector<nlohmann::json> read_result_history(Storage& experiment);
+std::vector<nlohmann::json> read_result_rows(Storage& experiment);
 
 // Writes the history of one driver's run into the experiment folder. On
 // opening it reads result.json (dropping a torn last line), rewrites
@@ -78,13 +76,13 @@ std::vector<nlohmann::json> read_result_history(Storage& experiment);
 // line (O_APPEND); on other backends, which cannot append, the object is
 // replaced whole. progress.csv is rewritten whole only when a round brings
 // keys it has no column for. Not thread-safe.
-class RunHistory {
+class RunResults {
  public:
   using Clock = std::function<double()>;  // seconds since the Unix epoch
-  RunHistory(std::shared_ptr<Storage> experiment, Clock clock);
-  ~RunHistory();
-  RunHistory(const RunHistory&) = delete;
-  RunHistory& operator=(const RunHistory&) = delete;
+  RunResults(std::shared_ptr<Storage> experiment, Clock clock);
+  ~RunResults();
+  RunResults(const RunResults&) = delete;
+  RunResults& operator=(const RunResults&) = delete;
 
   // Appends one reported round: `metrics` (rank 0's) with training_iteration
   // (`iteration` when given, else the row's number: 1, 2, ...), timestamp,
@@ -114,4 +112,4 @@ class RunHistory {
   std::unique_ptr<Appender> results_, progress_, event_;
 };
 
-}  // namespace cairn::train_internal
+}  // namespace cairn::experiment

@@ -43,6 +43,7 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "checkpoint/manifest_text.h"
+#include "experiment/layout.h"
 #include "manager/history_store.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -51,8 +52,7 @@ namespace cairn {
 
 namespace {
 
-constexpr std::string_view kLockKey = ".cairn.lock";
-constexpr std::string_view kHistoryKey = "checkpoint_manager.json";
+constexpr std::string_view kHistoryKey = experiment::kManagerHistoryKey;
 // Re-reads of a live source's history before giving up; see copy_history().
 constexpr int kHistoryRounds = 4;
 
@@ -559,7 +559,7 @@ ExperimentScan scan_experiment(Storage& src) {
         continue;
       }
     }
-    if (o.key == kLockKey) continue;
+    if (o.key == experiment::kLockKey) continue;
     if (o.key == kHistoryKey) {
       scan.has_history = true;
       continue;
@@ -751,7 +751,7 @@ TransferReport copy_experiment(std::string_view src_uri, std::string_view dst_ur
   ProgressSink progress(options);
   Context ctx{options, progress, report};
 
-  std::unique_ptr<Lock> lock = dst->try_lock(kLockKey);
+  std::unique_ptr<Lock> lock = dst->try_lock(experiment::kLockKey);
 
   std::vector<Planned> plan;
   for (const auto& [index, name] : scan.committed) {

@@ -1,4 +1,4 @@
-#include "train/scratch.h"
+#include "train/control/scratch.h"
 
 #include <unistd.h>
 

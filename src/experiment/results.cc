@@ -1,4 +1,4 @@
-#include "train/history.h"
+#include "experiment/results.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 
-namespace cairn::train_internal {
+namespace cairn::experiment {
 
 namespace {
 
@@ -191,21 +191,21 @@ ParsedResults parse_result_lines(std::string_view text, std::string_view where) 
   return r;
 }
 
-std::vector<nlohmann::json> read_result_history(Storage& experiment) {
+std::vector<nlohmann::json> read_result_rows(Storage& experiment) {
   if (!experiment.exists(kResultJsonKey)) return {};
   return parse_result_lines(experiment.get(kResultJsonKey), experiment.uri_of(kResultJsonKey)).rows;
 }
 
 // One file of the history: appended to in place where it is a local file,
 // else (or after a failed append) replaced whole.
-struct RunHistory::Appender {
+struct RunResults::Appender {
   std::string key;
   std::optional<std::filesystem::path> local;
   UniqueFd fd;
   bool broken = false;
 };
 
-RunHistory::RunHistory(std::shared_ptr<Storage> experiment, Clock clock)
+RunResults::RunResults(std::shared_ptr<Storage> experiment, Clock clock)
     : storage_(std::move(experiment)), clock_(std::move(clock)) {
   opened_at_ = clock_();
   auto make = [&](std::string key) {
@@ -249,9 +249,9 @@ RunHistory::RunHistory(std::shared_ptr<Storage> experiment, Clock clock)
   storage_->put(event_key_, events_);
 }
 
-RunHistory::~RunHistory() = default;
+RunResults::~RunResults() = default;
 
-std::string RunHistory::csv_text() const {
+std::string RunResults::csv_text() const {
   std::string out;
   if (header_.empty()) return out;
   for (size_t i = 0; i < header_.size(); ++i) {
@@ -263,7 +263,7 @@ std::string RunHistory::csv_text() const {
   return out;
 }
 
-void RunHistory::append(Appender& file, std::string_view data,
+void RunResults::append(Appender& file, std::string_view data,
                         const std::function<std::string()>& whole) {
   if (file.local && !file.broken) {
     try {
@@ -283,7 +283,7 @@ void RunHistory::append(Appender& file, std::string_view data,
   file.broken = false;
 }
 
-void RunHistory::record(const nlohmann::json& metrics,
+void RunResults::record(const nlohmann::json& metrics,
                         const std::optional<std::string>& checkpoint_dir_name, int attempt,
                         std::optional<int64_t> iteration) {
   const double now = clock_();
@@ -327,4 +327,4 @@ void RunHistory::record(const nlohmann::json& metrics,
   }
 }
 
-}  // namespace cairn::train_internal
+}  // namespace cairn::experiment

@@ -1,4 +1,4 @@
-#include "train/channel.h"
+#include "train/control/channel.h"
 
 #include <poll.h>
 #include <sys/socket.h>

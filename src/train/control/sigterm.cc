@@ -1,4 +1,4 @@
-#include "train/sigterm.h"
+#include "train/control/sigterm.h"
 
 namespace cairn::train_internal {
 namespace {

@@ -1,4 +1,4 @@
-#include "train/collective.h"
+#include "train/control/collective.h"
 
 #include <signal.h>
 #include <string.h>

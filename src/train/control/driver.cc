@@ -11,7 +11,7 @@
 // the configuration needed by Trainer::restore, the failure count and how
 // the run ended; every released round is added to the run's history
 // (history.h: result.json, progress.csv, the TensorBoard event file).
-#include "train/driver.h"
+#include "train/control/driver.h"
 
 #include <unistd.h>
 
@@ -27,11 +27,14 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
-#include "train/collective.h"
-#include "train/history.h"
-#include "train/net.h"
-#include "train/scratch.h"
-#include "train/sigterm.h"
+#include "experiment/layout.h"
+#include "experiment/location.h"
+#include "experiment/results.h"
+#include "experiment/trainer_state.h"
+#include "train/control/collective.h"
+#include "train/control/net.h"
+#include "train/control/scratch.h"
+#include "train/control/sigterm.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -63,54 +66,6 @@ ManifestEntry entry_from_json(const nlohmann::json& j) {
   return e;
 }
 
-constexpr std::string_view kManagerStateKey = "checkpoint_manager.json";
-constexpr std::string_view kLockKey = ".cairn.lock";
-
-// Whether the folder holds an experiment: a trainer state, a manager history,
-// or checkpoint folders (committed or not).
-bool holds_experiment(Storage& storage) {
-  if (storage.exists(kTrainerStateKey) || storage.exists(kManagerStateKey)) return true;
-  auto is_checkpoint = [](std::string_view key) {
-    const size_t slash = key.find('/');
-    return slash != std::string_view::npos &&
-           parse_checkpoint_name(key.substr(0, slash)).has_value();
-  };
-  for (const auto& o : storage.list("")) {
-    if (is_checkpoint(o.key)) return true;
-  }
-  for (const auto& id : storage.list_incomplete("")) {
-    if (is_checkpoint(id)) return true;
-  }
-  return false;
-}
-
-// Type of each trainer_state.json field that restore and the driver read.
-// A field may be absent (defaults apply) or null where noted.
-struct StateField {
-  std::string_view name;
-  nlohmann::json::value_t type;
-  bool nullable;
-};
-constexpr StateField kStateFields[] = {
-    {"name", nlohmann::json::value_t::string, false},
-    {"storage_path", nlohmann::json::value_t::string, false},
-    {"num_workers", nlohmann::json::value_t::number_unsigned, false},
-    {"driver_starts", nlohmann::json::value_t::number_unsigned, false},
-    {"failures", nlohmann::json::value_t::number_unsigned, false},
-    {"checkpoint_config", nlohmann::json::value_t::object, false},
-    {"failure_config", nlohmann::json::value_t::object, false},
-    {"resume_from_checkpoint", nlohmann::json::value_t::string, true},
-    {"error", nlohmann::json::value_t::string, true},
-    {"status", nlohmann::json::value_t::string, false},
-};
-
-bool has_type(const nlohmann::json& v, nlohmann::json::value_t type) {
-  if (type == nlohmann::json::value_t::number_unsigned) {
-    return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
-  }
-  return v.type() == type;
-}
-
 struct Outcome {
   bool finished = false;
   bool preempted = false;  // stopped for preemption (finished or not)
@@ -126,6 +81,18 @@ class Driver {
   Result run() {
     SigtermNotice sigterm;
     sigterm_ = &sigterm;
+    open_experiment();
+    Result result;
+    result.path = spec_.experiment_path;
+    const int failures = run_attempts(result);
+    finish(result, failures);
+    return result;
+  }
+
+ private:
+  // Opens and locks the experiment, refuses one this run may not continue,
+  // and records in trainer_state.json that the run is running.
+  void open_experiment() {
     storage_ = open_storage(spec_.experiment_uri);
     continuing_ = spec_.restoring;
     // Before the manager opens the experiment: opening removes leftovers and
@@ -138,11 +105,11 @@ class Driver {
                                                    spec_.run.checkpoint_config, manager_options);
     // Another new run may have started the experiment between the check and
     // the lock; the lock makes this second look exact.
-    if (!continuing_ && storage_->exists(kTrainerStateKey)) throw already_exists();
-    state_ = continuing_ ? read_trainer_state(spec_.experiment_uri) : nlohmann::json();
+    if (!continuing_ && storage_->exists(experiment::kTrainerStateKey)) throw already_exists();
+    state_ = continuing_ ? experiment::read_trainer_state(spec_.experiment_uri) : nlohmann::json();
     if (!state_.is_object()) state_ = nlohmann::json::object();
-    state_["format"] = "cairn-trainer-state";
-    state_["version"] = 1;
+    state_["format"] = std::string(experiment::kTrainerStateFormat);
+    state_["version"] = experiment::kTrainerStateVersion;
     state_["name"] = spec_.run.name;
     state_["storage_path"] = spec_.run.storage_path;
     state_["num_workers"] = spec_.world_size;
@@ -163,7 +130,7 @@ class Driver {
     state_["error"] = nullptr;
     // Before the state says "running": a damaged result.json refuses the run
     // (kCorruption naming it) with nothing changed.
-    history_ = std::make_unique<RunHistory>(storage_, wall_seconds);
+    history_ = std::make_unique<experiment::RunResults>(storage_, wall_seconds);
     save_state();
     if (spec_.before_start) spec_.before_start();
     if (spec_.sweep_scratch) {
@@ -171,14 +138,17 @@ class Driver {
         log::info(fmt::format("removed {}, the scratch folder of a driver that died", p.string()));
       }
     }
+  }
 
+  // Runs attempts until one finishes, is preempted, or a failure is not to
+  // be restarted from; fills `result`'s preemption and error. Returns the
+  // number of group failures.
+  int run_attempts(Result& result) {
     std::optional<std::string> resume;
     if (state_["resume_from_checkpoint"].is_string()) {
       resume = state_["resume_from_checkpoint"].get<std::string>();
     }
     int failures = 0;
-    Result result;
-    result.path = spec_.experiment_path;
     for (int attempt = 0;; ++attempt) {
       std::optional<std::string> from = resume;
       // A restart, or a restored run, resumes from what this experiment committed.
@@ -228,6 +198,11 @@ class Driver {
                       budget < 0 ? std::string("unlimited") : std::to_string(budget), message));
       save_state();
     }
+    return failures;
+  }
+
+  // Fills the rest of `result` and records how the run ended.
+  void finish(Result& result, int failures) {
     result.metrics = last_metrics_;
     result.metrics_history = history_->rows();
     if (auto latest = manager_->latest()) result.checkpoint = latest->checkpoint;
@@ -244,16 +219,14 @@ class Driver {
       spec_.outcome->status = state_["status"].get<std::string>();
       spec_.outcome->failures = failures;
     }
-    return result;
   }
 
- private:
   // A new run (not Trainer::restore) refuses a name that already holds an
   // experiment unless RunConfig::resume_existing says to continue it, and a
   // storage_path that is itself an experiment (the new one would nest in it).
   void check_new_experiment() {
     auto parent = open_storage(spec_.run.storage_path);
-    for (std::string_view marker : {kTrainerStateKey, kManagerStateKey}) {
+    for (std::string_view marker : {experiment::kTrainerStateKey, experiment::kManagerHistoryKey}) {
       if (parent->exists(marker)) {
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("RunConfig::storage_path {} is itself an experiment folder (it "
@@ -262,10 +235,10 @@ class Driver {
                                 spec_.run.storage_path, marker, spec_.run.name));
       }
     }
-    if (!holds_experiment(*storage_)) return;
+    if (!experiment::holds_experiment(*storage_)) return;
     if (!spec_.run.resume_existing) {
       // A live driver holds the experiment's lock: say that rather than "exists".
-      std::unique_ptr<Lock> probe = storage_->try_lock(kLockKey);
+      std::unique_ptr<Lock> probe = storage_->try_lock(experiment::kLockKey);
       throw already_exists();
     }
     continuing_ = true;
@@ -284,7 +257,7 @@ class Driver {
 
   void save_state() {
     state_["updated_at"] = wall_seconds();
-    storage_->put(kTrainerStateKey, state_.dump(2));
+    experiment::write_trainer_state(*storage_, state_);
   }
 
   Outcome run_attempt(int attempt, const std::optional<std::string>& from) {
@@ -644,7 +617,7 @@ class Driver {
   nlohmann::json state_;
   nlohmann::json last_metrics_ = nlohmann::json::object();
   nlohmann::json config_;  // train_loop_config, as a tuner's reset left it
-  std::unique_ptr<RunHistory> history_;
+  std::unique_ptr<experiment::RunResults> history_;
   int attempt_ = 0;
   int64_t iteration_ = 0;  // the last row's training_iteration (iteration_from_checkpoint)
   std::optional<Failure> failure_;
@@ -678,107 +651,6 @@ void refuse_class_trainable_triggers(const CheckpointConfig& config, std::string
                   "checkpoint to train::report())",
                   who,
                   config.checkpoint_frequency != 0 ? "checkpoint_frequency" : "checkpoint_at_end"));
-}
-
-void check_experiment_name(std::string_view name, std::string_view field) {
-  const char* why = nullptr;
-  if (name.empty()) {
-    why = "it is empty";
-  } else if (name == "." || name == "..") {
-    why = "it names a relative folder";
-  } else if (name.find('/') != std::string_view::npos) {
-    why = "it contains '/'";
-  } else if (name.find('\\') != std::string_view::npos) {
-    why = "it contains a backslash";
-  } else if (name.find('\0') != std::string_view::npos) {
-    why = "it contains a NUL byte";
-  } else if (!is_valid_utf8(name)) {
-    why = "it is not valid UTF-8";
-  }
-  if (why == nullptr) return;
-  throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("{} {} is not a valid experiment name: {}. The experiment is the "
-                          "folder <storage_path>/<name>, so the name must be one folder name "
-                          "(not \"\", \".\" or \"..\"; no '/', backslash or NUL)",
-                          field, dump_for_output(nlohmann::json(std::string(name))), why));
-}
-
-std::string default_run_name(std::chrono::system_clock::time_point now, uint32_t random) {
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                          now - std::chrono::system_clock::from_time_t(t))
-                          .count();
-  std::tm tm{};
-  ::localtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "cairn_train_%Y-%m-%d_%H-%M-%S", &tm);
-  // from_time_t truncates toward the past only for times after 1970; clamp anyway.
-  const long long us = micros < 0 ? 0 : (micros > 999999 ? 999999 : micros);
-  return fmt::format("{}.{:06d}_{:06x}", buf, us, random & 0xffffffu);
-}
-
-ExperimentParts split_experiment_path(std::string_view path) {
-  std::string p(path);
-  const size_t scheme = p.find("://");
-  const bool is_uri = scheme != std::string::npos;
-  if (!is_uri) p = std::filesystem::absolute(expand_home(p)).lexically_normal().string();
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const size_t slash = p.rfind('/');
-  const size_t first = is_uri ? scheme + 3 : 0;  // where the path part starts
-  if (slash == std::string::npos || slash < first || slash + 1 >= p.size()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("{}: not an experiment folder (a path or URI ending in the "
-                            "experiment's name)",
-                            path));
-  }
-  ExperimentParts parts;
-  parts.name = p.substr(slash + 1);
-  // Keep the root's '/' ("/exp" is in "/", "file:///exp" in "file:///").
-  parts.storage_path = p.substr(0, std::max(slash, first + (is_uri ? 0 : 1)));
-  if (is_uri && slash == first) parts.storage_path.push_back('/');
-  check_experiment_name(parts.name, fmt::format("the experiment folder of {}:", path));
-  return parts;
-}
-
-ExperimentLocation locate_experiment(const RunConfig& run) {
-  ExperimentLocation loc;
-  loc.storage_path = run.storage_path;
-  if (loc.storage_path.empty()) {
-    loc.storage_path = Settings::from(Environment::process()).storage_path;
-  }
-  const bool is_uri = loc.storage_path.find("://") != std::string::npos;
-  if (!is_uri) {
-    loc.storage_path =
-        std::filesystem::absolute(expand_home(loc.storage_path)).lexically_normal().string();
-  }
-  while (loc.storage_path.size() > 1 && loc.storage_path.back() == '/') loc.storage_path.pop_back();
-  loc.name = run.name;
-  if (loc.name.empty()) {
-    loc.name = default_run_name(std::chrono::system_clock::now(), std::random_device{}());
-  }
-  check_experiment_name(loc.name, "RunConfig::name");
-  validate_key(loc.name);
-  loc.uri = open_storage(loc.storage_path)->child(loc.name)->uri();
-  loc.path = is_uri ? loc.uri : (std::filesystem::path(loc.storage_path) / loc.name).string();
-  return loc;
-}
-
-nlohmann::json read_trainer_state(std::string_view experiment_uri) {
-  auto storage = open_storage(experiment_uri);
-  if (!storage->exists(kTrainerStateKey)) return nullptr;
-  const std::string where = storage->uri_of(kTrainerStateKey);
-  nlohmann::json j = parse_json(storage->get(kTrainerStateKey), where);
-  if (!j.is_object() || j.value("format", nlohmann::json()) != "cairn-trainer-state") {
-    throw Error(ErrorCode::kCorruption, fmt::format("{}: not a Cairn trainer state file", where));
-  }
-  for (const StateField& f : kStateFields) {
-    auto it = j.find(f.name);
-    if (it == j.end() || (f.nullable && it->is_null()) || has_type(*it, f.type)) continue;
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: field \"{}\" is {} ({}), not what a trainer state holds there",
-                            where, f.name, it->type_name(), dump_for_output(*it).substr(0, 80)));
-  }
-  return j;
 }
 
 }  // namespace cairn::train_internal

@@ -1,11 +1,11 @@
-#include "cli/tuner_state.h"
+#include "experiment/tuner_state.h"
 
 #include <fmt/format.h>
 
 #include "cairn/error.h"
 #include "util/json.h"
 
-namespace cairn::cli {
+namespace cairn::experiment {
 
 namespace {
 
@@ -55,7 +55,7 @@ TunerTrialState parse_trial(const json& t, size_t i, std::string_view source) {
 }  // namespace
 
 TunerState parse_tuner_state(std::string_view text, std::string_view source) {
-  const json doc = parse_json(text, source);
+  json doc = parse_json(text, source);
   if (!doc.is_object()) damaged(source, "tuner state is not a JSON object");
   auto format = optional_string(doc, "format", source, "");
   if (format != kTunerStateFormat) {
@@ -86,7 +86,21 @@ TunerState parse_tuner_state(std::string_view text, std::string_view source) {
       out.trials.push_back(parse_trial((*trials)[i], i, source));
     }
   }
+  out.doc = std::move(doc);
   return out;
 }
 
-}  // namespace cairn::cli
+TunerState read_tuner_state(Storage& experiment) {
+  return parse_tuner_state(experiment.get(kTunerStateKey), experiment.uri_of(kTunerStateKey));
+}
+
+std::optional<TunerState> find_tuner_state(Storage& experiment) {
+  if (!experiment.exists(kTunerStateKey)) return std::nullopt;
+  return read_tuner_state(experiment);
+}
+
+void write_tuner_state(Storage& experiment, std::string_view text) {
+  experiment.put(kTunerStateKey, text);
+}
+
+}  // namespace cairn::experiment

@@ -49,9 +49,9 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
-#include "train/channel.h"
-#include "train/collective.h"
-#include "train/group.h"
+#include "train/control/channel.h"
+#include "train/control/collective.h"
+#include "train/control/group.h"
 
 namespace cairn::train_internal {
 

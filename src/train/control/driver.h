@@ -15,11 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/train.h"
-#include "train/group.h"
+#include "train/control/group.h"
 
 namespace cairn::train_internal {
-
-inline constexpr std::string_view kTrainerStateKey = "trainer_state.json";
 
 using GroupFactory = std::function<std::unique_ptr<Group>(const LaunchSpec&)>;
 
@@ -101,43 +99,5 @@ Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);
 // the checkpoint triggers of class trainables (checkpoint_frequency,
 // checkpoint_at_end): a train_fn decides in its own loop when to checkpoint.
 void refuse_class_trainable_triggers(const CheckpointConfig& config, std::string_view who);
-
-// Throws kInvalidArgument naming `field` unless `name` is one path component:
-// not "", "." or "..", without '/', '\\' or NUL. An experiment name is a
-// folder directly under storage_path; anything else could nest one experiment
-// inside another.
-void check_experiment_name(std::string_view name, std::string_view field);
-
-// The default RunConfig::name for a run started at `now`, with `random` as its
-// suffix: "cairn_train_2024-05-01_12-00-00.123456_1a2b3c" (local time,
-// microseconds, 24 random bits), so that runs started at once, or one right
-// after the other, never share a folder. Pure apart from the time zone.
-std::string default_run_name(std::chrono::system_clock::time_point now, uint32_t random);
-
-// Where Trainer::restore(path) finds the experiment: `path` itself, as the
-// storage path (its parent folder or URI prefix) and the name (its last
-// component). A leading "~" is the home directory; a relative path is made
-// absolute. kInvalidArgument when `path` has no last component.
-struct ExperimentParts {
-  std::string storage_path;
-  std::string name;
-};
-ExperimentParts split_experiment_path(std::string_view path);
-
-// Resolves RunConfig's defaults and the experiment's location: a leading "~"
-// in storage_path (or $CAIRN_STORAGE_PATH) is the home directory, a relative
-// path is made absolute, an empty name gets default_run_name().
-struct ExperimentLocation {
-  std::string name;
-  std::string storage_path;
-  std::string uri;   // normalized URI of the experiment folder
-  std::string path;  // a plain path for local storage, else the URI
-};
-ExperimentLocation locate_experiment(const RunConfig& run);
-
-// The trainer state file, for restore and Result::from_path: null if absent;
-// kCorruption naming the file if it is not a Cairn trainer state (malformed,
-// nested too deeply, not an object of the right format).
-nlohmann::json read_trainer_state(std::string_view experiment_uri);
 
 }  // namespace cairn::train_internal

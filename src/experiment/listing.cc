@@ -1,0 +1,130 @@
+// Reading, finding and collecting the garbage of experiments under a root
+// (cairn/manager.h: read_experiment, find_experiments, collect_garbage):
+// the experiment-level operations behind `cairn ls` and `cairn gc`, built on
+// the manager's scan of one experiment (manager/scan.h) and its history.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "cairn/commit.h"
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "checkpoint/local_view.h"
+#include "checkpoint/manifest_text.h"
+#include "experiment/layout.h"
+#include "manager/history.h"
+#include "manager/history_store.h"
+#include "manager/scan.h"
+#include "util/log.h"
+
+namespace cairn {
+
+ExperimentListing read_experiment(std::string_view experiment_uri) {
+  ExperimentListing out;
+  auto storage = open_storage(experiment_uri);
+  out.uri = storage->uri();
+  std::vector<std::string> incomplete;
+  const std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+  history::State stored =
+      history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); }).state;
+  out.config = stored.config;
+  Scan scan = scan_experiment(listing, std::move(incomplete));
+  std::map<uint64_t, std::string> manifests =
+      split_torn(*storage, scan, stored.records, [](const std::string& m) { log::info(m); });
+  for (const auto& [index, name] : scan.uncommitted) out.uncommitted.push_back(name);
+  for (const auto& [index, name] : scan.committed) {
+    CheckpointRecord r(index, Checkpoint(storage->child(name)));
+    auto it = stored.records.find(index);
+    if (it != stored.records.end()) {
+      r.metrics = it->second.metrics;
+      r.created_at = it->second.created_at;
+      r.pinned = it->second.pinned;
+    } else {
+      try {
+        Manifest m =
+            Manifest::parse(manifests.at(index), r.checkpoint.storage().uri_of(kManifestKey));
+        r.metrics = m.metrics;
+        r.created_at = m.created_at;
+      } catch (const Error&) {
+        // ignore-error: listed without metrics; `cairn verify` reports the damage.
+      }
+    }
+    out.checkpoints.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<std::string> find_experiments(std::string_view uri) {
+  auto storage = open_storage(uri);
+  // What only an experiment holds: its history, its log folder, checkpoint
+  // folders. list_names() ends folder names with '/'.
+  auto is_marker = [](std::string_view name) {
+    const bool folder = !name.empty() && name.back() == '/';
+    if (folder) name.remove_suffix(1);
+    return folder ? name == experiment::kManagerLogPrefix || parse_checkpoint_name(name).has_value()
+                  : name == experiment::kManagerHistoryKey;
+  };
+  std::vector<std::string> found;
+  const std::vector<std::string> top = storage->list_names("");
+  if (std::any_of(top.begin(), top.end(), is_marker)) found.emplace_back();
+  // Experiments one level down; a marker folder is part of the root's.
+  for (const auto& name : top) {
+    if (name.back() != '/' || is_marker(name)) continue;
+    const std::string folder = name.substr(0, name.size() - 1);
+    const std::vector<std::string> inner = storage->list_names(folder);
+    if (std::any_of(inner.begin(), inner.end(), is_marker)) found.push_back(folder);
+  }
+  return found;
+}
+
+GcReport collect_garbage(std::string_view uri, bool dry_run) {
+  GcReport report;
+  auto root = open_storage(uri);
+  for (const auto& name : find_experiments(uri)) {
+    auto storage = name.empty() ? root : root->child(name);
+    // A dry run changes nothing, not even by creating a lock file.
+    std::unique_ptr<Lock> lock;
+    bool locked = false;
+    if (dry_run) {
+      locked = storage->is_locked(experiment::kLockKey);
+    } else {
+      try {
+        lock = storage->try_lock(experiment::kLockKey);
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kLocked) throw;
+        locked = true;
+      }
+    }
+    if (locked) {
+      report.skipped.push_back(
+          fmt::format("{}: skipped, a live writer holds its lock", storage->uri()));
+      continue;
+    }
+    std::vector<std::string> incomplete;
+    std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+    Scan scan = scan_experiment(listing, std::move(incomplete));
+    // Checkpoints whose manifest is torn are leftovers too. gc is asked for,
+    // so it reads every manifest rather than trusting the history.
+    split_torn(*storage, scan, {}, [](const std::string& m) { log::info(m); });
+    for (const auto& id : scan.incomplete) {
+      if (!dry_run) storage->discard_incomplete(id);
+      report.removed.push_back(storage->uri_of(id));
+    }
+    for (const auto& [index, cp] : scan.uncommitted) {
+      Checkpoint leftover(storage->child(cp));
+      if (dry_run) {
+        for (const auto& o : leftover.storage().list(""))
+          report.removed.push_back(leftover.storage().uri_of(o.key));
+      } else {
+        auto removed = remove_uncommitted(leftover);
+        report.removed.insert(report.removed.end(), removed.begin(), removed.end());
+      }
+    }
+  }
+  // Node-local views of remote checkpoints that no live process uses (their
+  // users were killed): garbage wherever they came from.
+  for (auto& view : sweep_unused_views(dry_run)) report.removed.push_back(std::move(view));
+  return report;
+}
+
+}  // namespace cairn

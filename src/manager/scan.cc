@@ -1,0 +1,81 @@
+#include "manager/scan.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "cairn/checkpoint.h"
+#include "cairn/manager.h"
+#include "checkpoint/manifest_text.h"
+
+namespace cairn {
+
+// `listing` and `incomplete` are list_with_incomplete("") of the experiment:
+// one listing tells which checkpoints are committed, with no request per
+// checkpoint.
+Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::string> incomplete) {
+  Scan scan;
+  std::map<uint64_t, std::string> all;
+  std::set<uint64_t> with_manifest;
+  for (const auto& o : listing) {
+    size_t slash = o.key.find('/');
+    if (slash == std::string::npos) continue;
+    std::string top = o.key.substr(0, slash);
+    auto index = parse_checkpoint_name(top);
+    if (!index) continue;
+    all[*index] = top;
+    // An empty manifest is never a commit (Manifest::torn): some servers keep
+    // an interrupted PUT as 0 bytes. Others are told apart by reading them.
+    if (o.key.substr(slash + 1) == kManifestKey && o.size > 0) with_manifest.insert(*index);
+  }
+  scan.incomplete = std::move(incomplete);
+  for (const auto& id : scan.incomplete) {
+    // A temp file inside a checkpoint folder, or (file systems) an empty
+    // folder a crash left: either way that index was used.
+    std::string top = id.substr(0, id.find('/'));
+    if (auto index = parse_checkpoint_name(top)) all.emplace(*index, top);
+  }
+  for (const auto& [index, name] : all) {
+    (with_manifest.count(index) ? scan.committed : scan.uncommitted)[index] = name;
+    scan.max_index = std::max(scan.max_index.value_or(0), index);
+  }
+  return scan;
+}
+
+// Reads the manifests of the committed checkpoints that `known` (the
+// history) does not list, and moves those that are torn (Manifest::torn:
+// the remains of an interrupted commit) to the uncommitted ones, telling
+// `note` why. The history lists only checkpoints committed before it was
+// written, so the manifests it names are whole and are not read. Returns
+// the whole manifests read, by index.
+std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
+                                           const std::map<uint64_t, history::State::Entry>& known,
+                                           const std::function<void(const std::string&)>& note) {
+  std::map<uint64_t, std::string> read;
+  for (auto it = scan.committed.begin(); it != scan.committed.end();) {
+    const auto& [index, name] = *it;
+    if (known.count(index)) {
+      ++it;
+      continue;
+    }
+    const std::string key = join_key(name, kManifestKey);
+    std::string why;
+    std::optional<std::string> text = read_whole_manifest(storage, key, &why);
+    if (text) {
+      read.emplace(index, std::move(*text));
+      ++it;
+      continue;
+    }
+    note(why.empty()
+             ? fmt::format("{}: the manifest went away since the listing", storage.uri_of(key))
+             : fmt::format("{}: torn manifest, the remains of an interrupted commit ({}); "
+                           "{} is not a checkpoint",
+                           storage.uri_of(key), why, name));
+    scan.uncommitted.emplace(index, name);
+    it = scan.committed.erase(it);
+  }
+  return read;
+}
+
+}  // namespace cairn

@@ -1,0 +1,227 @@
+// The Tuner's experiment (Tuner::fit): its state and reconciliation
+// (experiment_state.cc), PBT's exploit as clones of checkpoints
+// (pbt_exploit.cc) and the driver loop that starts, feeds and reaps trial
+// runners (experiment_loop.cc). Internal to cairn_tune.
+// Thread-safety: none; one thread (fit()'s) owns an Experiment.
+// Failure: throws cairn::Error; the loop stops every runner before a
+// failure leaves run(). Durability: tuner_state.json is replaced whole
+// (experiment/tuner_state.h), periodically and at the end.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cairn/storage.h"
+#include "cairn/tuner.h"
+#include "experiment/layout.h"
+#include "train/control/channel.h"
+
+namespace cairn::tune::tuner_internal {
+
+inline constexpr std::string_view kStateKey = experiment::kTunerStateKey;
+using experiment::kClonesFolder;
+using experiment::kLockKey;
+using experiment::kParamsKey;
+
+double monotonic_seconds();
+
+double wall_seconds();
+
+std::string trial_id_for(std::size_t index);
+
+std::optional<double> number_at(const nlohmann::json& result, const std::string& key);
+
+nlohmann::json failure_config_json(const FailureConfig& f);
+
+// A pending PBT exploit: the copy of the source's checkpoint the trial
+// resumes from, with its new config.
+struct Clone {
+  std::string source;      // trial id
+  std::string staged;      // its folder, relative to the experiment: .cairn_clones/<trial>_<n>
+  nlohmann::json metrics;  // of the source checkpoint
+};
+
+struct Trial {
+  TrialInfo info;
+  nlohmann::json metric_analysis = nlohmann::json::object();  // key -> {min, max, last}
+  std::vector<std::string> kept;                              // checkpoints, oldest first
+  // Checkpoints retention deletes once the saved state stops naming them
+  // (see retire); still committed meanwhile, but no longer in `kept`.
+  std::vector<std::string> deferred;
+  std::optional<Clone> clone;
+  bool restart_from_scratch = false;  // remove its folder before it starts
+  bool searcher_told = false;         // the searcher heard it completed
+  int expected_starts = 0;  // its trainer_state's driver_starts once its last runner began
+  std::string text;         // its JSON while it has ended (state_text)
+  // While running:
+  pid_t pid = -1;
+  std::unique_ptr<train_internal::Channel> channel;
+  bool ended = false;  // its "end" arrived
+  nlohmann::json end;
+  // What the driver asked for when it stopped the trial: the status it ends
+  // with (PAUSED or TERMINATED) unless it fails.
+  std::optional<TrialStatus> ending;
+  double started_at = 0;
+  bool first_result_seen = false;
+  // A class trainable was told to take its clone in place (reset_config);
+  // its next round says the runner did, and the staged copy can go.
+  bool reset_sent = false;
+  nlohmann::json config_before_reset;  // its config if it ends without taking it
+};
+
+TrialView view_of(const Trial& t);
+
+nlohmann::json trial_to_json(const Trial& t);
+
+Trial trial_from_json(const nlohmann::json& j);
+
+// The experiment's driver.
+class Experiment {
+ public:
+  struct Spec {
+    TrainFn train_fn;  // what the runners run (a class trainable's loop included)
+    bool class_trainable = false;
+    nlohmann::json param_space;
+    TuneConfig tune;
+    RunConfig run;
+    int num_workers = 1;
+    std::optional<RestoreOptions> restore;
+    nlohmann::json saved;  // the state restore() read
+  };
+
+  explicit Experiment(Spec spec) : spec_(std::move(spec)) {}
+
+  ResultGrid run();
+
+ private:
+  // ---- opening and the state --------------------------------------------
+
+  void open_experiment();
+
+  void load_saved_state();
+
+  // Brings a restored trial up to what its own folder says happened after
+  // the state was saved, and applies RestoreOptions.
+  void reconcile(Trial& t);
+
+  void refresh_checkpoints(Trial& t);
+
+  // The state as text. A trial that has ended (TERMINATED, ERROR) does not
+  // change until it is resumed, so its JSON is kept as text and spliced in:
+  // the cost of a save grows with the trials that are still going, not with
+  // the experiment's length.
+  std::string state_text();
+
+  void save_state();
+
+  // The automatic period keeps periodic saving under 1% of the wall time.
+  double save_period() const;
+
+  void maybe_save_state(double now);
+
+  void loop();
+
+  int running_count() const;
+
+  bool has_runnable();
+
+  void fill_slots();
+
+  void add_suggested_trial();
+
+  Trial* find(const std::string& id);
+
+  std::string trial_path(const std::string& id) const;
+
+  void start(Trial& t);
+
+  // Copies the source's latest checkpoint into the staging folder now, so
+  // that the source's retention cannot delete it before the clone resumes.
+  // Retries when the source commits (and deletes) while the copy runs.
+  std::optional<Clone> stage_clone(const Trial& target, const std::string& source_id);
+
+  // Copies under .cairn_clones/ that no trial waits for: what a driver that
+  // died while copying left behind.
+  void remove_orphan_clones();
+
+  [[noreturn]] static void throw_changed(const std::string& source_id);
+
+  // Makes the staged copy the trial's latest checkpoint (no runner holds the
+  // trial's folder now) and removes the staging folder.
+  void import_clone(Trial& t);
+
+  void wait_for_runners(int timeout_ms);
+
+  void handle_message(Trial& t, const nlohmann::json& m);
+
+  void reply(Trial& t, const nlohmann::json& message);
+
+  // Retention is about to delete `doomed`; returns those to keep for now.
+  // The saved state must never point at a deleted checkpoint, even if the
+  // driver dies right after, so those it names wait (`deferred`) until a
+  // save that no longer names them: the next periodic one, as `kept` (what
+  // a save names) leaves them out from now on. Saving before each deletion
+  // instead would cost a save per checkpoint, since the saved state names
+  // a trial's latest checkpoint, the one its next commit retires. The state
+  // is saved here only when a periodic save is due anyway, or when nothing
+  // would delete them later (!may_defer: the trial's runner is gone).
+  std::vector<std::string> retire(Trial& t, const std::vector<std::string>& doomed,
+                                  const std::vector<std::string>& kept, bool may_defer);
+
+  // Deletes what retention deferred while the trial's runner ran (see
+  // retire), now that none will commit again: opening the trial's manager
+  // applies its retention.
+  void apply_deferred_retention(Trial& t);
+
+  // The staged copy of a clone the trial no longer needs.
+  void drop_clone(Trial& t);
+
+  nlohmann::json on_round(Trial& t, const nlohmann::json& m);
+
+  bool meets_stop_criteria(const nlohmann::json& row) const;
+
+  void reap_runners();
+
+  void finish(Trial& t, int wait_status);
+
+  void complete(Trial& t);
+
+  // A trial completes once for the searcher, however often it is resumed.
+  void tell_searcher(Trial& t, bool error);
+
+  void stop_all_runners();
+
+  ResultGrid results();
+
+  Spec spec_;
+  std::string uri_;
+  std::string path_;
+  std::shared_ptr<Storage> storage_;
+  std::unique_ptr<Lock> lock_;
+  std::shared_ptr<Searcher> searcher_;
+  std::shared_ptr<TrialScheduler> scheduler_;
+  std::vector<Trial> trials_;
+  std::size_t next_index_ = 0;
+  int max_concurrent_ = 1;
+  bool stop_experiment_ = false;
+  // State saving.
+  bool dirty_ = true;
+  double last_save_ = 0;
+  double last_save_duration_ = 0;
+  std::optional<double> fixed_period_;
+  std::map<std::string, std::vector<std::string>> saved_refs_;  // trial -> kept when saved
+  std::uint64_t clone_counter_ = 0;
+  ExperimentStats stats_;
+};
+
+}  // namespace cairn::tune::tuner_internal
