@@ -22,7 +22,6 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "format/io.h"
-#include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -702,57 +701,27 @@ void format::update_plan(SavePlan& plan, const StateDict& state) {
 
 // ---- saving ----
 
+// Written through the file backend's writer, so a local file takes the one
+// durable-write protocol (src/storage/file_storage.cc): temp file, data
+// fsync'd, renamed into place, folder fsync'd (the fsyncs only when
+// options.durable). The folder must exist, as for open(2).
 void save_file(const StateDict& state, const std::filesystem::path& path,
                const SaveOptions& options) {
   FileLayout layout = layout_state(state);
   auto pieces = format::file_pieces(layout, state);
-  // Device tensors are copied into pinned staging first (device.h).
-  format::DeviceImage image(pieces, layout.parsed.file_size(), format::pick_threads(0),
-                            path.string());
-  static std::atomic<uint64_t> counter{0};
-  std::filesystem::path temp = path;
-  temp += fmt::format(".tmp.{}.{}", ::getpid(), counter++);
+  const uint64_t size = layout.parsed.file_size();
   const std::string name = path.string();
-  try {
-    UniqueFd fd = open_file(temp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    if (::ftruncate(fd.get(), static_cast<off_t>(layout.parsed.file_size())) != 0) {
-      throw errno_error(errno, "truncate", name);
-    }
-    WritebackHint writeback;
-    format::Sink sink;
-    sink.write_at = [&](uint64_t off, std::span<const std::byte> d) {
-      pwrite_all(fd.get(), d, off, name);
-      if (options.durable) writeback.wrote(fd.get(), d.size());
-    };
-    UniqueFd direct;
-    if (format::wants_direct(options, layout.parsed.file_size())) {
-      int d = ::open(temp.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-      if (d >= 0) {  // ignore-error: no O_DIRECT means buffered writes
-        direct = UniqueFd(d);
-        sink.alignment = format::kDirectAlignment;
-        sink.write_direct = [&](uint64_t off, std::span<const std::byte> d, size_t) {
-          pwrite_all(direct.get(), d, off, name);
-        };
-        sink.preallocate = [&](uint64_t size) { preallocate(fd.get(), size, name); };
-      }
-    }
-    format::write_file(pieces, layout.parsed.file_size(), sink, options, name, image.readable());
-    // The last direct write is padded to the alignment; cut the padding off.
-    if (direct && ::ftruncate(fd.get(), static_cast<off_t>(layout.parsed.file_size())) != 0) {
-      throw errno_error(errno, "truncate", name);
-    }
-    direct = UniqueFd();
-    if (options.durable) fsync_fd(fd.get(), name);
-    fd.close(name);
-    if (::rename(temp.c_str(), path.c_str()) != 0) throw errno_error(errno, "rename", name);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(temp, ec);  // ignore-error: best-effort clean-up of our temp file
-    throw;
-  }
-  if (options.durable) {
-    fsync_dir(path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
-  }
+  // Device tensors are copied into pinned staging first (device.h).
+  format::DeviceImage image(pieces, size, format::pick_threads(0), name);
+  const std::filesystem::path folder = std::filesystem::absolute(
+      path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path());
+  std::shared_ptr<Storage> storage = open_storage(folder.string());
+  check_root_exists(*storage);
+  auto writer =
+      storage->open_writer(path.filename().string(), {.durable = options.durable, .size = size});
+  format::write_file(pieces, size, format::sink_of(*writer, format::wants_direct(options, size)),
+                     options, name, image.readable());
+  writer->commit();
 }
 
 ManifestEntry save(const StateDict& state, Storage& storage, std::string_view key,

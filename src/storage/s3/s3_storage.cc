@@ -1104,7 +1104,9 @@ class S3Storage final : public Storage {
     return std::make_shared<S3Storage>(ctx_, join_key(prefix_, prefix));
   }
 
-  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+  // An upload is durable when it completes, and S3 has no file to size:
+  // WriteOptions change nothing here.
+  std::unique_ptr<Writer> open_writer(std::string_view key, const WriteOptions&) override {
     return std::make_unique<S3Writer>(ctx_, full(key));
   }
 
@@ -1278,15 +1280,15 @@ class S3Storage final : public Storage {
     ctx_->call(del);
   }
 
-  std::optional<std::filesystem::path> local_path(std::string_view) const override {
-    return std::nullopt;
-  }
-
-  bool verifies_uploads() const override { return true; }
-
-  uint64_t preferred_read_size() const override {
+  // Content-MD5 on every upload; reads sized to keep every parallel ranged
+  // request busy.
+  StorageCapabilities capabilities() const override {
     const auto& o = ctx_->client->options();
-    return std::min<uint64_t>(o.part_size * static_cast<uint64_t>(o.concurrency), 256ull << 20);
+    StorageCapabilities caps;
+    caps.verifies_uploads = true;
+    caps.preferred_read_size =
+        std::min<uint64_t>(o.part_size * static_cast<uint64_t>(o.concurrency), 256ull << 20);
+    return caps;
   }
 
  private:
