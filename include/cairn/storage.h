@@ -136,8 +136,11 @@ struct StorageCapabilities {
   uint64_t preferred_read_size = 8ull << 20;
   // The local folder holding the objects as plain files, key K at
   // local_root / K (the file backend); std::nullopt elsewhere. Only for what
-  // needs a path to read (mmap, hard links to a scratch folder); never write
-  // there directly, or the durable-write protocol is bypassed.
+  // needs a path to read (mmap, hard links to a scratch folder). Durable
+  // objects are written through open_writer() only, which holds the
+  // durable-write protocol; the one writer there today is train/history.cc,
+  // which appends result rows to its CSV log in place (a log whose tail a
+  // crash may cut, rewritten whole when an append fails).
   std::optional<std::filesystem::path> local_root;
 };
 
