@@ -108,6 +108,42 @@ class Lock {
   virtual ~Lock() = default;
 };
 
+// Per-call options of Storage::open_writer.
+struct WriteOptions {
+  // Whether commit() makes the object survive power loss: on a file system
+  // the data and then the folder are fsync'd (steps 3 and 5 of the file
+  // backend's protocol). false is only for files the caller may lose to a
+  // power cut (SaveOptions::durable = false): the object still appears
+  // whole or not at all, and survives a process crash. Object stores ignore
+  // it (an upload is durable when it completes).
+  bool durable = true;
+  // The object's size when known in advance, or 0. The file backend gives the
+  // temp file that length at once, so that parallel positional writes fill
+  // it instead of extending it; the object's size is still the end of what is
+  // written. Other backends ignore it.
+  uint64_t size = 0;
+};
+
+// What a backend can do beyond the interface, so that callers ask one
+// question instead of each backend growing methods only it implements.
+struct StorageCapabilities {
+  // Whether the store checks every upload's bytes against a digest Cairn
+  // computed from them (S3: Content-MD5), so that reading an object back right
+  // after writing it proves nothing more.
+  bool verifies_uploads = false;
+  // How many bytes one read_at should ask for to run at full speed: 8 MiB for
+  // local files; on S3 enough ranges to keep every parallel request busy.
+  uint64_t preferred_read_size = 8ull << 20;
+  // The local folder holding the objects as plain files, key K at
+  // local_root / K (the file backend); std::nullopt elsewhere. Only for what
+  // needs a path to read (mmap, hard links to a scratch folder). Durable
+  // objects are written through open_writer() only, which holds the
+  // durable-write protocol; the one writer there today is train/history.cc,
+  // which appends result rows to its CSV log in place (a log whose tail a
+  // crash may cut, rewritten whole when an append fails).
+  std::optional<std::filesystem::path> local_root;
+};
+
 class Storage {
  public:
   virtual ~Storage() = default;
@@ -122,7 +158,10 @@ class Storage {
   // through symbolic links.
   virtual std::shared_ptr<Storage> child(std::string_view prefix) const = 0;
 
-  virtual std::unique_ptr<Writer> open_writer(std::string_view key) = 0;
+  // Starts writing the object `key` (see Writer). `options` are per call;
+  // a backend ignores those that mean nothing to it.
+  virtual std::unique_ptr<Writer> open_writer(std::string_view key,
+                                              const WriteOptions& options = {}) = 0;
   virtual std::unique_ptr<Reader> open_reader(std::string_view key) = 0;
   virtual std::optional<ObjectInfo> stat(std::string_view key) = 0;
 
@@ -173,18 +212,19 @@ class Storage {
   // does not walk every checkpoint.
   virtual std::vector<std::string> list_names(std::string_view prefix);
 
-  // Whether the backend has the store check every upload's bytes against a
-  // digest Cairn computed from them (S3: Content-MD5), so that reading an
-  // object back right after writing it proves nothing more.
-  virtual bool verifies_uploads() const { return false; }
+  // What this backend can do beyond the interface (see StorageCapabilities).
+  // Constant for the life of the Storage; cheap to call.
+  virtual StorageCapabilities capabilities() const { return {}; }
 
-  // How many bytes one read_at should ask for to run at full speed: 8 MiB for
-  // local files; on S3 enough ranges to keep every parallel request busy.
-  virtual uint64_t preferred_read_size() const { return 8ull << 20; }
-
-  // The local file holding `key`, when the backend keeps objects as plain
-  // local files (the file backend); std::nullopt otherwise.
-  virtual std::optional<std::filesystem::path> local_path(std::string_view key) const = 0;
+  // Shorthands for capabilities().
+  bool verifies_uploads() const { return capabilities().verifies_uploads; }
+  uint64_t preferred_read_size() const { return capabilities().preferred_read_size; }
+  // The local file holding `key` ("": the root folder) when the backend keeps
+  // objects as plain local files (capabilities().local_root); std::nullopt
+  // otherwise. For reading only (mapping a file, linking it): writes go
+  // through open_writer(), which holds the durable-write protocol.
+  // kInvalidArgument for an unsafe key.
+  std::optional<std::filesystem::path> local_path(std::string_view key) const;
 
   // Conveniences built on the primitives above.
   void put(std::string_view key, std::string_view bytes);  // atomic replace
@@ -197,6 +237,24 @@ class Storage {
 // scheme or a malformed URI. Opening sends no request: an s3:// root that
 // cannot be reached fails on first use.
 std::shared_ptr<Storage> open_storage(std::string_view uri);
+
+// A memory storage of its own, in no registry: reachable only through the
+// returned storage (and its children), freed with the last of them (the
+// storage behind Checkpoint::in_memory()). Its URI, "memory://private-<n>",
+// is for messages; open_storage() of it is another bucket.
+std::shared_ptr<Storage> open_private_memory_storage();
+
+// A frozen copy of `storage` where the backend can make one without copying
+// bytes (memory storages: an O(objects) snapshot sharing their immutable
+// bytes, which later writes to `storage` do not change); null for any other
+// backend.
+std::shared_ptr<Storage> freeze_memory_storage(const Storage& storage);
+
+// Stores `data` as object `key` of a memory storage without copying it; the
+// bytes must not change while anything holds them. kInvalidArgument for any
+// other backend.
+void put_shared_object(Storage& storage, std::string_view key,
+                       std::shared_ptr<const std::string> data);
 
 // Throws kNotFound naming the URI when nothing is stored at `storage`'s root:
 // a local directory that does not exist, or on other backends a prefix with

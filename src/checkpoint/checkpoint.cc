@@ -8,7 +8,6 @@
 #include "checkpoint/copy.h"
 #include "checkpoint/local_view.h"
 #include "checkpoint/manifest_text.h"
-#include "storage/backends.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -88,7 +87,7 @@ fs::path Checkpoint::to_directory(const fs::path& dest) const {
       throw Error(ErrorCode::kAlreadyExists,
                   fmt::format("{}: destination directory is not empty", target.string()));
     }
-    auto out = open_file_storage(target);
+    auto out = open_storage(target.string());
     std::vector<std::string> keys;
     std::optional<Manifest> m;
     if (is_committed()) m = manifest();

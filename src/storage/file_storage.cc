@@ -5,10 +5,17 @@
 //   2. Write into "<dir>/.<name>.cairn-tmp-<unique>", created with O_EXCL, so
 //      concurrent writers never share a temp file and a crash leaves only a
 //      recognizable temp file, never a partial object under its real name.
+//      When the size is known (WriteOptions::size) the file is given that
+//      length at once, so parallel positional writes fill it instead of
+//      extending it; direct writes go through a second O_DIRECT descriptor
+//      of the same temp file, into blocks preallocate() allocated.
 //   3. fsync the temp file: its data is durable.
 //   4. rename() it over "<dir>/<name>": readers see the old object or the new
 //      one, whole.
 //   5. fsync "<dir>": the rename itself is durable.
+// Steps 3 and 5 are skipped only for a writer opened with
+// WriteOptions::durable = false (a file its caller may lose to a power cut;
+// it still appears whole or not at all).
 // Committed files are never modified in place; a new version is a new file.
 //
 // Remove protocol: unlink, then fsync the directory, so that a removal that
@@ -122,10 +129,12 @@ class FileReader final : public Reader {
 
 class FileWriter final : public Writer {
  public:
-  FileWriter(fs::path final_path, std::string name, fs::path prune_limit)
+  FileWriter(fs::path final_path, std::string name, fs::path prune_limit,
+             const WriteOptions& options)
       : final_(std::move(final_path)),
         name_(std::move(name)),
-        prune_limit_(std::move(prune_limit)) {
+        prune_limit_(std::move(prune_limit)),
+        durable_(options.durable) {
     const fs::path dir = final_.parent_path();
     // A concurrent remove() may prune the directory between mkdir and open;
     // recreate it a bounded number of times.
@@ -140,18 +149,15 @@ class FileWriter final : public Writer {
       }
       if (errno != ENOENT || attempt >= 3) throw errno_error(errno, "create", name_);
     }
+    if (options.size > 0 && ::ftruncate(fd_.get(), static_cast<off_t>(options.size)) != 0) {
+      const int err = errno;
+      discard();
+      throw errno_error(err, "truncate", name_);
+    }
   }
 
   ~FileWriter() override {
-    if (!committed_) {
-      fd_ = UniqueFd();
-      ::unlink(temp_.c_str());  // ignore-error: abandoned write; gc removes what remains
-      try {
-        prune_empty_dirs(final_.parent_path(), prune_limit_);
-      } catch (const Error&) {
-        // ignore-error: an empty directory is harmless and gc removes it
-      }
-    }
+    if (!committed_) discard();
   }
 
   void append(std::span<const std::byte> data) override {
@@ -213,22 +219,37 @@ class FileWriter final : public Writer {
       throw errno_error(errno, "truncate", name_);
     }
     direct_fd_ = UniqueFd();
-    fsync_fd(fd_.get(), name_);
+    if (durable_) fsync_fd(fd_.get(), name_);
     fd_.close(name_);
     if (::rename(temp_.c_str(), final_.c_str()) != 0) throw errno_error(errno, "rename", name_);
     committed_ = true;
-    fsync_dir(final_.parent_path());
+    if (durable_) fsync_dir(final_.parent_path());
   }
 
   uint64_t bytes_written() const override { return written_; }
 
  private:
-  void start_writeback(uint64_t n) { writeback_.wrote(fd_.get(), n); }
+  // Early writeback only pays off when commit() will fsync.
+  void start_writeback(uint64_t n) {
+    if (durable_) writeback_.wrote(fd_.get(), n);
+  }
+
+  // Removes the temp file of a write that will never be committed.
+  void discard() noexcept {
+    fd_ = UniqueFd();
+    ::unlink(temp_.c_str());  // ignore-error: abandoned write; gc removes what remains
+    try {
+      prune_empty_dirs(final_.parent_path(), prune_limit_);
+    } catch (const Error&) {
+      // ignore-error: an empty directory is harmless and gc removes it
+    }
+  }
 
   fs::path final_;
   fs::path temp_;
   std::string name_;
   fs::path prune_limit_;
+  bool durable_;
   UniqueFd fd_;
   std::atomic<uint64_t> written_{0};
   WritebackHint writeback_;
@@ -263,10 +284,10 @@ class FileStorage final : public Storage {
     return std::make_shared<FileStorage>(root_ / std::string(prefix), prune_limit_);
   }
 
-  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+  std::unique_ptr<Writer> open_writer(std::string_view key, const WriteOptions& options) override {
     fs::path p = path_of(key);
     check_confined(p.parent_path(), key);
-    return std::make_unique<FileWriter>(p, uri_of(key), prune_limit_);
+    return std::make_unique<FileWriter>(p, uri_of(key), prune_limit_, options);
   }
 
   std::unique_ptr<Reader> open_reader(std::string_view key) override {
@@ -428,9 +449,10 @@ class FileStorage final : public Storage {
     prune_empty_dirs(prefix.empty() ? root_ : path_of(prefix), prune_limit_);
   }
 
-  std::optional<fs::path> local_path(std::string_view key) const override {
-    if (key.empty()) return root_;
-    return path_of(key);
+  StorageCapabilities capabilities() const override {
+    StorageCapabilities caps;
+    caps.local_root = root_;
+    return caps;
   }
 
  private:

@@ -193,7 +193,8 @@ class MemoryStorage final : public Storage {
     return std::make_shared<MemoryStorage>(bucket_, join_key(prefix_, prefix));
   }
 
-  std::unique_ptr<Writer> open_writer(std::string_view key) override {
+  // WriteOptions mean nothing here: memory has no power loss and no file to size.
+  std::unique_ptr<Writer> open_writer(std::string_view key, const WriteOptions&) override {
     return std::make_unique<MemoryWriter>(bucket_, full(key));
   }
 
@@ -262,10 +263,6 @@ class MemoryStorage final : public Storage {
   std::vector<std::string> list_incomplete(std::string_view) override { return {}; }
   void discard_incomplete(std::string_view id) override {
     throw Error(ErrorCode::kNotFound, fmt::format("{}: no such incomplete write", uri_of(id)));
-  }
-
-  std::optional<std::filesystem::path> local_path(std::string_view) const override {
-    return std::nullopt;
   }
 
  private:

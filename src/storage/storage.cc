@@ -40,6 +40,13 @@ std::string join_key(std::string_view a, std::string_view b) {
 
 std::string Storage::uri_of(std::string_view key) const { return join_key(uri(), key); }
 
+std::optional<std::filesystem::path> Storage::local_path(std::string_view key) const {
+  std::optional<std::filesystem::path> root = capabilities().local_root;
+  if (!root || key.empty()) return root;
+  validate_key(key);
+  return *root / std::string(key);
+}
+
 void Storage::put(std::string_view key, std::string_view bytes) {
   auto w = open_writer(key);
   w->append(as_bytes(bytes));

@@ -13,7 +13,6 @@
 
 #include "cairn/error.h"
 #include "checkpoint/copy.h"
-#include "storage/backends.h"
 #include "util/fs.h"
 
 namespace cairn::train_internal {

@@ -145,6 +145,34 @@ TEST(FileStorage, PreallocatedSpaceBeyondWhatIsWrittenIsCutOffAtCommit) {
   EXPECT_EQ(fs::file_size(root.path() / "obj"), 8u);
 }
 
+TEST(FileStorage, ASizeGivenUpFrontIsCutToWhatWasWrittenAtCommit) {
+  TempDir root;
+  auto s = open_storage(root.path().string());
+  auto w = s->open_writer("obj", {.size = 1 << 20});
+  w->write_at(4, as_bytes(std::string("tail")));
+  w->write_at(0, as_bytes(std::string("head")));
+  EXPECT_EQ(s->list_incomplete("").size(), 1u) << "nothing is visible before commit";
+  EXPECT_FALSE(s->exists("obj"));
+  w->commit();
+  EXPECT_EQ(s->get("obj"), "headtail");
+  EXPECT_EQ(fs::file_size(root.path() / "obj"), 8u);
+}
+
+TEST(FileStorage, ANonDurableWriterStillCommitsWholeAndAbandonsCleanly) {
+  TempDir root;
+  auto s = open_storage(root.path().string());
+  auto w = s->open_writer("obj", {.durable = false, .size = 6});
+  w->append(as_bytes(std::string("abcdef")));
+  w->commit();
+  EXPECT_EQ(s->get("obj"), "abcdef");
+  {
+    auto abandoned = s->open_writer("other", {.durable = false, .size = 64});
+    abandoned->append(as_bytes(std::string("x")));
+  }
+  EXPECT_FALSE(s->exists("other"));
+  EXPECT_TRUE(s->list_incomplete("").empty()) << "the abandoned temp file is removed";
+}
+
 TEST(FileStorage, APreallocationThatDoesNotFitIsNoSpaceNamingTheObjectAndLeavesNothingBehind) {
   SmallTmpfs tmpfs(256);
   if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();

@@ -250,109 +250,126 @@ const IniSection* find_profile(const IniFile& file, std::string_view profile, bo
 
 // ---- S3 settings ----
 
-S3Settings resolve_s3_settings(const AwsEnvironment& env) {
-  S3Settings s;
-  s.profile = aws_profile_name(env);
-  const AwsFilePaths paths = aws_file_paths(env);
-  const IniFile config = load_aws_ini(paths.config);
-  const IniFile credentials = load_aws_ini(paths.credentials);
-  const IniSection* from_config = find_profile(config, s.profile, true);
-  const IniSection* from_credentials = find_profile(credentials, s.profile, false);
-  if (s.profile != "default" && from_config == nullptr && from_credentials == nullptr) {
+namespace {
+
+using SubSection = std::map<std::string, Setting>;
+
+// The profile's settings from the config file and then the shared
+// credentials file (which wins), for `profile_name`. kInvalidArgument when a
+// profile other than the default is in neither file.
+MergedProfile load_profile(const IniFile& config, const IniFile& credentials,
+                           const std::string& profile_name) {
+  const IniSection* from_config = find_profile(config, profile_name, true);
+  const IniSection* from_credentials = find_profile(credentials, profile_name, false);
+  if (profile_name != "default" && from_config == nullptr && from_credentials == nullptr) {
     auto describe = [](const IniFile& f, std::string_view what) {
       if (f.path.empty()) return fmt::format("{} file (not looked for: HOME is not set)", what);
       return fmt::format("{} file {}{}", what, f.path, f.exists ? "" : " (no such file)");
     };
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("AWS profile \"{}\" (from AWS_PROFILE) is in neither the {} nor the {}",
-                            s.profile, describe(config, "config"),
+                            profile_name, describe(config, "config"),
                             describe(credentials, "shared credentials")));
   }
   MergedProfile profile;
-  if (from_config) merge_section(profile, *from_config, config.path, s.profile);
-  if (from_credentials) merge_section(profile, *from_credentials, credentials.path, s.profile);
-  static const std::map<std::string, Setting> kNone;
-  const auto s3_it = profile.sub_sections.find("s3");
-  const auto& s3 = s3_it == profile.sub_sections.end() ? kNone : s3_it->second;
+  if (from_config) merge_section(profile, *from_config, config.path, profile_name);
+  if (from_credentials) merge_section(profile, *from_credentials, credentials.path, profile_name);
+  return profile;
+}
 
-  // Region.
+// The region: AWS_REGION, AWS_DEFAULT_REGION, the profile's, or us-east-1.
+// kInvalidArgument naming where it came from when it is not a region name.
+std::string resolve_region(const AwsEnvironment& env, const MergedProfile& profile) {
+  std::string region;
   std::string region_from;
   if (auto r = env_value(env, "AWS_REGION")) {
-    s.region = *r;
+    region = *r;
     region_from = "AWS_REGION";
   } else if (auto d = env_value(env, "AWS_DEFAULT_REGION")) {
-    s.region = *d;
+    region = *d;
     region_from = "AWS_DEFAULT_REGION";
   } else if (const Setting* p = lookup(profile.values, "region")) {
-    s.region = p->value;
+    region = p->value;
     region_from = p->where;
   } else {
-    s.region = "us-east-1";
+    region = "us-east-1";
   }
-  s.region = std::string(trim(s.region));
+  region = std::string(trim(region));
   const bool region_ok =
-      !s.region.empty() && s.region.find_first_not_of(
-                               "abcdefghijklmnopqrstuvwxyz"
-                               "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") == std::string::npos;
+      !region.empty() && region.find_first_not_of(
+                             "abcdefghijklmnopqrstuvwxyz"
+                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-") == std::string::npos;
   if (!region_ok) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        fmt::format("AWS region \"{}\" from {} is not a region name", s.region, region_from));
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("AWS region \"{}\" from {} is not a region name", region, region_from));
   }
+  return region;
+}
 
-  // Endpoint.
+// The endpoint_url of the profile's "services" section for s3, if any.
+std::optional<Setting> services_endpoint(const MergedProfile& profile, const IniFile& config) {
+  const Setting* services = lookup(profile.values, "services");
+  if (services == nullptr) return std::nullopt;
+  const auto it = config.sections.find("services " + services->value);
+  if (it == config.sections.end()) return std::nullopt;
+  const auto sub_it = it->second.sub_sections.find("s3");
+  if (sub_it == it->second.sub_sections.end()) return std::nullopt;
+  const auto url = sub_it->second.find("endpoint_url");
+  if (url == sub_it->second.end() || url->second.empty()) return std::nullopt;
+  return Setting{url->second, fmt::format("[services {}] in {} line {}", services->value,
+                                          config.path, it->second.lines.at("s3.endpoint_url"))};
+}
+
+// A configured endpoint, in the order the AWS CLI looks for one, unless
+// configured endpoints are ignored; nothing means the region's AWS endpoint.
+std::optional<Setting> configured_endpoint(const AwsEnvironment& env, const MergedProfile& profile,
+                                           const SubSection& s3, const IniFile& config) {
   const Setting* ignore = lookup(profile.values, "ignore_configured_endpoint_urls");
   const bool ignore_configured = env_value(env, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
                                      ? env_true(env, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
                                      : ignore && lowercase(ignore->value) == "true";
-  std::optional<Setting> endpoint;
-  if (!ignore_configured) {
-    if (auto e = env_value(env, "AWS_ENDPOINT_URL_S3")) {
-      endpoint = Setting{*e, "AWS_ENDPOINT_URL_S3"};
-    } else if (auto g = env_value(env, "AWS_ENDPOINT_URL")) {
-      endpoint = Setting{*g, "AWS_ENDPOINT_URL"};
-    } else if (const Setting* sub = lookup(s3, "endpoint_url")) {
-      endpoint = *sub;
-    } else if (const Setting* services = lookup(profile.values, "services")) {
-      const auto it = config.sections.find("services " + services->value);
-      if (it != config.sections.end()) {
-        const auto sub_it = it->second.sub_sections.find("s3");
-        if (sub_it != it->second.sub_sections.end()) {
-          const auto url = sub_it->second.find("endpoint_url");
-          if (url != sub_it->second.end() && !url->second.empty()) {
-            endpoint = Setting{url->second,
-                               fmt::format("[services {}] in {} line {}", services->value,
-                                           config.path, it->second.lines.at("s3.endpoint_url"))};
-          }
-        }
-      }
-    }
-    if (!endpoint) {
-      if (const Setting* p = lookup(profile.values, "endpoint_url")) endpoint = *p;
-    }
-  }
-  if (endpoint) {
+  if (ignore_configured) return std::nullopt;
+  if (auto e = env_value(env, "AWS_ENDPOINT_URL_S3")) return Setting{*e, "AWS_ENDPOINT_URL_S3"};
+  if (auto g = env_value(env, "AWS_ENDPOINT_URL")) return Setting{*g, "AWS_ENDPOINT_URL"};
+  if (const Setting* sub = lookup(s3, "endpoint_url")) return *sub;
+  if (std::optional<Setting> e = services_endpoint(profile, config)) return e;
+  if (const Setting* p = lookup(profile.values, "endpoint_url")) return *p;
+  return std::nullopt;
+}
+
+// The s3 section's addressing_style (kAuto when unset).
+S3Settings::Addressing resolve_addressing(const SubSection& s3) {
+  const Setting* style = lookup(s3, "addressing_style");
+  if (style == nullptr) return S3Settings{}.addressing;
+  const std::string v = lowercase(style->value);
+  if (v == "auto") return S3Settings::Addressing::kAuto;
+  if (v == "path") return S3Settings::Addressing::kPath;
+  if (v == "virtual") return S3Settings::Addressing::kVirtual;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("s3 addressing_style \"{}\" in {} is not auto, path or virtual",
+                          style->value, style->where));
+}
+
+}  // namespace
+
+S3Settings resolve_s3_settings(const AwsEnvironment& env) {
+  S3Settings s;
+  s.profile = aws_profile_name(env);
+  const AwsFilePaths paths = aws_file_paths(env);
+  const IniFile config = load_aws_ini(paths.config);
+  const IniFile credentials = load_aws_ini(paths.credentials);
+  const MergedProfile profile = load_profile(config, credentials, s.profile);
+  static const SubSection kNone;
+  const auto s3_it = profile.sub_sections.find("s3");
+  const SubSection& s3 = s3_it == profile.sub_sections.end() ? kNone : s3_it->second;
+  s.region = resolve_region(env, profile);
+  if (std::optional<Setting> endpoint = configured_endpoint(env, profile, s3, config)) {
     s.endpoint = checked_endpoint(endpoint->value, endpoint->where);
     s.custom_endpoint = true;
   } else {
     s.endpoint = fmt::format("https://s3.{}.amazonaws.com", s.region);
   }
-
-  // Addressing style.
-  if (const Setting* style = lookup(s3, "addressing_style")) {
-    const std::string v = lowercase(style->value);
-    if (v == "auto") {
-      s.addressing = S3Settings::Addressing::kAuto;
-    } else if (v == "path") {
-      s.addressing = S3Settings::Addressing::kPath;
-    } else if (v == "virtual") {
-      s.addressing = S3Settings::Addressing::kVirtual;
-    } else {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("s3 addressing_style \"{}\" in {} is not auto, path or virtual",
-                              style->value, style->where));
-    }
-  }
+  s.addressing = resolve_addressing(s3);
   return s;
 }
 
