@@ -352,6 +352,13 @@ ResultGrid Experiment::results() {
     r.config = t.info.config;
     r.status = t.info.status;
     if (t.info.status == TrialStatus::kError) r.error = t.info.error;
+    if (t.info.status == TrialStatus::kTerminated) {
+      // Ended as the Tuner asked (a stop criterion, a scheduler, a final
+      // checkpoint through the preemption path): not a failure, whatever
+      // the trial's own run recorded when its workers were stopped.
+      r.error.reset();
+      r.preempted = false;
+    }
     if (r.metrics.is_null() || r.metrics.empty()) {
       r.metrics = t.info.last_result.is_object() ? t.info.last_result : nlohmann::json::object();
     }

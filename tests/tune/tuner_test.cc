@@ -317,6 +317,10 @@ TEST(Tuner, ClassTrainableStoppedByTheTunerSavesAtEndWithoutAnotherStep) {
   EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
   EXPECT_EQ(grid[0].metrics_history.size(), 4u);
   EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id), (std::vector<int>{4}));
+  // Its workers were stopped for the final checkpoint (the preemption
+  // path): that is the Tuner's doing, not the trial's failure.
+  EXPECT_FALSE(grid[0].error.has_value()) << *grid[0].error;
+  EXPECT_FALSE(grid[0].preempted);
 }
 
 // Reports `step` forever (TuneConfig::stop ends it), a checkpoint every

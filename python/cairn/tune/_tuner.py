@@ -141,11 +141,6 @@ def _trial_result(impl: Any) -> Result:
     r.config = impl.config  # type: ignore[attr-defined]
     r.trial_id = impl.trial_id  # type: ignore[attr-defined]
     r.status = impl.status  # type: ignore[attr-defined]
-    if r.status == "TERMINATED":
-        # Ended as the Tuner asked (a stop criterion, a scheduler, a final
-        # checkpoint): not a failure, whatever the trial's Trainer recorded.
-        r.error = None
-        r.preempted = False
     return r
 
 
