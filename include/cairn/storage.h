@@ -138,7 +138,7 @@ struct StorageCapabilities {
   // local_root / K (the file backend); std::nullopt elsewhere. Only for what
   // needs a path to read (mmap, hard links to a scratch folder). Durable
   // objects are written through open_writer() only, which holds the
-  // durable-write protocol; the one writer there today is train/history.cc,
+  // durable-write protocol; the one writer there today is experiment/results.cc,
   // which appends result rows to its CSV log in place (a log whose tail a
   // crash may cut, rewritten whole when an append fails).
   std::optional<std::filesystem::path> local_root;
