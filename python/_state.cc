@@ -162,9 +162,8 @@ class PyAsyncSaver {
   AsyncSaver saver_;
 };
 
-}  // namespace
-
-void bind_state(py::module_& m) {
+// cairn.torch.StateCheckpointManager and its save handles.
+void bind_state_manager(py::module_& m) {
   py::class_<SaveHandle>(m, "SaveHandle")
       .def("done", &SaveHandle::done)
       .def("skipped", &SaveHandle::skipped)
@@ -261,7 +260,10 @@ void bind_state(py::module_& m) {
       .def_property_readonly("uri", [](PyStateManager& m) { return m.get().base().uri(); })
       .def_property_readonly("closed", &PyStateManager::closed)
       .def("close", &PyStateManager::close);
+}
 
+// cairn.torch.AsyncSaver.
+void bind_async_saver(py::module_& m) {
   py::class_<PyAsyncSaver>(m, "AsyncSaver")
       .def(py::init([](unsigned max_in_flight, const std::string& when_busy,
                        unsigned max_staging_buffers) {
@@ -309,7 +311,10 @@ void bind_state(py::module_& m) {
         d["max_stall_seconds"] = st.max_stall_seconds;
         return d;
       });
+}
 
+// Sharded saves: even_split, save_rank_shards, commit_sharded, ShardedReader.
+void bind_sharded(py::module_& m) {
   m.def(
       "even_split",
       [](const Shape& global_shape, size_t dim, int rank, int world_size) {
@@ -371,6 +376,14 @@ void bind_state(py::module_& m) {
             return report_tuple(report);
           },
           py::arg("tensors"), py::arg("specs"), py::arg("strict"));
+}
+
+}  // namespace
+
+void bind_state(py::module_& m) {
+  bind_state_manager(m);
+  bind_async_saver(m);
+  bind_sharded(m);
 }
 
 }  // namespace cairn::python

@@ -188,9 +188,8 @@ void set_common(Options& o, const std::string& time_attr, const std::string& met
   o.mode = mode;
 }
 
-}  // namespace
-
-void bind_tune(py::module_& m) {
+// The search-space functions (tune.grid_search, choice, ...).
+void bind_search_space(py::module_& m) {
   m.def("tune_grid_search", [](py::handle v) { return from_json(tune::grid_search(to_json(v))); });
   m.def("tune_choice", [](py::handle v) { return from_json(tune::choice(to_json(v))); });
   m.def("tune_uniform", [](double lo, double hi) { return from_json(tune::uniform(lo, hi)); });
@@ -200,7 +199,10 @@ void bind_tune(py::module_& m) {
         [](std::int64_t lo, std::int64_t hi) { return from_json(tune::randint(lo, hi)); });
   m.def("tune_quniform",
         [](double lo, double hi, double q) { return from_json(tune::quniform(lo, hi, q)); });
+}
 
+// The schedulers: FIFO, ASHA, PBT.
+void bind_schedulers(py::module_& m) {
   py::class_<tune::TrialScheduler, std::shared_ptr<tune::TrialScheduler>>(m, "TrialScheduler");
   py::class_<tune::FIFOScheduler, tune::TrialScheduler, std::shared_ptr<tune::FIFOScheduler>>(
       m, "FIFOScheduler")
@@ -238,7 +240,10 @@ void bind_tune(py::module_& m) {
            py::arg("time_attr"), py::arg("metric"), py::arg("mode"),
            py::arg("perturbation_interval"), py::arg("hyperparam_mutations"),
            py::arg("quantile_fraction"), py::arg("resample_probability"), py::arg("seed"));
+}
 
+// TrialResult and ResultGrid.
+void bind_results(py::module_& m) {
   py::class_<tune::TrialResult, Result>(m, "TrialResult")
       .def_readonly("trial_id", &tune::TrialResult::trial_id)
       .def_property_readonly("config",
@@ -264,7 +269,10 @@ void bind_tune(py::module_& m) {
           [](const tune::ResultGrid& g, const std::string& metric, const std::string& mode,
              const std::string& scope) { return g.get_best_result(metric, mode, scope); },
           py::arg("metric"), py::arg("mode"), py::arg("scope"));
+}
 
+// The Tuner: fit, can_restore, restore.
+void bind_tuner(py::module_& m) {
   py::class_<tune::Tuner>(m, "Tuner")
       .def(py::init([](py::object fn, py::object cls, py::handle param_space,
                        const py::dict& tune_config, const py::dict& run, int num_workers,
@@ -320,6 +328,15 @@ void bind_tune(py::module_& m) {
           py::arg("path"), py::arg("fn"), py::arg("cls"), py::arg("resume_unfinished"),
           py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"),
           py::arg("callbacks"));
+}
+
+}  // namespace
+
+void bind_tune(py::module_& m) {
+  bind_search_space(m);
+  bind_schedulers(m);
+  bind_results(m);
+  bind_tuner(m);
 }
 
 }  // namespace cairn::python
