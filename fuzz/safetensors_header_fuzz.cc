@@ -13,7 +13,7 @@
 
 #include "cairn/error.h"
 #include "cairn/safetensors.h"
-#include "format/header_scan.h"
+#include "engine/header_scan.h"
 
 namespace {
 

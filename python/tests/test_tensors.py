@@ -128,9 +128,9 @@ def test_files_in_a_store_save_and_load_by_uri(tmp_path: pathlib.Path) -> None:
 # ---- the same files as the C++ side ----------------------------------------------------
 
 def interop_tool() -> pathlib.Path:
-    """The C++ half (tests/format/interop_tool.cc) in the build the package came from."""
+    """The C++ half (tests/engine/interop_tool.cc) in the build the package came from."""
     build = pathlib.Path(cairn.__file__).resolve().parents[2]
-    tool = build / "tests" / "format" / "safetensors_interop_tool"
+    tool = build / "tests" / "engine" / "safetensors_interop_tool"
     if not tool.exists():
         pytest.skip("the C++ interop tool is built with Cairn's tests, not with this package")
     return tool

@@ -44,7 +44,7 @@ class Environment {
 // Every setting Cairn takes from the environment, as read; empty when unset.
 struct Settings {
   std::string log_level;            // CAIRN_LOG_LEVEL (spdlog level names)
-  std::string direct_io;            // CAIRN_DIRECT_IO (format/io.h judges it)
+  std::string direct_io;            // CAIRN_DIRECT_IO (engine/io.h judges it)
   std::string tune_state_period_s;  // CAIRN_TUNE_STATE_PERIOD_S (the Tuner judges it)
   std::string storage_path;         // CAIRN_STORAGE_PATH, else "~/cairn_results"
   std::string cache_dir;            // CAIRN_CACHE_DIR

@@ -3,7 +3,7 @@
 
 The same network is defined here and in interop_tool.cc. Files are read and
 written with the independent safetensors reader/writer of
-tests/format/interop_test.py (numpy + json), as a user without the
+tests/engine/interop_test.py (numpy + json), as a user without the
 safetensors package would.
   1. C++ saves (one file, Hugging Face shards + index, and a full training
      state); PyTorch loads each with load_state_dict and gives the same
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "format"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
 import interop_test as st  # noqa: E402  (the independent safetensors reader/writer)
 
 TORCH_DTYPES = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64}

@@ -1,4 +1,4 @@
-#include "format/io.h"
+#include "engine/io.h"
 
 #include <sys/mman.h>
 

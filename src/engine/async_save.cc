@@ -36,8 +36,8 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
-#include "format/io.h"
-#include "format/sharded_plan.h"
+#include "engine/io.h"
+#include "engine/sharded_plan.h"
 #include "util/log.h"
 
 namespace cairn {

@@ -15,7 +15,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/error.h"
 #include "cairn/state.h"
-#include "format/io.h"
+#include "engine/io.h"
 #include "storage/backends.h"
 #include "support/env.h"
 #include "support/errors.h"

@@ -1,5 +1,5 @@
 // The plain-form scanner of safetensors headers (header_scan.h).
-#include "format/header_scan.h"
+#include "engine/header_scan.h"
 
 #include <cstdint>
 

@@ -23,7 +23,7 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
-#include "format/io.h"
+#include "engine/io.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/error.h"
-#include "format/header_scan.h"
+#include "engine/header_scan.h"
 #include "util/json.h"
 
 namespace cairn {

@@ -18,8 +18,8 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "checkpoint/entry_json.h"
-#include "format/io.h"
-#include "format/sharded_plan.h"
+#include "engine/io.h"
+#include "engine/sharded_plan.h"
 #include "util/hash.h"
 
 namespace cairn {
