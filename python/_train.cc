@@ -101,8 +101,7 @@ TrainFn python_train_fn(py::object fn) {
     try {
       ref->object(from_json(config));
     } catch (py::error_already_set& e) {
-      throw std::runtime_error(std::string(py::str(e.type().attr("__name__"))) + ": " +
-                               std::string(py::str(e.value())));
+      throw std::runtime_error(python_error_text(e));
     }
   };
 }
@@ -125,6 +124,10 @@ RunConfig run_config_arg(const py::dict& d) {
   run.failure_config.report_timeout_s = d["report_timeout_s"].cast<double>();
   run.failure_config.preemption_grace_s = d["preemption_grace_s"].cast<double>();
   return run;
+}
+
+std::string python_error_text(const py::error_already_set& e) {
+  return std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value()));
 }
 
 void python_worker_starts() { t_forking_for_fit = false; }

@@ -62,8 +62,7 @@ class PyTrainable final : public tune::Trainable {
     try {
       return f();
     } catch (py::error_already_set& e) {
-      std::string what =
-          std::string(py::str(e.type().attr("__name__"))) + ": " + std::string(py::str(e.value()));
+      std::string what = python_error_text(e);
       e.restore();
       PyErr_Print();
       py::module_::import("sys").attr("stderr").attr("flush")();
@@ -133,9 +132,7 @@ class PyCallback final : public tune::Callback {
       throw Error(ErrorCode::kInvalidArgument,
                   std::string("the Tune callback ") +
                       std::string(py::str(py::type::of(ref_->object).attr("__name__"))) +
-                      " failed in " + what + ": " +
-                      std::string(py::str(e.type().attr("__name__"))) + ": " +
-                      std::string(py::str(e.value())));
+                      " failed in " + what + ": " + python_error_text(e));
     }
   }
 

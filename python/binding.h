@@ -99,6 +99,8 @@ TrainFn python_train_fn(pybind11::object fn);
 // the main thread, Ctrl-C turned into a preemption notice; raises
 // KeyboardInterrupt afterwards if Ctrl-C was pressed.
 void run_forking(const std::function<void()>& body);
+// "TypeName: message" of a Python exception, for the C++ error it becomes.
+std::string python_error_text(const pybind11::error_already_set& e);
 // Called in a worker before it runs Python code: its own forks are Python's.
 void python_worker_starts();
 // ScalingConfig.launcher and RunConfig from cairn.train's Python values.

@@ -62,7 +62,7 @@ def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
     assert result.error is None
     assert result.metrics["step"] == 3 and result.metrics["rank"] == 0  # rank 0's metrics
     assert [m["score"] for _, m in result.best_checkpoints] == [0.1, 0.3]
-    assert result.checkpoint is not None and result.checkpoint.get_metadata() is not None
+    assert result.checkpoint is not None and result.checkpoint.verify() == []
     with result.checkpoint.as_directory() as d:
         assert sorted(os.listdir(d)) == [".cairn", "rank0.txt", "rank1.txt"]
         assert pathlib.Path(d, "rank1.txt").read_text() == "3"
