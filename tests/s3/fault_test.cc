@@ -150,10 +150,6 @@ TEST_F(S3Faults, WhenEveryRequestFailsTheErrorIsClearAndNothingPartialIsVisible)
   EXPECT_TRUE(listing.checkpoints[0].checkpoint.verify().empty());
 }
 
-// Kills a process saving checkpoints (each through a multipart upload, with
-// retention deleting the old ones) at random moments; after each kill,
-// reopening the experiment finds every committed checkpoint whole and
-// cleans up what the killed process left.
 // A server that refuses conditional writes (acted out by the proxy, which
 // answers 501 to a write with If-Match or If-None-Match) is detected, and
 // leases are taken by listing instead: a fresh lease and a lapsed one are
@@ -196,6 +192,33 @@ TEST_F(S3Faults, AServerRefusingConditionalWritesStillGivesEachLeaseOneHolder) {
   EXPECT_EQ(m.history().size(), 1u);
 }
 
+// Without conditional writes a taker whose write of the lease is answered
+// more than half a lifetime after it was sent cannot tell whether it landed
+// after a later taker took the lease (that one would have seen its object
+// as a dead taker's): it does not hand the lock out, and leaves the lease it
+// wrote to lapse rather than delete what may be another's.
+TEST_F(S3Faults, WithoutConditionalWritesATakeoverAnsweredPastHalfALifetimeIsNotHandedOut) {
+  ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
+  // Only the lease's own PUT is slowed (the tests' lease lives 6 s), not the
+  // taker's object beside it, whose key ends in a token.
+  proxy.configure(R"({"refuse_conditional_writes": true, "rate": 1, "faults": ["delay"],
+    "delay_ms": 4000, "methods": ["PUT"], "budget": 1, "path_pattern": "/slow/\\.cairn\\.lock$"})");
+  auto s = open_storage(root);
+  std::string message =
+      testing::error_message_of([&] { s->try_lock("slow/.cairn.lock"); }, ErrorCode::kLocked);
+  EXPECT_NE(message.find("taking it over took longer than half its lifetime"), std::string::npos)
+      << message;
+  EXPECT_EQ(nlohmann::json::parse(proxy.stats())["faults"]["delay"].get<int>(), 1);
+  // The lease written late stays until it lapses.
+  EXPECT_TRUE(s->exists("slow/.cairn.lock"));
+  EXPECT_EQ(testing::code_of([&] { open_storage(root)->try_lock("slow/.cairn.lock"); }),
+            ErrorCode::kLocked);
+}
+
+// Kills a process saving checkpoints (each through a multipart upload, with
+// retention deleting the old ones) at random moments; after each kill,
+// reopening the experiment finds every committed checkpoint whole and
+// cleans up what the killed process left.
 TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNothing) {
   const std::string exp = root + "/crash";
   CheckpointConfig config;

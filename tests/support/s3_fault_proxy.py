@@ -46,6 +46,8 @@ Faults. Each proxied request draws from one random sequence (seeded by
 Error answers carry x-amz-request-id and x-amz-id-2 headers and an
 <Error><Code/><Message/><Resource/><RequestId/></Error> body (no body for
 HEAD, as S3 does). `methods` limits faults to those HTTP methods (empty: all);
+`path_pattern` to requests whose path (the query left out, as sent: URL-encoded)
+matches that regular expression anywhere (re.search; empty: all);
 `budget` limits the number of faults injected from now on (null: no limit),
 e.g. rate 1.0 and budget 2 fails exactly the next two requests.
 
@@ -60,7 +62,7 @@ bucket name can start with "__"):
   POST /__fault__/config   change it: a JSON object with any of
                            {"rate": 0.1, "faults": ["503", "reset"],
                             "delay_ms": 200, "seed": 7, "methods": ["PUT"],
-                            "budget": 3 or null,
+                            "budget": 3 or null, "path_pattern": "lock$",
                             "refuse_conditional_writes": true}
                            (a new seed restarts the random sequence);
                            answers the new configuration, or 400 naming the
@@ -82,6 +84,7 @@ import http.server
 import json
 import os
 import random
+import re
 import select
 import socket
 import struct
@@ -134,6 +137,7 @@ class Faults:
         self.methods = methods
         self.budget = budget
         self.refuse_conditional_writes = False
+        self.path_pattern = ""
         self.rng = random.Random(seed)
         self.reset_stats()
 
@@ -144,7 +148,8 @@ class Faults:
     def config(self):
         return {"rate": self.rate, "faults": list(self.kinds), "delay_ms": self.delay_ms,
                 "seed": self.seed, "methods": list(self.methods), "budget": self.budget,
-                "refuse_conditional_writes": self.refuse_conditional_writes}
+                "refuse_conditional_writes": self.refuse_conditional_writes,
+                "path_pattern": self.path_pattern}
 
     def update(self, changes):
         """Applies a JSON object of changes; raises ValueError naming the bad
@@ -181,6 +186,12 @@ class Faults:
                 if not isinstance(value, bool):
                     raise ValueError("refuse_conditional_writes: true or false")
                 new["refuse_conditional_writes"] = value
+            elif key == "path_pattern":
+                try:
+                    re.compile(value)
+                except (TypeError, re.error):
+                    raise ValueError("path_pattern: a regular expression") from None
+                new["path_pattern"] = value
             else:
                 raise ValueError("unknown field {!r}".format(key))
         with self.lock:
@@ -189,9 +200,10 @@ class Faults:
             self.rate, self.kinds, self.delay_ms = new["rate"], new["faults"], new["delay_ms"]
             self.seed, self.methods, self.budget = new["seed"], new["methods"], new["budget"]
             self.refuse_conditional_writes = new["refuse_conditional_writes"]
+            self.path_pattern = new["path_pattern"]
             return self.config()
 
-    def draw(self, method):
+    def draw(self, method, path):
         """The fault for the next request (None: pass through), counted."""
         with self.lock:
             self.stats["requests"] += 1
@@ -199,7 +211,8 @@ class Faults:
             # One draw per request whatever the configuration, so the n-th
             # request's fate depends only on the seed and n.
             roll, pick = self.rng.random(), self.rng.random()
-            eligible = not self.methods or method in self.methods
+            eligible = (not self.methods or method in self.methods) and \
+                (not self.path_pattern or re.search(self.path_pattern, path) is not None)
             if eligible and roll < self.rate and self.budget != 0:
                 kind = self.kinds[int(pick * len(self.kinds))]
                 if self.budget is not None:
@@ -438,7 +451,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             n = self.faults.count("refused_conditional")
             return self.error_reply(501, "NotImplemented", "A header you provided implies "
                                     "functionality that is not implemented", n)
-        kind, n, delay_ms = self.faults.draw(self.command)
+        kind, n, delay_ms = self.faults.draw(self.command, self.path.split("?", 1)[0])
         if kind in ("500", "503", "slowdown"):
             self.drain(body_length)
             status, code, message = ERRORS[kind]

@@ -50,7 +50,8 @@ class ProxyTest(unittest.TestCase):
         cls.s3.__exit__(None, None, None)
 
     def setUp(self):
-        self.proxy.configure(rate=0.0, faults=["500"], delay_ms=200, methods=[], budget=None)
+        self.proxy.configure(rate=0.0, faults=["500"], delay_ms=200, methods=[], budget=None,
+                             path_pattern="")
         self.proxy.reset_stats()
         self.conns = []
 
@@ -309,6 +310,12 @@ class ProxyTest(unittest.TestCase):
         self.proxy.configure(budget=None, methods=["put"])
         self.assertEqual(self.request("GET", "b/x")[0].status, 404)
         self.assertEqual(self.request("PUT", "b/x", body=b"1")[0].status, 500)
+        self.proxy.configure(methods=[], path_pattern=r"/b/y$")
+        self.assertEqual(self.request("GET", "b/x")[0].status, 404)
+        self.assertEqual(self.request("GET", "b/y?versionId=1")[0].status, 500)
+        self.assertEqual(self.request("GET", "b/yz")[0].status, 404)
+        with self.assertRaisesRegex(ValueError, "path_pattern"):
+            self.proxy.configure(path_pattern="(")
 
     def test_refused_conditional_writes_are_501_and_not_forwarded(self):
         self.proxy.configure(refuse_conditional_writes=True)
@@ -359,7 +366,7 @@ class ProxyTest(unittest.TestCase):
             cfg = p.config()
             self.assertEqual(cfg, {"rate": 1.0, "faults": ["slowdown", "503"], "delay_ms": 5.0,
                                    "seed": 7, "methods": ["GET"], "budget": 3,
-                                   "refuse_conditional_writes": False})
+                                   "refuse_conditional_writes": False, "path_pattern": ""})
             resp, _ = self.request("GET", "flags/a", port=p.port)
             self.assertEqual(resp.status, 503)
             # An idle client connection must not keep it alive.

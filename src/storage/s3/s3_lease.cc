@@ -244,7 +244,8 @@ LeaseWrite put_lease(Context& ctx, const std::string& key, const std::string& bo
 // withdraw theirs, wait a random while and try again, up to a few times. A
 // taker killed midway leaves an object that counts as a rival for one
 // lease lifetime (the server's clock), then is ignored and deleted; so a
-// taker that has not written the lease within half a lifetime of starting
+// taker that has not sent the lease within half a lifetime of starting, or
+// whose write is answered more than half a lifetime after it was sent,
 // gives up, as a holder renews within half of one (LeaseGuard::renew).
 // Returns the lease's ETag; throws kLocked (retryable) when it is held or
 // contended.
@@ -320,6 +321,16 @@ std::string take_lease_by_listing(Context& ctx, const std::string& key, const st
         if (s.exists) replaced_token = s.token;
         confirmed = s3::lease_now();
         std::string etag = put_lease_plainly(ctx, key, body);
+        // Answered so late that the lease must be confirmed before its
+        // first use, which a plain write cannot do (LeaseGuard::renew): it
+        // may have landed after a later taker saw this one's object as a
+        // dead taker's and took the lease. Not handed out; left to lapse.
+        if (s3::lease_needs_confirming(confirmed, s3::lease_now(), ttl)) {
+          throw locked(
+              fmt::format("taking it over took longer than half its lifetime ({} s): the lease was "
+                          "written only after that and is left to lapse",
+                          ttl.count() / 2));
+        }
         // Shown to the next taker before this one withdraws (some servers
         // answer a PUT before the object is readable).
         LeaseState after = read_lease(ctx, key);
