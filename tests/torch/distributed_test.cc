@@ -72,6 +72,9 @@ std::string context_json(const TrainContext& c) {
   return j.dump();
 }
 
+// How long a stalled rank sleeps: the runtime must stop it long before.
+constexpr int kStallSeconds = 300;
+
 // The DDP loop. Config: steps, out; optional: kill_rank/kill_step (that rank
 // SIGKILLs itself before that step, first attempt only), stall_rank/
 // stall_step (that rank skips the step's all-reduce and sleeps, first
@@ -120,7 +123,8 @@ void ddp_loop(const nlohmann::json& config) {
     torch::Tensor loss = loss_of(model, xs, ys, use_b);
     if (ctx.attempt == 0 && config.value("stall_rank", -1) == rank &&
         config.value("stall_step", -1) == step) {
-      std::this_thread::sleep_for(std::chrono::seconds(60));  // the others must not wait for this
+      // The others must not wait for this (kStallSeconds).
+      std::this_thread::sleep_for(std::chrono::seconds(kStallSeconds));
     }
     try {
       if (config.value("plain_backward", false)) {
@@ -276,14 +280,18 @@ TEST(TorchDistributed, KilledRankRestartsTheGroupOnANewPortFromTheLatestCheckpoi
   const fs::path out = dir / "out";
   fs::create_directories(out);
   constexpr int kSteps = 6;
-  const auto start = Clock::now();
   Trainer trainer(ddp_loop,
                   {{"steps", kSteps}, {"out", out.string()}, {"kill_rank", 1}, {"kill_step", 3}},
                   ScalingConfig{.num_workers = 2}, run_in(dir, /*max_failures=*/1));
   const Result result = trainer.fit();
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ASSERT_FALSE(result.error) << *result.error;
-  EXPECT_LT(seconds, 30) << "a rank waited on the killed one";
+  // Rank 0 did not wait for the killed rank until its collective timed out
+  // (20 s): the runtime stopped it, or the all-reduce failed on the closed
+  // connection. (Checked by how it ended, not by the run's duration.)
+  if (fs::exists(out / "error-0-0.txt")) {
+    const std::string error = slurp(out / "error-0-0.txt");
+    EXPECT_NE(error.substr(0, error.find('\n')), "timeout") << "a rank waited on the killed one";
+  }
   EXPECT_EQ(result.metrics.at("step"), kSteps - 1);
   // The second attempt resumed after step 2 (its first report is step 3) on
   // a port of its own.
@@ -318,7 +326,9 @@ TEST(TorchDistributed, RankThatStopsTakingPartTimesOutTheOthersAndTheGroupRestar
   const Result result = trainer.fit();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ASSERT_FALSE(result.error) << *result.error;
-  EXPECT_LT(seconds, 30) << "rank 0 waited for the stalled rank beyond the timeout";
+  // Far longer than the run takes under any load: reaching it means the
+  // runtime waited out the stalled rank instead of stopping it.
+  EXPECT_LT(seconds, kStallSeconds) << "the runtime waited for the stalled rank";
   // Rank 0's all-reduce gave up after the timeout with an error naming it.
   const std::string error = slurp(out / "error-0-0.txt");
   EXPECT_EQ(error.substr(0, error.find('\n')), "timeout") << error;

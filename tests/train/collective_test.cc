@@ -217,6 +217,26 @@ TEST(ReportRound, OnlyTheFirstFailureIsReported) {
   EXPECT_EQ(r.fail({FailureKind::kDriver, -1, "x"}).type, Action::kNone);
 }
 
+TEST(ReportRound, RanksFailingAfterTheFirstAreNamedWithIt) {
+  ReportRound r(3, 10.0);
+  r.on_worker_error(0, "train_fn raised cairn::Error: all_reduce failed (another rank is gone)");
+  ASSERT_EQ(r.on_exit(0, false, "(pid 7) exited with status 1").type, Action::kFailed);
+  EXPECT_FALSE(r.all_exited());
+  EXPECT_EQ(r.on_exit(1, false, "(pid 8) was killed by signal 9 (SIGKILL)").type, Action::kNone);
+  EXPECT_EQ(r.on_done(2, 3).type, Action::kNone);
+  EXPECT_EQ(r.on_exit(2, true, "(pid 9) exited with status 0").type, Action::kNone);
+  EXPECT_TRUE(r.all_exited());
+  const Failure f = r.failure_with_concurrent();
+  EXPECT_EQ(f.rank, 0);
+  EXPECT_EQ(f.message.rfind("rank 0 failed: train_fn raised", 0), 0u) << f.message;
+  EXPECT_NE(f.message.find("; at the same time rank 1 (pid 8) was killed by signal 9 (SIGKILL) "
+                           "before returning from train_fn"),
+            std::string::npos)
+      << f.message;
+  // A rank that finished cleanly is no failure of its own.
+  EXPECT_EQ(f.message.find("rank 2"), std::string::npos) << f.message;
+}
+
 TEST(Restart, BudgetCountsFailuresAndMinusOneIsUnlimited) {
   Failure worker{FailureKind::kWorkerFailed, 0, ""};
   EXPECT_FALSE(should_restart(worker, 1, 0));

@@ -273,10 +273,10 @@ ReportRound::Action ReportRound::on_invalid_report(int rank, const std::string& 
 }
 
 ReportRound::Action ReportRound::on_done(int rank, int count) {
-  if (failure_) return {};
   RankState& r = ranks_.at(rank);
-  r.state = State::kDone;
+  r.state = State::kDone;  // after a failure too: its clean exit is then no failure of its own
   r.done_count = count;
+  if (failure_) return {};
   Action m = check_mismatch();
   if (m.type != Action::kNone) return m;
   for (int i = 0; i < world_size_; ++i) {
@@ -300,7 +300,6 @@ ReportRound::Action ReportRound::on_exit(int rank, bool clean, const std::string
   RankState& r = ranks_.at(rank);
   const bool was_done = r.state == State::kDone;
   r.state = State::kExited;
-  if (failure_) return {};
   if (was_done && clean) return {};
   std::string message;
   if (!r.error.empty()) {
@@ -310,7 +309,24 @@ ReportRound::Action ReportRound::on_exit(int rank, bool clean, const std::string
   } else {
     message = fmt::format("rank {} {} before returning from train_fn", rank, cause);
   }
+  if (failure_) {
+    if (rank != failure_->rank) concurrent_.push_back(std::move(message));
+    return {};
+  }
   return fail_with(FailureKind::kWorkerFailed, rank, std::move(message));
+}
+
+bool ReportRound::all_exited() const {
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const RankState& r) { return r.state == State::kExited; });
+}
+
+Failure ReportRound::failure_with_concurrent() const {
+  Failure f = failure_.value();
+  if (!concurrent_.empty()) {
+    f.message += fmt::format("; at the same time {}", fmt::join(concurrent_, "; "));
+  }
+  return f;
 }
 
 ReportRound::Action ReportRound::tick(double now) {

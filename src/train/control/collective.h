@@ -108,6 +108,14 @@ class ReportRound {
 
   bool failed() const { return failure_.has_value(); }
   int completed_rounds() const { return completed_; }
+  // Every rank's process has ended (its exit was seen).
+  bool all_exited() const;
+  // The first failure, its message naming too the ranks whose exits, seen
+  // after it, were failures of their own (a rank killed makes its peers'
+  // collectives fail a moment later, and the driver may hear from a peer
+  // first: the cause must not hide behind its consequence). Call once
+  // failed().
+  Failure failure_with_concurrent() const;
 
  private:
   enum class State { kRunning, kArrived, kUploading, kUploaded, kDone, kExited };
@@ -136,6 +144,7 @@ class ReportRound {
   double deadline_ = 0.0;
   nlohmann::json rank0_metrics_;
   std::optional<Failure> failure_;
+  std::vector<std::string> concurrent_;  // failed exits seen after failure_
 };
 
 // Whether the group should restart after `failure`, given the restarts used

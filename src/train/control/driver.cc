@@ -44,6 +44,10 @@ namespace cairn::train_internal {
 
 namespace {
 
+// How long a failed attempt waits for its other ranks' exits before it
+// stops them (Driver: failures at the same time are named together).
+constexpr double kConcurrentFailureWindowS = 1.0;
+
 double monotonic_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -324,6 +328,15 @@ class Driver {
     // A group failing while it is being preempted (the platform killing a
     // worker) is the preemption, not a failure to restart from.
     if (preempt_requested_) out.preempted = true;
+    // Ranks failing at about the same time are named with the first: a rank
+    // killed makes its peers' collectives fail a moment later, and which
+    // exit the driver sees first is up to the scheduler. A short wait
+    // (bounded; over as soon as every rank has ended) lets their exits in.
+    const double until = monotonic_seconds() + kConcurrentFailureWindowS;
+    while (!round.all_exited() && monotonic_seconds() < until) {
+      for (auto& e : group->poll(20)) handle_event(round, e, monotonic_seconds());
+    }
+    failure_ = round.failure_with_concurrent();  // the loop ends only on a failed round
     out.failure = failure_;
     group->stop();
     if (out.failure->rank >= 0) out.stderr_tail = group->stderr_tail(out.failure->rank);
