@@ -110,8 +110,9 @@ Launcher launcher_arg(const std::string& name) {
   if (name == "auto") return Launcher::kAuto;
   if (name == "local") return Launcher::kLocal;
   if (name == "mpi") return Launcher::kMpi;
+  if (name == "env") return Launcher::kEnv;
   throw Error(ErrorCode::kInvalidArgument,
-              "ScalingConfig.launcher \"" + name + "\": \"auto\", \"local\" or \"mpi\"");
+              "ScalingConfig.launcher \"" + name + "\": \"auto\", \"local\", \"mpi\" or \"env\"");
 }
 
 RunConfig run_config_arg(const py::dict& d) {

@@ -72,13 +72,17 @@
 namespace cairn {
 
 enum class Launcher {
-  kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else local
+  kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else torchrun-style
+           // when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set, else local
   kLocal,  // fork num_workers processes on this machine
   kMpi,    // one worker per MPI process (the program runs under mpirun or srun)
+  kEnv,    // one worker per process started by torchrun, a Kubernetes job or a shell loop,
+           // placed by RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (docs/train.md)
 };
 
 struct ScalingConfig {
-  // Ranks. Under MPI, 0 means "the MPI world size"; any other value must equal it.
+  // Ranks. Under MPI or a torchrun-style launcher, 0 means "the launcher's world
+  // size"; any other value must equal it.
   int num_workers = 1;
   Launcher launcher = Launcher::kAuto;
 

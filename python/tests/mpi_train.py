@@ -1,10 +1,13 @@
-"""The program test_train.py runs under mpirun: a TorchTrainer over MPI.
+"""The program test_train.py runs under a launcher: a TorchTrainer over MPI
+or over a torchrun-style launch.
 
-    mpirun -np 2 python3 mpi_train.py STORAGE_PATH
+    mpirun -np 2 python3 mpi_train.py STORAGE_PATH [LAUNCHER]
+    torchrun --nproc_per_node=2 ... mpi_train.py STORAGE_PATH auto
 
-Every MPI process calls fit(); MPI rank 0 is the driver, each process forks
-one rank's worker. Each writes ``<sum> <error>`` to STORAGE_PATH/result_<mpi
-rank>.txt (not to stdout, which mpirun may interleave).
+Every process calls fit(); rank 0 is the driver, each process forks one
+rank's worker. Each writes ``<sum> <error>`` to STORAGE_PATH/result_<rank>.txt
+(not to stdout, which the launcher may interleave). LAUNCHER is
+ScalingConfig's (default "mpi").
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ def loop(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, launcher="mpi"),
+    launcher = argv[2] if len(argv) > 2 else "mpi"
+    result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, launcher=launcher),
                           run_config=RunConfig(name="mpi", storage_path=argv[1])).fit()
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK")
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK"))
     with open(os.path.join(argv[1], f"result_{rank}.txt"), "w") as f:
         f.write(f"{result.metrics.get('sum')} {result.error}")
     return 0

@@ -15,13 +15,14 @@ namespace cairn::train_internal {
 
 bool launched_by_mpi() { return Settings::from(Environment::process()).launched_by_mpi; }
 
-int mpi_world_ranks(int num_workers, int world_size) {
+int launched_world_ranks(int num_workers, int world_size, std::string_view job) {
   if (num_workers == 0 || num_workers == world_size) return world_size;
   throw Error(ErrorCode::kInvalidArgument,
-              fmt::format("ScalingConfig::num_workers is {} but the MPI job has {} process(es); "
-                          "under MPI every process runs one rank: set num_workers to 0 (the MPI "
-                          "world size) or {}, or start {} processes",
-                          num_workers, world_size, world_size, num_workers));
+              fmt::format("ScalingConfig::num_workers is {} but {} has {} process(es); "
+                          "when a launcher starts the processes every process runs one rank: set "
+                          "num_workers to 0 (the launcher's world size) or {}, or start {} "
+                          "processes",
+                          num_workers, job, world_size, world_size, num_workers));
 }
 
 std::vector<TrainContext> plan_places(const std::vector<std::string>& hosts) {

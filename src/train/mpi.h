@@ -35,10 +35,10 @@ bool launched_by_mpi();
 // process when the driver throws.
 Result fit_mpi(DriverSpec spec, int num_workers);
 
-// The number of ranks for a ScalingConfig::num_workers under an MPI world of
-// `world_size` processes: 0 means the world size, anything else must equal
-// it (kInvalidArgument otherwise).
-int mpi_world_ranks(int num_workers, int world_size);
+// The number of ranks for a ScalingConfig::num_workers when a launcher
+// (`job`: "the MPI job", ...) started `world_size` processes: 0 means the
+// world size, anything else must equal it (kInvalidArgument otherwise).
+int launched_world_ranks(int num_workers, int world_size, std::string_view job = "the MPI job");
 
 // Each rank's place, from every rank's host name (index = world rank): node
 // ranks in order of a host's first rank, local ranks in world-rank order.

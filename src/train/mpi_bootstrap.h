@@ -16,6 +16,9 @@ struct MpiWorld {
   int rank = 0;
   int size = 1;
   std::vector<std::string> hosts;  // index = MPI rank
+  // How messages name a process ("MPI rank 3"); the torchrun-style launch
+  // (env_launch.h) runs the same protocol with "rank".
+  std::string label = "MPI rank";
 };
 
 MpiWorld mpi_join();

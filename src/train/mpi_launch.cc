@@ -41,6 +41,7 @@
 #include "train/control/net.h"
 #include "train/control/scratch.h"
 #include "train/control/sigterm.h"
+#include "train/env_launch.h"
 #include "train/mpi.h"
 #include "train/mpi_bootstrap.h"
 #include "util/fs.h"
@@ -161,10 +162,11 @@ std::string random_token() {
 struct Agent {
   int rank = 0;
   std::string host;
+  std::string label = "MPI rank";
   Channel channel;
   bool gone = false;
 
-  std::string name() const { return fmt::format("MPI rank {} on host {}", rank, host); }
+  std::string name() const { return fmt::format("{} {} on host {}", label, rank, host); }
   void send(const nlohmann::json& m) {
     if (gone) return;
     try {
@@ -241,7 +243,7 @@ class MpiGroup final : public Group {
     for (const Agent& a : agents_) {
       if (a.gone) {
         throw Error(ErrorCode::kUnavailable,
-                    fmt::format("{} is gone, so the group cannot start (attempt {}); the MPI job "
+                    fmt::format("{} is gone, so the group cannot start (attempt {}); the job "
                                 "must be restarted",
                                 a.name(), attempt_ + 1));
       }
@@ -354,7 +356,7 @@ class MpiGroup final : public Group {
         GroupEvent e;
         e.type = GroupEvent::kExit;
         e.rank = a.rank;
-        e.cause = fmt::format("lost: its MPI process ({}) closed the connection to the driver{}",
+        e.cause = fmt::format("lost: its process ({}) closed the connection to the driver{}",
                               a.name(), broken.empty() ? "" : ": " + broken);
         events.push_back(std::move(e));
       }
@@ -392,7 +394,9 @@ class MpiGroup final : public Group {
   bool stopped_ = false;
 };
 
-std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const std::string& token,
+// Fills in the hosts `w` does not know yet (a torchrun-style launch learns
+// them from the agents' hellos).
+std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
                                  const std::string& where) {
   std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
   std::vector<bool> joined(agents.size(), false);
@@ -420,12 +424,15 @@ std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const
     }
     const int rank = field("rank").is_number_integer() ? field("rank").get<int>() : -1;
     if (rank < 1 || rank >= w.size || joined[static_cast<size_t>(rank - 1)]) {
-      log::warn(fmt::format("driver: dropped a connection claiming MPI rank {}", rank));
+      log::warn(fmt::format("driver: dropped a connection claiming {} {}", w.label, rank));
       continue;
     }
     Agent& a = agents[static_cast<size_t>(rank - 1)];
+    std::string& host = w.hosts.at(static_cast<size_t>(rank));
+    if (host.empty()) host = field("host").is_string() ? field("host").get<std::string>() : "?";
     a.rank = rank;
-    a.host = w.hosts.at(static_cast<size_t>(rank));
+    a.host = host;
+    a.label = w.label;
     a.channel = std::move(ch);
     a.channel.set_peer(a.name());
     joined[static_cast<size_t>(rank - 1)] = true;
@@ -434,7 +441,11 @@ std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const
   if (count < agents.size()) {
     std::vector<std::string> missing;
     for (size_t i = 0; i < agents.size(); ++i) {
-      if (!joined[i]) missing.push_back(fmt::format("{} (host {})", i + 1, w.hosts[i + 1]));
+      if (!joined[i]) {
+        const std::string& host = w.hosts[i + 1];
+        missing.push_back(host.empty() ? std::to_string(i + 1)
+                                       : fmt::format("{} (host {})", i + 1, host));
+      }
     }
     // The ones that did connect learn why the job ends.
     for (size_t i = 0; i < agents.size(); ++i) {
@@ -444,10 +455,14 @@ std::vector<Agent> accept_agents(TcpListener& listener, const MpiWorld& w, const
       }
     }
     throw Error(ErrorCode::kTimeout,
-                fmt::format("MPI rank(s) {} did not connect to the driver at {} within {} s; "
-                            "the port must be reachable from every node (set CAIRN_MPI_ADDRESS "
-                            "on the driver's node to an address on a network all nodes share)",
-                            fmt::join(missing, ", "), where, kConnectLimit.count() / 1000));
+                fmt::format("{}(s) {} did not connect to the driver at {} within {} s; "
+                            "the port must be reachable from every node ({})",
+                            w.label, fmt::join(missing, ", "), where, kConnectLimit.count() / 1000,
+                            w.label == "MPI rank"
+                                ? "set CAIRN_MPI_ADDRESS on the driver's node to an address on a "
+                                  "network all nodes share"
+                                : "MASTER_ADDR must name rank 0's node on a network all nodes "
+                                  "share; every process must be started with the same WORLD_SIZE"));
   }
   return agents;
 }
@@ -482,7 +497,7 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
   check_shared_storage(w.hosts, seen, spec.experiment_path, why);
 }
 
-Result drive(DriverSpec spec, const MpiWorld& w, TcpListener& listener, const std::string& token,
+Result drive(DriverSpec spec, MpiWorld w, TcpListener& listener, const std::string& token,
              const std::string& where, const ControlAddress& control) {
   std::vector<Agent> agents = accept_agents(listener, w, token, where);
   const std::vector<TrainContext> places = plan_places(w.hosts);
@@ -545,9 +560,9 @@ class AgentLoop {
       if (!open) {
         end_attempt();
         throw Error(ErrorCode::kUnavailable,
-                    fmt::format("MPI rank {} on host {}: lost the connection to the driver (MPI "
-                                "rank 0 on host {}); the driver process ended or its node failed",
-                                w_.rank, w_.hosts.at(w_.rank), w_.hosts.at(0)));
+                    fmt::format("{} {} on host {}: lost the connection to the driver ({} 0 on "
+                                "host {}); the driver process ended or its node failed",
+                                w_.label, w_.rank, w_.hosts.at(w_.rank), w_.label, w_.hosts.at(0)));
       }
     }
   }
@@ -600,7 +615,7 @@ class AgentLoop {
     } else if (t == "end") {
       end_attempt();
       if (m.contains("error"))
-        throw error_from_json(m["error"], "the driver (MPI rank 0) failed: ");
+        throw error_from_json(m["error"], fmt::format("the driver ({} 0) failed: ", w_.label));
       return result_from_json(m.at("result"));
     }
     return std::nullopt;
@@ -645,11 +660,25 @@ class AgentLoop {
   const SigtermNotice* sigterm_ = nullptr;  // while run() runs
 };
 
+// An agent's whole part in a launch: connect to the driver, say hello, then
+// serve its rank until the driver says "end".
+Result run_agent(const DriverSpec& spec, const MpiWorld& w,
+                 const std::vector<std::string>& addresses, int port, const std::string& token) {
+  Channel driver(tcp_connect(addresses, port, kConnectLimit),
+                 fmt::format("the driver ({} 0 on host {})", w.label, w.hosts.at(0)));
+  driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", token}, {"host", w.hosts.at(w.rank)}});
+  for (const auto& p : sweep_dead_scratch_dirs()) {
+    log::info(fmt::format("removed {}, the scratch folder of an agent that died", p.string()));
+  }
+  AgentLoop loop(spec, w, std::move(driver));
+  return loop.run();
+}
+
 }  // namespace
 
 Result fit_mpi(DriverSpec spec, int num_workers) {
   const MpiWorld w = mpi_join();
-  mpi_world_ranks(num_workers, w.size);  // every process refuses a mismatch alike
+  launched_world_ranks(num_workers, w.size);  // every process refuses a mismatch alike
 
   // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
   std::unique_ptr<TcpListener> listener;
@@ -692,14 +721,29 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
 
   if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where, control);
 
-  Channel driver(tcp_connect(addresses, port, kConnectLimit),
-                 fmt::format("the driver (MPI rank 0 on host {})", w.hosts.at(0)));
-  driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", token}, {"host", w.hosts.at(w.rank)}});
-  for (const auto& p : sweep_dead_scratch_dirs()) {
-    log::info(fmt::format("removed {}, the scratch folder of an agent that died", p.string()));
+  return run_agent(spec, w, addresses, port, token);
+}
+
+Result fit_env(DriverSpec spec, int num_workers, const EnvLaunch& launch) {
+  launched_world_ranks(num_workers, launch.world_size, "the launcher's WORLD_SIZE");
+  MpiWorld w;
+  w.rank = launch.rank;
+  w.size = launch.world_size;
+  w.label = "rank";
+  w.hosts.resize(static_cast<size_t>(launch.world_size));  // the driver learns them at hello
+  w.hosts.at(static_cast<size_t>(launch.rank)) = host_name();
+  // No channel but the control port itself: the token only tells this
+  // job's processes from strays that reach it.
+  const std::string token =
+      fmt::format("env:{}:{}:{}", launch.world_size, launch.master_addr, launch.control_port);
+  const std::string where = fmt::format("{} port {}", launch.master_addr, launch.control_port);
+  if (launch.rank == 0) {
+    ControlAddress control{launch.bind, {launch.master_addr}};
+    TcpListener listener(control.bind, launch.control_port);
+    return drive(std::move(spec), std::move(w), listener, token, where, control);
   }
-  AgentLoop loop(spec, w, std::move(driver));
-  return loop.run();
+  w.hosts.at(0) = launch.master_addr;
+  return run_agent(spec, w, {launch.master_addr}, launch.control_port, token);
 }
 
 }  // namespace cairn::train_internal

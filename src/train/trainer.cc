@@ -10,8 +10,10 @@
 #include "experiment/trainer_state.h"
 #include "train/control/driver.h"
 #include "train/control/group.h"
+#include "train/env_launch.h"
 #include "train/mpi.h"
 #include "util/json.h"
+#include "util/settings.h"
 
 namespace cairn {
 
@@ -85,6 +87,22 @@ Result Trainer::fit() {
       scaling_config_.launcher == Launcher::kMpi ||
       (scaling_config_.launcher == Launcher::kAuto && train_internal::launched_by_mpi());
   if (mpi) return train_internal::fit_mpi(spec, scaling_config_.num_workers);
+  if (scaling_config_.launcher == Launcher::kEnv || scaling_config_.launcher == Launcher::kAuto) {
+    const Settings settings = Settings::from(Environment::process());
+    if (auto env = train_internal::env_launch_from(settings)) {
+      return train_internal::fit_env(spec, scaling_config_.num_workers, *env);
+    }
+    if (scaling_config_.launcher == Launcher::kEnv) {
+      const std::string missing = train_internal::missing_env_launch_variables(settings);
+      throw Error(ErrorCode::kInvalidArgument,
+                  missing.empty()
+                      ? std::string("Launcher::kEnv inside a Trainer worker: the worker's "
+                                    "RANK and WORLD_SIZE are its own group's")
+                      : fmt::format("Launcher::kEnv needs the launcher's RANK, WORLD_SIZE, "
+                                    "MASTER_ADDR and MASTER_PORT; not set: {}",
+                                    missing));
+    }
+  }
 
   if (scaling_config_.num_workers < 1) {
     throw Error(ErrorCode::kInvalidArgument,

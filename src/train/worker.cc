@@ -134,9 +134,18 @@ void export_rendezvous_env(const TrainContext& c) {
       {"LOCAL_RANK", std::to_string(c.local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(c.local_world_size)},
       {"GROUP_RANK", std::to_string(c.node_rank)},
+      // Tells a Trainer started in this worker that these are its own
+      // group's, not a launcher's to join (Launcher::kAuto, env_launch.h).
+      {"CAIRN_WORKER", "1"},
   };
   for (const auto& [name, value] : vars) {
     if (::setenv(name, value.c_str(), 1) != 0) throw errno_error(errno, "setenv", name);
+  }
+  // Under torchrun's static rendezvous this says that the launcher's agent
+  // serves the store at MASTER_PORT, and c10d's env:// would only connect
+  // there; the port above is this group's own, for rank 0 to listen on.
+  if (::unsetenv("TORCHELASTIC_USE_AGENT_STORE") != 0) {
+    throw errno_error(errno, "unsetenv", "TORCHELASTIC_USE_AGENT_STORE");
   }
 }
 

@@ -208,9 +208,11 @@ void Tuner::check() {
   tune_config_.validate();
   run_config_.validate();
   scaling_.validate();
-  if (scaling_.launcher == Launcher::kMpi) {
+  if (scaling_.launcher == Launcher::kMpi || scaling_.launcher == Launcher::kEnv) {
     throw Error(ErrorCode::kInvalidArgument,
-                "Tuner: trials run with the local launcher; ScalingConfig::launcher is kMpi");
+                fmt::format("Tuner: trials run with the local launcher; ScalingConfig::launcher "
+                            "is {}",
+                            scaling_.launcher == Launcher::kMpi ? "kMpi" : "kEnv"));
   }
   if (scaling_.num_workers < 1) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -39,6 +39,13 @@ Settings Settings::from(const Environment& env) {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
     s.launched_by_mpi = s.launched_by_mpi || env.get(v).has_value();
   }
+  s.rank = env.get_or("RANK", "");
+  s.world_size = env.get_or("WORLD_SIZE", "");
+  s.master_addr = env.get_or("MASTER_ADDR", "");
+  s.master_port = env.get_or("MASTER_PORT", "");
+  s.control_port = env.get_or("CAIRN_CONTROL_PORT", "");
+  s.launcher_holds_master_port = env.get_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+  s.in_cairn_worker = env.get("CAIRN_WORKER").has_value();
   return s;
 }
 

@@ -53,6 +53,14 @@ struct Settings {
   std::string temp_dir;             // TMPDIR, else "/tmp"
   std::string home;                 // HOME
   bool launched_by_mpi = false;     // OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK set
+  // A torchrun-style launcher's variables (train/env_launch.h judges them).
+  std::string rank;                         // RANK
+  std::string world_size;                   // WORLD_SIZE
+  std::string master_addr;                  // MASTER_ADDR
+  std::string master_port;                  // MASTER_PORT
+  std::string control_port;                 // CAIRN_CONTROL_PORT
+  bool launcher_holds_master_port = false;  // TORCHELASTIC_USE_AGENT_STORE=True
+  bool in_cairn_worker = false;             // CAIRN_WORKER set (worker.cc exports it)
 
   static Settings from(const Environment& env);
 };

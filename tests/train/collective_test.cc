@@ -288,10 +288,10 @@ TEST(MpiLaunch, DetectedFromTheLaunchersEnvironment) {
 }
 
 TEST(MpiLaunch, ZeroWorkersMeansTheWorldSizeAndAnyOtherCountMustMatchIt) {
-  EXPECT_EQ(mpi_world_ranks(0, 4), 4);
-  EXPECT_EQ(mpi_world_ranks(4, 4), 4);
+  EXPECT_EQ(launched_world_ranks(0, 4), 4);
+  EXPECT_EQ(launched_world_ranks(4, 4), 4);
   try {
-    mpi_world_ranks(2, 3);
+    launched_world_ranks(2, 3);
     FAIL() << "expected kInvalidArgument";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);

@@ -1,6 +1,7 @@
-// A training program for the MPI launcher's tests, started by mpirun
-// (tests/train/mpi_test.cc). Every MPI process calls Trainer::fit() and
-// writes what it returned or threw to OUT/process-<MPI rank>.json; every
+// A training program for the launchers' tests, started by mpirun
+// (tests/train/mpi_test.cc) or with torchrun's variables
+// (tests/train/env_launch_test.cc). Every process calls Trainer::fit() and
+// writes what it returned or threw to OUT/process-<MPI rank or RANK>.json; every
 // worker writes its context to OUT/ctx-<rank>-<attempt>.json.
 //
 //   train_mpi_program SCENARIO STORAGE_PATH OUT_DIR
@@ -113,7 +114,9 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   const fs::path out = argv[3];
+  // Started by mpirun, or by a torchrun-style launcher (env_launch_test.cc).
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (mpi_rank == nullptr) mpi_rank = std::getenv("RANK");
   const fs::path report = out / fmt::format("process-{}.json", mpi_rank ? mpi_rank : "none");
   write_file(out / fmt::format("pid-{}", mpi_rank ? mpi_rank : "none"), std::to_string(::getpid()));
   nlohmann::json config = {{"out", out.string()}, {"scenario", scenario}};

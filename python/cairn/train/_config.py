@@ -19,8 +19,13 @@ class ScalingConfig:
         use_gpu: give each worker a GPU (``LOCAL_RANK``'s) and use NCCL for
             ``torch.distributed``; Gloo on CPU otherwise.
         launcher: ``"auto"`` (MPI when the program runs under ``mpirun``,
-            else local), ``"local"`` (fork the workers on this machine) or
-            ``"mpi"`` (one worker per MPI process).
+            else torchrun-style when ``RANK``, ``WORLD_SIZE``,
+            ``MASTER_ADDR`` and ``MASTER_PORT`` are set, else local),
+            ``"local"`` (fork the workers on this machine), ``"mpi"`` (one
+            worker per MPI process) or ``"env"`` (one worker per process
+            started by ``torchrun``, a Kubernetes job or a shell loop; under
+            MPI or ``"env"``, ``num_workers`` is the launcher's world size or
+            0).
         resources_per_worker, trainer_resources, placement_strategy: accepted
             for Ray compatibility and ignored (Cairn places one worker per
             process, not per Ray resource).

@@ -54,8 +54,10 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     """What each worker process runs: the rendezvous, then ``fn``.
 
     A worker is a fork of the driver; the C++ runtime has set MASTER_ADDR,
-    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK in the C environment, which
-    ``os.environ`` (read at start-up) is told of here. An exception is
+    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and CAIRN_WORKER in the C
+    environment and removed TORCHELASTIC_USE_AGENT_STORE (torchrun's store is
+    not this group's), which ``os.environ`` (read at start-up) is told of
+    here. An exception is
     printed with its traceback on the worker's stderr, whose tail the driver
     puts in ``Result.error``, and ends the worker as failed.
     """
@@ -71,7 +73,9 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
             "LOCAL_RANK": str(values["local_rank"]),
             "LOCAL_WORLD_SIZE": str(values["local_world_size"]),
             "GROUP_RANK": str(values["node_rank"]),
+            "CAIRN_WORKER": "1",
         })
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
         teardown = setup(context, scaling) if setup is not None else None
         try:
             if _takes_config(fn):

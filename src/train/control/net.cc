@@ -32,9 +32,10 @@ void set_stream_options(int fd) {
 }
 
 // A TCP socket bound to `address` (numeric IPv4 or IPv6; "" = every
-// interface, IPv4 included) at a port the kernel picks; returns it and the
-// port.
-std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_address) {
+// interface, IPv4 included) at `port` (0: one the kernel picks); returns it
+// and the port.
+std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_address,
+                                      int port = 0) {
   sockaddr_storage ss{};
   socklen_t len = 0;
   const std::string shown = address.empty() ? std::string("every interface") : address;
@@ -55,6 +56,11 @@ std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_add
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("\"{}\" is not a numeric IPv4 or IPv6 address to bind to", address));
   }
+  if (ss.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&ss)->sin_port = htons(static_cast<uint16_t>(port));
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = htons(static_cast<uint16_t>(port));
+  }
   UniqueFd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) throw errno_error(errno, "socket", shown);
   if (address.empty()) {
@@ -68,7 +74,7 @@ std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_add
     }
   }
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
-    throw errno_error(errno, "bind", shown);
+    throw errno_error(errno, "bind", port == 0 ? shown : fmt::format("{} port {}", shown, port));
   }
   sockaddr_storage bound{};
   socklen_t blen = sizeof bound;
@@ -83,10 +89,10 @@ std::pair<UniqueFd, int> bound_socket(const std::string& address, bool reuse_add
 
 }  // namespace
 
-TcpListener::TcpListener(const std::string& address) {
-  auto [fd, port] = bound_socket(address, /*reuse_address=*/false);
+TcpListener::TcpListener(const std::string& address, int port) {
+  auto [fd, bound] = bound_socket(address, /*reuse_address=*/port != 0, port);
   fd_ = std::move(fd);
-  port_ = port;
+  port_ = bound;
   if (::listen(fd_.get(), 128) != 0) {
     throw errno_error(errno, "listen", address.empty() ? std::string("every interface") : address);
   }

@@ -17,8 +17,11 @@ namespace cairn::train_internal {
 class TcpListener {
  public:
   // Listens on `address` (a numeric IPv4 or IPv6 address; "" means every
-  // interface) at a port the kernel picks.
-  explicit TcpListener(const std::string& address);
+  // interface) at `port`, or at a port the kernel picks when it is 0. A
+  // given port is bound with SO_REUSEADDR, so a previous run's connections
+  // in TIME_WAIT do not keep it; one another process listens on is refused
+  // (an error naming the address and port).
+  explicit TcpListener(const std::string& address, int port = 0);
   int port() const { return port_; }
   int fd() const { return fd_.get(); }
   // Waits up to `timeout` for a connection; an empty UniqueFd if none came.

@@ -1,0 +1,278 @@
+// The torchrun-style launcher (train/env_launch.h): what the launcher's
+// variables mean, then real processes started by a plain shell loop and by
+// torchrun itself, each running tests/train/mpi_program.cc's scenarios.
+#include "train/env_launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "cairn/manager.h"
+#include "support/errors.h"
+#include "support/temp_dir.h"
+#include "train/train_support.h"
+#include "util/settings.h"
+
+namespace cairn::train_internal {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::slurp;
+using testing::TempDir;
+
+Settings settings_of(std::map<std::string, std::string, std::less<>> vars) {
+  return Settings::from(Environment::of(std::move(vars)));
+}
+
+TEST(EnvLaunch, TorchrunsFourVariablesPlaceTheProcess) {
+  auto e = env_launch_from(settings_of(
+      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node-a"}, {"MASTER_PORT", "29500"}}));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->rank, 2);
+  EXPECT_EQ(e->world_size, 4);
+  EXPECT_EQ(e->master_addr, "node-a");
+  EXPECT_EQ(e->control_port, 29500);
+  EXPECT_EQ(e->bind, "");  // every interface: other nodes connect
+  e = env_launch_from(settings_of(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "9"}}));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->bind, "127.0.0.1");
+}
+
+TEST(EnvLaunch, APortTheLauncherHoldsIsLeftToItAndCairnControlPortOverridesBoth) {
+  std::map<std::string, std::string, std::less<>> vars = {{"RANK", "0"},
+                                                          {"WORLD_SIZE", "2"},
+                                                          {"MASTER_ADDR", "localhost"},
+                                                          {"MASTER_PORT", "29500"},
+                                                          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(env_launch_from(settings_of(vars))->control_port, 29501);
+  EXPECT_EQ(env_launch_from(settings_of(vars))->bind, "127.0.0.1");
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(env_launch_from(settings_of(vars))->control_port, 29500);
+  vars["CAIRN_CONTROL_PORT"] = "4000";
+  EXPECT_EQ(env_launch_from(settings_of(vars))->control_port, 4000);
+}
+
+TEST(EnvLaunch, WithoutAllFourVariablesOrInsideAWorkerThereIsNoLaunch) {
+  EXPECT_FALSE(env_launch_from(settings_of({})));
+  auto some = settings_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
+  EXPECT_FALSE(env_launch_from(some));
+  EXPECT_EQ(missing_env_launch_variables(some), "MASTER_PORT");
+  EXPECT_EQ(missing_env_launch_variables(settings_of({})),
+            "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT");
+  // A Trainer worker exports its own group's variables, and CAIRN_WORKER.
+  EXPECT_FALSE(env_launch_from(settings_of({{"RANK", "0"},
+                                            {"WORLD_SIZE", "2"},
+                                            {"MASTER_ADDR", "h"},
+                                            {"MASTER_PORT", "1"},
+                                            {"CAIRN_WORKER", "1"}})));
+}
+
+TEST(EnvLaunch, AVariableNoLauncherWouldSetIsRefusedNamingIt) {
+  auto message = [](std::map<std::string, std::string, std::less<>> vars) {
+    return testing::error_message_of([&] { env_launch_from(settings_of(vars)); },
+                                     ErrorCode::kInvalidArgument);
+  };
+  std::map<std::string, std::string, std::less<>> ok = {
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+  auto with = [&](const std::string& name, const std::string& value) {
+    auto v = ok;
+    v[name] = value;
+    return v;
+  };
+  EXPECT_NE(message(with("RANK", "2")).find("RANK=\"2\""), std::string::npos);
+  EXPECT_NE(message(with("RANK", "-1")).find("RANK"), std::string::npos);
+  EXPECT_NE(message(with("WORLD_SIZE", "two")).find("WORLD_SIZE=\"two\""), std::string::npos);
+  EXPECT_NE(message(with("MASTER_PORT", "70000")).find("MASTER_PORT"), std::string::npos);
+  EXPECT_NE(message(with("MASTER_PORT", "1x")).find("MASTER_PORT"), std::string::npos);
+  auto held = with("MASTER_PORT", "65535");
+  held["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  EXPECT_NE(message(held).find("CAIRN_CONTROL_PORT"), std::string::npos);
+}
+
+// Whether 127.0.0.1:`port` can be bound now (0: any); the port bound, or 0.
+int bind_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  int bound = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    bound = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  return bound;
+}
+
+int free_port() { return bind_loopback(0); }
+
+// A port nobody listens on, with the next one free too (torchrun's static
+// rendezvous holds MASTER_PORT; the driver then takes MASTER_PORT + 1).
+int free_port_pair() {
+  for (int i = 0; i < 50; ++i) {
+    const int port = free_port();
+    if (port > 0 && port < 65535 && bind_loopback(port + 1) == port + 1) return port;
+  }
+  ADD_FAILURE() << "no two consecutive free ports";
+  return 0;
+}
+
+struct Launch {
+  int exit_status = -1;
+  std::string log;
+};
+
+// Runs `script` with /bin/sh in its own process group, output to `log`;
+// after 180 s the group is killed and the test fails.
+Launch run_shell(const std::string& script, const fs::path& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    FILE* f = std::fopen(log.c_str(), "w");
+    ::dup2(fileno(f), 1);
+    ::dup2(fileno(f), 2);
+    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  const auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() - start > 180s) {
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ADD_FAILURE() << "the launch did not finish within 180 s";
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  Launch r;
+  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.log = slurp(log);
+  return r;
+}
+
+class EnvLauncher : public ::testing::Test {
+ protected:
+  void SetUp() override { fs::create_directories(out_); }
+  std::string results() const { return (dir_ / "results").string(); }
+  nlohmann::json process_result(int rank) const {
+    const fs::path p = out_ / fmt::format("process-{}.json", rank);
+    return fs::exists(p) ? nlohmann::json::parse(slurp(p)) : nlohmann::json();
+  }
+  nlohmann::json worker_context(int rank, int attempt) const {
+    const fs::path p = out_ / fmt::format("ctx-{}-{}.json", rank, attempt);
+    return fs::exists(p) ? nlohmann::json::parse(slurp(p)) : nlohmann::json();
+  }
+  // Two processes started by a shell loop, as a job script without any
+  // launcher would start them.
+  Launch shell_loop(const std::string& scenario, int world_size = 2) {
+    const std::string script = fmt::format(
+        "for r in $(seq 0 {}); do RANK=$r WORLD_SIZE={} MASTER_ADDR=127.0.0.1 MASTER_PORT={} "
+        "'{}' {} '{}' '{}' & done; wait",
+        world_size - 1, world_size, free_port(), CAIRN_TRAIN_PROGRAM, scenario, results(),
+        out_.string());
+    return run_shell(script, out_ / "launch.log");
+  }
+  // Both processes returned the same Result; returns it.
+  nlohmann::json same_result_everywhere(const Launch& run) const {
+    const nlohmann::json r0 = process_result(0);
+    const nlohmann::json r1 = process_result(1);
+    EXPECT_TRUE(r0.is_object() && r1.is_object()) << run.log;
+    EXPECT_FALSE(r0.contains("threw")) << r0.dump(2) << "\n" << run.log;
+    EXPECT_EQ(r0, r1) << run.log;
+    return r0;
+  }
+
+  TempDir dir_;
+  fs::path out_ = dir_ / "out";
+};
+
+TEST_F(EnvLauncher, ProcessesStartedByAShellLoopTrainAsOneGroup) {
+  const Launch run = shell_loop("basic");
+  EXPECT_EQ(run.exit_status, 0) << run.log;
+  const nlohmann::json r = same_result_everywhere(run);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r.at("error").is_null()) << r.dump(2);
+  EXPECT_EQ(r.at("metrics").at("epoch"), 2);
+  // One worker per process, placed by the variables; every rank's shard in
+  // the last checkpoint.
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json c = worker_context(rank, 0);
+    ASSERT_TRUE(c.is_object()) << run.log;
+    EXPECT_EQ(c.at("world_rank"), rank);
+    EXPECT_EQ(c.at("world_size"), 2);
+    EXPECT_EQ(c.at("local_rank"), rank);  // one host
+    EXPECT_EQ(c.at("node_rank"), 0);
+  }
+  ExperimentListing listing = read_experiment((dir_ / "results" / "mpi_exp").string());
+  ASSERT_FALSE(listing.checkpoints.empty());
+  auto latest = listing.checkpoints.back().checkpoint.as_directory();
+  EXPECT_EQ(slurp(latest.path() / "shard-0.bin"), "rank 0 epoch 2");
+  EXPECT_EQ(slurp(latest.path() / "shard-1.bin"), "rank 1 epoch 2");
+  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
+}
+
+TEST_F(EnvLauncher, AWorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLatestCheckpoint) {
+  const Launch run = shell_loop("restart");
+  EXPECT_EQ(run.exit_status, 0) << run.log;
+  const nlohmann::json r = same_result_everywhere(run);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r.at("error").is_null()) << r.dump(2);
+  const nlohmann::json again = worker_context(1, 1);
+  ASSERT_TRUE(again.is_object()) << run.log;
+  EXPECT_EQ(again.at("resumed_from_epoch"), 0);
+}
+
+TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProcess) {
+  const Launch run = shell_loop("mismatch");
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json r = process_result(rank);
+    ASSERT_TRUE(r.is_object()) << run.log;
+    EXPECT_EQ(r.value("code", ""), "invalid_argument") << r.dump(2);
+    EXPECT_NE(r.value("threw", "").find("num_workers is 3 but the launcher's WORLD_SIZE has 2"),
+              std::string::npos)
+        << r.dump(2);
+  }
+}
+
+TEST_F(EnvLauncher, TorchrunStartsTheRanksAndHoldsMasterPortForItsOwnStore) {
+  if (!fs::exists("/usr/bin/torchrun")) {
+    GTEST_SKIP() << "torchrun is not installed (python3-torch: scripts/install-deps.sh)";
+  }
+  // The static rendezvous: torchrun's store listens at MASTER_PORT and says
+  // so (TORCHELASTIC_USE_AGENT_STORE=True), so the driver takes the next.
+  // (--redirects=1 --tee=1: Debian's torchrun 1.13 under Python 3.11 cannot
+  // parse its own default of 0 for either.)
+  const std::string script = fmt::format(
+      "exec /usr/bin/torchrun --nnodes=1 --nproc_per_node=2 --master_addr=127.0.0.1 "
+      "--master_port={} --redirects=1 --tee=1 --log_dir='{}' --no_python '{}' basic '{}' '{}'",
+      free_port_pair(), (out_ / "torchrun-logs").string(), CAIRN_TRAIN_PROGRAM, results(),
+      out_.string());
+  const Launch run = run_shell(script, out_ / "launch.log");
+  EXPECT_EQ(run.exit_status, 0) << run.log;
+  const nlohmann::json r = same_result_everywhere(run);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r.at("error").is_null()) << r.dump(2);
+  EXPECT_EQ(r.at("metrics").at("epoch"), 2);
+  EXPECT_EQ(worker_context(1, 0).at("world_size"), 2);
+}
+
+}  // namespace
+}  // namespace cairn::train_internal
