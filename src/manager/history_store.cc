@@ -86,6 +86,13 @@ Loaded load_history(Storage& storage, const std::vector<ObjectInfo>& listing,
   return out;
 }
 
+std::vector<ObjectInfo> history_objects(Storage& storage) {
+  std::vector<ObjectInfo> out;
+  if (auto snapshot = storage.stat(kSnapshotKey)) out.push_back(std::move(*snapshot));
+  for (auto& o : storage.list(kLogPrefix)) out.push_back(std::move(o));
+  return out;
+}
+
 std::optional<std::string> read_folded(Storage& storage,
                                        const std::function<void(const std::string&)>& warn) {
   Loaded loaded = load_history(storage, storage.list(""), warn);
