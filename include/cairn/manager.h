@@ -56,6 +56,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,6 +98,11 @@ struct CheckpointRecord {
   double created_at = 0.0;  // seconds since the Unix epoch
   bool pinned = false;      // kept by keep_checkpoint_every_n_hours
   Checkpoint checkpoint;    // where it lives
+  // Its files' total size and number, from its manifest as the history
+  // recorded them at commit; absent for a checkpoint an older Cairn recorded
+  // (its manifest has them).
+  std::optional<uint64_t> size_bytes;
+  std::optional<uint64_t> file_count;
 };
 
 struct ManagerOptions {
@@ -195,6 +201,8 @@ class CheckpointManager {
 
  private:
   static constexpr uint64_t kNoMoreIndex = UINT64_MAX;
+  // Log records past which the destructor folds the log into a snapshot.
+  static constexpr uint64_t kCloseCompactAbove = 64;
 
   void open();
   uint64_t take_index();
@@ -209,6 +217,14 @@ class CheckpointManager {
   // Deletes what the policy says; `removed` gets each index deleted, also
   // when a later deletion throws.
   void apply_retention(std::vector<uint64_t>& removed);
+  // Records in the history that `doomed` are about to be deleted, before
+  // any manifest goes; if it cannot, removes the snapshot so that the next
+  // open does not trust the history. Throws (deleting nothing) when neither
+  // is possible.
+  void announce_deletion(const std::vector<uint64_t>& doomed);
+  // Fills `r`'s size and file count from its manifest (a record an older
+  // Cairn wrote); false when the manifest cannot be read.
+  bool recount(CheckpointRecord& r) const;
   // Bookkeeping after a commit (or open): records `change`, applies
   // retention, failing only into warnings. See register_checkpoint.
   void settle(std::string_view subject, const std::optional<nlohmann::json>& change);
@@ -232,6 +248,9 @@ class CheckpointManager {
   uint64_t log_records_ = 0;        // log records after the snapshot
   std::vector<uint64_t> log_seqs_;  // log objects on storage (to remove on compaction)
   std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
+  // Checkpoints whose deletion the history announced and that are still in
+  // records_ (a deletion that failed midway): compact() flags them.
+  std::set<uint64_t> deleting_;
   // ManagerOptions::background_delete's thread and queue (src/manager/manager.cc).
   struct Deleter;
   std::unique_ptr<Deleter> deleter_;

@@ -9,6 +9,7 @@
 
 #include "cairn/error.h"
 #include "cairn/storage.h"
+#include "checkpoint/manifest_text.h"
 #include "experiment/layout.h"
 #include "experiment/tuner_state.h"
 #include "manager/history_store.h"
@@ -76,7 +77,11 @@ std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(Storage& experi
   return checkpoint_dirs(listing, incomplete);
 }
 
-CheckpointRow committed_row(const CheckpointRecord& r) {
+// A committed checkpoint's row: from its history record alone when that
+// holds its size and file count, unless `check` (`ls --check`) asks for its
+// manifest to be read; from its manifest otherwise (a record an older Cairn
+// wrote, or no history).
+CheckpointRow committed_row(const CheckpointRecord& r, bool check) {
   CheckpointRow row;
   row.name = r.name;
   row.index = r.index;
@@ -85,6 +90,11 @@ CheckpointRow committed_row(const CheckpointRecord& r) {
   row.metrics = r.metrics;
   row.pinned = r.pinned;
   if (r.created_at > 0) row.time = r.created_at;
+  if (!check && r.size_bytes && r.file_count && row.time) {
+    row.size_bytes = *r.size_bytes;
+    row.file_count = *r.file_count;
+    return row;
+  }
   try {
     Manifest m = r.checkpoint.manifest();
     row.size_bytes = m.total_bytes();
@@ -118,11 +128,15 @@ CheckpointRow leftover_row(Storage& experiment, const std::string& name) {
   return row;
 }
 
-void verify_checkpoint(const Checkpoint& cp, VerifyView& view) {
+// Checks `cp` against its manifest: `manifest_text` when the caller has
+// read it already (so that it is read once), else read here.
+void verify_checkpoint(const Checkpoint& cp, VerifyView& view,
+                       const std::string* manifest_text = nullptr) {
   VerifiedCheckpoint checked;
   checked.uri = cp.uri();
   try {
-    Manifest m = cp.manifest();
+    Manifest m = manifest_text ? Manifest::parse(*manifest_text, cp.storage().uri_of(kManifestKey))
+                               : cp.manifest();
     checked.files = m.files.size();
     checked.bytes = m.total_bytes();
     auto problems = cp.verify(m);
@@ -141,7 +155,8 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view) {
 // One Trainer experiment (or trial folder) as `cairn ls` lists it: its
 // checkpoints from its history, read without the lock. A damaged history is
 // reported in `error`, and the checkpoints are then read from their manifests.
-ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::string name) {
+ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::string name,
+                                  bool check = false) {
   ExperimentView e;
   e.name = std::move(name);
   e.uri = storage->uri();
@@ -169,7 +184,7 @@ ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::
   for (const auto& r : rank_checkpoints(listing.checkpoints, listing.config)) {
     e.best.push_back(r.name);
   }
-  for (const auto& r : listing.checkpoints) e.checkpoints.push_back(committed_row(r));
+  for (const auto& r : listing.checkpoints) e.checkpoints.push_back(committed_row(r, check));
   for (const auto& n : listing.uncommitted) e.checkpoints.push_back(leftover_row(*storage, n));
   std::stable_sort(
       e.checkpoints.begin(), e.checkpoints.end(),
@@ -225,9 +240,9 @@ TrialView unlisted_trial(const std::string& dir) {
 
 // Fills v.folder (and v.uri) from the trial's own folder; for a trial the
 // state does not list, its config from params.json.
-void read_trial_folder(TrialView& v, const std::shared_ptr<Storage>& trial) {
+void read_trial_folder(TrialView& v, const std::shared_ptr<Storage>& trial, bool check) {
   v.uri = trial->uri();
-  v.folder = trainer_experiment(trial, v.dir);
+  v.folder = trainer_experiment(trial, v.dir, check);
   if (v.in_state) return;
   try {
     if (auto params = read_params(*trial)) v.config = std::move(*params);
@@ -244,7 +259,7 @@ void read_trial_folder(TrialView& v, const std::shared_ptr<Storage>& trial) {
 // reported in the experiment's `error` and every trial folder is listed as
 // UNKNOWN.
 ExperimentView tuner_experiment(const std::shared_ptr<Storage>& storage, std::string name,
-                                bool strict) {
+                                bool strict, bool check) {
   ExperimentView e;
   e.name = std::move(name);
   e.uri = storage->uri();
@@ -274,7 +289,7 @@ ExperimentView tuner_experiment(const std::shared_ptr<Storage>& storage, std::st
         v.folder.name = t.dir;
         v.folder.uri = v.uri;
       } else {
-        read_trial_folder(v, storage->child(t.dir));
+        read_trial_folder(v, storage->child(t.dir), check);
       }
       tuner->trials.push_back(std::move(v));
     }
@@ -283,7 +298,7 @@ ExperimentView tuner_experiment(const std::shared_ptr<Storage>& storage, std::st
     if (listed.count(dir) != 0 || !looks_like_trial(*storage, dir)) continue;
     auto trial = storage->child(dir);
     TrialView v = unlisted_trial(dir);
-    read_trial_folder(v, trial);
+    read_trial_folder(v, trial, check);
     tuner->trials.push_back(std::move(v));
   }
   e.tuner = std::move(tuner);
@@ -371,14 +386,14 @@ std::optional<TrialShowView> trial_show(const std::shared_ptr<Storage>& storage)
 
 }  // namespace
 
-LsView collect_ls(std::string_view path) {
+LsView collect_ls(std::string_view path, bool check) {
   auto root = open_existing(path);
   LsView view;
   view.uri = root->uri();
   const std::vector<std::string> top = root->list_names("");
   if (std::binary_search(top.begin(), top.end(), std::string(kTunerStateKey))) {
     // The path is a Tuner experiment: its state must be readable.
-    view.experiments.push_back(tuner_experiment(root, "", /*strict=*/true));
+    view.experiments.push_back(tuner_experiment(root, "", /*strict=*/true, check));
     return view;
   }
   auto names = find_experiments(root->uri());
@@ -402,11 +417,12 @@ LsView collect_ls(std::string_view path) {
     if (root->exists(join_key(folder, kTunerStateKey))) tuners.push_back(std::move(folder));
   }
   for (const auto& name : names) {
-    view.experiments.push_back(trainer_experiment(name.empty() ? root : root->child(name), name));
+    view.experiments.push_back(
+        trainer_experiment(name.empty() ? root : root->child(name), name, check));
   }
   for (const auto& name : tuners) {
     // One damaged tuner state does not hide the other experiments.
-    view.experiments.push_back(tuner_experiment(root->child(name), name, /*strict=*/false));
+    view.experiments.push_back(tuner_experiment(root->child(name), name, /*strict=*/false, check));
   }
   std::stable_sort(
       view.experiments.begin(), view.experiments.end(),
@@ -474,8 +490,10 @@ VerifyView collect_verify(std::string_view path) {
       // A torn manifest is no commit: skipped like any leftover (the
       // manager's next open or `cairn gc` removes it).
       Checkpoint cp(storage->child(dir));
-      if (committed && cp.is_committed()) {
-        verify_checkpoint(cp, view);
+      std::optional<std::string> text;
+      if (committed) text = read_whole_manifest(cp.storage());
+      if (text) {
+        verify_checkpoint(cp, view, &*text);
       } else {
         view.skipped.push_back(storage->uri_of(dir));
       }

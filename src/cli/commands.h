@@ -14,8 +14,12 @@
 
 namespace cairn::cli {
 
-// Experiments at or directly below `path` and their checkpoints.
-LsView collect_ls(std::string_view path);
+// Experiments at or directly below `path` and their checkpoints: from each
+// experiment's history and one listing of its folder (manager/scan.h), each
+// checkpoint's size and file count from its history record. `check` (`ls
+// --check`) reads every committed checkpoint's manifest as well, so that one
+// that is missing or unreadable is flagged in its row's error.
+LsView collect_ls(std::string_view path, bool check = false);
 // One checkpoint: its files, manifest and metadata.
 ShowView collect_show(std::string_view path);
 // Every committed checkpoint at `path` (a checkpoint, an experiment or a

@@ -87,6 +87,7 @@ void print(const View& view, bool json) {
 // What the command line says, as CLI11 fills it in.
 struct Options {
   bool json = false;
+  bool check = false;  // ls --check
   bool dry_run = false;
   std::string path;
   int jobs = 8;
@@ -110,6 +111,9 @@ Commands define_commands(CLI::App& app, Options& o) {
   c.ls = app.add_subcommand(
       "ls", "List experiments and their checkpoints: state, time (UTC), size and metrics");
   c.ls->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
+  c.ls->add_flag("--check", o.check,
+                 "Also read every checkpoint's manifest and flag one that is missing or "
+                 "unreadable (without it, sizes and metrics come from the history)");
   c.ls->add_option("PATH", o.path, kRootHelp)->required();
 
   c.show = app.add_subcommand(
@@ -185,7 +189,7 @@ int run_cp_command(const Options& o) {
 // Runs the parsed subcommand; its exit code.
 int run_command(const Commands& c, const Options& o) {
   if (c.ls->parsed()) {
-    LsView view = collect_ls(o.path);
+    LsView view = collect_ls(o.path, o.check);
     auto warn = [](const std::string& error) {
       if (!error.empty()) std::cerr << render_text("cairn: warning: " + error) << '\n';
     };

@@ -47,12 +47,46 @@ uint64_t required_index(const nlohmann::json& j, const char* field, std::string_
   return it->get<uint64_t>();
 }
 
+// An entry's fields as the snapshot and "add" records hold them.
+void put_entry(nlohmann::json& j, const State::Entry& e) {
+  j["metrics"] = e.metrics;
+  j["created_at"] = e.created_at;
+  j["pinned"] = e.pinned;
+  if (e.size_bytes) j["size_bytes"] = *e.size_bytes;
+  if (e.file_count) j["file_count"] = *e.file_count;
+  if (e.deleting) j["deleting"] = true;
+}
+
+std::optional<uint64_t> optional_count(const nlohmann::json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || !it->is_number_unsigned()) return std::nullopt;
+  return it->get<uint64_t>();
+}
+
+// Throws json type_error for a field of the wrong type, as value() does.
+State::Entry parse_entry(const nlohmann::json& j) {
+  State::Entry e;
+  e.metrics = j.value("metrics", nlohmann::json::object());
+  e.created_at = j.value("created_at", 0.0);
+  e.pinned = j.value("pinned", false);
+  e.size_bytes = optional_count(j, "size_bytes");
+  e.file_count = optional_count(j, "file_count");
+  e.deleting = j.value("deleting", false);
+  return e;
+}
+
+// The format version a snapshot or record says it is (1 when it says none).
+int version_of(const nlohmann::json& j) {
+  auto it = j.find("version");
+  return it != j.end() && it->is_number_integer() ? it->get<int>() : 1;
+}
+
 }  // namespace
 
 nlohmann::json snapshot_json(const State& state) {
   nlohmann::json j;
   j["format"] = kSnapshotFormat;
-  j["version"] = 1;
+  j["version"] = kVersion;
   j["created_at"] = state.created_at;
   j["next_index"] = state.next_index;
   j["last_pinned_at"] = optional_number(state.last_pinned_at);
@@ -60,11 +94,9 @@ nlohmann::json snapshot_json(const State& state) {
   j["log_seq"] = state.log_seq;
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [index, e] : state.records) {
-    list.push_back({{"index", index},
-                    {"name", checkpoint_name(index)},
-                    {"metrics", e.metrics},
-                    {"created_at", e.created_at},
-                    {"pinned", e.pinned}});
+    nlohmann::json r = {{"index", index}, {"name", checkpoint_name(index)}};
+    put_entry(r, e);
+    list.push_back(std::move(r));
   }
   j["checkpoints"] = std::move(list);
   return j;
@@ -90,6 +122,7 @@ State parse_snapshot(std::string_view text, std::string_view where) {
       throw corrupt_snapshot(where, "\"checkpoints\" is not an array");
     }
     s.present = true;
+    s.version = version_of(j);
     s.created_at = j.value("created_at", 0.0);
     s.next_index = j.value("next_index", uint64_t{0});
     if (j.contains("last_pinned_at") && j["last_pinned_at"].is_number()) {
@@ -102,11 +135,7 @@ State parse_snapshot(std::string_view text, std::string_view where) {
       if (!r.is_object() || !r.contains("index") || !r["index"].is_number_unsigned()) {
         throw corrupt_snapshot(where, "a checkpoint record has no index");
       }
-      State::Entry e;
-      e.metrics = r.value("metrics", nlohmann::json::object());
-      e.created_at = r.value("created_at", 0.0);
-      e.pinned = r.value("pinned", false);
-      s.records[r["index"].get<uint64_t>()] = std::move(e);
+      s.records[r["index"].get<uint64_t>()] = parse_entry(r);
     }
   } catch (const nlohmann::json::exception& e) {
     // A field of the wrong type (value() throws type_error).
@@ -204,22 +233,25 @@ std::optional<uint64_t> parse_log_key(std::string_view key) {
 
 nlohmann::json add_record(uint64_t seq, uint64_t index, const State::Entry& entry,
                           uint64_t next_index, std::optional<double> last_pinned_at) {
-  return {{"op", "add"},
-          {"seq", seq},
-          {"index", index},
-          {"metrics", entry.metrics},
-          {"created_at", entry.created_at},
-          {"pinned", entry.pinned},
-          {"next_index", next_index},
-          {"last_pinned_at", optional_number(last_pinned_at)}};
+  nlohmann::json j = {{"op", "add"}, {"version", kVersion}, {"seq", seq}, {"index", index}};
+  State::Entry e = entry;
+  e.deleting = false;  // a checkpoint being deleted is never added
+  put_entry(j, e);
+  j["next_index"] = next_index;
+  j["last_pinned_at"] = optional_number(last_pinned_at);
+  return j;
 }
 
 nlohmann::json remove_record(uint64_t seq, const std::vector<uint64_t>& indices) {
-  return {{"op", "remove"}, {"seq", seq}, {"indices", indices}};
+  return {{"op", "remove"}, {"version", kVersion}, {"seq", seq}, {"indices", indices}};
+}
+
+nlohmann::json deleting_record(uint64_t seq, const std::vector<uint64_t>& indices) {
+  return {{"op", "deleting"}, {"version", kVersion}, {"seq", seq}, {"indices", indices}};
 }
 
 nlohmann::json counters_record(uint64_t seq, uint64_t next_index) {
-  return {{"op", "counters"}, {"seq", seq}, {"next_index", next_index}};
+  return {{"op", "counters"}, {"version", kVersion}, {"seq", seq}, {"next_index", next_index}};
 }
 
 void apply(State& state, const nlohmann::json& record, std::string_view where) {
@@ -230,13 +262,22 @@ void apply(State& state, const nlohmann::json& record, std::string_view where) {
   auto op_it = record.find("op");
   if (op_it == record.end() || !op_it->is_string()) throw bad("has no \"op\"");
   const std::string op = op_it->get<std::string>();
+  // The indices of a "remove" or "deleting" record.
+  auto indices_of = [&] {
+    auto it = record.find("indices");
+    if (it == record.end() || !it->is_array()) throw bad("has no \"indices\" array");
+    std::vector<uint64_t> indices;
+    for (const auto& i : *it) {
+      if (!i.is_number_unsigned()) throw bad("has an index that is not an unsigned number");
+      indices.push_back(i.get<uint64_t>());
+    }
+    return indices;
+  };
   try {
     if (op == "add") {
       const uint64_t index = required_index(record, "index", where);
-      State::Entry e;
-      e.metrics = record.value("metrics", nlohmann::json::object());
-      e.created_at = record.value("created_at", 0.0);
-      e.pinned = record.value("pinned", false);
+      State::Entry e = parse_entry(record);
+      e.deleting = false;
       const uint64_t next = required_index(record, "next_index", where);
       std::optional<double> pinned_at;
       if (record.contains("last_pinned_at") && record["last_pinned_at"].is_number()) {
@@ -246,14 +287,11 @@ void apply(State& state, const nlohmann::json& record, std::string_view where) {
       state.next_index = std::max(state.next_index, next);
       if (pinned_at) state.last_pinned_at = pinned_at;
     } else if (op == "remove") {
-      auto it = record.find("indices");
-      if (it == record.end() || !it->is_array()) throw bad("has no \"indices\" array");
-      std::vector<uint64_t> indices;
-      for (const auto& i : *it) {
-        if (!i.is_number_unsigned()) throw bad("has an index that is not an unsigned number");
-        indices.push_back(i.get<uint64_t>());
+      for (uint64_t i : indices_of()) state.records.erase(i);
+    } else if (op == "deleting") {
+      for (uint64_t i : indices_of()) {
+        if (auto it = state.records.find(i); it != state.records.end()) it->second.deleting = true;
       }
-      for (uint64_t i : indices) state.records.erase(i);
     } else if (op == "counters") {
       state.next_index = std::max(state.next_index, required_index(record, "next_index", where));
     } else {
@@ -262,6 +300,7 @@ void apply(State& state, const nlohmann::json& record, std::string_view where) {
   } catch (const nlohmann::json::exception& e) {
     throw bad(fmt::format("has a malformed field: {}", e.what()));
   }
+  state.version = std::min(state.version, version_of(record));
 }
 
 bool should_compact(uint64_t log_records, uint64_t live) {

@@ -25,6 +25,25 @@
 // recovers (a missing "add" is adopted from its manifest, a missing
 // "remove" dropped because its checkpoint is gone).
 //
+// Version 2 of the format (this one) makes the history authoritative for
+// which checkpoints are committed, so that opening an experiment and `cairn
+// ls` read the history and one listing of the experiment folder instead of
+// every checkpoint's folder and manifest:
+//   - each checkpoint's entry (snapshot and "add" record) carries its size
+//     and file count from the manifest ("size_bytes", "file_count");
+//   - retention announces a deletion before the first manifest goes: a
+//     "deleting" record names the checkpoints, whose entries are then
+//     flagged ("deleting": true, in a snapshot too) until the "remove"
+//     record; a reader checks the manifests of flagged entries only;
+//   - every record says "version": 2. A snapshot of version 1, or any
+//     applied record without the version (an older Cairn wrote it, and its
+//     deletions announce nothing), makes the history not authoritative
+//     (State::version < 2): readers then read every checkpoint's folder, as
+//     version 1 did, and the manager's next snapshot is version 2 again.
+// Older Cairn versions read version 2 as version 1: they ignore the new
+// fields and the unknown "deleting" op stops them only at that record, as
+// any damaged record does (its change is recovered from the manifests).
+//
 // Everything here is pure (no I/O), so the format and replay are unit-tested
 // alone; manager.cc does the reading and writing.
 #pragma once
@@ -46,6 +65,8 @@ namespace cairn::history {
 inline constexpr std::string_view kSnapshotKey = manager_layout::kHistoryKey;
 inline constexpr std::string_view kLogPrefix = manager_layout::kHistoryLogPrefix;
 inline constexpr std::string_view kSnapshotFormat = "cairn-manager";
+// The format version this Cairn writes (snapshot and records); see above.
+inline constexpr int kVersion = 2;
 
 // The history: what the snapshot holds, with the log applied.
 struct State {
@@ -58,9 +79,18 @@ struct State {
     nlohmann::json metrics;
     double created_at = 0.0;
     bool pinned = false;
+    // From the manifest (Manifest::total_bytes, the number of files); absent
+    // in entries an older Cairn wrote.
+    std::optional<uint64_t> size_bytes = std::nullopt;
+    std::optional<uint64_t> file_count = std::nullopt;
+    // A deletion was announced and may have begun: the manifest may be gone.
+    bool deleting = false;
   };
   std::map<uint64_t, Entry> records;
   uint64_t log_seq = 0;  // the last log record folded in
+  // The lowest format version of the snapshot and of the records applied:
+  // below kVersion the history is not authoritative (see above).
+  int version = kVersion;
 };
 
 // The snapshot's JSON form (the format older Cairn versions read and write,
@@ -100,6 +130,7 @@ std::optional<uint64_t> parse_log_key(std::string_view key);
 nlohmann::json add_record(uint64_t seq, uint64_t index, const State::Entry& entry,
                           uint64_t next_index, std::optional<double> last_pinned_at);
 nlohmann::json remove_record(uint64_t seq, const std::vector<uint64_t>& indices);
+nlohmann::json deleting_record(uint64_t seq, const std::vector<uint64_t>& indices);
 nlohmann::json counters_record(uint64_t seq, uint64_t next_index);
 
 // Applies one record payload to `state`. Throws kCorruption (naming `where`)

@@ -25,15 +25,21 @@ Loaded load_history(Storage& storage, const std::vector<ObjectInfo>& listing,
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kNotFound) throw;  // removed since the listing
     }
-    std::optional<std::string> torn = text ? torn_snapshot(*text) : std::nullopt;
-    if (torn) {
-      out.torn = true;
-      warn(
-          fmt::format("{}: torn, the remains of an interrupted write ({}); rebuilding the "
-                      "history from the checkpoints' manifests",
-                      storage.uri_of(kSnapshotKey), *torn));
-    } else if (text) {
-      out.state = parse_snapshot(*text, storage.uri_of(kSnapshotKey));
+    // Parsed once; only a text that does not parse is told apart as torn
+    // (the remains of an interrupted write) or malformed.
+    if (text) {
+      try {
+        out.state = parse_snapshot(*text, storage.uri_of(kSnapshotKey));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kCorruption) throw;
+        std::optional<std::string> torn = torn_snapshot(*text);
+        if (!torn) throw;
+        out.torn = true;
+        warn(
+            fmt::format("{}: torn, the remains of an interrupted write ({}); rebuilding the "
+                        "history from the checkpoints' manifests",
+                        storage.uri_of(kSnapshotKey), *torn));
+      }
     }
   }
   // Without a snapshot (deleted to rebuild the history from the manifests,
@@ -83,6 +89,13 @@ Loaded load_history(Storage& storage, const std::vector<ObjectInfo>& listing,
     }
     ++out.applied;
   }
+  return out;
+}
+
+std::vector<ObjectInfo> history_objects(Storage& storage) {
+  std::vector<ObjectInfo> out;
+  if (auto snapshot = storage.stat(kSnapshotKey)) out.push_back(std::move(*snapshot));
+  for (auto& o : storage.list(kLogPrefix)) out.push_back(std::move(o));
   return out;
 }
 

@@ -23,7 +23,20 @@ struct Loaded {
   bool legacy = false;             // the snapshot has no log_seq (older Cairn)
   bool damaged = false;            // a log object was skipped as damaged
   bool torn = false;               // the snapshot was torn (treated as absent)
+
+  // Whether the history tells which checkpoints are committed without their
+  // manifests being read (manager/history.h, version 2): a whole snapshot of
+  // the current format, every record after it applied and of that format.
+  // Otherwise readers read every checkpoint's folder.
+  bool authoritative() const {
+    return state.present && !torn && !legacy && !damaged && state.version >= kVersion;
+  }
 };
+
+// What load_history() needs of a listing, without listing the checkpoints:
+// the snapshot, if it exists, and the log folder's objects (one listing of
+// that folder).
+std::vector<ObjectInfo> history_objects(Storage& storage);
 
 // Reads the snapshot and applies the log objects after it, in seq order.
 // `listing` is a list("") of the experiment (one listing serves the caller's

@@ -3,13 +3,19 @@
 //   register: commit the checkpoint (commit.cc), then append its record to
 //             the history's log, then apply retention (delete each checkpoint
 //             manifest-first, then append one record removing them).
-//   open:     take the lock, list the experiment once, read the history
-//             (snapshot plus log, manager/history.h), then reconcile:
-//             committed checkpoints missing from the history are adopted from
-//             their manifests (the only manifests read), records whose
-//             checkpoint is gone are dropped, uncommitted leftovers and
-//             incomplete writes are removed; then apply retention. If that
-//             changed anything, the history is rewritten as a new snapshot.
+//             Retention first appends a "deleting" record naming the
+//             checkpoints it is about to delete, so that the history never
+//             names, unflagged, a checkpoint whose manifest may be gone.
+//   open:     take the lock, read the history (snapshot plus log,
+//             manager/history.h) and find the committed checkpoints
+//             (scan_with_history: with a version-2 history, one listing of
+//             the experiment folder, and only the folders the history does
+//             not vouch for are read), then reconcile: committed checkpoints
+//             missing from the history are adopted from their manifests (the
+//             only manifests read), records whose checkpoint is gone are
+//             dropped, uncommitted leftovers and incomplete writes are
+//             removed; then apply retention. If that changed anything, the
+//             history is rewritten as a new snapshot.
 // So after any crash the history on storage differs from the committed set
 // by at most the operation that was in flight, and the next open repairs it.
 //
@@ -230,7 +236,9 @@ void CheckpointManager::wait_for_deletes() {
 
 CheckpointManager::~CheckpointManager() {
   deleter_.reset();  // pending deletions finish while the lock is still held
-  if (!history_stale_) return;
+  // A long log is folded in on close too, so that the next open (or `cairn
+  // ls`) reads one snapshot instead of up to live/8 small objects.
+  if (!history_stale_ && log_records_ <= kCloseCompactAbove) return;
   try {
     compact();
   } catch (const Error& e) {
@@ -252,14 +260,12 @@ void CheckpointManager::warn(const std::string& message) const {
 }
 
 void CheckpointManager::open() {
-  std::vector<std::string> incomplete;
-  const std::vector<ObjectInfo> listing = storage_->list_with_incomplete("", incomplete);
-  history::Loaded loaded =
-      history::load_history(*storage_, listing, [this](const std::string& m) { warn(m); });
+  auto to_warn = [this](const std::string& m) { warn(m); };
+  HistoryScan found = scan_with_history(*storage_, to_warn, to_warn);
+  const history::Loaded& loaded = found.history;
   const history::State& stored = loaded.state;
-  Scan scan = scan_experiment(listing, std::move(incomplete));
-  std::map<uint64_t, std::string> manifests =
-      split_torn(*storage_, scan, stored.records, [this](const std::string& m) { warn(m); });
+  Scan& scan = found.scan;
+  const std::map<uint64_t, std::string>& manifests = found.manifests;
   created_at_ = stored.present ? stored.created_at : now();
   last_pinned_at_ = stored.last_pinned_at;
   // The log goes on after the highest seq ever used, so that no object left
@@ -267,11 +273,13 @@ void CheckpointManager::open() {
   next_seq_ = std::max(loaded.max_seq, stored.log_seq) + 1;
   log_seqs_ = loaded.log_seqs;
   log_records_ = loaded.applied;
-  // Anything the reconciliation below changes, an older snapshot, damaged or
-  // already-folded log objects: write a new snapshot (compaction) at once.
-  bool changed = !stored.present || loaded.legacy || loaded.damaged ||
-                 loaded.log_seqs.size() != loaded.applied ||
-                 stored.config.to_json() != config_.to_json();
+  // Anything the reconciliation below changes, an older snapshot or format,
+  // damaged or already-folded log objects, a deletion that was under way:
+  // write a new snapshot (compaction) at once.
+  bool changed = !loaded.authoritative() || loaded.log_seqs.size() != loaded.applied ||
+                 stored.config.to_json() != config_.to_json() ||
+                 std::any_of(stored.records.begin(), stored.records.end(),
+                             [](const auto& r) { return r.second.deleting; });
 
   for (const auto& id : scan.incomplete) {
     log::info(fmt::format("removing incomplete write {}", storage_->uri_of(id)));
@@ -300,6 +308,9 @@ void CheckpointManager::open() {
       r.metrics = it->second.metrics;
       r.created_at = it->second.created_at;
       r.pinned = it->second.pinned;
+      r.size_bytes = it->second.size_bytes;
+      r.file_count = it->second.file_count;
+      if (!r.size_bytes || !r.file_count) changed |= recount(r);
       records_.push_back(std::move(r));
       continue;
     }
@@ -334,6 +345,20 @@ void CheckpointManager::open() {
   settle(uri(), std::nullopt);
 }
 
+bool CheckpointManager::recount(CheckpointRecord& r) const {
+  try {
+    const Manifest m = r.checkpoint.manifest();
+    r.size_bytes = m.total_bytes();
+    r.file_count = m.files.size();
+    return true;
+  } catch (const Error& e) {
+    // ignore-error: kept without them, as before; `cairn verify` names the
+    // damaged manifest and `cairn ls` reads it again.
+    if (e.code() != ErrorCode::kCorruption && e.code() != ErrorCode::kNotFound) throw;
+    return false;
+  }
+}
+
 uint64_t CheckpointManager::take_index() {
   if (next_index_ >= kNoMoreIndex) {
     throw Error(ErrorCode::kFailedPrecondition,
@@ -349,6 +374,8 @@ CheckpointRecord CheckpointManager::add_record(uint64_t index, const Checkpoint&
   CheckpointRecord r(index, where);
   r.metrics = manifest.metrics;
   r.created_at = manifest.created_at;
+  r.size_bytes = manifest.total_bytes();
+  r.file_count = manifest.files.size();
   if (retention::should_pin(r.created_at, last_pinned_at_.value_or(created_at_),
                             config_.keep_checkpoint_every_n_hours)) {
     r.pinned = true;
@@ -368,7 +395,11 @@ void CheckpointManager::compact() {
   state.last_pinned_at = last_pinned_at_;
   state.config = config_;
   state.log_seq = next_seq_ - 1;  // covers every log object written so far
-  for (const auto& r : records_) state.records[r.index] = {r.metrics, r.created_at, r.pinned};
+  for (const auto& r : records_) {
+    history::State::Entry& e = state.records[r.index];
+    e = {r.metrics, r.created_at, r.pinned, r.size_bytes, r.file_count};
+    e.deleting = deleting_.count(r.index) > 0;
+  }
   // The snapshot is replaced atomically; a crash before the removals below
   // leaves log objects at or below its log_seq, which readers ignore.
   storage_->put(kStateKey, history::snapshot_json(state).dump(1));
@@ -408,8 +439,9 @@ void CheckpointManager::append_change(nlohmann::json change) {
 }
 
 nlohmann::json CheckpointManager::add_change(const CheckpointRecord& r) const {
-  return history::add_record(0, r.index, {r.metrics, r.created_at, r.pinned}, next_index_,
-                             last_pinned_at_);
+  return history::add_record(0, r.index,
+                             {r.metrics, r.created_at, r.pinned, r.size_bytes, r.file_count},
+                             next_index_, last_pinned_at_);
 }
 
 void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
@@ -432,6 +464,8 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
       return std::find(deferred.begin(), deferred.end(), it->name) != deferred.end();
     });
   }
+  if (doomed.empty()) return;
+  announce_deletion(doomed);
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });
@@ -447,7 +481,30 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
       delete_checkpoint(it->checkpoint);
     }
     records_.erase(it);
+    deleting_.erase(index);
     removed.push_back(index);
+  }
+}
+
+void CheckpointManager::announce_deletion(const std::vector<uint64_t>& doomed) {
+  deleting_.insert(doomed.begin(), doomed.end());
+  try {
+    append_change(history::deleting_record(0, doomed));
+    return;
+  } catch (const Error& e) {
+    warn(fmt::format("{}: announcing the deletion of {} checkpoint(s) in the history failed: {}",
+                     uri(), doomed.size(), e.what()));
+  }
+  // The history cannot say that these manifests are going (a full disk), yet
+  // retention must run to free space: take the snapshot away instead, so
+  // that the next open rebuilds the history from the manifests rather than
+  // trust it. It is written whole again after the deletions (history_stale_).
+  history_stale_ = true;
+  try {
+    storage_->remove(kStateKey);
+  } catch (const Error&) {
+    for (uint64_t index : doomed) deleting_.erase(index);
+    throw;  // nothing deleted; retention runs again on the next save or open
   }
 }
 

@@ -78,4 +78,65 @@ std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
   return read;
 }
 
+namespace {
+
+// The full scan: a listing of the whole experiment (version 1's way).
+void scan_everything(Storage& storage, const std::vector<ObjectInfo>& listing,
+                     std::vector<std::string> incomplete, HistoryScan& out,
+                     const std::function<void(const std::string&)>& note) {
+  out.scan = scan_experiment(listing, std::move(incomplete));
+  out.manifests = split_torn(storage, out.scan, out.history.state.records, note);
+}
+
+}  // namespace
+
+HistoryScan scan_with_history(Storage& storage, const std::function<void(const std::string&)>& warn,
+                              const std::function<void(const std::string&)>& note) {
+  HistoryScan out;
+  // The history first, then the folder: a checkpoint committed in between
+  // is then listed but not named, so it is read rather than missed.
+  out.history = history::load_history(storage, history::history_objects(storage), warn);
+  if (!out.history.authoritative()) {
+    std::vector<std::string> incomplete;
+    const std::vector<ObjectInfo> listing = storage.list_with_incomplete("", incomplete);
+    scan_everything(storage, listing, std::move(incomplete), out, note);
+    return out;
+  }
+  out.trusted = true;
+  const std::vector<std::string> names = storage.list_names("");
+  const auto& records = out.history.state.records;
+  // The folders the history does not vouch for, listed one by one.
+  std::vector<ObjectInfo> listing;
+  std::vector<std::string> incomplete;
+  std::map<uint64_t, std::string> folders;
+  for (const auto& name : names) {
+    if (name.empty() || name.back() != '/') continue;
+    const std::string folder = name.substr(0, name.size() - 1);
+    auto index = parse_checkpoint_name(folder);
+    if (!index) continue;
+    folders.emplace(*index, folder);
+    auto it = records.find(*index);
+    if (it != records.end() && !it->second.deleting) continue;
+    std::vector<std::string> inner_incomplete;
+    const size_t listed_before = listing.size();
+    for (auto& o : storage.list_with_incomplete(folder, inner_incomplete)) {
+      listing.push_back(std::move(o));
+    }
+    // A folder with nothing in it (file systems: a crash between making it
+    // and writing into it) is a leftover too.
+    if (inner_incomplete.empty() && listing.size() == listed_before) {
+      inner_incomplete.push_back(folder);
+    }
+    for (auto& id : inner_incomplete) incomplete.push_back(std::move(id));
+  }
+  out.scan = scan_experiment(listing, std::move(incomplete));
+  out.manifests = split_torn(storage, out.scan, {}, note);
+  for (const auto& [index, folder] : folders) {
+    auto it = records.find(index);
+    if (it != records.end() && !it->second.deleting) out.scan.committed.emplace(index, folder);
+    out.scan.max_index = std::max(out.scan.max_index.value_or(0), index);
+  }
+  return out;
+}
+
 }  // namespace cairn

@@ -16,6 +16,7 @@
 
 #include "cairn/storage.h"
 #include "manager/history.h"
+#include "manager/history_store.h"
 
 namespace cairn {
 
@@ -41,5 +42,32 @@ Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::st
 std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
                                            const std::map<uint64_t, history::State::Entry>& known,
                                            const std::function<void(const std::string&)>& note);
+
+// An experiment as the manager's open and `cairn ls` see it.
+struct HistoryScan {
+  history::Loaded history;
+  Scan scan;
+  // The whole manifests read, by index: those of the committed checkpoints
+  // the history does not vouch for.
+  std::map<uint64_t, std::string> manifests;
+  // The history was authoritative: only the folders it does not vouch for
+  // were listed (so `scan.incomplete` holds only what lies in them).
+  bool trusted = false;
+};
+
+// Reads the history and finds which checkpoints are committed. With an
+// authoritative history (history::Loaded::authoritative) that is one listing
+// of the experiment folder (list_names) and the history: a checkpoint the
+// history names, not flagged as being deleted, whose folder is listed is
+// committed without its folder being read; every other checkpoint folder
+// is listed alone and its manifest read (split_torn), as after a crash
+// between a commit and its history record, or during a deletion. Otherwise
+// (no snapshot, an older format, a damaged record) the whole experiment is
+// listed and every manifest the history does not list is read, as
+// scan_experiment() and split_torn() do. History entries whose folder is not
+// on storage are in neither map of `scan`. `warn` gets the history's
+// warnings, `note` split_torn's. Failure: as load_history() and split_torn().
+HistoryScan scan_with_history(Storage& storage, const std::function<void(const std::string&)>& warn,
+                              const std::function<void(const std::string&)>& note);
 
 }  // namespace cairn

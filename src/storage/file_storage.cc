@@ -49,6 +49,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -350,15 +351,21 @@ class FileStorage final : public Storage {
       throw errno_error(errno, "list", uri_of(prefix));
     }
     std::vector<std::string> out;
-    for_each_entry(UniqueFd(fd), prefix, [&](int dfd, const char* name, const struct stat& st) {
-      if (S_ISDIR(st.st_mode)) {
-        out.push_back(std::string(name) + '/');
-        return;
-      }
-      struct stat target = st;
-      if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &target, 0) != 0) return;  // dangling
-      if (S_ISREG(target.st_mode) && !is_temp_name(name)) out.emplace_back(name);
-    });
+    // Only the type of each entry is used: readdir's d_type tells it without
+    // reading the entry's inode, so listing an experiment of thousands of
+    // checkpoint folders reads one directory, not thousands of inodes.
+    const auto types_only = EntryStat::kTypeOnly;
+    for_each_entry(UniqueFd(fd), prefix, types_only,
+                   [&](int dfd, const char* name, const struct stat& st) {
+                     if (S_ISDIR(st.st_mode)) {
+                       out.push_back(std::string(name) + '/');
+                       return;
+                     }
+                     struct stat target = st;
+                     if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &target, 0) != 0)
+                       return;  // dangling
+                     if (S_ISREG(target.st_mode) && !is_temp_name(name)) out.emplace_back(name);
+                   });
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -528,12 +535,21 @@ class FileStorage final : public Storage {
                   O_RDONLY | O_DIRECTORY | O_CLOEXEC | (prefix.empty() ? 0 : O_NOFOLLOW));
   }
 
+  // What for_each_entry() passes for each entry: its whole lstat, or (where
+  // readdir's d_type says it is a directory or a regular file) only st_mode's
+  // file type, the rest zero.
+  enum class EntryStat { kFull, kTypeOnly };
+
   // Calls fn(dir_fd, name, lstat) for every entry of the open directory
   // `dir` but "." and "..", looked up relative to it (fstatat), so a listing
   // of many thousand files never resolves a full path. An entry removed while
   // the listing runs is skipped. Returns whether the directory had any entry.
   template <typename Fn>
   bool for_each_entry(UniqueFd dir, std::string_view prefix, Fn&& fn) {
+    return for_each_entry(std::move(dir), prefix, EntryStat::kFull, std::forward<Fn>(fn));
+  }
+  template <typename Fn>
+  bool for_each_entry(UniqueFd dir, std::string_view prefix, EntryStat what, Fn&& fn) {
     DIR* d = ::fdopendir(dir.get());
     if (!d) throw errno_error(errno, "list", uri_of(prefix));
     const int dfd = dir.release();  // closedir() closes it
@@ -551,7 +567,12 @@ class FileStorage final : public Storage {
       }
       if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
       any = true;
-      struct stat st;
+      struct stat st {};
+      if (what == EntryStat::kTypeOnly && (e->d_type == DT_DIR || e->d_type == DT_REG)) {
+        st.st_mode = e->d_type == DT_DIR ? S_IFDIR : S_IFREG;
+        fn(dfd, e->d_name, st);
+        continue;
+      }
       if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         if (errno == ENOENT) continue;
         throw errno_error(errno, "list", uri_of(join_key(prefix, e->d_name)));

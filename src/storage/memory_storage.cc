@@ -232,6 +232,35 @@ class MemoryStorage final : public Storage {
     return out;
   }
 
+  // One folder's names, the way an object store's delimiter listing gives
+  // them; fault hooks see it as "list_names", not as a "list" of the folder
+  // (so tests can tell a listing of one folder from a walk of everything
+  // below it).
+  std::vector<std::string> list_names(std::string_view prefix) override {
+    std::string p = prefix.empty() ? prefix_ : full(prefix);
+    bucket_->before("list_names", p);
+    std::string dir = p.empty() ? "" : p + "/";
+    std::vector<std::string> out;
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    for (auto it = bucket_->objects.lower_bound(dir);
+         it != bucket_->objects.end() && it->first.compare(0, dir.size(), dir) == 0;) {
+      std::string_view rest = std::string_view(it->first).substr(dir.size());
+      const size_t slash = rest.find('/');
+      if (slash == std::string_view::npos) {
+        out.emplace_back(rest);
+        ++it;
+        continue;
+      }
+      // A folder: its name once, then skip past everything in it.
+      std::string folder = dir + std::string(rest.substr(0, slash)) + '/';
+      out.push_back(std::string(rest.substr(0, slash + 1)));
+      folder.back() = '/' + 1;  // the first key after the folder's contents
+      it = bucket_->objects.lower_bound(folder);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   void remove(std::string_view key) override {
     std::string k = full(key);
     bucket_->before("remove", k);

@@ -74,7 +74,8 @@ void check_root_exists(Storage& storage) {
     }
     return;
   }
-  if (storage.list("").empty() && storage.list_incomplete("").empty()) {
+  // One folder's names, not a listing of everything below it.
+  if (storage.list_names("").empty()) {
     throw Error(ErrorCode::kNotFound, fmt::format("{}: nothing is stored there", storage.uri()));
   }
 }

@@ -2,6 +2,7 @@
 // the same code must work with object-store semantics (no directories, no
 // rename), where a location exists only while objects lie under it.
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,9 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "cli/commands.h"
+#include "manager/history.h"
+#include "manager/history_store.h"
+#include "storage/backends.h"
 
 namespace cairn::cli {
 namespace {
@@ -125,6 +129,95 @@ TEST(CommandsOnMemoryStorage, LsOfATunerExperimentReadsTrialFoldersWithoutDirect
   EXPECT_EQ(show.trial->experiment_uri, "memory://cli-tune/root/tune");
   EXPECT_EQ(show.trial->trial.status, "RUNNING");
   EXPECT_EQ(show.trial->trial.folder.checkpoints.size(), 2u);
+}
+
+// Every read and listing inside a checkpoint folder of `bucket`, and every
+// listing of a whole experiment (a walk; list_names is another op), from now
+// on goes into `touched`.
+void watch_checkpoint_reads(const std::string& bucket, std::vector<std::string>& touched) {
+  set_memory_faults(
+      bucket, MemoryFaults{std::nullopt, [&touched](std::string_view op, std::string_view key) {
+                             if (((op == "read" || op == "list") &&
+                                  key.find("/checkpoint_0") != std::string_view::npos) ||
+                                 (op == "list" && key.find('/') == std::string_view::npos)) {
+                               touched.push_back(std::string(op) + " " + std::string(key));
+                             }
+                           }});
+}
+
+TEST(CommandsOnMemoryStorage, LsOfAKeepAllExperimentReadsNoManifest) {
+  make_experiment("memory://cli-fast/exp", "cli-fast-scratch", 3);
+  std::vector<std::string> touched;
+  watch_checkpoint_reads("cli-fast", touched);
+  LsView view = collect_ls("memory://cli-fast/exp");
+  set_memory_faults("cli-fast", {});
+  EXPECT_TRUE(touched.empty()) << touched.front();
+  ASSERT_EQ(view.experiments.size(), 1u);
+  const auto& rows = view.experiments[0].checkpoints;
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& row : rows) {
+    EXPECT_TRUE(row.committed);
+    EXPECT_EQ(row.size_bytes, 64u);
+    EXPECT_EQ(row.file_count, 1u);
+    EXPECT_TRUE(row.time.has_value());
+    EXPECT_EQ(row.error, "");
+  }
+  EXPECT_EQ(rows[2].metrics, nlohmann::json({{"epoch", 2}}));
+}
+
+// Plain ls trusts the history for what it names; --check reads every
+// manifest and flags one removed behind the history's back.
+TEST(CommandsOnMemoryStorage, LsCheckFlagsAManifestThatIsGoneWherePlainLsTrustsTheHistory) {
+  make_experiment("memory://cli-check/exp", "cli-check-scratch", 2);
+  auto storage = open_storage("memory://cli-check/exp");
+  storage->remove(join_key("checkpoint_000001", kManifestKey));
+  LsView plain = collect_ls("memory://cli-check/exp");
+  ASSERT_EQ(plain.experiments[0].checkpoints.size(), 2u);
+  EXPECT_EQ(plain.experiments[0].checkpoints[1].error, "");
+  LsView checked = collect_ls("memory://cli-check/exp", /*check=*/true);
+  ASSERT_EQ(checked.experiments[0].checkpoints.size(), 2u);
+  EXPECT_EQ(checked.experiments[0].checkpoints[0].error, "");
+  const std::string& error = checked.experiments[0].checkpoints[1].error;
+  EXPECT_NE(error.find("checkpoint_000001"), std::string::npos) << error;
+  EXPECT_NE(error.find("no manifest"), std::string::npos) << error;
+  EXPECT_FALSE(collect_verify("memory://cli-check/exp").skipped.empty());
+}
+
+// A history an older Cairn wrote has no sizes: ls reads those manifests.
+TEST(CommandsOnMemoryStorage, LsOfAnOldHistoryTakesSizesAndFileCountsFromTheManifests) {
+  make_experiment("memory://cli-old/exp", "cli-old-scratch", 2);
+  auto storage = open_storage("memory://cli-old/exp");
+  history::Loaded loaded =
+      history::load_history(*storage, storage->list(""), [](const std::string&) {});
+  nlohmann::json old = history::snapshot_json(loaded.state);
+  old["version"] = 1;
+  old.erase("log_seq");
+  for (auto& c : old["checkpoints"]) {
+    c.erase("size_bytes");
+    c.erase("file_count");
+  }
+  for (uint64_t seq : loaded.log_seqs) storage->remove(history::log_key(seq));
+  storage->put(history::kSnapshotKey, old.dump(1));
+  LsView view = collect_ls("memory://cli-old/exp");
+  const auto& rows = view.experiments[0].checkpoints;
+  ASSERT_EQ(rows.size(), 2u);
+  for (const auto& row : rows) {
+    EXPECT_EQ(row.size_bytes, 64u);
+    EXPECT_EQ(row.file_count, 1u);
+  }
+  EXPECT_EQ(rows[1].metrics, nlohmann::json({{"epoch", 1}}));
+}
+
+// The history names a checkpoint whose folder is gone (deleted by hand):
+// it is not listed (a warning says so), and the next open drops its record.
+TEST(CommandsOnMemoryStorage, LsLeavesOutACheckpointTheHistoryNamesWhoseFolderIsGone) {
+  make_experiment("memory://cli-gone/exp", "cli-gone-scratch", 3);
+  open_storage("memory://cli-gone/exp")->remove_prefix("checkpoint_000001");
+  LsView view = collect_ls("memory://cli-gone/exp");
+  const auto& rows = view.experiments[0].checkpoints;
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].name, "checkpoint_000000");
+  EXPECT_EQ(rows[1].name, "checkpoint_000002");
 }
 
 }  // namespace

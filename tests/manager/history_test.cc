@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "manager/history.h"
@@ -133,6 +134,50 @@ TEST(HistoryReplay, CompactionIsDueOnlyPastMaxOf64AndAnEighthOfTheLive) {
   EXPECT_TRUE(h::should_compact(1251, 10000));
 }
 
+TEST(HistoryReplay, EntriesCarrySizeAndFileCountAndADeletingRecordFlagsThem) {
+  h::State s;
+  h::State::Entry e{json{{"loss", 1.0}}, 10.0, false, 640, 3};
+  h::apply(s, h::add_record(1, 0, e, 1, std::nullopt), "t");
+  h::apply(s, h::add_record(2, 1, e, 2, std::nullopt), "t");
+  h::apply(s, h::deleting_record(3, {0}), "t");
+  EXPECT_EQ(s.records.at(0).size_bytes, 640u);
+  EXPECT_EQ(s.records.at(0).file_count, 3u);
+  EXPECT_TRUE(s.records.at(0).deleting);
+  EXPECT_FALSE(s.records.at(1).deleting);
+  EXPECT_EQ(s.version, h::kVersion);
+  // The flag and the counts survive a snapshot; "remove" ends the entry.
+  s.present = true;
+  h::State back = h::parse_snapshot(h::snapshot_json(s).dump(), "x");
+  EXPECT_TRUE(back.records.at(0).deleting);
+  EXPECT_EQ(back.records.at(1).size_bytes, 640u);
+  EXPECT_EQ(back.records.at(1).file_count, 3u);
+  EXPECT_EQ(back.version, h::kVersion);
+  h::apply(back, h::remove_record(4, {0}), "t");
+  EXPECT_EQ(back.records.count(0), 0u);
+}
+
+// What an older Cairn wrote (a version-1 snapshot, or a record without a
+// version after a version-2 snapshot) is read, but is no authority on which
+// checkpoints are committed.
+TEST(HistoryReplay, AnOlderSnapshotOrRecordLowersTheVersionAndKeepsTheEntries) {
+  h::State s;
+  s.present = true;
+  s.records[0] = {json{{"a", 1}}, 5.0, false};
+  json old = h::snapshot_json(s);
+  old["version"] = 1;
+  old["checkpoints"][0].erase("size_bytes");
+  h::State v1 = h::parse_snapshot(old.dump(), "x");
+  EXPECT_EQ(v1.version, 1);
+  EXPECT_FALSE(v1.records.at(0).size_bytes);
+
+  h::State v2 = h::parse_snapshot(h::snapshot_json(s).dump(), "x");
+  json add = h::add_record(1, 1, {json{{"a", 2}}, 6.0, false}, 2, std::nullopt);
+  add.erase("version");
+  h::apply(v2, add, "t");
+  EXPECT_EQ(v2.version, 1);
+  EXPECT_EQ(v2.records.at(1).metrics["a"], 2);
+}
+
 // The manager on memory:// storage.
 class HistoryTest : public ::testing::Test {
  protected:
@@ -143,8 +188,37 @@ class HistoryTest : public ::testing::Test {
     source_->storage().put("model.bin", "weights");
   }
   void TearDown() override {
+    set_memory_faults("hexp", {});
     clear_memory_bucket("hsrc");
     clear_memory_bucket("hexp");
+  }
+  // From now on, `touched` gets every read and listing inside a checkpoint
+  // folder ("read run/checkpoint_000001/.cairn/manifest.json") and every
+  // listing of the whole experiment ("list run": a walk of every folder;
+  // memory's list_names, one folder's names, is another op).
+  void watch_checkpoint_reads() {
+    touched.clear();
+    set_memory_faults(
+        "hexp", MemoryFaults{std::nullopt, [this](std::string_view op, std::string_view key) {
+                               if (((op == "read" || op == "list") &&
+                                    key.find("/checkpoint_0") != std::string_view::npos) ||
+                                   (op == "list" && key.find('/') == std::string_view::npos)) {
+                                 touched.push_back(std::string(op) + " " + std::string(key));
+                               }
+                             }});
+  }
+  std::string touched_text() const {
+    std::string out;
+    for (const auto& t : touched) out += t + "\n";
+    return out;
+  }
+  // Appends a record to the log as the manager would, after the last one.
+  void append_record(json record) {
+    std::vector<uint64_t> seqs = log_seqs();
+    h::Loaded loaded = h::load_history(*storage, storage->list(""), [](const std::string&) {});
+    const uint64_t seq = std::max(seqs.empty() ? 0 : seqs.back(), loaded.state.log_seq) + 1;
+    record["seq"] = seq;
+    storage->put(h::log_key(seq), h::encode_record(record));
   }
   ManagerOptions collect() {
     ManagerOptions o;
@@ -170,6 +244,7 @@ class HistoryTest : public ::testing::Test {
   std::shared_ptr<Storage> storage = open_storage(uri);
   std::unique_ptr<Checkpoint> source_;
   std::vector<std::string> warnings;
+  std::vector<std::string> touched;
 };
 
 TEST_F(HistoryTest, ARegisterAppendsOneRecordAndLeavesTheSnapshotAlone) {
@@ -262,6 +337,8 @@ TEST_F(HistoryTest, ARecordWhoseCheckpointIsGoneIsDroppedNotResurrected) {
     CheckpointManager m(uri, {}, collect());
     register_n(m, 3);
   }
+  // A deletion that crashed after its manifest went: announced first.
+  append_record(h::deleting_record(0, {1}));
   storage->remove(join_key(checkpoint_name(1), kManifestKey));
   CheckpointManager again(uri, {}, collect());
   EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 2}));
@@ -319,6 +396,145 @@ TEST_F(HistoryTest, AnExperimentCopyGetsTheLogFoldedIntoItsSnapshot) {
   h::State s = h::parse_snapshot(*folded, "x");
   EXPECT_EQ(s.records.size(), 3u);
   EXPECT_EQ(s.log_seq, log_seqs().back());
+}
+
+TEST_F(HistoryTest, OpeningAKeepAllExperimentReadsNoCheckpointFolderOrManifest) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 5);
+  }
+  watch_checkpoint_reads();
+  CheckpointManager again(uri, {}, collect());
+  EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(touched.empty()) << touched_text();
+  EXPECT_EQ(again.history()[2].size_bytes, 7u);  // "weights"
+  EXPECT_EQ(again.history()[2].file_count, 1u);
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST_F(HistoryTest, ListingAKeepAllExperimentReadsNoManifest) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 4);
+  }
+  watch_checkpoint_reads();
+  ExperimentListing listing = read_experiment(uri);
+  ASSERT_EQ(listing.checkpoints.size(), 4u);
+  EXPECT_TRUE(touched.empty()) << touched_text();
+  EXPECT_EQ(listing.checkpoints[3].metrics["i"], 3);
+  EXPECT_EQ(listing.checkpoints[3].size_bytes, 7u);
+  EXPECT_EQ(listing.checkpoints[3].file_count, 1u);
+}
+
+// The crash between a commit and its history record: the one folder the
+// history does not name is read, and only it.
+TEST_F(HistoryTest, ACheckpointCommittedBeforeItsRecordIsAdoptedReadingOnlyItsFolder) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 3);
+  }
+  CheckpointWriter w(Checkpoint(storage->child(checkpoint_name(3))));
+  w.write_file("model.bin", "late");
+  w.commit({{"i", 3}}, 123.0);
+  storage->put(join_key(checkpoint_name(4), "model.bin"), "half written");
+  watch_checkpoint_reads();
+  ExperimentListing listing = read_experiment(uri);
+  EXPECT_EQ(listing.checkpoints.size(), 4u);
+  EXPECT_EQ(listing.uncommitted, (std::vector<std::string>{checkpoint_name(4)}));
+  CheckpointManager again(uri, {}, collect());
+  EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(again.history()[3].metrics["i"], 3);
+  EXPECT_EQ(again.history()[3].size_bytes, 4u);
+  EXPECT_FALSE(storage->exists(join_key(checkpoint_name(4), "model.bin"))) << "a leftover";
+  for (const auto& t : touched) {
+    EXPECT_TRUE(t.find(checkpoint_name(3)) != std::string::npos ||
+                t.find(checkpoint_name(4)) != std::string::npos)
+        << t;
+  }
+  EXPECT_EQ(again.register_checkpoint({}, *source_).index, 5u);
+}
+
+TEST_F(HistoryTest, RetentionAnnouncesADeletionInTheHistoryBeforeTheManifestGoes) {
+  CheckpointConfig keep1;
+  keep1.num_to_keep = 1;
+  CheckpointManager m(uri, keep1, collect());
+  register_n(m, 1);
+  bool announced = false;
+  set_memory_faults(
+      "hexp", MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
+                             if (op != "remove" || !key.ends_with(kManifestKey)) return;
+                             // Read on the side, as the next open would after a crash here.
+                             h::Loaded now = h::load_history(*open_storage(uri), storage->list(""),
+                                                             [](const std::string&) {});
+                             announced =
+                                 now.state.records.count(0) && now.state.records.at(0).deleting;
+                           }});
+  register_n(m, 1);
+  set_memory_faults("hexp", {});
+  EXPECT_TRUE(announced);
+  h::Loaded after = h::load_history(*storage, storage->list(""), [](const std::string&) {});
+  EXPECT_EQ(after.state.records.count(0), 0u) << "removed once the deletion is done";
+}
+
+// A crash during a deletion, after the manifest went: the announced entry's
+// folder is read, found uncommitted, removed and its record dropped.
+TEST_F(HistoryTest, ADeletionInterruptedAfterItsManifestIsFinishedOnOpen) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 3);
+  }
+  append_record(h::deleting_record(0, {0, 1}));
+  storage->remove(join_key(checkpoint_name(0), kManifestKey));  // 1 still whole: not yet begun
+  ExperimentListing listing = read_experiment(uri);
+  EXPECT_EQ(listing.checkpoints.size(), 2u);
+  EXPECT_EQ(listing.uncommitted, (std::vector<std::string>{checkpoint_name(0)}));
+  CheckpointManager again(uri, {}, collect());
+  EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{1, 2}));
+  EXPECT_TRUE(storage->list(checkpoint_name(0)).empty());
+  h::State s = h::parse_snapshot(storage->get(h::kSnapshotKey), "x");
+  EXPECT_FALSE(s.records.at(1).deleting) << "a whole checkpoint is kept, its flag cleared";
+}
+
+// An experiment an older Cairn wrote (a version-1 history without sizes) is
+// read from its manifests, and the next open upgrades the history.
+TEST_F(HistoryTest, AnOldHistoryWithoutSizesIsReadFromTheManifestsAndUpgradedOnOpen) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 3);
+  }
+  h::Loaded loaded = h::load_history(*storage, storage->list(""), [](const std::string&) {});
+  json old = h::snapshot_json(loaded.state);
+  old["version"] = 1;
+  old.erase("log_seq");
+  for (auto& c : old["checkpoints"]) {
+    c.erase("size_bytes");
+    c.erase("file_count");
+  }
+  storage->put(h::kSnapshotKey, old.dump(1));
+  for (uint64_t seq : log_seqs()) storage->remove(h::log_key(seq));
+  // A manifest removed behind an older history's back is noticed, as before.
+  storage->remove(join_key(checkpoint_name(1), kManifestKey));
+  ExperimentListing listing = read_experiment(uri);
+  ASSERT_EQ(listing.checkpoints.size(), 2u);
+  EXPECT_FALSE(listing.checkpoints[0].size_bytes) << "the CLI reads the manifest for these";
+  CheckpointManager again(uri, {}, collect());
+  EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(again.history()[1].size_bytes, 7u);
+  h::State upgraded = h::parse_snapshot(storage->get(h::kSnapshotKey), "x");
+  EXPECT_EQ(upgraded.version, h::kVersion);
+  EXPECT_EQ(upgraded.records.at(2).file_count, 1u);
+}
+
+// A short log stays on close (ANewManagerReplaysTheLogWithoutReadingManifests);
+// one past 64 records is folded in, so the next open reads one snapshot.
+TEST_F(HistoryTest, ALongLogIsFoldedIntoTheSnapshotOnClose) {
+  {
+    CheckpointManager m(uri, {}, collect());
+    register_n(m, 520);  // the log's bound is then 65 records: it holds 65
+    EXPECT_GT(log_seqs().size(), 64u);
+  }
+  EXPECT_TRUE(log_seqs().empty());
+  EXPECT_EQ(h::parse_snapshot(storage->get(h::kSnapshotKey), "x").records.size(), 520u);
 }
 
 }  // namespace

@@ -30,9 +30,9 @@ inline constexpr std::array<Workload, 5> kWorkloads = {{
      "one Checkpoint committed through CheckpointManager::register_checkpoint"},
     {"retention", 2, 2, 2, false, false,
      "two saves with num_to_keep=2: each commit deletes the oldest (manifest first)"},
-    {"history", 30, 4, 2, false, false,
-     "saves with num_to_keep=2 (an add and a remove record each) across the history log's "
-     "compaction: snapshot rewritten, log objects removed"},
+    {"history", 20, 4, 2, false, false,
+     "saves with num_to_keep=2 (an add, a deleting and a remove record each) across the history "
+     "log's compaction: snapshot rewritten, log objects removed"},
     {"direct", 1, 1, std::nullopt, false, true,
      "a StateDict saved with O_DIRECT and fallocate preallocation (StateCheckpointManager)"},
     {"background", 1, 2, 1, true, false,
