@@ -215,6 +215,33 @@ TEST_F(S3Faults, WithoutConditionalWritesATakeoverAnsweredPastHalfALifetimeIsNot
             ErrorCode::kLocked);
 }
 
+// A conditional write of the lease that lands but whose answer is lost is
+// retried, and the retry fails its own condition (the lease now exists, or
+// has another ETag): that is this writer's lease, not another's.
+TEST_F(S3Faults, ALeaseWriteWhoseAnswerIsLostIsStillTakenAndRenewed) {
+  ScopedEnv endpoint("AWS_ENDPOINT_URL_S3", proxy.endpoint());
+  const std::string lost_lease_put = R"({"rate": 1, "faults": ["lost-reply"], "methods": ["PUT"],
+    "budget": 1, "path_pattern": "/exp/\\.cairn\\.lock$"})";
+  proxy.configure(lost_lease_put);
+  auto s = open_storage(root);
+  auto lock = s->try_lock("exp/.cairn.lock");
+  EXPECT_EQ(nlohmann::json::parse(proxy.stats())["faults"]["lost-reply"].get<int>(), 1);
+  // The heartbeat renews every third of the tests' 6 s lifetime: lose the
+  // answer to one renewal, then write past half a lifetime, which confirms
+  // the lease first.
+  proxy.configure(lost_lease_put);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (nlohmann::json::parse(proxy.stats())["faults"]["lost-reply"].get<int>() < 2 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(nlohmann::json::parse(proxy.stats())["faults"]["lost-reply"].get<int>(), 2);
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  EXPECT_NO_THROW(s->put("exp/after.bin", "still the holder"));
+  EXPECT_EQ(testing::code_of([&] { open_storage(root)->try_lock("exp/.cairn.lock"); }),
+            ErrorCode::kLocked);
+}
+
 // Kills a process saving checkpoints (each through a multipart upload, with
 // retention deleting the old ones) at random moments; after each kill,
 // reopening the experiment finds every committed checkpoint whole and

@@ -189,8 +189,12 @@ std::string put_lease_plainly(Context& ctx, const std::string& key, const std::s
 // forms while the lease still has the ETag just read, or answers 501,
 // cannot do conditional writes: that is remembered in the context, and the
 // caller falls back to the protocol that needs none (docs/s3.md).
+// A write whose answer was lost is retried, and its retry then fails its own
+// condition (the object is no longer missing, or no longer has the ETag it
+// was written over): a refusal is read back, and a lease that holds `token`
+// is this write's after all.
 LeaseWrite put_lease(Context& ctx, const std::string& key, const std::string& body,
-                     const std::string& expected_etag) {
+                     const std::string& token, const std::string& expected_etag) {
   using Outcome = LeaseWrite::Outcome;
   auto put = [&](std::pair<std::string, std::string> condition) {
     S3Request r;
@@ -209,9 +213,14 @@ LeaseWrite put_lease(Context& ctx, const std::string& key, const std::string& bo
     ctx.no_conditional_writes = true;
     return LeaseWrite{Outcome::kUnsupported, ""};
   };
+  auto refused = [&]() -> LeaseWrite {
+    LeaseState now = read_lease(ctx, key);
+    if (now.exists && now.token == token) return {Outcome::kWritten, now.etag};
+    return {Outcome::kPreconditionFailed, ""};
+  };
   if (expected_etag.empty()) {
     HttpResponse resp = put({"if-none-match", "*"});
-    if (resp.status == 409 || resp.status == 412) return {Outcome::kPreconditionFailed, ""};
+    if (resp.status == 409 || resp.status == 412) return refused();
     if (resp.status == 501) return unsupported("If-None-Match");
     return {Outcome::kWritten, resp.header("etag").value_or("")};
   }
@@ -228,10 +237,11 @@ LeaseWrite put_lease(Context& ctx, const std::string& key, const std::string& bo
     }
     if (resp.status == 501) return unsupported("If-Match");
   }
-  // Every form refused: a real change by another writer, or a server that
-  // cannot compare (then the lease still has the ETag just read).
+  // Every form refused: a real change by another writer (or this one's own
+  // write, answered too late), or a server that cannot compare (then the
+  // lease still has the ETag just read).
   std::optional<Context::Head> now = ctx.head(key);
-  if (!now || !s3::same_etag(now->etag, expected_etag)) return {Outcome::kPreconditionFailed, ""};
+  if (!now || !s3::same_etag(now->etag, expected_etag)) return refused();
   return unsupported("If-Match");
 }
 
@@ -396,7 +406,7 @@ struct LeaseGuard {
       lost_to = "deleted by another process";
       return false;
     }
-    LeaseWrite w = ctx.conditional() ? put_lease(ctx, key, body, s.etag)
+    LeaseWrite w = ctx.conditional() ? put_lease(ctx, key, body, token, s.etag)
                                      : LeaseWrite{LeaseWrite::Outcome::kUnsupported, ""};
     if (w.outcome == LeaseWrite::Outcome::kUnsupported) {
       // A plain write is safe only while no taker can have seen the lease
@@ -561,7 +571,7 @@ std::unique_ptr<Lock> take_lease(const std::shared_ptr<Context>& ctx_, const std
   // Where the server has conditional writes (AWS S3 and radosgw do) taking
   // the lease is atomic: only one of several racing takers succeeds.
   if (ctx_->conditional()) {
-    LeaseWrite w = put_lease(*ctx_, k, guard->body, s.exists ? s.etag : "");
+    LeaseWrite w = put_lease(*ctx_, k, guard->body, h.token, s.exists ? s.etag : "");
     if (w.outcome == LeaseWrite::Outcome::kPreconditionFailed) {
       throw Error(ErrorCode::kLocked,
                   fmt::format("{}: locked, taken by another process just now", ctx_->uri(k)),
