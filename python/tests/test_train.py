@@ -293,24 +293,53 @@ def test_ctrl_c_in_the_driver_saves_an_emergency_checkpoint_then_raises_keyboard
     assert result.checkpoint.verify() == []
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
-def test_under_mpirun_every_process_gets_the_same_result(tmp_path: pathlib.Path) -> None:
-    # Every MPI process runs the program and calls fit(); rank 0 drives.
-    program = os.path.join(os.path.dirname(__file__), "mpi_train.py")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
-    args = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
-            "--mca", "btl_vader_single_copy_mechanism", "none",
-            "-x", f"PYTHONPATH={package_root}", "-x", "PYTHONDONTWRITEBYTECODE=1"]
-    if os.geteuid() == 0:
-        args.append("--allow-run-as-root")
-    done = subprocess.run(args + [sys.executable, program, str(tmp_path)], capture_output=True,
-                          text=True, timeout=300)
+# The program the launcher tests start in every process, and where it
+# finds this package.
+_LAUNCHED_PROGRAM = os.path.join(os.path.dirname(__file__), "mpi_train.py")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
+
+
+def _expect_one_group_trained(tmp_path: pathlib.Path,
+                              done: subprocess.CompletedProcess[str]) -> None:
+    """Both processes of a launched mpi_train.py run returned the same clean
+    result (the ranks' all-reduce, 1 + 2) and the last checkpoint is step 2's."""
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         got = (tmp_path / f"result_{rank}.txt").read_text()
         assert got == "3.0 None", (rank, got, done.stdout + done.stderr)
     result = train.Result.from_path(tmp_path / "mpi")
     assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 2}
+
+
+def _free_port_pair() -> int:
+    """A port on 127.0.0.1 free with the next one: torchrun's static
+    rendezvous keeps its store at MASTER_PORT, the driver takes the next."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+        if port >= 65535:
+            continue
+        with socket.socket() as b:
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports on 127.0.0.1")
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
+def test_under_mpirun_every_process_gets_the_same_result(tmp_path: pathlib.Path) -> None:
+    # Every MPI process runs the program and calls fit(); rank 0 drives.
+    args = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+            "--mca", "btl_vader_single_copy_mechanism", "none",
+            "-x", f"PYTHONPATH={_PACKAGE_ROOT}", "-x", "PYTHONDONTWRITEBYTECODE=1"]
+    if os.geteuid() == 0:
+        args.append("--allow-run-as-root")
+    done = subprocess.run(args + [sys.executable, _LAUNCHED_PROGRAM, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    _expect_one_group_trained(tmp_path, done)
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/torchrun"), reason="torchrun is not installed")
@@ -321,22 +350,12 @@ def test_under_torchrun_the_launchers_processes_train_as_one_group(
     # MASTER_PORT; ScalingConfig's launcher stays "auto". (--redirects=1
     # --tee=1: Debian's torchrun 1.13 under Python 3.11 cannot parse its own
     # default of 0 for either.)
-    program = os.path.join(os.path.dirname(__file__), "mpi_train.py")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=package_root, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1")
     args = ["/usr/bin/torchrun", "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-            f"--master_port={port}", "--redirects=1", "--tee=1",
-            f"--log_dir={tmp_path / 'torchrun-logs'}", program, str(tmp_path), "auto"]
+            f"--master_port={_free_port_pair()}", "--redirects=1", "--tee=1",
+            f"--log_dir={tmp_path / 'torchrun-logs'}", _LAUNCHED_PROGRAM, str(tmp_path), "auto"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        got = (tmp_path / f"result_{rank}.txt").read_text()
-        assert got == "3.0 None", (rank, got, done.stdout + done.stderr)
-    result = train.Result.from_path(tmp_path / "mpi")
-    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 2}
+    _expect_one_group_trained(tmp_path, done)
 
 
 def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
