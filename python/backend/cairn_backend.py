@@ -204,8 +204,13 @@ def _interpreter_id() -> str:
     return hashlib.sha256(ident.encode("utf-8")).hexdigest()[:8]
 
 
-def _build_extension(settings: ConfigSettings, tag: str) -> Path:
-    """Configures and builds the extension; returns its path in the build folder."""
+def _build_extension(settings: ConfigSettings, tag: str) -> list[Path]:
+    """Configures and builds the extensions; returns their files in the build folder.
+
+    ``_cairn`` always; ``_cairn_torch`` and the ``_torch_target.py`` that
+    names its torch when the interpreter's torch runs on a LibTorch with
+    headers (Debian's python3-torch and libtorch-dev).
+    """
     build = Path(_setting(settings, "build-dir", "CAIRN_WHEEL_BUILD_DIR")
                  or _SOURCE / "build-wheel" / f"{tag}-{_interpreter_id()}").resolve()
     configure = ["cmake", "-S", str(_SOURCE), "-B", str(build), "-G", "Ninja",
@@ -226,7 +231,9 @@ def _build_extension(settings: ConfigSettings, tag: str) -> Path:
             f"the build made no {extension} (found: {', '.join(found) or 'nothing'}); "
             "the Python package is built only when pybind11-dev and python3-dev are installed"
         )
-    return extension
+    torch = [build / "python" / "cairn" / f"_cairn_torch{suffix}",
+             build / "python" / "cairn" / "_torch_target.py"]
+    return [extension] + (torch if all(p.is_file() for p in torch) else [])
 
 
 def _package_files() -> Iterator[tuple[str, Path]]:
@@ -306,7 +313,7 @@ def build_wheel(
 ) -> str:
     """Builds the extension with CMake and Ninja and writes the wheel; returns its name."""
     tag = _tag()
-    extension = _build_extension(config_settings, tag)
+    extensions = _build_extension(config_settings, tag)
     dist_info = _dist_info_name()
     name = f"cairn-{_version()}-{tag}.whl"
     target = Path(wheel_directory) / name
@@ -315,7 +322,9 @@ def build_wheel(
     try:
         for arcname, path in _package_files():
             wheel.add(arcname, path.read_bytes())
-        wheel.add(f"cairn/{extension.name}", extension.read_bytes(), executable=True)
+        for extension in extensions:
+            wheel.add(f"cairn/{extension.name}", extension.read_bytes(),
+                      executable=extension.suffix != ".py")
         wheel.add(f"{dist_info}/METADATA", _metadata().encode("utf-8"))
         wheel.add(f"{dist_info}/WHEEL", _wheel_file(tag).encode("utf-8"))
         wheel.close()

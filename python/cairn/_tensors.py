@@ -9,9 +9,11 @@ mapped load returns tensors that view the file's mapping.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal, Union
 
 from cairn import _cairn
@@ -80,6 +82,55 @@ def _torch_file_dtype(dtype: Any) -> str | None:
             if hasattr(torch, name):
                 _torch_dtypes[getattr(torch, name)] = file_dtype
     return _torch_dtypes.get(dtype)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, as it was after.
+
+    Making 100,000 tensors (each tracked by the collector) or the tuples
+    that describe them would otherwise run many collections over every
+    object alive, doubling the per-tensor cost; nothing made here is
+    cyclic garbage.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+_NOT_LOOKED = object()
+_helpers: Any = _NOT_LOOKED
+
+
+def _torch_helpers() -> Any:
+    """``cairn._cairn_torch`` if it was built for the torch this process runs, else None.
+
+    The module does the per-tensor work of :func:`save` and :func:`load` in
+    C++ against LibTorch; it is built only where the interpreter's torch runs
+    on a LibTorch with headers (Debian's python3-torch), and loaded only
+    under that same torch (a second LibTorch in one process is never safe).
+    Without it the same work is done in Python, slower for many tensors.
+    """
+    global _helpers
+    if _helpers is _NOT_LOOKED:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None  # no torch tensors yet; look again once torch is imported
+        _helpers = None
+        try:
+            from cairn import _torch_target
+        except ImportError:
+            return None
+        if (torch.__version__ == _torch_target.TORCH_VERSION
+                and os.path.realpath(torch.__file__) == _torch_target.TORCH_INIT):
+            from cairn import _cairn_torch
+
+            _helpers = _cairn_torch
+    return _helpers
 
 
 def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, int, Any]:
@@ -182,13 +233,40 @@ def save(state_dict: Mapping[str, Any], path: PathLike, metadata: Mapping[str, A
         raise InvalidArgumentError(
             f"state_dict: a mapping of names to tensors, not a {type(state_dict).__name__}",
             "invalid_argument")
-    flat = flatten_state_dict(state_dict)
-    tensors = [_describe(name, value) for name, value in flat.items()]
-    kinds = {type(t[5]).__module__.split(".")[0] for t in tensors}
-    fmt = "pt" if "torch" in kinds or not kinds else "np"
-    _cairn.save_tensors([t[:5] for t in tensors], _path(path),
+    with _gc_paused():
+        described, fmt, kept = _describe_all(flatten_state_dict(state_dict))
+    _cairn.save_tensors(described, _path(path),
                         None if metadata is None else dict(metadata), {"format": fmt}, durable)
-    del tensors  # the engine no longer reads them
+    del kept, described  # the engine no longer reads them
+
+
+def _describe_all(flat: dict[str, Any], describe_one: Callable[[str, Any], tuple[Any, ...]]
+                  = _describe) -> tuple[list[Any], str, list[Any]]:
+    """(what the engine takes, the file's format, what must stay alive) for ``flat``.
+
+    ``describe_one`` describes (and checks) a tensor the C++ helpers did not
+    take, as :func:`_describe` does.
+    """
+    helpers = _torch_helpers()
+    # Dense CPU torch tensors are described in C++ when the helpers are
+    # there; the rest (numpy, devices, every error) here. `flat` and
+    # `kept` hold what the engine reads until it returns.
+    described = helpers.describe(flat) if helpers is not None else [None] * len(flat)
+    kept = []
+    fmt = "pt" if not flat or any(d is not None for d in described) else "np"
+    if any(d is None for d in described):
+        kinds = set()
+        for i, (name, value) in enumerate(flat.items()):
+            if described[i] is None:
+                entry = describe_one(name, value)
+                described[i] = entry[:5]
+                keep = entry[5]
+                kept.append(keep)
+                kinds.add(type(keep).__module__.split(".")[0])
+        if "torch" in kinds:
+            fmt = "pt"
+    kept.append(flat)
+    return described, fmt, kept
 
 
 def load(path: PathLike, device: Any = None, mmap: bool = True,
@@ -222,7 +300,12 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
     """
     if framework not in ("pt", "np"):
         raise InvalidArgumentError(f"framework {framework!r}: 'pt' or 'np'", "invalid_argument")
-    described, data, _, _ = _cairn.load_tensors(_path(path), bool(mmap))
+    with _gc_paused():
+        return _load(path, device, bool(mmap), framework)
+
+
+def _load(path: PathLike, device: Any, mmap: bool, framework: str) -> dict[str, Any]:
+    described, data, _, _ = _cairn.load_tensors(_path(path), mmap)
     import numpy as np
 
     raw = np.frombuffer(data, dtype=np.uint8)
@@ -241,41 +324,35 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
         return out
     import torch
 
-    # One typed view of the whole buffer per dtype; each tensor is then one
-    # as_strided call on it (a state dict may hold 100,000 tensors).
-    base = torch.from_numpy(raw)
-    typed: dict[str, tuple[Any, int]] = {}
-    strides: dict[tuple[int, ...], tuple[int, ...]] = {}
+    helpers = _torch_helpers()
+    if helpers is not None:
+        made = helpers.views(data, described)  # None: a dtype this torch lacks
+        if made is not None:
+            return made if device is None else {k: t.to(device) for k, t in made.items()}
+    # Each tensor views the data through a storage of its own, as torch.load
+    # makes them (torch.save of one tensor writes its bytes only).
+    sizes: dict[str, tuple[Any, int]] = {}
     for name, dtype, shape, begin, end in described:
-        view = typed.get(dtype)
-        if view is None:
+        found = sizes.get(dtype)
+        if found is None:
             want = getattr(torch, _FILE_TO_TORCH[dtype], None)
             if want is None:
                 raise InvalidArgumentError(
                     f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
                     f"{torch.__version__} does not have; load it with framework='np'",
                     "invalid_argument")
-            size = torch.empty((), dtype=want).element_size()
-            view = typed[dtype] = (base[: len(raw) - len(raw) % size].view(want), size)
-        whole, size = view
-        if begin % size:
+            found = sizes[dtype] = (want, torch.empty((), dtype=want).element_size())
+        want, size = found
+        if end == begin:
+            t = torch.empty(shape, dtype=want)
+        elif begin % size:
             # A foreign writer's unaligned offset: copied to align.
-            t = base[begin:end].clone().view(whole.dtype).reshape(shape)
+            t = torch.from_numpy(raw[begin:end].copy()).view(want).view(shape)
         else:
-            stride = strides.get(shape)
-            if stride is None:
-                stride = strides[shape] = _contiguous_strides(shape)
-            t = torch.as_strided(whole, shape, stride, begin // size)
+            t = torch.frombuffer(data, dtype=want, count=(end - begin) // size,
+                                 offset=begin).view(shape)
         out[name] = t if device is None else t.to(device)
     return out
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides, in elements, of a tensor of ``shape``."""
-    out = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        out[i] = out[i + 1] * max(shape[i + 1], 1)
-    return tuple(out)
 
 
 def load_metadata(path: PathLike) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from typing import Any, NamedTuple, Optional, Union
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointManager, CheckpointRecord
-from cairn._tensors import _describe, _path, flatten_state_dict, load, load_metadata, save
+from cairn._tensors import (_describe, _describe_all, _gc_paused, _path, flatten_state_dict, load,
+                            load_metadata, save)
 from cairn.errors import CorruptionError, InvalidArgumentError, NotFoundError
 
 __all__ = [
@@ -255,8 +256,10 @@ def _flat(state: Mapping[str, Any]) -> dict[str, Any]:
 
 def _readable(state: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], list[Any]]:
     """Described tensors for a save, and what keeps their memory alive."""
-    described = [_describe(name, value) for name, value in _flat(state).items()]
-    return [d[:5] for d in described], [d[5] for d in described]
+    flat = _flat(state)
+    with _gc_paused():
+        described, _, kept = _describe_all(flat)
+    return described, kept
 
 
 def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
@@ -268,12 +271,18 @@ def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
         # A numpy scalar is read-only too: a copy would take the values.
         if not value.flags.writeable:
             raise _invalid(f"tensor {name!r}: a read-only array cannot be restored into")
-    return _describe(name, value)[:5]
+    return _describe(name, value)
 
 
 def _writable(state: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """Described tensors to copy into in place (contiguous, host memory)."""
-    return [_writable_one(name, value) for name, value in _flat(state).items()]
+    """Described tensors to copy into in place (contiguous, host memory).
+
+    The caller keeps ``state`` alive while the engine writes into it.
+    """
+    flat = _flat(state)
+    with _gc_paused():
+        described, _, _ = _describe_all(flat, _writable_one)
+    return described
 
 
 def _checkpoint_arg(dest: Union[Checkpoint, PathLike]) -> _cairn.Checkpoint:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import cairn
+import cairn._tensors
 
 TORCH_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                 torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -39,11 +40,35 @@ def bits(t: torch.Tensor) -> bytes:
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+@pytest.fixture(params=["cpp", "python"])
+def torch_code(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test through both ways torch tensors are described and made.
+
+    "cpp": cairn._cairn_torch (built where the interpreter's torch runs on a
+    LibTorch with headers, Debian's python3-torch); "python": the pure-Python
+    path every other torch takes.
+    """
+    if request.param == "python":
+        monkeypatch.setattr(cairn._tensors, "_helpers", None)
+    elif cairn._tensors._torch_helpers() is None:
+        pytest.skip("cairn._cairn_torch is not built for this torch")
+    return request.param
+
+
+def test_the_cpp_torch_helpers_are_built_for_debians_torch() -> None:
+    if not torch.__file__.startswith("/usr/lib/python3/dist-packages/"):
+        pytest.skip(f"torch {torch.__version__} is not Debian's python3-torch")
+    helpers = cairn._tensors._torch_helpers()
+    assert helpers is not None, "cairn._cairn_torch was not built for Debian's torch"
+    assert torch.__version__.startswith(helpers.torch_version)
+
+
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(), (0,), (0, 3), (7,), (3, 5, 2)], ids=str)
 @pytest.mark.parametrize("mmap", [True, False], ids=["mapped", "copied"])
 def test_torch_tensors_round_trip_bit_for_bit(tmp_path: pathlib.Path, dtype: torch.dtype,
-                                              shape: tuple[int, ...], mmap: bool) -> None:
+                                              shape: tuple[int, ...], mmap: bool,
+                                              torch_code: str) -> None:
     t = torch_values(dtype, shape, seed=len(shape))
     cairn.save({"t": t}, tmp_path / "s.safetensors")
     got = cairn.load(tmp_path / "s.safetensors", mmap=mmap)["t"]
@@ -87,7 +112,7 @@ def test_nested_dicts_are_flattened_with_dots_and_metadata_comes_back(
     assert cairn.flatten_state_dict({"a": {"b": {"c": 1}}}) == {"a.b.c": 1}
 
 
-def test_ten_thousand_tensors_round_trip(tmp_path: pathlib.Path) -> None:
+def test_ten_thousand_tensors_round_trip(tmp_path: pathlib.Path, torch_code: str) -> None:
     state = {f"layer{i}.w": torch.full((i % 7 + 1,), float(i)) for i in range(10_000)}
     cairn.save(state, tmp_path / "s.safetensors")
     got = cairn.load(tmp_path / "s.safetensors", mmap=False)
@@ -97,7 +122,7 @@ def test_ten_thousand_tensors_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_mapped_load_views_the_file_and_writes_stay_in_the_process(
-        tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path, torch_code: str) -> None:
     path = tmp_path / "s.safetensors"
     cairn.save({"w": torch.arange(6, dtype=torch.float32)}, path)
     before = path.read_bytes()
@@ -157,6 +182,77 @@ def common_reference() -> dict[str, object]:
     }
 
 
+def test_tensors_at_offsets_their_dtype_cannot_be_read_at_are_copied(
+        tmp_path: pathlib.Path, torch_code: str) -> None:
+    # Another writer may place a tensor at any byte offset: a float32 at
+    # offset 1, after a one-byte tensor. Such a tensor comes back as a copy;
+    # the aligned ones view the data.
+    import json
+    import struct
+
+    values = np.arange(5, dtype=np.float32)
+    header = {"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+              "b": {"dtype": "F32", "shape": [5], "data_offsets": [1, 21]},
+              "c": {"dtype": "U8", "shape": [3], "data_offsets": [21, 24]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "foreign.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\x07" + values.tobytes()
+                     + b"\x01\x02\x03")
+    for mmap in (True, False):
+        got = cairn.load(path, mmap=mmap)
+        assert got["a"].tolist() == [7] and got["c"].tolist() == [1, 2, 3]
+        assert got["b"].dtype == torch.float32 and got["b"].tolist() == values.tolist()
+
+
+@pytest.mark.parametrize("mmap", [True, False], ids=["mapped", "copied"])
+def test_loaded_tensors_go_through_torch_save_pickle_and_deepcopy(
+        tmp_path: pathlib.Path, mmap: bool, torch_code: str) -> None:
+    # Tensors of several dtypes from one file: torch.save refuses tensors
+    # that view one storage as different types, and would write all of a
+    # shared storage for any one tensor; each loaded tensor has its own.
+    import copy
+    import io
+    import pickle
+
+    state = {"w": torch_values(torch.float32, (64, 64), 1),
+             "b": torch_values(torch.bfloat16, (64,), 2),
+             "step": torch.tensor(7), "mask": torch_values(torch.bool, (5,), 3)}
+    cairn.save(state, tmp_path / "s.safetensors")
+    got = cairn.load(tmp_path / "s.safetensors", mmap=mmap)
+    buffer = io.BytesIO()
+    torch.save(got, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer)
+    for name, t in state.items():
+        assert again[name].dtype == t.dtype and bits(again[name]) == bits(t)
+        assert bits(pickle.loads(pickle.dumps(got[name]))) == bits(t)
+        assert bits(copy.deepcopy(got[name])) == bits(t)
+    one = io.BytesIO()
+    torch.save(got["step"], one)
+    assert len(one.getvalue()) < 4096  # its 8 bytes, not the file's 16 KiB
+
+
+def test_a_load_or_save_leaves_the_garbage_collector_as_it_found_it(
+        tmp_path: pathlib.Path, torch_code: str) -> None:
+    import gc
+
+    path = tmp_path / "s.safetensors"
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            cairn.save({"w": torch.ones(3)}, path)
+            assert cairn.load(path)["w"].sum().item() == 3.0
+            with pytest.raises(cairn.InvalidArgumentError):
+                cairn.save({"w": "text"}, path)
+            with pytest.raises(cairn.NotFoundError):
+                cairn.load(tmp_path / "missing.safetensors")
+            assert gc.isenabled() == enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_python_and_cpp_write_byte_identical_files_and_read_each_others(
         tmp_path: pathlib.Path) -> None:
     tool = interop_tool()
@@ -211,7 +307,7 @@ def test_other_python_threads_run_while_a_save_is_in_progress(tmp_path: pathlib.
 # ---- bad input: a clear cairn error, nothing lost ---------------------------------------
 
 def test_bad_values_are_invalid_argument_errors_naming_the_tensor(
-        tmp_path: pathlib.Path) -> None:
+        tmp_path: pathlib.Path, torch_code: str) -> None:
     path = tmp_path / "s.safetensors"
     cairn.save({"kept": torch.ones(3)}, path)
     before = path.read_bytes()

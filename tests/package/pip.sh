@@ -81,6 +81,14 @@ for f in dist.files or []:
 missing = sorted(w for w in wanted if f"cairn/{w}" not in recorded)
 assert not missing, f"not in the wheel: {missing}"
 assert any(n.startswith("cairn/_cairn.") and n.endswith(".so") for n in recorded), "no extension"
+# Over Debian's python3-torch (with libtorch-dev) the wheel carries the C++
+# torch helpers too, and cairn uses them.
+if torch.__file__.startswith("/usr/lib/python3/dist-packages/"):
+    import cairn._tensors  # noqa: E402
+
+    helpers = cairn._tensors._torch_helpers()
+    assert helpers is not None and pathlib.Path(helpers.__file__).resolve().parent == where, \
+        "cairn._cairn_torch is not installed for Debian's torch"
 print(f"{len(recorded)} files installed, RECORD's sha256 verified")
 import cairn.torch  # noqa: E402  (a module of the package beside __init__)
 
