@@ -254,12 +254,12 @@ def _flat(state: Mapping[str, Any]) -> dict[str, Any]:
     return flatten_state_dict(state)
 
 
-def _readable(state: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], list[Any]]:
-    """Described tensors for a save, and what keeps their memory alive."""
+def _readable(state: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], str, list[Any]]:
+    """Described tensors for a save, the file's format ("pt" or "np"), and
+    what keeps their memory alive."""
     flat = _flat(state)
     with _gc_paused():
-        described, _, kept = _describe_all(flat)
-    return described, kept
+        return _describe_all(flat)
 
 
 def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
@@ -380,7 +380,7 @@ class StateCheckpointManager:
                 it), a ``best_metric`` that is not a number, before any write.
             cairn.Error: the write failed; nothing committed earlier is lost.
         """
-        tensors, keep = _readable(state)
+        tensors, _, keep = _readable(state)
         r = self._impl.save(tensors, None if metadata is None else dict(metadata), step,
                             None if metrics is None else dict(metrics), force)
         del keep
@@ -396,7 +396,7 @@ class StateCheckpointManager:
         surface on the handle, or on the next save, :meth:`wait` or
         :meth:`close`.
         """
-        tensors, keep = _readable(state)
+        tensors, _, keep = _readable(state)
         h = self._impl.save_async(tensors, None if metadata is None else dict(metadata), step,
                                   None if metrics is None else dict(metrics), force)
         del keep
@@ -518,9 +518,8 @@ class AsyncSaver:
             cairn.Error: an earlier save's error not yet seen, or bad arguments
                 (naming the tensor), before any snapshot.
         """
-        tensors, keep = _readable(state)
-        kinds = {type(t).__module__.split(".")[0] for t in keep}
-        strings = {"format": "pt" if "torch" in kinds or not kinds else "np"}
+        tensors, fmt, keep = _readable(state)
+        strings = {"format": fmt}
         meta = None if metadata is None else dict(metadata)
         mets = None if metrics is None else dict(metrics)
         if isinstance(dest, CheckpointManager):
@@ -601,7 +600,7 @@ def save_sharded(dest: Union[Checkpoint, PathLike], rank: int,
         cairn.AlreadyExistsError: ``dest`` is committed.
     """
     flat, specs = _split_shards(state)
-    tensors, keep = _readable(flat)
+    tensors, _, keep = _readable(flat)
     report = _cairn.save_rank_shards(tensors, specs, _checkpoint_arg(dest), rank)
     del keep
     return report

@@ -95,6 +95,16 @@ def test_numpy_arrays_round_trip_bit_for_bit(tmp_path: pathlib.Path, dtype: type
         assert got[name].tobytes() == a.tobytes()
 
 
+def test_a_file_says_pt_when_it_holds_a_torch_tensor_and_np_otherwise(
+        tmp_path: pathlib.Path, torch_code: str) -> None:
+    cases = [({"t": torch.ones(2)}, "pt"), ({"a": np.ones(2)}, "np"),
+             ({"a": np.ones(2), "t": torch.ones(2)}, "pt"), ({}, "pt")]
+    for state, fmt in cases:
+        cairn.save(state, tmp_path / "s.safetensors")
+        header = cairn._cairn.read_tensor_header(str(tmp_path / "s.safetensors"))
+        assert header[2].get("format") == fmt, sorted(state)
+
+
 def test_nested_dicts_are_flattened_with_dots_and_metadata_comes_back(
         tmp_path: pathlib.Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))

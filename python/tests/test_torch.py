@@ -283,6 +283,11 @@ def test_async_save_snapshots_so_the_caller_may_change_tensors_at_once(
         assert h2.wait() is None
         assert h2.checkpoint.is_committed()
         assert (cairn.load(tmp_path / "mine" / "state.safetensors")["w"] == -1.0).all()
+        # The files say which framework wrote them, as Hugging Face's do.
+        saver.save({"a": a}, tmp_path / "numpy").wait()
+        for folder, fmt in (("mine", "pt"), ("numpy", "np")):
+            header = cairn._cairn.read_tensor_header(str(tmp_path / folder / "state.safetensors"))
+            assert header[2].get("format") == fmt, folder
 
 
 def test_repeated_async_saves_of_the_same_tensors_save_their_values_of_the_moment(
