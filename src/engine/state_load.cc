@@ -538,7 +538,6 @@ LoadReport load_local(const std::filesystem::path& path, StateDict& state,
 struct MappedState::Impl {
   std::string source;
   SafetensorsHeader header;
-  std::map<std::string, size_t, std::less<>> index;
   std::span<const std::byte> bytes;
   void* map = nullptr;
   size_t map_size = 0;
@@ -548,8 +547,10 @@ struct MappedState::Impl {
     if (map) ::munmap(map, map_size);  // ignore-error: nothing to do if unmapping fails
   }
   void init() {
-    header = parse_file_header(bytes, source);
-    for (size_t i = 0; i < header.tensors.size(); ++i) index.emplace(header.tensors[i].name, i);
+    header = parse_file_header(bytes, source);  // indexed by name (header.find)
+  }
+  TensorView view(const TensorInfo& t) const {
+    return {t.dtype, t.shape, bytes.subspan(header.data_start() + t.begin, t.nbytes())};
   }
 };
 
@@ -640,23 +641,24 @@ const SafetensorsHeader& MappedState::header() const { return impl_->header; }
 const std::string& MappedState::source() const { return impl_->source; }
 
 std::vector<std::string> MappedState::names() const {
+  const SafetensorsHeader& h = impl_->header;
   std::vector<std::string> out;
-  for (const auto& [k, v] : impl_->index) out.push_back(k);
+  out.reserve(h.tensors.size());
+  for (size_t i : h.by_name) out.push_back(h.tensors[i].name);
   return out;
 }
 
 bool MappedState::contains(std::string_view name) const {
-  return impl_->index.find(name) != impl_->index.end();
+  return impl_->header.find(name) != nullptr;
 }
 
 TensorView MappedState::tensor(std::string_view name) const {
-  auto it = impl_->index.find(name);
-  if (it == impl_->index.end()) {
+  const TensorInfo* t = impl_->header.find(name);
+  if (t == nullptr) {
     throw Error(ErrorCode::kNotFound,
                 fmt::format("{}: no tensor \"{}\" in the file", impl_->source, name));
   }
-  const TensorInfo& t = impl_->header.tensors[it->second];
-  return {t.dtype, t.shape, impl_->bytes.subspan(impl_->header.data_start() + t.begin, t.nbytes())};
+  return impl_->view(*t);
 }
 
 nlohmann::json MappedState::metadata() const {
@@ -667,7 +669,7 @@ StateDict MappedState::state_dict() const {
   StateDict out;
   auto owner = std::const_pointer_cast<Impl>(impl_);
   for (const auto& t : impl_->header.tensors) {
-    auto v = tensor(t.name);
+    const TensorView v = impl_->view(t);
     out.add_shared(t.name, t.dtype, t.shape,
                    {const_cast<std::byte*>(v.bytes.data()), v.bytes.size()}, owner, false);
   }
