@@ -113,6 +113,11 @@ class PyAsyncSaver {
     held_.emplace_back(h, std::move(m));
     return h;
   }
+  void reserve(const StateDict& state, unsigned buffers, bool background) {
+    py::gil_scoped_release release;
+    saver_.reserve(state, buffers,
+                   background ? AsyncSaver::Reserve::kBackground : AsyncSaver::Reserve::kNow);
+  }
   void wait_all() {
     py::gil_scoped_release release;
     saver_.wait_all();
@@ -218,6 +223,15 @@ void bind_state_manager(py::module_& m) {
           },
           py::arg("tensors"), py::arg("metadata"), py::arg("step"), py::arg("metrics"),
           py::arg("force"))
+      .def(
+          "reserve",
+          [](PyStateManager& m, const py::list& tensors, py::handle metadata) {
+            const StateDict state = state_from(tensors, metadata, /*writable=*/false);
+            StateCheckpointManager& manager = m.get();
+            py::gil_scoped_release release;
+            manager.reserve(state);
+          },
+          py::arg("tensors"), py::arg("metadata"))
       .def("wait",
            [](PyStateManager& m) {
              StateCheckpointManager& manager = m.get();
@@ -298,6 +312,17 @@ void bind_async_saver(py::module_& m) {
           },
           py::arg("tensors"), py::arg("metadata"), py::arg("string_metadata"), py::arg("manager"),
           py::arg("metrics"))
+      .def(
+          "reserve",
+          [](PyAsyncSaver& s, const py::list& tensors, py::handle metadata,
+             const std::map<std::string, std::string>& string_metadata, unsigned buffers,
+             bool background) {
+            StateDict state = state_from(tensors, metadata, /*writable=*/false);
+            state.string_metadata = string_metadata;
+            s.reserve(state, buffers, background);
+          },
+          py::arg("tensors"), py::arg("metadata"), py::arg("string_metadata"), py::arg("buffers"),
+          py::arg("background"))
       .def("wait_all", &PyAsyncSaver::wait_all)
       .def("close", &PyAsyncSaver::close)
       .def("stats", [](const PyAsyncSaver& s) {
@@ -307,6 +332,7 @@ void bind_async_saver(py::module_& m) {
         d["skipped"] = st.skipped;
         d["waits"] = st.waits;
         d["staging_bytes"] = st.staging_bytes;
+        d["staging_allocations"] = st.staging_allocations;
         d["last_stall_seconds"] = st.last_stall_seconds;
         d["max_stall_seconds"] = st.max_stall_seconds;
         return d;

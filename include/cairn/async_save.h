@@ -235,12 +235,23 @@ class AsyncSaver {
   // failing to populate the pages). Counted in stats().staging_allocations. Pages are written with
   // MADV_POPULATE_WRITE where the kernel has it, else by writing zeros, on
   // snapshot_threads threads.
-  void reserve(uint64_t bytes, unsigned buffers = 1);
+  //
+  // With Reserve::kBackground the call returns once its arguments are
+  // checked, and the buffers are allocated and touched on a thread of the
+  // saver's own, off the caller's (a training loop that knows its state at
+  // start-up reserves without waiting, and its first save stalls for a copy
+  // only). The next call to this saver (save(), reserve(), wait_all(),
+  // close()) first waits for that work to end — a save issued sooner stalls
+  // for what is left of it — and throws its error, if any (once, naming
+  // the background reservation; the call itself then does not run).
+  enum class Reserve { kNow, kBackground };
+  void reserve(uint64_t bytes, unsigned buffers = 1, Reserve how = Reserve::kNow);
   // reserve() for the file image of `state` (its header and tensors).
-  void reserve(const StateDict& state, unsigned buffers = 1);
+  void reserve(const StateDict& state, unsigned buffers = 1, Reserve how = Reserve::kNow);
   // reserve() for a save_sharded() of `parts` (every rank file's image).
   // kInvalidArgument for bad specs, as save_sharded().
-  void reserve(const std::vector<ShardedPart>& parts, unsigned buffers = 1);
+  void reserve(const std::vector<ShardedPart>& parts, unsigned buffers = 1,
+               Reserve how = Reserve::kNow);
 
   // Waits for every pending save; throws the first error not yet seen.
   void wait_all();

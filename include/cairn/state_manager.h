@@ -98,6 +98,16 @@ class StateCheckpointManager {
                                        std::optional<uint64_t> step = std::nullopt,
                                        const nlohmann::json& metrics = nlohmann::json::object(),
                                        bool force = false);
+  // Readies save_async() for states like `state` (its tensors' names,
+  // dtypes and shapes and its metadata; not their values) without waiting:
+  // the staging is allocated and touched on the saver's own thread
+  // (AsyncSaver::reserve with Reserve::kBackground), so that the first
+  // save_async() stalls for a copy of the state rather than for the first
+  // touch of fresh memory (several times longer). A save_async() issued
+  // before that work ends waits for the rest of it; the next save_async()
+  // or wait() throws its error. Throws kInvalidArgument for metadata that
+  // is not an object, as save_async().
+  void reserve(const StateDict& state);
   // Waits for async saves; throws an error not yet seen.
   void wait();
 

@@ -402,6 +402,23 @@ class StateCheckpointManager:
         del keep
         return None if h is None else SaveHandle(h)
 
+    def reserve(self, state: Mapping[str, Any], *,
+                metadata: Optional[Mapping[str, Any]] = None) -> None:
+        """Readies :meth:`save_async` for states like ``state``, without waiting.
+
+        Only the tensors' names, dtypes and shapes (and ``metadata``) matter,
+        not their values. The staging memory a save copies into is allocated
+        and touched on the saver's own thread, so that the first
+        :meth:`save_async` stalls for a copy of the state rather than for the
+        first touch of fresh memory, several times longer. Call it once the
+        state exists (after building the model and optimizer); a
+        :meth:`save_async` issued before that work ends waits for the rest.
+        The next :meth:`save_async` or :meth:`wait` raises what failed.
+        """
+        tensors, _, keep = _readable(state)
+        self._impl.reserve(tensors, None if metadata is None else dict(metadata))
+        del keep
+
     def wait(self) -> None:
         """Waits for async saves (GIL released); raises an error not yet seen."""
         self._impl.wait()
@@ -528,6 +545,24 @@ class AsyncSaver:
             h = self._impl.save(tensors, meta, strings, _checkpoint_arg(dest), mets)
         del keep
         return SaveHandle(h)
+
+    def reserve(self, state: Mapping[str, Any], *, metadata: Optional[Mapping[str, Any]] = None,
+                buffers: int = 1, background: bool = True) -> None:
+        """Allocates and touches the staging for saves of states like ``state``.
+
+        Only the tensors' names, dtypes and shapes (and ``metadata``) matter.
+        The first :meth:`save` then stalls for a copy of the state, not for
+        the first touch of fresh memory (several times longer). With
+        ``background`` (the default) the work runs on the saver's own thread
+        and this returns at once; the next call to the saver waits for it
+        (a save issued sooner stalls for the rest) and raises what failed.
+        ``buffers``: how many saves' staging (at most ``max_in_flight``, or
+        ``max_staging_buffers`` with ``when_busy="extra_buffer"``).
+        """
+        tensors, fmt, keep = _readable(state)
+        self._impl.reserve(tensors, None if metadata is None else dict(metadata),
+                           {"format": fmt}, buffers, background)
+        del keep
 
     def wait_all(self) -> None:
         """Waits for every pending save (GIL released); raises the first error not yet seen."""

@@ -290,6 +290,30 @@ def test_async_save_snapshots_so_the_caller_may_change_tensors_at_once(
             assert header[2].get("format") == fmt, folder
 
 
+def test_reserving_ahead_readies_the_first_async_save(tmp_path: pathlib.Path) -> None:
+    w = torch.arange(1 << 18, dtype=torch.float32)
+    with ct.AsyncSaver() as saver:
+        saver.reserve({"w": w})  # in the background: returns at once
+        saver.save({"w": w}, tmp_path / "a").wait()
+        # The save waited for the reservation and allocated nothing itself.
+        assert saver.stats()["staging_allocations"] == 1
+        assert torch.equal(cairn.load(tmp_path / "a" / "state.safetensors")["w"], w)
+        saver.reserve({"w": torch.zeros(1 << 20)}, background=False)
+        assert saver.stats()["staging_allocations"] == 2
+        with pytest.raises(cairn.InvalidArgumentError):
+            saver.reserve({"w": w}, buffers=2)  # one save in flight: one buffer
+    manager = ct.StateCheckpointManager(tmp_path / "run")
+    manager.reserve({"w": w}, metadata={"epoch": 1})
+    for step in (1, 2):
+        h = manager.save_async(step, {"w": w * step}, metadata={"epoch": step})
+        assert h is not None
+        h.wait()
+    into = {"w": torch.zeros_like(w)}
+    assert manager.restore(into) == 2
+    assert torch.equal(into["w"], w * 2)
+    manager.close()
+
+
 def test_repeated_async_saves_of_the_same_tensors_save_their_values_of_the_moment(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -174,6 +174,10 @@ struct AsyncSaver::Impl {
 
   AsyncSaveOptions options;
   std::mutex call_mu;  // serializes the public calls
+  // A reserve(..., kBackground) at work, and its error for the next call;
+  // call_mu guards both (every public call joins it first: settle_locked()).
+  std::thread reserver;
+  std::exception_ptr reserve_error;
   // Of the last save, one per file image (a training loop saves the same
   // tensors again and again); call_mu guards them.
   std::vector<format::SavePlan> plans;
@@ -419,7 +423,15 @@ struct AsyncSaver::Impl {
 
   // The first check of every save: not closed, and no unseen error. Call
   // with call_mu.
+  // Waits for a background reservation; throws its error once. Call first
+  // under call_mu: while it runs, it owns the slots that no save holds.
+  void settle_locked() {
+    if (reserver.joinable()) reserver.join();
+    if (reserve_error) std::rethrow_exception(std::exchange(reserve_error, nullptr));
+  }
+
   void check_open_locked() {
+    settle_locked();
     std::lock_guard<std::mutex> g(mu);
     if (closed) throw Error(ErrorCode::kFailedPrecondition, "AsyncSaver is closed");
     surface_unseen_locked();
@@ -614,19 +626,34 @@ struct AsyncSaver::Impl {
   }
 
   // `device`: pin the buffers for it too (a state with device tensors).
-  void reserve(uint64_t bytes, unsigned buffers, const std::shared_ptr<const Device>& device = {}) {
+  void reserve(uint64_t bytes, unsigned buffers, const std::shared_ptr<const Device>& device,
+               Reserve how) {
     std::lock_guard<std::mutex> call(call_mu);
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (closed) throw Error(ErrorCode::kFailedPrecondition, "AsyncSaver is closed");
-      surface_unseen_locked();
-    }
+    check_open_locked();
     if (buffers == 0 || buffers > slots.size()) {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("AsyncSaver::reserve: {} buffers asked for; this saver holds 1 to {}",
                               buffers, slots.size()));
     }
     if (bytes == 0) return;
+    if (how == Reserve::kNow) return fill_slots(bytes, buffers, device);
+    reserver = std::thread([this, bytes, buffers, device] {
+      const std::string what =
+          fmt::format("AsyncSaver::reserve in the background ({} bytes)", bytes);
+      try {
+        fill_slots(bytes, buffers, device);
+      } catch (const Error& e) {
+        reserve_error = std::make_exception_ptr(with_context(e, what));
+      } catch (const std::exception& e) {
+        reserve_error =
+            std::make_exception_ptr(Error(ErrorCode::kIO, fmt::format("{}: {}", what, e.what())));
+      }
+    });
+  }
+
+  // Makes the first `buffers` slots hold at least `bytes`, touched. Call
+  // holding call_mu, or on the reserver thread (which call_mu's holders join).
+  void fill_slots(uint64_t bytes, unsigned buffers, const std::shared_ptr<const Device>& device) {
     for (size_t i = 0; i < buffers; ++i) {
       {
         // Only a too small buffer still holding a pending save is waited for.
@@ -652,6 +679,7 @@ struct AsyncSaver::Impl {
   }
 
   void stop() {
+    if (reserver.joinable()) reserver.join();  // its error, if any, unseen: the memory is moot
     {
       std::lock_guard<std::mutex> g(mu);
       stopping = true;
@@ -706,13 +734,15 @@ SaveHandle AsyncSaver::save_sharded(const std::vector<ShardedPart>& parts,
   return impl_->save_sharded(parts, std::nullopt, &manager, std::move(metrics));
 }
 
-void AsyncSaver::reserve(uint64_t bytes, unsigned buffers) { impl_->reserve(bytes, buffers); }
-
-void AsyncSaver::reserve(const StateDict& state, unsigned buffers) {
-  impl_->reserve(layout_state(state).parsed.file_size(), buffers, format::first_device(state));
+void AsyncSaver::reserve(uint64_t bytes, unsigned buffers, Reserve how) {
+  impl_->reserve(bytes, buffers, nullptr, how);
 }
 
-void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers) {
+void AsyncSaver::reserve(const StateDict& state, unsigned buffers, Reserve how) {
+  impl_->reserve(layout_state(state).parsed.file_size(), buffers, format::first_device(state), how);
+}
+
+void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers, Reserve how) {
   std::vector<uint64_t> sizes;
   for (const StateDict& s : Impl::sharded_request(parts).states) {
     sizes.push_back(layout_state(s).parsed.file_size());
@@ -721,11 +751,12 @@ void AsyncSaver::reserve(const std::vector<ShardedPart>& parts, unsigned buffers
   for (const ShardedPart& p : parts) {
     if (!device) device = format::first_device(p.state);
   }
-  impl_->reserve(Impl::staging_size(sizes), buffers, device);
+  impl_->reserve(Impl::staging_size(sizes), buffers, device, how);
 }
 
 void AsyncSaver::wait_all() {
   std::lock_guard<std::mutex> call(impl_->call_mu);
+  impl_->settle_locked();
   impl_->wait_idle();
   std::lock_guard<std::mutex> g(impl_->mu);
   impl_->surface_unseen_locked();
@@ -733,6 +764,7 @@ void AsyncSaver::wait_all() {
 
 void AsyncSaver::close() {
   std::lock_guard<std::mutex> call(impl_->call_mu);
+  impl_->settle_locked();
   impl_->wait_idle();
   impl_->stop();
   std::lock_guard<std::mutex> g(impl_->mu);

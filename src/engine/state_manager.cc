@@ -4,6 +4,8 @@
 // and crash clean-up are CheckpointManager's (reserve_next/commit_reserved).
 #include "cairn/state_manager.h"
 
+#include <limits>
+
 #include <fmt/format.h>
 
 #include "cairn/commit.h"
@@ -159,6 +161,14 @@ std::optional<SaveHandle> StateCheckpointManager::save_async(const StateDict& st
   // counts from the last step taken.
   if (!h.skipped()) impl_->last_step = *s;
   return h;
+}
+
+void StateCheckpointManager::reserve(const StateDict& state) {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  // The largest step makes the largest header: every later image fits.
+  StateDict sized = Impl::with_step(state, std::numeric_limits<uint64_t>::max());
+  if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>(impl_->options.async);
+  impl_->saver->reserve(sized, 1, AsyncSaver::Reserve::kBackground);
 }
 
 void StateCheckpointManager::wait() {

@@ -441,6 +441,26 @@ TEST_F(AsyncSaveTest, WhenBusySkipReturnsASkippedHandleAndReservesNothing) {
   EXPECT_EQ(saver.stats().saves, 2u);
 }
 
+TEST_F(AsyncSaveTest, StateManagerReserveReadiesSaveAsyncForEveryStep) {
+  StateCheckpointOptions o;
+  o.manager = quiet();
+  StateCheckpointManager mgr("memory://async/sm", o);
+  StateDict bad = state();
+  bad.metadata = nlohmann::json::array();
+  EXPECT_THROW(mgr.reserve(bad), Error);
+  mgr.reserve(state());  // sized for the largest step's header
+  for (uint64_t step : {uint64_t{1}, uint64_t{1} << 62}) {
+    auto h = mgr.save_async(state(), step);
+    ASSERT_TRUE(h);
+    h->wait();
+  }
+  std::vector<float> out(1000, 0.0f);
+  StateDict into;
+  into.add_mutable<float>("w", {10, 100}, out);
+  EXPECT_EQ(mgr.restore(into).step, uint64_t{1} << 62);
+  EXPECT_EQ(out, w);
+}
+
 TEST_F(AsyncSaveTest, StateManagerSkipDoesNotCountAsTheLastStep) {
   Gate gate;
   hold_state_writes(gate);
@@ -485,6 +505,49 @@ TEST_F(AsyncSaveTest, ReserveAllocatesAheadSoTheFirstSaveAllocatesNothing) {
   EXPECT_THROW(saver.reserve(4000, 0), Error);
   saver.close();
   EXPECT_THROW(saver.reserve(4000), Error);
+}
+
+TEST_F(AsyncSaveTest, ReserveInTheBackgroundIsWhatTheFirstSaveUses) {
+  constexpr auto kBackground = AsyncSaver::Reserve::kBackground;
+  AsyncSaver saver;
+  saver.reserve(state(), 1, kBackground);
+  // The save first waits for the reservation: it allocates nothing itself.
+  saver.save(state(), Checkpoint::from_directory("memory://async/a")).wait();
+  EXPECT_EQ(saver.stats().staging_allocations, 1u);
+  EXPECT_EQ(load(Checkpoint::from_directory("memory://async/a")), w);
+  // The arguments are checked before the call returns.
+  EXPECT_THROW(saver.reserve(4000, 2, kBackground), Error);
+  EXPECT_THROW(saver.reserve(4000, 0, kBackground), Error);
+  // wait_all() and close() wait for a reservation at work; so does the
+  // destructor.
+  saver.reserve(uint64_t{5} << 20, 1, kBackground);
+  saver.wait_all();
+  EXPECT_EQ(saver.stats().staging_allocations, 2u);
+  EXPECT_GE(saver.stats().staging_bytes, uint64_t{5} << 20);
+  saver.reserve(uint64_t{9} << 20, 1, kBackground);
+  saver.close();
+  EXPECT_EQ(saver.stats().staging_allocations, 3u);
+  AsyncSaver other;
+  other.reserve(uint64_t{5} << 20, 1, kBackground);
+}
+
+TEST_F(AsyncSaveTest, AReservationThatFailsInTheBackgroundIsThrownByTheNextCallOnce) {
+  AsyncSaver saver;
+  // No machine maps an exbibyte: the allocation fails on the saver's thread.
+  saver.reserve(uint64_t{1} << 60, 1, AsyncSaver::Reserve::kBackground);
+  try {
+    (void)saver.save(state(), Checkpoint::from_directory("memory://async/a"));
+    FAIL() << "the failed reservation was not thrown";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in the background"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(Checkpoint::from_directory("memory://async/a").is_committed());
+  // Once: the next save runs, on staging of its own.
+  saver.save(state(), Checkpoint::from_directory("memory://async/b")).wait();
+  EXPECT_EQ(load(Checkpoint::from_directory("memory://async/b")), w);
+  saver.reserve(uint64_t{1} << 60, 1, AsyncSaver::Reserve::kBackground);
+  EXPECT_THROW(saver.wait_all(), Error);
+  saver.close();
 }
 
 TEST_F(AsyncSaveTest, ReserveCoversTheExtraBuffers) {
