@@ -86,6 +86,7 @@ std::map<std::string, std::string> string_metadata(const SafetensorsHeader& head
 // with CPython's own calls: a file may hold 100,000 tensors, and this is
 // the binding's whole per-tensor cost on the C++ side.
 py::list describe(const SafetensorsHeader& header) {
+  const GcPause pause;
   std::map<DType, py::str> dtype_names;
   py::list tensors(header.tensors.size());
   for (size_t i = 0; i < header.tensors.size(); ++i) {

@@ -34,6 +34,27 @@ std::string path_arg(pybind11::handle h);
 // naming the tensor for an unknown dtype or a size that does not match.
 StateDict state_from(const pybind11::list& tensors, pybind11::handle metadata, bool writable);
 
+// Python's cyclic garbage collector off while this lives, and as it was
+// after: for code that makes many tracked objects (the tuples describing
+// 100,000 tensors), none of them cyclic garbage, which would otherwise run
+// collections over every object alive. Hold the GIL; never across I/O.
+class GcPause {
+ public:
+#if PY_VERSION_HEX >= 0x030A0000
+  GcPause() : was_enabled_(PyGC_Disable() != 0) {}
+  ~GcPause() {
+    if (was_enabled_) PyGC_Enable();
+  }
+#else
+  GcPause() = default;  // no C API for it before Python 3.10: a pause of nothing
+#endif
+  GcPause(const GcPause&) = delete;
+  GcPause& operator=(const GcPause&) = delete;
+
+ private:
+  [[maybe_unused]] bool was_enabled_ = false;
+};
+
 // cairn.CheckpointManager's core (_cairn.cc), shared with the async saves
 // of _state.cc. close() releases the experiment's lock when it is called,
 // not when Python's collector gets to the object; an async save still

@@ -300,12 +300,17 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
     """
     if framework not in ("pt", "np"):
         raise InvalidArgumentError(f"framework {framework!r}: 'pt' or 'np'", "invalid_argument")
+    # The read runs with the GIL released and the collector as it is (the
+    # description's tuples are made with it paused, in C++); making the
+    # tensors pauses it here.
+    described, data, _, _ = _cairn.load_tensors(_path(path), bool(mmap))
     with _gc_paused():
-        return _load(path, device, bool(mmap), framework)
+        return _make_tensors(path, described, data, device, framework)
 
 
-def _load(path: PathLike, device: Any, mmap: bool, framework: str) -> dict[str, Any]:
-    described, data, _, _ = _cairn.load_tensors(_path(path), mmap)
+def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
+                  framework: str) -> dict[str, Any]:
+    """The tensors of ``described`` over ``data``, as :func:`load` returns them."""
     import numpy as np
 
     raw = np.frombuffer(data, dtype=np.uint8)
