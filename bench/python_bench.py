@@ -223,8 +223,12 @@ def tiny_tensors(count: int, runs: int, folder: str, cairn_bench: str) -> dict[s
         layouts[tag] = {f"{tag}.{i:07d}": torch.full((s,), float(i % 97)) for i, s in
                         enumerate(sizes)}
     rounds = Rounds()
-    for _ in range(runs):
-        for tag, state in layouts.items():
+    for r in range(runs):
+        # Alternate which layout goes first: the first large allocation
+        # after others were freed can cost more here (fresh memory,
+        # PERF-NOTES), and it must not always fall on the same side.
+        for tag, state in (list(layouts.items()) if r % 2 == 0 else
+                           list(reversed(layouts.items()))):
             cairn_round(state, os.path.join(folder, f"{tag}.safetensors"), rounds, tag)
             os.remove(os.path.join(folder, f"{tag}.safetensors"))
     out = os.path.join(folder, "count.json")
