@@ -60,7 +60,7 @@ struct StateCheckpointOptions {
   std::string best_mode = "max";  // "max" or "min"
   SaveOptions write = {};
   AsyncSaveOptions async = {};  // for save_async()
-  ManagerOptions manager = {};  // clock and warnings (injected for tests)
+  ManagerOptions manager = {};  // clock, warnings (injected for tests), background_delete
 };
 
 // What restore() found.
@@ -108,7 +108,8 @@ class StateCheckpointManager {
   // or wait() throws its error. Throws kInvalidArgument for metadata that
   // is not an object, as save_async().
   void reserve(const StateDict& state);
-  // Waits for async saves; throws an error not yet seen.
+  // Waits for async saves, and (with options.manager.background_delete) for
+  // the deletion of what retention removed; throws an error not yet seen.
   void wait();
 
   // The newest committed checkpoint.

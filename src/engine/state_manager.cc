@@ -174,6 +174,9 @@ void StateCheckpointManager::reserve(const StateDict& state) {
 void StateCheckpointManager::wait() {
   std::lock_guard<std::mutex> g(impl_->mu);
   impl_->wait_async();
+  // With ManagerOptions::background_delete, what retention removed is gone
+  // too once this returns, as after a save with deletion in it.
+  impl_->base->wait_for_deletes();
 }
 
 std::optional<CheckpointRecord> StateCheckpointManager::latest() const {

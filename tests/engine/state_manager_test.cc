@@ -2,6 +2,10 @@
 // the foundation's CheckpointManager.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string_view>
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "cairn/error.h"
@@ -82,6 +86,30 @@ TEST_F(StateManagerTest, MaxToKeepDeletesTheOldest) {
   EXPECT_EQ(indices(m.checkpoints()), (std::vector<uint64_t>{3, 4}));
   EXPECT_FALSE(open_storage(uri)->exists("checkpoint_000000/state.safetensors"));
   EXPECT_EQ(m.latest()->index, 4u);
+}
+
+TEST_F(StateManagerTest, WithBackgroundDeletionWaitReturnsOnceTheRemovedDataIsGone) {
+  auto o = opts();
+  o.max_to_keep = 2;
+  o.manager.background_delete = true;
+  // The deleter's removal of the last save's victim is slow: wait() must
+  // outlast it, where it used to return at once with the file still there.
+  set_memory_faults(
+      "sm",
+      {.capacity = std::nullopt, .before = [](std::string_view op, std::string_view key) {
+         if (op == "remove" && key.find("checkpoint_000002/state.") != std::string_view::npos) {
+           std::this_thread::sleep_for(std::chrono::milliseconds(300));
+         }
+       }});
+  StateCheckpointManager m(uri, o);
+  for (uint64_t s = 0; s < 5; ++s) m.save(state(), s);
+  m.wait();
+  set_memory_faults("sm", {});
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(open_storage(uri)->exists(fmt::format("checkpoint_{:06d}/state.safetensors", i)))
+        << i;
+  }
+  EXPECT_EQ(indices(m.checkpoints()), (std::vector<uint64_t>{3, 4}));
 }
 
 TEST_F(StateManagerTest, CheckpointIntervalSkipsSavesUntilEnoughStepsPassed) {
