@@ -255,7 +255,8 @@ class AsyncSaver {
 
   // Waits for every pending save; throws the first error not yet seen.
   void wait_all();
-  // wait_all(), then stops the background thread. Later saves are
+  // wait_all(), then stops the background thread (also when a background
+  // reservation failed: its error is thrown once stopped). Later saves are
   // kFailedPrecondition.
   void close();
 

@@ -421,8 +421,6 @@ struct AsyncSaver::Impl {
     }
   }
 
-  // The first check of every save: not closed, and no unseen error. Call
-  // with call_mu.
   // Waits for a background reservation; throws its error once. Call first
   // under call_mu: while it runs, it owns the slots that no save holds.
   void settle_locked() {
@@ -430,6 +428,8 @@ struct AsyncSaver::Impl {
     if (reserve_error) std::rethrow_exception(std::exchange(reserve_error, nullptr));
   }
 
+  // The first check of every save: no reservation at work, not closed, and
+  // no unseen error. Call with call_mu.
   void check_open_locked() {
     settle_locked();
     std::lock_guard<std::mutex> g(mu);
@@ -764,11 +764,20 @@ void AsyncSaver::wait_all() {
 
 void AsyncSaver::close() {
   std::lock_guard<std::mutex> call(impl_->call_mu);
-  impl_->settle_locked();
+  // A failed background reservation does not keep the saver open.
+  std::exception_ptr reservation;
+  try {
+    impl_->settle_locked();
+  } catch (...) {
+    reservation = std::current_exception();
+  }
   impl_->wait_idle();
   impl_->stop();
-  std::lock_guard<std::mutex> g(impl_->mu);
-  impl_->surface_unseen_locked();
+  {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    impl_->surface_unseen_locked();
+  }
+  if (reservation) std::rethrow_exception(reservation);
 }
 
 AsyncSaver::Stats AsyncSaver::stats() const {

@@ -547,6 +547,10 @@ TEST_F(AsyncSaveTest, AReservationThatFailsInTheBackgroundIsThrownByTheNextCallO
   EXPECT_EQ(load(Checkpoint::from_directory("memory://async/b")), w);
   saver.reserve(uint64_t{1} << 60, 1, AsyncSaver::Reserve::kBackground);
   EXPECT_THROW(saver.wait_all(), Error);
+  // close() throws it too, and closes all the same.
+  saver.reserve(uint64_t{1} << 60, 1, AsyncSaver::Reserve::kBackground);
+  EXPECT_THROW(saver.close(), Error);
+  EXPECT_THROW(saver.reserve(4000), Error);  // closed
   saver.close();
 }
 
