@@ -142,6 +142,9 @@ struct StorageCapabilities {
   // which appends result rows to its CSV log in place (a log whose tail a
   // crash may cut, rewritten whole when an append fails).
   std::optional<std::filesystem::path> local_root;
+  // Whether rename() moves an object without copying its bytes (file
+  // systems, memory); object stores cannot.
+  bool renames = false;
 };
 
 class Storage {
@@ -176,6 +179,15 @@ class Storage {
   // backend allows (S3: DeleteObjects, 1,000 keys a request). On failure some
   // of the keys may be gone and the others not.
   virtual void remove_many(const std::vector<std::string>& keys);
+
+  // Moves the object `from` to `to` (replacing an object there), making the
+  // folders `to` needs, where capabilities().renames; elsewhere throws
+  // kFailedPrecondition and changes nothing. Atomic but not durable by
+  // itself: after a crash the object lies under one name or the other.
+  // kNotFound if `from` does not exist. The manager's retention uses it to
+  // take a retired checkpoint's files out of the experiment at once and free
+  // their space later (manager.h, ManagerOptions::background_delete).
+  virtual void rename(std::string_view from, std::string_view to);
 
   // Takes an exclusive lock on `key` or throws kLocked naming it.
   virtual std::unique_ptr<Lock> try_lock(std::string_view key) = 0;

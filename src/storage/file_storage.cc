@@ -380,6 +380,21 @@ class FileStorage final : public Storage {
     prune_empty_dirs(p.parent_path(), prune_limit_);
   }
 
+  void rename(std::string_view from, std::string_view to) override {
+    const fs::path src = path_of(from);
+    const fs::path dst = path_of(to);
+    struct stat st;
+    if (::lstat(src.c_str(), &st) != 0) throw errno_error(errno, "rename", uri_of(from));
+    if (!(S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) || is_temp_name(src.filename().string())) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  fmt::format("{}: not an object, cannot rename it", uri_of(from)));
+    }
+    make_dirs_durable(dst.parent_path());
+    if (::rename(src.c_str(), dst.c_str()) != 0) {
+      throw errno_error(errno, fmt::format("rename to {}", uri_of(to)), uri_of(from));
+    }
+  }
+
   std::unique_ptr<Lock> try_lock(std::string_view key) override {
     fs::path p = path_of(key);
     make_dirs_durable(p.parent_path());
@@ -459,6 +474,7 @@ class FileStorage final : public Storage {
   StorageCapabilities capabilities() const override {
     StorageCapabilities caps;
     caps.local_root = root_;
+    caps.renames = true;
     return caps;
   }
 

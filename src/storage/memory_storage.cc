@@ -271,6 +271,29 @@ class MemoryStorage final : public Storage {
     bucket_->objects.erase(it);
   }
 
+  void rename(std::string_view from, std::string_view to) override {
+    const std::string f = full(from);
+    const std::string t = full(to);
+    bucket_->before("rename", f);
+    std::lock_guard<std::mutex> g(bucket_->mu);
+    auto it = bucket_->objects.find(f);
+    if (it == bucket_->objects.end()) {
+      throw Error(ErrorCode::kNotFound, fmt::format("{}: no such object to rename", uri_of(from)));
+    }
+    if (f == t) return;
+    Object moved = std::move(it->second);
+    bucket_->objects.erase(it);
+    auto [at, fresh] = bucket_->objects.try_emplace(t);
+    if (!fresh) bucket_->used -= std::min<uint64_t>(bucket_->used, at->second.data->size());
+    at->second = std::move(moved);
+  }
+
+  StorageCapabilities capabilities() const override {
+    StorageCapabilities caps;
+    caps.renames = true;
+    return caps;
+  }
+
   std::unique_ptr<Lock> try_lock(std::string_view key) override {
     std::string k = full(key);
     bucket_->before("lock", k);

@@ -84,6 +84,11 @@ void Writer::write_direct(uint64_t, std::span<const std::byte>, size_t) {
   throw Error(ErrorCode::kFailedPrecondition, "this storage has no direct I/O path");
 }
 
+void Storage::rename(std::string_view from, std::string_view) {
+  throw Error(ErrorCode::kFailedPrecondition,
+              fmt::format("{}: this storage cannot rename objects", uri_of(from)));
+}
+
 void Storage::remove_many(const std::vector<std::string>& keys) {
   for (const std::string& k : keys) remove(k);
 }

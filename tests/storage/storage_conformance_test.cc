@@ -206,6 +206,34 @@ TEST_P(StorageConformance, RemovingAnEmptyFolderNeverTouchesObjects) {
   for (const char* k : {"a/1", "a/b/2", "ab/3"}) EXPECT_EQ(s->get(k), k);
 }
 
+TEST_P(StorageConformance, RenameMovesAnObjectAtOnceWhereTheBackendCanAndNowhereElse) {
+  s->put("a/1", "one");
+  s->put("t/x/1", "old");
+  if (!s->capabilities().renames) {
+    // An object store would have to copy the bytes: refused, nothing changed.
+    EXPECT_EQ(code_of([&] { s->rename("a/1", "t/x/1"); }), ErrorCode::kFailedPrecondition);
+    EXPECT_EQ(s->get("a/1"), "one");
+    EXPECT_EQ(s->get("t/x/1"), "old");
+    return;
+  }
+  s->rename("a/1", "t/x/1");  // replaces
+  EXPECT_FALSE(s->exists("a/1"));
+  EXPECT_EQ(s->get("t/x/1"), "one");
+  s->put("b/2", "two");
+  s->rename("b/2", "deep/er/folder/2");  // makes the folders it needs
+  EXPECT_EQ(s->get("deep/er/folder/2"), "two");
+  EXPECT_EQ(s->list("b").size(), 0u);
+  EXPECT_EQ(code_of([&] { s->rename("missing", "t/y"); }), ErrorCode::kNotFound);
+  EXPECT_FALSE(s->exists("t/y"));
+  EXPECT_EQ(code_of([&] { s->rename("../outside", "t/z"); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { s->rename("t/x/1", "../outside"); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->get("t/x/1"), "one");
+  // Within a child, keys stay relative to it.
+  auto c = s->child("deep");
+  c->rename("er/folder/2", "moved");
+  EXPECT_EQ(s->get("deep/moved"), "two");
+}
+
 TEST_P(StorageConformance, LocalPathsOnlyWhereTheBackendHasThem) {
   s->put("f", "x");
   EXPECT_EQ(s->local_path("f").has_value(), GetParam().has_local_paths);
