@@ -55,13 +55,14 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
   direct_options.write.io = IoPath::kAuto;
   StateCheckpointOptions buffered_options = direct_options;
   buffered_options.write.io = IoPath::kBuffered;
-  // The same direct saves with the previous checkpoint's data deleted in the
-  // background (ManagerOptions::background_delete), waited for untimed.
-  StateCheckpointOptions background_options = direct_options;
-  background_options.manager.background_delete = true;
+  // The default frees the previous checkpoint's space on the manager's
+  // deleter thread (ManagerOptions::background_delete), waited for untimed
+  // after each save; the same direct saves deleting inside the save, too.
+  StateCheckpointOptions inline_options = direct_options;
+  inline_options.manager.background_delete = false;
   StateCheckpointManager direct_mgr((dir / "direct").string(), direct_options);
   StateCheckpointManager buffered_mgr((dir / "buffered").string(), buffered_options);
-  StateCheckpointManager background_mgr((dir / "background").string(), background_options);
+  StateCheckpointManager inline_mgr((dir / "inline").string(), inline_options);
 
   std::map<std::string, std::vector<double>> seconds;  // name -> per round
   std::string cache_drop;
@@ -99,21 +100,21 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
     std::optional<CheckpointRecord> direct_record;
     auto save_direct = [&] {
       timed("cairn.manager_save", [&] { direct_record = direct_mgr.save(state, round); });
+      direct_mgr.wait();
     };
-    auto save_background = [&] {
-      timed("cairn.manager_save_background_delete", [&] { background_mgr.save(state, round); });
-      background_mgr.base().wait_for_deletes();
+    auto save_inline = [&] {
+      timed("cairn.manager_save_inline_delete", [&] { inline_mgr.save(state, round); });
     };
     const bool swap = round % 2 == 1;
     const double first = fio_write_direct();
-    swap ? save_background() : save_direct();
+    swap ? save_inline() : save_direct();
     const double middle = fio_write_direct();
-    swap ? save_direct() : save_background();
+    swap ? save_direct() : save_inline();
     const double last = fio_write_direct();
     seconds["fio.write_direct.around_manager_save"].push_back(swap ? (middle + last) / 2
                                                                    : (first + middle) / 2);
-    seconds["fio.write_direct.around_background_delete"].push_back(swap ? (first + middle) / 2
-                                                                        : (middle + last) / 2);
+    seconds["fio.write_direct.around_inline_delete"].push_back(swap ? (first + middle) / 2
+                                                                    : (middle + last) / 2);
 
     // Buffered: fio, then Cairn, each right after the last direct write.
     fs::remove(dir / "fio.buffered");
@@ -124,6 +125,7 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
         "write"));
     fs::remove(dir / "fio.buffered");
     timed("cairn.manager_save_buffered", [&] { buffered_mgr.save(state, round); });
+    buffered_mgr.wait();
     seconds["fio.write_direct.before_buffered"].push_back(last);
 
     cold(fio_file);
@@ -173,7 +175,7 @@ nlohmann::json run_disk_rounds(const Options& opts, const std::vector<TensorSpec
   }
   out["ratios"] = {
       ratio("cairn.manager_save", "fio.write_direct.around_manager_save"),
-      ratio("cairn.manager_save_background_delete", "fio.write_direct.around_background_delete"),
+      ratio("cairn.manager_save_inline_delete", "fio.write_direct.around_inline_delete"),
       ratio("cairn.manager_save_buffered", "fio.write_direct.before_buffered"),
       ratio("cairn.manager_save", "fio.write_buffered"),
       ratio("cairn.cold_load", "fio.read_direct"),

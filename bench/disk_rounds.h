@@ -1,10 +1,12 @@
 // Disk rounds (cairn_bench --disk-rounds). Every round: three fio
 // sequential writes with O_DIRECT (libaio, 8 in flight, end fsync), each
 // replacing the older of two fio files while the other is kept, with a
-// StateCheckpointManager save (automatic path, max_to_keep=1, the previous
-// checkpoint kept until the new one commits) between the first two and a
-// save of a second manager with background deletion between the last two
-// (the two swap places every other round); each save is judged against the
+// StateCheckpointManager save in the default configuration (automatic path,
+// max_to_keep=1, the previous checkpoint kept until the new one commits, its
+// space freed in the background and waited for untimed) between the first
+// two and a save of a second manager that deletes inside the save
+// (background_delete=false) between the last two (the two swap places every
+// other round); each save is judged against the
 // mean of the fio writes around it. Then fio writes buffered and a third
 // manager saves with IoPath::kBuffered; fio reads its file cold with O_DIRECT
 // and buffered, and Cairn loads the checkpoint cold (automatic and buffered)

@@ -121,21 +121,28 @@ struct ManagerOptions {
   std::function<std::vector<std::string>(const std::vector<std::string>& doomed,
                                          const std::vector<std::string>& kept)>
       before_delete;
-  // Deletes the data of the checkpoints retention removes on a background
-  // thread (as Orbax's enable_background_delete). A save then returns once
-  // its checkpoint is committed and the removed ones are uncommitted (their
-  // manifests deleted, their records written out of the history), without
-  // waiting for their files to go, which costs about 0.3 s for 2 GiB on a
-  // file system with online discard. wait_for_deletes() and the destructor
-  // wait for the pending deletions (the experiment's lock is held until
-  // then); a failed deletion is a warning (given to `warn` on the deleter's
-  // thread), and what a crash leaves is an uncommitted folder that the next
-  // open removes. The next save (reserve_next, register_checkpoint) first
-  // waits for the deletions queued before it, so the disk never holds more
-  // than with deletion in the save; the deletion overlaps whatever the
-  // program does between saves. (An AsyncSaver reserves in the save() call,
-  // so an async save issued while a deletion is pending waits for it there.)
-  bool background_delete = false;
+  // Frees the space of the checkpoints retention removes on a background
+  // thread (as Orbax's enable_background_delete), so that a save does not
+  // wait for it: unlinking 2 GiB costs about 0.3 s on a file system with
+  // online discard. A retired checkpoint still leaves the experiment inside
+  // the save: its manifest is deleted (uncommitted), then, where the storage
+  // renames (file systems, memory), each of its files is moved into the
+  // experiment's trash folder (`.cairn.trash/<name>/`, a rename each,
+  // whatever the size) and its folder removed, so that listings and
+  // `exists()` no longer see it when the save returns; on an object store
+  // its objects stay in its folder, uncommitted, until the deleter removes
+  // them. The deleter then frees them in order. wait_for_deletes() and the
+  // destructor wait for the pending deletions (the experiment's lock is held
+  // until then); the next save (reserve_next, register_checkpoint) first
+  // waits for those queued before it, so the disk never holds more than with
+  // deletion in the save, and the deletion overlaps whatever the program does
+  // between saves. A failed deletion is a warning (given to `warn` on the
+  // deleter's thread); what a crash leaves (the trash, an uncommitted
+  // folder) the next open removes. The leftovers an open finds go the same
+  // way. False: every deletion completes inside the call that retires it.
+  // (An AsyncSaver reserves in the save() call, so an async save issued
+  // while a deletion is pending waits for it there.)
+  bool background_delete = true;
 };
 
 // A name for index `index`, and the index of a name (nullopt if not one).
@@ -186,8 +193,9 @@ class CheckpointManager {
   // was written there and forgets it. Its index is not reused.
   void abandon_reserved(const Checkpoint& reserved);
 
-  // With ManagerOptions::background_delete: blocks until the data of every
-  // checkpoint retention has removed so far is deleted. Nothing otherwise.
+  // Blocks until the data of every checkpoint retention (or the open's
+  // repair) has removed so far is deleted and its space freed
+  // (ManagerOptions::background_delete; nothing to wait for without it).
   void wait_for_deletes();
 
   std::optional<CheckpointRecord> latest() const;
@@ -222,6 +230,12 @@ class CheckpointManager {
   // open does not trust the history. Throws (deleting nothing) when neither
   // is possible.
   void announce_deletion(const std::vector<uint64_t>& doomed);
+  // Removes the data of the uncommitted checkpoint folder `name`: here, or
+  // with background deletion moved into the trash (where the storage
+  // renames) and freed by the deleter (ManagerOptions::background_delete).
+  void dispose(const std::string& name);
+  // Queues an uncommitted folder for the deleter's thread.
+  void release(const Checkpoint& uncommitted);
   // Fills `r`'s size and file count from its manifest (a record an older
   // Cairn wrote); false when the manifest cannot be read.
   bool recount(CheckpointRecord& r) const;

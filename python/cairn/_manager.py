@@ -69,8 +69,17 @@ class CheckpointManager:
         checkpoint is not visible. Metrics must be JSON values (TypeError
         otherwise); a score attribute that is not a number is
         InvalidArgumentError, before anything is written.
+
+        The checkpoints retention retires are gone from the experiment when
+        this returns (on local disks their files wait in its ``.cairn.trash``
+        folder); their space is freed on a background thread, which the next
+        save, :meth:`wait_for_deletes` and :meth:`close` wait for.
         """
         return CheckpointRecord(self._impl.register_checkpoint(metrics, checkpoint._impl))
+
+    def wait_for_deletes(self) -> None:
+        """Blocks, without the GIL, until the space of every retired checkpoint is freed."""
+        self._impl.wait_for_deletes()
 
     def latest(self) -> Optional[CheckpointRecord]:
         """The most recent committed checkpoint, or None."""
@@ -95,7 +104,10 @@ class CheckpointManager:
         return self._impl.closed
 
     def close(self) -> None:
-        """Releases the experiment's lock; later calls raise FailedPreconditionError."""
+        """Frees what retention retired, then releases the experiment's lock.
+
+        Later calls raise FailedPreconditionError.
+        """
         self._impl.close()
 
     def __enter__(self) -> "CheckpointManager":

@@ -97,6 +97,24 @@ def test_manager_keeps_the_best_k_and_a_new_process_sees_the_history(
             assert stored == (state_dir / "model.bin").read_bytes()
 
 
+def test_a_retired_checkpoint_is_gone_when_the_save_returns_and_its_space_once_waited_for(
+    state_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    exp = tmp_path / "exp"
+    ckpt = cairn.Checkpoint.from_directory(state_dir)
+    with cairn.CheckpointManager(tmp_path, "exp", cairn.CheckpointConfig(num_to_keep=1)) as m:
+        for _ in range(3):
+            m.register_checkpoint({}, ckpt)
+            folders = sorted(n for n in os.listdir(exp) if n.startswith("checkpoint_0"))
+            assert folders == [m.latest().name]
+        m.wait_for_deletes()
+        assert not (exp / ".cairn.trash").exists()
+    assert sorted(n for n in os.listdir(exp) if not n.startswith("checkpoint_manager")) == [
+        ".cairn.lock",
+        "checkpoint_000002",
+    ]
+
+
 def test_a_damaged_file_fails_verification_naming_it(
     state_dir: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:

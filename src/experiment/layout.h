@@ -28,6 +28,7 @@ namespace cairn::experiment {
 inline constexpr std::string_view kLockKey = manager_layout::kLockKey;
 inline constexpr std::string_view kManagerHistoryKey = manager_layout::kHistoryKey;
 inline constexpr std::string_view kManagerLogPrefix = manager_layout::kHistoryLogPrefix;
+inline constexpr std::string_view kTrashPrefix = manager_layout::kTrashPrefix;
 
 inline constexpr std::string_view kTrainerStateKey = "trainer_state.json";
 inline constexpr std::string_view kTunerStateKey = "tuner_state.json";

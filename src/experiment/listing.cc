@@ -82,6 +82,7 @@ std::vector<std::string> find_experiments(std::string_view uri) {
   for (const auto& name : top) {
     if (name.back() != '/' || is_marker(name)) continue;
     const std::string folder = name.substr(0, name.size() - 1);
+    if (folder == experiment::kTrashPrefix) continue;  // the root experiment's
     const std::vector<std::string> inner = storage->list_names(folder);
     if (std::any_of(inner.begin(), inner.end(), is_marker)) found.push_back(folder);
   }
@@ -121,7 +122,16 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
       if (!dry_run) storage->discard_incomplete(id);
       report.removed.push_back(storage->uri_of(id));
     }
-    for (const auto& [index, cp] : scan.uncommitted) {
+    std::vector<std::string> leftovers;
+    for (const auto& [index, cp] : scan.uncommitted) leftovers.push_back(cp);
+    // What a manager's deleter had not freed when its writer stopped.
+    for (const auto& folder : storage->list_names(experiment::kTrashPrefix)) {
+      if (folder.back() == '/') {
+        leftovers.push_back(fmt::format("{}/{}", experiment::kTrashPrefix,
+                                        std::string_view(folder).substr(0, folder.size() - 1)));
+      }
+    }
+    for (const auto& cp : leftovers) {
       Checkpoint leftover(storage->child(cp));
       if (dry_run) {
         for (const auto& o : leftover.storage().list(""))

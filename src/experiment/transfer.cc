@@ -560,6 +560,11 @@ ExperimentScan scan_experiment(Storage& src) {
       }
     }
     if (o.key == experiment::kLockKey) continue;
+    // Retired checkpoints' files waiting to be freed: not the experiment's.
+    if (slash != std::string::npos &&
+        std::string_view(o.key).substr(0, slash) == experiment::kTrashPrefix) {
+      continue;
+    }
     if (o.key == kHistoryKey) {
       scan.has_history = true;
       continue;

@@ -60,6 +60,7 @@ namespace {
 
 constexpr std::string_view kLockKey = manager_layout::kLockKey;
 constexpr std::string_view kStateKey = history::kSnapshotKey;
+constexpr std::string_view kTrashPrefix = manager_layout::kTrashPrefix;
 
 double system_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -285,10 +286,19 @@ void CheckpointManager::open() {
     log::info(fmt::format("removing incomplete write {}", storage_->uri_of(id)));
     storage_->discard_incomplete(id);
   }
+  // What the deleter had not freed when the last writer stopped (listed
+  // before the leftovers below join it).
+  if (storage_->capabilities().renames) {
+    for (const std::string& folder : storage_->list_names(kTrashPrefix)) {
+      if (folder.back() != '/') continue;  // the deleter's folders only
+      const std::string name = folder.substr(0, folder.size() - 1);
+      release(Checkpoint(storage_->child(fmt::format("{}/{}", kTrashPrefix, name))));
+    }
+  }
   for (const auto& [index, name] : scan.uncommitted) {
     log::info(fmt::format("removing leftover of an interrupted save or deletion: {}",
                           storage_->uri_of(name)));
-    remove_uncommitted(Checkpoint(storage_->child(name)));
+    dispose(name);
   }
   for (const auto& [index, entry] : stored.records) {
     if (!scan.committed.count(index)) {
@@ -469,21 +479,48 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });
-    if (options_.background_delete) {
-      // Uncommitted now (the manifest goes first, as delete_checkpoint does
-      // it); the data goes on the deleter's thread.
-      it->checkpoint.storage().remove(kManifestKey);
-      if (!deleter_) {
-        deleter_ = std::make_unique<Deleter>([this](const std::string& m) { warn(m); });
-      }
-      deleter_->push(it->checkpoint);
-    } else {
-      delete_checkpoint(it->checkpoint);
-    }
+    // Uncommitted first: the manifest goes, durably, before any data.
+    it->checkpoint.storage().remove(kManifestKey);
+    dispose(it->name);
     records_.erase(it);
     deleting_.erase(index);
     removed.push_back(index);
   }
+}
+
+void CheckpointManager::dispose(const std::string& name) {
+  Checkpoint folder(storage_->child(name));
+  if (!options_.background_delete) {
+    remove_uncommitted(folder);
+    return;
+  }
+  if (!storage_->capabilities().renames) {
+    release(folder);
+    return;
+  }
+  // Out of the experiment at once, one rename per file, whatever their size;
+  // their space is freed on the deleter's thread. A crash in between leaves
+  // files in either folder, both of which the next open empties.
+  Checkpoint trash(storage_->child(fmt::format("{}/{}", kTrashPrefix, name)));
+  try {
+    for (const auto& o : folder.storage().list("")) {
+      storage_->rename(fmt::format("{}/{}", name, o.key),
+                       fmt::format("{}/{}/{}", kTrashPrefix, name, o.key));
+    }
+    remove_uncommitted(folder);  // what no rename moves: incomplete writes, empty folders
+  } catch (const Error& e) {
+    // ignore-error: uncommitted already; the deleter removes what is left
+    // where it lies.
+    warn(fmt::format("{}: moving it to {} failed, deleting it in place: {}", folder.uri(),
+                     storage_->uri_of(kTrashPrefix), e.what()));
+    release(folder);
+  }
+  release(trash);
+}
+
+void CheckpointManager::release(const Checkpoint& uncommitted) {
+  if (!deleter_) deleter_ = std::make_unique<Deleter>([this](const std::string& m) { warn(m); });
+  deleter_->push(uncommitted);
 }
 
 void CheckpointManager::announce_deletion(const std::vector<uint64_t>& doomed) {

@@ -16,6 +16,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
+#include "cairn/transfer.h"
 #include "manager/history.h"
 #include "storage/backends.h"
 #include "support/errors.h"
@@ -181,24 +182,116 @@ TEST_F(ManagerTest, BackgroundDeletesUncommitAtOnceAndDeleteTheDataAfterTheSaveR
   {
     CheckpointManager m(uri, c, o);
     m.register_checkpoint({}, source("s", "x"));
-    // Returns although the deletion of checkpoint 0's data is held.
+    // Returns although the deletion of checkpoint 0's data is held: the
+    // checkpoint has left the experiment, its data waits in the trash.
     m.register_checkpoint({}, source("s", "y"));
     auto s = open_storage(uri);
     EXPECT_FALSE(Checkpoint(s->child("checkpoint_000000")).is_committed());
-    EXPECT_TRUE(s->exists("checkpoint_000000/model.bin"));
+    EXPECT_TRUE(s->list("checkpoint_000000").empty());
+    EXPECT_EQ(s->get(".cairn.trash/checkpoint_000000/model.bin"), "x");
     EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1}));
-    EXPECT_EQ(read_experiment(uri).checkpoints.size(), 1u);
+    const ExperimentListing listed = read_experiment(uri);
+    EXPECT_EQ(listed.checkpoints.size(), 1u);
+    EXPECT_TRUE(listed.uncommitted.empty());
     EXPECT_EQ(data_removals.load(), 0);
     gate.open();
     m.wait_for_deletes();
     EXPECT_EQ(data_removals.load(), 1);
-    EXPECT_TRUE(s->list("checkpoint_000000").empty());
+    EXPECT_TRUE(s->list(".cairn.trash").empty());
     // The destructor waits for deletions still queued.
     m.register_checkpoint({}, source("s", "z"));
   }
   set_memory_faults("exp", {});
   EXPECT_EQ(data_removals.load(), 2);
   EXPECT_TRUE(open_storage(uri)->list("checkpoint_000001").empty());
+  EXPECT_TRUE(open_storage(uri)->list(".cairn.trash").empty());
+  EXPECT_TRUE(warnings.empty());
+}
+
+TEST_F(ManagerTest, WithoutBackgroundDeletionTheDataIsGoneWhenTheSaveReturns) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  ManagerOptions o = quiet();
+  o.background_delete = false;
+  std::vector<std::string> removed;
+  const auto caller = std::this_thread::get_id();
+  set_memory_faults("exp",
+                    MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
+                                   if (op == "remove" && key.ends_with("model.bin")) {
+                                     EXPECT_EQ(std::this_thread::get_id(), caller) << key;
+                                     removed.emplace_back(key);
+                                   }
+                                   EXPECT_NE(op, "rename") << key;
+                                 }});
+  CheckpointManager m(uri, c, o);
+  m.register_checkpoint({}, source("s", "x"));
+  m.register_checkpoint({}, source("s", "y"));
+  EXPECT_EQ(removed, (std::vector<std::string>{"run/checkpoint_000000/model.bin"}));
+  auto s = open_storage(uri);
+  EXPECT_TRUE(s->list("checkpoint_000000").empty());
+  EXPECT_TRUE(s->list(".cairn.trash").empty());
+  set_memory_faults("exp", {});
+}
+
+TEST_F(ManagerTest, WhenTheTrashCannotTakeAFileTheDeleterRemovesItWhereItLies) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  set_memory_faults("exp",
+                    MemoryFaults{std::nullopt, [](std::string_view op, std::string_view key) {
+                                   if (op == "rename" && key.ends_with("model.bin")) {
+                                     throw Error(ErrorCode::kNoSpace,
+                                                 std::string(key) + ": injected failure");
+                                   }
+                                 }});
+  {
+    CheckpointManager m(uri, c, quiet());
+    m.register_checkpoint({}, source("s", "x"));
+    m.register_checkpoint({}, source("s", "y"));
+    EXPECT_FALSE(Checkpoint(open_storage(uri)->child("checkpoint_000000")).is_committed());
+    m.wait_for_deletes();
+    EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{1}));
+  }
+  set_memory_faults("exp", {});
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("checkpoint_000000"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("injected failure"), std::string::npos) << warnings[0];
+  auto s = open_storage(uri);
+  EXPECT_TRUE(s->list("checkpoint_000000").empty());
+  EXPECT_TRUE(s->list(".cairn.trash").empty());
+  EXPECT_EQ(s->get("checkpoint_000001/model.bin"), "y");
+}
+
+TEST_F(ManagerTest, TheTrashAStoppedWriterLeftIsEmptiedByTheNextOpenAndGcAndCopiedByNothing) {
+  CheckpointConfig c;
+  c.num_to_keep = 1;
+  {
+    CheckpointManager m(uri, c, quiet());
+    m.register_checkpoint({{"score", 1}}, source("s", "x"));
+  }
+  // What a writer killed while its deleter ran leaves behind.
+  auto s = open_storage(uri);
+  s->put(".cairn.trash/checkpoint_000007/model.bin", "stale");
+  s->put(".cairn.trash/checkpoint_000007/.cairn/metadata.json", "{}");
+  // Not an experiment of its own, and never copied.
+  EXPECT_EQ(find_experiments("memory://exp"), (std::vector<std::string>{"run"}));
+  copy_experiment(uri, "memory://exp/copy");
+  EXPECT_TRUE(open_storage("memory://exp/copy")->list(".cairn.trash").empty());
+  EXPECT_EQ(read_experiment("memory://exp/copy").checkpoints.size(), 1u);
+  // `cairn gc` empties it.
+  GcReport dry = collect_garbage(uri, /*dry_run=*/true);
+  EXPECT_EQ(dry.removed.size(), 2u);
+  EXPECT_TRUE(s->exists(".cairn.trash/checkpoint_000007/model.bin"));
+  GcReport gc = collect_garbage(uri, /*dry_run=*/false);
+  EXPECT_EQ(gc.removed.size(), 2u);
+  EXPECT_TRUE(s->list(".cairn.trash").empty());
+  // So does the next open, off the caller's thread.
+  s->put(".cairn.trash/checkpoint_000008/model.bin", "stale");
+  {
+    CheckpointManager m(uri, c, quiet());
+    m.wait_for_deletes();
+    EXPECT_TRUE(s->list(".cairn.trash").empty());
+    EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0}));
+  }
   EXPECT_TRUE(warnings.empty());
 }
 
@@ -209,17 +302,18 @@ TEST_F(ManagerTest, WithBackgroundDeletesTheNextSaveWritesOnlyAfterTheQueuedDele
   Gate gate;
   std::mutex mu;
   std::vector<std::string> events;
-  set_memory_faults("exp",
-                    MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
-                                   if (op == "remove" && key == "run/checkpoint_000000/model.bin") {
-                                     gate.wait_for(std::chrono::seconds(5));
-                                     std::lock_guard<std::mutex> g(mu);
-                                     events.push_back("removed 0");
-                                   } else if (key.starts_with("run/checkpoint_000002/")) {
-                                     std::lock_guard<std::mutex> g(mu);
-                                     events.push_back(std::string(op) + " 2");
-                                   }
-                                 }});
+  set_memory_faults(
+      "exp",
+      MemoryFaults{std::nullopt, [&](std::string_view op, std::string_view key) {
+                     if (op == "remove" && key == "run/.cairn.trash/checkpoint_000000/model.bin") {
+                       gate.wait_for(std::chrono::seconds(5));
+                       std::lock_guard<std::mutex> g(mu);
+                       events.push_back("removed 0");
+                     } else if (key.starts_with("run/checkpoint_000002/")) {
+                       std::lock_guard<std::mutex> g(mu);
+                       events.push_back(std::string(op) + " 2");
+                     }
+                   }});
   {
     CheckpointManager m(uri, c, o);
     m.register_checkpoint({}, source("s", "x"));
@@ -258,9 +352,11 @@ TEST_F(ManagerTest, AFailedBackgroundDeleteWarnsAndTheNextOpenRemovesTheLeftover
   EXPECT_NE(warnings[0].find("checkpoint_000000"), std::string::npos) << warnings[0];
   set_memory_faults("exp", {});
   auto s = open_storage(uri);
-  EXPECT_TRUE(s->exists("checkpoint_000000/model.bin"));  // an uncommitted leftover
-  CheckpointManager again(uri, c, quiet());
+  EXPECT_TRUE(s->exists(".cairn.trash/checkpoint_000000/model.bin"));  // left in the trash
   EXPECT_TRUE(s->list("checkpoint_000000").empty());
+  CheckpointManager again(uri, c, quiet());
+  again.wait_for_deletes();
+  EXPECT_TRUE(s->list(".cairn.trash").empty());
   EXPECT_EQ(indices(again.history()), (std::vector<uint64_t>{1}));
 }
 

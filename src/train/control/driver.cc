@@ -288,6 +288,9 @@ class Driver {
 
     ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s,
                       spec_.run.checkpoint_config.checkpoint_score_attribute);
+    // The group may fork: no deleter thread may be inside a storage call
+    // (holding its locks) when the children are copied from this process.
+    manager_->wait_for_deletes();
     std::unique_ptr<Group> group = start_group_(launch);
     std::optional<Checkpoint> reserved;
     Outcome out;
