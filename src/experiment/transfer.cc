@@ -550,21 +550,15 @@ ExperimentScan scan_experiment(Storage& src) {
     const size_t slash = o.key.find('/');
     if (slash != std::string::npos) {
       std::string_view first = std::string_view(o.key).substr(0, slash);
+      if (first == experiment::kTrashPrefix) continue;  // retired files, not the experiment's
       if (auto index = parse_checkpoint_name(first)) {
         folders.emplace(*index, std::string(first));
         // An empty manifest is a torn one, never a commit (Manifest::torn).
-        if (std::string_view(o.key).substr(slash + 1) == kManifestKey && o.size > 0) {
-          with_manifest.insert(std::string(first));
-        }
+        if (o.key.substr(slash + 1) == kManifestKey && o.size > 0) with_manifest.emplace(first);
         continue;
       }
     }
     if (o.key == experiment::kLockKey) continue;
-    // Retired checkpoints' files waiting to be freed: not the experiment's.
-    if (slash != std::string::npos &&
-        std::string_view(o.key).substr(0, slash) == experiment::kTrashPrefix) {
-      continue;
-    }
     if (o.key == kHistoryKey) {
       scan.has_history = true;
       continue;

@@ -166,12 +166,15 @@ CheckpointManager::CheckpointManager(std::string_view experiment_uri, Checkpoint
                                      ManagerOptions options)
     : config_(std::move(config)), options_(std::move(options)) {
   config_.validate();
+  deleter_ = std::make_unique<Deleter>([this](const std::string& m) { warn(m); });
   storage_ = open_storage(experiment_uri);
   lock_ = storage_->try_lock(kLockKey);
   open();
 }
 
 // Deletes uncommitted checkpoints' data on a thread of its own, in order.
+// Made with the manager, so that every thread may call wait_idle(); its
+// thread starts with the first deletion (a keep-all manager never has one).
 struct CheckpointManager::Deleter {
   std::mutex mu;
   std::condition_variable cv;
@@ -179,23 +182,22 @@ struct CheckpointManager::Deleter {
   bool busy = false;
   bool stopping = false;
   std::function<void(const std::string&)> warn;
-  std::thread thread;
+  std::thread thread;  // guarded by mu until the destructor
 
-  explicit Deleter(std::function<void(const std::string&)> w) : warn(std::move(w)) {
-    thread = std::thread([this] { run(); });
-  }
+  explicit Deleter(std::function<void(const std::string&)> w) : warn(std::move(w)) {}
   ~Deleter() {
     {
       std::lock_guard<std::mutex> g(mu);
       stopping = true;
     }
     cv.notify_all();
-    thread.join();  // the queue is drained first
+    if (thread.joinable()) thread.join();  // the queue is drained first
   }
   void push(Checkpoint c) {
     {
       std::lock_guard<std::mutex> g(mu);
       queue.push_back(std::move(c));
+      if (!thread.joinable()) thread = std::thread([this] { run(); });
     }
     cv.notify_all();
   }
@@ -231,9 +233,7 @@ struct CheckpointManager::Deleter {
   }
 };
 
-void CheckpointManager::wait_for_deletes() {
-  if (deleter_) deleter_->wait_idle();
-}
+void CheckpointManager::wait_for_deletes() { deleter_->wait_idle(); }
 
 CheckpointManager::~CheckpointManager() {
   deleter_.reset();  // pending deletions finish while the lock is still held
@@ -518,10 +518,7 @@ void CheckpointManager::dispose(const std::string& name) {
   release(trash);
 }
 
-void CheckpointManager::release(const Checkpoint& uncommitted) {
-  if (!deleter_) deleter_ = std::make_unique<Deleter>([this](const std::string& m) { warn(m); });
-  deleter_->push(uncommitted);
-}
+void CheckpointManager::release(const Checkpoint& uncommitted) { deleter_->push(uncommitted); }
 
 void CheckpointManager::announce_deletion(const std::vector<uint64_t>& doomed) {
   deleting_.insert(doomed.begin(), doomed.end());
