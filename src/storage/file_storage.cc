@@ -389,9 +389,20 @@ class FileStorage final : public Storage {
       throw Error(ErrorCode::kInvalidArgument,
                   fmt::format("{}: not an object, cannot rename it", uri_of(from)));
     }
-    make_dirs_durable(dst.parent_path());
-    if (::rename(src.c_str(), dst.c_str()) != 0) {
-      throw errno_error(errno, fmt::format("rename to {}", uri_of(to)), uri_of(from));
+    // A concurrent remove() may prune the target's folder between mkdir and
+    // rename (the manager's deleter empties the trash while retention fills
+    // it); make it again a bounded number of times.
+    for (int attempt = 0;; ++attempt) {
+      try {
+        make_dirs_durable(dst.parent_path());
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kNotFound && attempt < 8) continue;
+        throw;
+      }
+      if (::rename(src.c_str(), dst.c_str()) == 0) return;
+      const int err = errno;
+      if (err == ENOENT && attempt < 8 && ::lstat(src.c_str(), &st) == 0) continue;
+      throw errno_error(err, fmt::format("rename to {}", uri_of(to)), uri_of(from));
     }
   }
 
