@@ -108,8 +108,8 @@ class StateCheckpointManager {
   // or wait() throws its error. Throws kInvalidArgument for metadata that
   // is not an object, as save_async().
   void reserve(const StateDict& state);
-  // Waits for async saves, and (with options.manager.background_delete) for
-  // the deletion of what retention removed; throws an error not yet seen.
+  // Waits for async saves and for the deletion of what retention removed
+  // (ManagerOptions::background_delete); throws an error not yet seen.
   void wait();
 
   // The newest committed checkpoint.

@@ -174,8 +174,8 @@ void StateCheckpointManager::reserve(const StateDict& state) {
 void StateCheckpointManager::wait() {
   std::lock_guard<std::mutex> g(impl_->mu);
   impl_->wait_async();
-  // With ManagerOptions::background_delete, what retention removed is gone
-  // too once this returns, as after a save with deletion in it.
+  // What retention removed is gone too once this returns, its space freed
+  // (ManagerOptions::background_delete, the default, frees it later).
   impl_->base->wait_for_deletes();
 }
 

@@ -125,12 +125,7 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
     std::vector<std::string> leftovers;
     for (const auto& [index, cp] : scan.uncommitted) leftovers.push_back(cp);
     // What a manager's deleter had not freed when its writer stopped.
-    for (const auto& folder : storage->list_names(experiment::kTrashPrefix)) {
-      if (folder.back() == '/') {
-        leftovers.push_back(fmt::format("{}/{}", experiment::kTrashPrefix,
-                                        std::string_view(folder).substr(0, folder.size() - 1)));
-      }
-    }
+    for (auto& folder : trash_folders(*storage)) leftovers.push_back(std::move(folder));
     for (const auto& cp : leftovers) {
       Checkpoint leftover(storage->child(cp));
       if (dry_run) {

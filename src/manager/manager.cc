@@ -288,12 +288,8 @@ void CheckpointManager::open() {
   }
   // What the deleter had not freed when the last writer stopped (listed
   // before the leftovers below join it).
-  if (storage_->capabilities().renames) {
-    for (const std::string& folder : storage_->list_names(kTrashPrefix)) {
-      if (folder.back() != '/') continue;  // the deleter's folders only
-      const std::string name = folder.substr(0, folder.size() - 1);
-      release(Checkpoint(storage_->child(fmt::format("{}/{}", kTrashPrefix, name))));
-    }
+  for (const std::string& folder : trash_folders(*storage_)) {
+    release(Checkpoint(storage_->child(folder)));
   }
   for (const auto& [index, name] : scan.uncommitted) {
     log::info(fmt::format("removing leftover of an interrupted save or deletion: {}",
@@ -501,11 +497,10 @@ void CheckpointManager::dispose(const std::string& name) {
   // Out of the experiment at once, one rename per file, whatever their size;
   // their space is freed on the deleter's thread. A crash in between leaves
   // files in either folder, both of which the next open empties.
-  Checkpoint trash(storage_->child(fmt::format("{}/{}", kTrashPrefix, name)));
+  const std::string trash = fmt::format("{}/{}", kTrashPrefix, name);
   try {
     for (const auto& o : folder.storage().list("")) {
-      storage_->rename(fmt::format("{}/{}", name, o.key),
-                       fmt::format("{}/{}/{}", kTrashPrefix, name, o.key));
+      storage_->rename(fmt::format("{}/{}", name, o.key), fmt::format("{}/{}", trash, o.key));
     }
     remove_uncommitted(folder);  // what no rename moves: incomplete writes, empty folders
   } catch (const Error& e) {
@@ -515,7 +510,7 @@ void CheckpointManager::dispose(const std::string& name) {
                      storage_->uri_of(kTrashPrefix), e.what()));
     release(folder);
   }
-  release(trash);
+  release(Checkpoint(storage_->child(trash)));
 }
 
 void CheckpointManager::release(const Checkpoint& uncommitted) { deleter_->push(uncommitted); }

@@ -8,6 +8,7 @@
 #include "cairn/checkpoint.h"
 #include "cairn/manager.h"
 #include "checkpoint/manifest_text.h"
+#include "manager/layout.h"
 
 namespace cairn {
 
@@ -135,6 +136,17 @@ HistoryScan scan_with_history(Storage& storage, const std::function<void(const s
     auto it = records.find(index);
     if (it != records.end() && !it->second.deleting) out.scan.committed.emplace(index, folder);
     out.scan.max_index = std::max(out.scan.max_index.value_or(0), index);
+  }
+  return out;
+}
+
+std::vector<std::string> trash_folders(Storage& storage) {
+  std::vector<std::string> out;
+  if (!storage.capabilities().renames) return out;
+  for (const std::string& name : storage.list_names(manager_layout::kTrashPrefix)) {
+    if (name.back() != '/') continue;  // the deleter's folders only
+    out.push_back(fmt::format("{}/{}", manager_layout::kTrashPrefix,
+                              std::string_view(name).substr(0, name.size() - 1)));
   }
   return out;
 }

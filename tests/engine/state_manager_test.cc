@@ -109,6 +109,9 @@ TEST_F(StateManagerTest, WithBackgroundDeletionWaitReturnsOnceTheRemovedDataIsGo
     EXPECT_FALSE(open_storage(uri)->exists(fmt::format("checkpoint_{:06d}/state.safetensors", i)))
         << i;
   }
+  // The retired files left the checkpoints' folders inside the saves; what
+  // wait() waited for is their removal from the trash.
+  EXPECT_TRUE(open_storage(uri)->list(".cairn.trash").empty());
   EXPECT_EQ(indices(m.checkpoints()), (std::vector<uint64_t>{3, 4}));
 }
 
