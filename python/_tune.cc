@@ -148,6 +148,29 @@ tune::TrainableFactory factory_of(py::object cls) {
   };
 }
 
+// cairn.tune.sample_from's functions behind the C++ interface, by name: each
+// a Python callable config -> (ready, value) (cairn/tune/_space.py), called
+// on the Tuner's thread with the GIL. A Python exception is an Error naming
+// it; ParamSpace puts the key path in front.
+tune::SampleFunctions sample_functions_arg(const py::dict& functions) {
+  tune::SampleFunctions out;
+  for (const auto& [name, fn] : functions) {
+    auto ref = std::make_shared<PyRef>(py::reinterpret_borrow<py::object>(fn));
+    out[name.cast<std::string>()] = [ref](const nlohmann::json& config,
+                                          tune::Rng&) -> std::optional<nlohmann::json> {
+      py::gil_scoped_acquire gil;
+      try {
+        auto [ready, value] = ref->object(from_json(config)).cast<std::pair<bool, py::object>>();
+        if (!ready) return std::nullopt;
+        return to_json(value);
+      } catch (py::error_already_set& e) {
+        throw Error(ErrorCode::kInvalidArgument, "the function raised " + python_error_text(e));
+      }
+    };
+  }
+  return out;
+}
+
 tune::TuneConfig tune_config_arg(const py::dict& d) {
   tune::TuneConfig c;
   c.metric = d["metric"].cast<std::string>();
@@ -162,6 +185,7 @@ tune::TuneConfig tune_config_arg(const py::dict& d) {
   for (py::handle cb : d["callbacks"].cast<py::list>()) {
     c.callbacks.push_back(std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
   }
+  c.sample_functions = sample_functions_arg(d["sample_functions"].cast<py::dict>());
   return c;
 }
 
@@ -196,6 +220,8 @@ void bind_search_space(py::module_& m) {
         [](std::int64_t lo, std::int64_t hi) { return from_json(tune::randint(lo, hi)); });
   m.def("tune_quniform",
         [](double lo, double hi, double q) { return from_json(tune::quniform(lo, hi, q)); });
+  m.def("tune_sample_from",
+        [](const std::string& name) { return from_json(tune::sample_from(name)); });
 }
 
 // The schedulers: FIFO, ASHA, PBT.
@@ -304,7 +330,7 @@ void bind_tuner(py::module_& m) {
           "restore",
           [](py::handle path, py::object fn, py::object cls, bool resume_unfinished,
              bool resume_errored, bool restart_errored, py::object scheduler,
-             const py::list& callbacks) {
+             const py::list& callbacks, const py::dict& sample_functions) {
             std::string p = path_arg(path);
             Trainables t = trainables_of(std::move(fn), std::move(cls));
             tune::RestoreOptions options{.resume_unfinished = resume_unfinished,
@@ -318,13 +344,14 @@ void bind_tuner(py::module_& m) {
               code.callbacks.push_back(
                   std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
             }
+            code.sample_functions = sample_functions_arg(sample_functions);
             py::gil_scoped_release release;
             if (t.cls) return tune::Tuner::restore(p, std::move(t.cls), options, code);
             return tune::Tuner::restore(p, std::move(t.fn), options, code);
           },
           py::arg("path"), py::arg("fn"), py::arg("cls"), py::arg("resume_unfinished"),
           py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"),
-          py::arg("callbacks"));
+          py::arg("callbacks"), py::arg("sample_functions"));
 }
 
 }  // namespace

@@ -23,6 +23,8 @@
 //   randint(lo, hi)      an integer in [lo, hi) (hi exclusive, like Ray)
 //   quniform(lo, hi, q)  round(uniform(lo, hi) / q) * q, kept within [lo, hi];
 //                        at least one multiple of q must lie in [lo, hi]
+//   sample_from(name)    the value a function computes from the rest of the
+//                        trial's configuration (see SampleFunction)
 //
 // Values inside grid_search and choice are constants: a domain nested inside
 // one is refused (kInvalidArgument), as is a domain object with a field its
@@ -47,6 +49,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -60,6 +63,26 @@ namespace cairn::tune {
 // The tag that marks a domain in a search space.
 inline constexpr const char* kDomainTag = "$cairn.domain";
 
+// The random generator every sampling call draws from.
+using Rng = std::mt19937_64;
+
+// Ray's sample_from: a value computed by code from the trial's configuration.
+// The space holds only a name, {"$cairn.domain": "sample_from", "fn": name},
+// so it stays plain JSON that can be saved; the function is given beside it
+// (ParamSpace's `functions`, TuneConfig::sample_functions), and given again
+// to Tuner::restore, since code is not saved.
+//
+// A SampleFunction is called once per trial, after the grid and the random
+// domains are in place, with the configuration resolved so far (other
+// sample_from sites still hold their domain object) and the trial's Rng. It
+// returns the value, or nothing when it needs a sample_from value not
+// resolved yet: it is called again once the others have been tried. What it
+// throws fails the resolution. It runs on the thread that resolves the space
+// (the Tuner's driver), one call at a time.
+using SampleFunction =
+    std::function<std::optional<nlohmann::json>(const nlohmann::json& config, Rng& rng)>;
+using SampleFunctions = std::map<std::string, SampleFunction>;
+
 // Domain constructors. They only build the tagged object; the space that
 // holds it validates it (so errors can name the key path).
 nlohmann::json grid_search(nlohmann::json values);
@@ -68,9 +91,8 @@ nlohmann::json uniform(double lo, double hi);
 nlohmann::json loguniform(double lo, double hi);
 nlohmann::json randint(std::int64_t lo, std::int64_t hi);
 nlohmann::json quniform(double lo, double hi, double q);
-
-// The random generator every sampling call draws from.
-using Rng = std::mt19937_64;
+// `name` (not empty) is the key of its function in the SampleFunctions.
+nlohmann::json sample_from(std::string name);
 
 // Portable draws from an Rng (exposed for searchers and tests).
 // A double in [0, 1) with 53 random bits.
@@ -89,8 +111,11 @@ std::uint64_t draw_below(Rng& rng, std::uint64_t n);
 class ParamSpace {
  public:
   // Throws kInvalidArgument naming the key path for a malformed domain, or
-  // when the number of grid points does not fit in std::size_t.
-  explicit ParamSpace(nlohmann::json space);
+  // when the number of grid points does not fit in std::size_t. A
+  // sample_from whose function is not in `functions` is accepted here (a
+  // restored space whose trials were all drawn needs none) and refused by
+  // require_functions() and resolve().
+  explicit ParamSpace(nlohmann::json space, SampleFunctions functions = {});
   // ParamSpace({{"lr", uniform(0, 1)}}): a one-key space would otherwise be
   // ambiguous with copying a ParamSpace.
   explicit ParamSpace(nlohmann::json::initializer_list_t space)
@@ -102,10 +127,21 @@ class ParamSpace {
   std::vector<std::string> grid_paths() const;
   // Paths of the randomly sampled domains, in the order they are sampled.
   std::vector<std::string> random_paths() const;
+  // Paths of the sample_from domains, in the order their functions are
+  // first called.
+  std::vector<std::string> computed_paths() const;
+  // kInvalidArgument naming the key path of the first sample_from whose
+  // function was not given.
+  void require_functions() const;
 
   // The configuration at grid point `grid_index` (< grid_size(), else
   // kInvalidArgument) with every random domain sampled from `rng`, in
-  // random_paths() order. Constants and the nesting are kept.
+  // random_paths() order, then every sample_from computed (see
+  // SampleFunction), in computed_paths() order, a function that returned
+  // nothing being called again after the others. Constants and the nesting
+  // are kept. kInvalidArgument naming the key paths when a function is
+  // missing or the functions left wait for each other; a function's own
+  // exception is rethrown with the key path in front when it is an Error.
   nlohmann::json resolve(std::size_t grid_index, Rng& rng) const;
 
  private:
@@ -113,9 +149,13 @@ class ParamSpace {
     nlohmann::json::json_pointer pointer;
     nlohmann::json domain;
   };
+  void compute(nlohmann::json& config, Rng& rng) const;
+
   nlohmann::json spec_;
+  SampleFunctions functions_;
   std::vector<Site> grid_;
   std::vector<Site> random_;
+  std::vector<Site> computed_;
   std::size_t grid_size_ = 1;
 };
 
@@ -157,7 +197,8 @@ class Searcher {
 // repetition sampling the random domains anew. Trial k (0-based) is grid point
 // k % grid_size() of repetition k / grid_size(); its random domains are drawn
 // from an Rng seeded from (seed, k) alone, so the sequence depends only on the
-// space, num_samples and seed, and restoring needs no replay.
+// space, num_samples and seed (and on the sample_from functions, which are
+// as deterministic as they are written), and restoring needs no replay.
 class BasicVariantGenerator final : public Searcher {
  public:
   // num_samples >= 1; kInvalidArgument otherwise or when

@@ -184,6 +184,10 @@ struct TuneConfig {
   nlohmann::json stop = nlohmann::json::object();
   std::shared_ptr<Stopper> stopper;  // also asked, after `stop`
   std::vector<std::shared_ptr<Callback>> callbacks;
+  // The functions of the space's sample_from domains, by name (see
+  // cairn/tune.h); every one the space names must be here. Code, so given
+  // again to restore() while trials remain to be drawn.
+  SampleFunctions sample_functions;
 
   void validate() const;  // kInvalidArgument naming the field
 };
@@ -277,8 +281,10 @@ class Tuner {
   // trainable, scheduler, searcher, stopper and callbacks (which are code) are
   // given again here: a scheduler or searcher given must be of the kind saved
   // (its saved state is restored into it), and when none is given a saved
-  // FIFO scheduler or default searcher is rebuilt. kNotFound without a state
-  // at `path`; kCorruption if it is damaged.
+  // FIFO scheduler or default searcher is rebuilt. The space's sample_from
+  // functions are needed again only while the default searcher has trials
+  // left to draw (kInvalidArgument naming the key path otherwise). kNotFound
+  // without a state at `path`; kCorruption if it is damaged.
   static Tuner restore(std::string_view path, TrainFn trainable, RestoreOptions options = {},
                        TuneConfig code = {});
   static Tuner restore(std::string_view path, TrainableFactory trainable,

@@ -69,8 +69,84 @@ def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path
             assert 1e-4 <= r.config["lr"] < 1e-1 and r.config["layers"] in (1, 2, 3)
             assert r.config["act"] in ("relu", "tanh") and 0.0 <= r.config["drop"] < 0.5
     assert configs[0] == configs[1]
-    with pytest.raises(NotImplementedError, match="sample_from"):
-        tune.sample_from(lambda spec: 1)
+
+
+def _reports_config(config: dict[str, Any]) -> None:
+    tune.report({"seen": dict(config)})
+
+
+def test_sample_from_computes_each_trials_value_from_its_config(tmp_path: pathlib.Path) -> None:
+    import numpy as np
+
+    space = {
+        "x": tune.grid_search([1, 2, 3]),
+        "lr": tune.uniform(0.0, 1.0),
+        # Read before "y" is computed (keys in order): asked again after it.
+        "after_y": tune.sample_from(lambda spec: spec.config.y + 1),
+        "y": tune.sample_from(lambda spec: spec.config.x * 10 + spec["config"]["lr"]),
+        "model": {"width": tune.sample_from(lambda: np.int64(64))},
+        "dims": [tune.sample_from(lambda spec: [spec.config.x] * 2)],
+    }
+    grid = tune.Tuner(_reports_config, param_space=space,
+                      run_config=_run_config(tmp_path)).fit()
+    assert grid.num_errors == 0, grid.errors
+    assert sorted(r.config["x"] for r in grid) == [1, 2, 3]
+    for r in grid:
+        c = r.config
+        assert c["y"] == c["x"] * 10 + c["lr"] and c["after_y"] == c["y"] + 1
+        assert c["model"]["width"] == 64 and isinstance(c["model"]["width"], int)
+        assert c["dims"] == [[c["x"], c["x"]]]
+        assert r.metrics["seen"] == c  # the trainable got the computed values
+
+
+def test_sample_from_errors_name_the_key(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(cairn.InvalidArgumentError, match="a function, not a str"):
+        tune.sample_from("lr")  # type: ignore[arg-type]
+    with pytest.raises(cairn.InvalidArgumentError, match="the spec or no argument"):
+        tune.sample_from(lambda a, b: a)
+    waiting = {"p": tune.sample_from(lambda spec: spec.config.q),
+               "q": tune.sample_from(lambda spec: spec.config.p)}
+    with pytest.raises(cairn.InvalidArgumentError, match="p, q: .*wait for each other"):
+        tune.Tuner(_reports_config, param_space=waiting,
+                   run_config=RunConfig(name="cycle", storage_path=tmp_path)).fit()
+
+    def no_width(spec: Any) -> int:
+        raise KeyError("width")
+
+    with pytest.raises(cairn.InvalidArgumentError, match=r"model/w: sample_from.*KeyError"):
+        tune.Tuner(_reports_config, param_space={"model": {"w": tune.sample_from(no_width)}},
+                   run_config=RunConfig(name="raises", storage_path=tmp_path)).fit()
+    with pytest.raises(TypeError, match="SampleFrom"):  # grid values are constants
+        tune.grid_search([tune.sample_from(lambda: 1)])
+
+
+def test_restore_needs_the_sample_from_functions_only_while_trials_remain(
+    tmp_path: pathlib.Path,
+) -> None:
+    calls = []
+
+    def fails_on_third_trial(spec: Any) -> int:
+        calls.append(spec.config.x)
+        if len(calls) == 3:  # the first fit only
+            raise RuntimeError("not yet")
+        return spec.config.x * 2
+
+    space = {"x": tune.grid_search([1, 2, 3, 4]), "double": tune.sample_from(fails_on_third_trial)}
+    with pytest.raises(cairn.InvalidArgumentError, match="double: .*RuntimeError: not yet"):
+        tune.Tuner(_reports_config, param_space=space,
+                   tune_config=TuneConfig(max_concurrent_trials=1),
+                   run_config=_run_config(tmp_path)).fit()
+    path = tmp_path / "exp"
+    assert tune.Tuner.can_restore(path)
+    with pytest.raises(cairn.InvalidArgumentError, match="double"):
+        tune.Tuner.restore(path, _reports_config)  # trials remain: the function is needed
+    grid = tune.Tuner.restore(path, _reports_config, param_space=space).fit()
+    assert sorted((r.config["x"], r.config["double"]) for r in grid) == [
+        (1, 2), (2, 4), (3, 6), (4, 8)]
+    assert {r.status for r in grid} == {"TERMINATED"}
+    # Every trial created: no function is needed any more.
+    again = tune.Tuner.restore(path, _reports_config).fit()
+    assert len(again) == 4
 
 
 class Counter(tune.Trainable):

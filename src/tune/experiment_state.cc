@@ -143,8 +143,8 @@ void Experiment::open_experiment() {
   searcher_ = spec_.tune.search_alg;
   if (!searcher_) {
     searcher_ = std::make_shared<BasicVariantGenerator>(
-        ParamSpace(spec_.param_space), static_cast<std::size_t>(spec_.tune.num_samples),
-        spec_.tune.seed);
+        ParamSpace(spec_.param_space, spec_.tune.sample_functions),
+        static_cast<std::size_t>(spec_.tune.num_samples), spec_.tune.seed);
   }
   // Once here, not in every trial's runner.
   for (const auto& p : train_internal::sweep_dead_scratch_dirs()) {

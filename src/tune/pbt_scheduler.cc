@@ -49,6 +49,9 @@ void validate_mutations(const json& mutations, const json::json_pointer& pointer
         throw with_context(e, kMutations);
       }
       if (grid) bad_mutation(path, "grid_search cannot mutate a value; use choice or a list");
+      if (m[kDomainTag] == "sample_from") {
+        bad_mutation(path, "sample_from cannot mutate a value; use a domain or a list");
+      }
     } else if (m.is_array()) {
       if (m.empty()) bad_mutation(path, "a list of values must not be empty");
       for (std::size_t i = 0; i < m.size(); ++i) {

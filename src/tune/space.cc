@@ -145,6 +145,14 @@ bool validate_domain(const json& domain, const std::string& path) {
     }
     return false;
   }
+  if (kind == "sample_from") {
+    check_fields(domain, path, {"fn"});
+    const json& fn = domain["fn"];
+    if (!fn.is_string() || fn.get_ref<const std::string&>().empty()) {
+      invalid(path, "sample_from 'fn' must be a non-empty string (its function's name)");
+    }
+    return false;
+  }
   if (kind == "quniform") {
     check_fields(domain, path, {"lo", "hi", "q"});
     double lo = finite_number(domain, "lo", path);
@@ -164,6 +172,12 @@ bool validate_domain(const json& domain, const std::string& path) {
 
 json sample_domain(const json& domain, Rng& rng) {
   const std::string& kind = domain[kDomainTag].get_ref<const std::string&>();
+  if (kind == "sample_from") {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("sample_from('{}') is computed by its function within a search space; "
+                            "it cannot be drawn on its own",
+                            domain["fn"].get<std::string>()));
+  }
   if (kind == "choice") {
     const json& values = domain["values"];
     return values[static_cast<std::size_t>(draw_below(rng, values.size()))];
@@ -251,7 +265,14 @@ std::uint64_t draw_below(Rng& rng, std::uint64_t n) {
   }
 }
 
-ParamSpace::ParamSpace(json space) : spec_(std::move(space)) {
+json sample_from(std::string name) {
+  json d = tagged("sample_from");
+  d["fn"] = std::move(name);
+  return d;
+}
+
+ParamSpace::ParamSpace(json space, SampleFunctions functions)
+    : spec_(std::move(space)), functions_(std::move(functions)) {
   if (!spec_.is_object() || is_domain(spec_)) {
     invalid("", "a search space must be a JSON object of parameters");
   }
@@ -259,8 +280,9 @@ ParamSpace::ParamSpace(json space) : spec_(std::move(space)) {
   // elements in order.
   auto walk = [&](auto&& self, const json& node, const json::json_pointer& pointer) -> void {
     if (is_domain(node)) {
-      bool grid = validate_domain(node, path_of(pointer));
-      (grid ? grid_ : random_).push_back(Site{pointer, node});
+      const bool grid = validate_domain(node, path_of(pointer));
+      const bool computed = node[kDomainTag] == "sample_from";
+      (grid ? grid_ : computed ? computed_ : random_).push_back(Site{pointer, node});
       return;
     }
     if (node.is_object()) {
@@ -291,6 +313,60 @@ std::vector<std::string> ParamSpace::random_paths() const {
   return out;
 }
 
+std::vector<std::string> ParamSpace::computed_paths() const {
+  std::vector<std::string> out;
+  for (const auto& site : computed_) out.push_back(path_of(site.pointer));
+  return out;
+}
+
+void ParamSpace::require_functions() const {
+  for (const auto& site : computed_) {
+    const std::string& name = site.domain["fn"].get_ref<const std::string&>();
+    const auto it = functions_.find(name);
+    if (it == functions_.end() || !it->second) {
+      invalid(path_of(site.pointer), fmt::format("sample_from('{}'): its function was not given "
+                                                 "(a sample function of that name)",
+                                                 name));
+    }
+  }
+}
+
+// Passes over the sites still to compute until all have a value; a pass in
+// which every function left returned nothing means they wait for each other.
+void ParamSpace::compute(json& config, Rng& rng) const {
+  if (computed_.empty()) return;
+  require_functions();
+  std::vector<const Site*> left;
+  for (const auto& site : computed_) left.push_back(&site);
+  while (!left.empty()) {
+    std::vector<const Site*> next;
+    for (const Site* site : left) {
+      const SampleFunction& fn = functions_.at(site->domain["fn"].get<std::string>());
+      std::optional<json> value;
+      try {
+        value = fn(config, rng);
+      } catch (const Error& e) {
+        throw Error(e.code(),
+                    fmt::format("search space: {}: sample_from('{}'): {}", path_of(site->pointer),
+                                site->domain["fn"].get<std::string>(), e.what()));
+      }
+      if (value) {
+        config[site->pointer] = std::move(*value);
+      } else {
+        next.push_back(site);
+      }
+    }
+    if (next.size() == left.size()) {
+      std::string paths;
+      for (const Site* site : next) {
+        paths += (paths.empty() ? "" : ", ") + path_of(site->pointer);
+      }
+      invalid(paths, "these sample_from functions wait for each other's values");
+    }
+    left = std::move(next);
+  }
+}
+
 json ParamSpace::resolve(std::size_t grid_index, Rng& rng) const {
   if (grid_index >= grid_size_) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -305,6 +381,7 @@ json ParamSpace::resolve(std::size_t grid_index, Rng& rng) const {
     rest /= values.size();
   }
   for (const auto& site : random_) config[site.pointer] = sample_domain(site.domain, rng);
+  compute(config, rng);
   return config;
 }
 

@@ -220,7 +220,9 @@ void Tuner::check() {
                             scaling_.num_workers));
   }
   // Validates the space (naming the key path) before anything starts.
-  if (!tune_config_.search_alg) ParamSpace space(param_space_);
+  if (!tune_config_.search_alg) {
+    ParamSpace(param_space_, tune_config_.sample_functions).require_functions();
+  }
   check_storable_json(param_space_, "Tuner: param_space");
   check_storable_json(tune_config_.stop, "TuneConfig::stop");
 }
@@ -277,6 +279,38 @@ Tuner Tuner::restore(std::string_view path, TrainableFactory trainable, RestoreO
   }
   return restore_impl(path, nullptr, std::move(trainable), options, std::move(code));
 }
+
+namespace {
+
+// A restored default searcher that has drawn every trial calls no
+// sample_from function again: those not given are filled with one that says
+// so, should it ever be called. While trials remain, every function is
+// needed and check() names the first missing one.
+void give_spent_sample_functions(const nlohmann::json& state, const nlohmann::json& space,
+                                 TuneConfig& tc, std::string_view path) {
+  const ParamSpace parsed(space);
+  if (parsed.computed_paths().empty()) return;
+  const nlohmann::json& searcher = state.value("searcher", nlohmann::json::object());
+  const nlohmann::json& next = searcher.value("next", nlohmann::json());
+  if (!next.is_number_unsigned() || tc.num_samples < 1 ||
+      next.get<std::size_t>() < parsed.grid_size() * static_cast<std::size_t>(tc.num_samples)) {
+    return;
+  }
+  const std::string where(path);
+  for (const std::string& site : parsed.computed_paths()) {
+    const nlohmann::json& domain = space[nlohmann::json::json_pointer("/" + site)];
+    const std::string name = domain.at("fn").get<std::string>();
+    if (tc.sample_functions.count(name) != 0) continue;
+    tc.sample_functions[name] = [where, name](const nlohmann::json&,
+                                              Rng&) -> std::optional<nlohmann::json> {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          fmt::format("Tuner::restore({}): sample_from('{}') was not given again", where, name));
+    };
+  }
+}
+
+}  // namespace
 
 Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cls,
                           RestoreOptions options, TuneConfig code) {
@@ -342,6 +376,7 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
                             "into it)",
                             path, sched));
   }
+  if (!tc.search_alg) give_spent_sample_functions(s, space, tc, path);
   Tuner t = cls ? Tuner(std::move(cls), space, tc, run, scaling)
                 : Tuner(std::move(fn), space, tc, run, scaling);
   t.restore_ = options;

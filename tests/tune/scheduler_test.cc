@@ -699,6 +699,10 @@ TEST(PopulationBasedTraining, ValidationErrorsNameTheField) {
                                    }),
                                    "b: grid_search");
   testing::expect_invalid_argument(with([](PBTOptions& o) {
+                                     o.hyperparam_mutations = {{"b", sample_from("f")}};
+                                   }),
+                                   "b: sample_from cannot mutate");
+  testing::expect_invalid_argument(with([](PBTOptions& o) {
                                      o.hyperparam_mutations = {{"b", json::array()}};
                                    }),
                                    "b: a list of values must not be empty");

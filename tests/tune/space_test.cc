@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -247,6 +248,109 @@ TEST(TuneSpace, BadSpacesNameTheKeyPath) {
   expect_invalid(uniform(0, 1), "(root)", "JSON object");
   // A key holding '/' is escaped as in JSON pointers.
   expect_invalid({{"a/b", uniform(1, 0)}}, "a~1b", "lo < hi");
+}
+
+// The error ParamSpace::resolve throws, or a failure if it throws none.
+Error resolve_error(const ParamSpace& space) {
+  Rng rng(1);
+  try {
+    space.resolve(0, rng);
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "resolved " << space.spec().dump();
+  return Error(ErrorCode::kInternal, "");
+}
+
+TEST(TuneSampleFrom, ComputesFromTheResolvedConfigAfterGridAndRandomDomains) {
+  std::vector<json> seen;
+  SampleFunctions fns;
+  fns["twice"] = [&](const json& config, Rng&) -> std::optional<json> {
+    seen.push_back(config);
+    return config["model"]["width"].get<int>() * 2;
+  };
+  fns["noise"] = [](const json&, Rng& rng) -> std::optional<json> { return draw_unit(rng); };
+  ParamSpace space({{"model", {{"width", grid_search({8, 16})}, {"depth", sample_from("twice")}}},
+                    {"lr", uniform(0, 1)},
+                    {"jitter", sample_from("noise")}},
+                   fns);
+  EXPECT_EQ(space.computed_paths(), (std::vector<std::string>{"jitter", "model/depth"}));
+  EXPECT_TRUE(space.random_paths() == std::vector<std::string>{"lr"});
+  ASSERT_EQ(space.grid_size(), 2u);
+  Rng rng(5);
+  const json a = space.resolve(0, rng);
+  const json b = space.resolve(1, rng);
+  EXPECT_EQ(a["model"]["depth"], 16);
+  EXPECT_EQ(b["model"]["depth"], 32);
+  EXPECT_TRUE(a["jitter"].is_number_float());
+  // The function saw the grid and random values, not the domains.
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0]["model"]["width"], 8);
+  EXPECT_TRUE(seen[0]["lr"].is_number_float());
+  // Functions that draw only from the Rng given are as deterministic as the rest.
+  Rng r1(5), r2(5);
+  EXPECT_EQ(space.resolve(0, r1), space.resolve(0, r2));
+}
+
+TEST(TuneSampleFrom, AFunctionThatReturnsNothingIsCalledAgainAfterTheOthers) {
+  // "a" (first in key order) needs "b"'s value: it is asked again after "b".
+  int asked_a = 0;
+  SampleFunctions fns;
+  fns["a"] = [&](const json& config, Rng&) -> std::optional<json> {
+    ++asked_a;
+    if (config["b"].is_object()) return std::nullopt;  // still b's domain
+    return config["b"].get<int>() + 1;
+  };
+  fns["b"] = [](const json& config, Rng&) -> std::optional<json> {
+    return config["base"].get<int>() * 10;
+  };
+  ParamSpace space({{"a", sample_from("a")}, {"b", sample_from("b")}, {"base", 4}}, fns);
+  Rng rng(0);
+  const json c = space.resolve(0, rng);
+  EXPECT_EQ(c["b"], 40);
+  EXPECT_EQ(c["a"], 41);
+  EXPECT_EQ(asked_a, 2);
+}
+
+TEST(TuneSampleFrom, MissingFunctionsCyclesAndFailuresNameTheKeyPath) {
+  const json spec = {{"opt", {{"lr", sample_from("lr_fn")}}}};
+  // Parsed without its function (a restored space may need none) ...
+  ParamSpace bare(spec);
+  EXPECT_EQ(bare.computed_paths(), (std::vector<std::string>{"opt/lr"}));
+  // ... but neither required nor resolved without it.
+  try {
+    bare.require_functions();
+    ADD_FAILURE() << "a missing function was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("search space: opt/lr: sample_from('lr_fn')"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(std::string(resolve_error(bare).what()).find("opt/lr"), std::string::npos);
+
+  SampleFunctions waiting;
+  waiting["x"] = [](const json&, Rng&) -> std::optional<json> { return std::nullopt; };
+  const Error cycle = resolve_error(
+      ParamSpace({{"p", sample_from("x")}, {"q", sample_from("x")}, {"r", 1}}, waiting));
+  EXPECT_EQ(cycle.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(cycle.what()).find("search space: p, q: "), std::string::npos)
+      << cycle.what();
+  EXPECT_NE(std::string(cycle.what()).find("wait for each other"), std::string::npos);
+
+  SampleFunctions failing;
+  failing["boom"] = [](const json&, Rng&) -> std::optional<json> {
+    throw Error(ErrorCode::kInvalidArgument, "no width given");
+  };
+  const Error failed = resolve_error(ParamSpace({{"w", sample_from("boom")}}, failing));
+  EXPECT_EQ(failed.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(std::string(failed.what()).find("search space: w: sample_from('boom'): no width given"),
+            std::string::npos)
+      << failed.what();
+
+  expect_invalid({{"f", {{"$cairn.domain", "sample_from"}, {"fn", ""}}}}, "f", "non-empty string");
+  expect_invalid({{"f", {{"$cairn.domain", "sample_from"}}}}, "f", "lacks field 'fn'");
+  expect_invalid({{"g", grid_search({sample_from("x")})}}, "g", "values must be constants");
 }
 
 TEST(TuneSpace, GridTooLargeToCountIsRefused) {

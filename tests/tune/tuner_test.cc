@@ -155,20 +155,21 @@ TEST(Tuner, StopCriteriaAndAStopperEndTrialsEarly) {
   }
 }
 
+// Ends the experiment once any trial reports step 2.
+struct StopAllAtStep2 : Stopper {
+  bool all = false;
+  bool operator()(const std::string&, const nlohmann::json& r) override {
+    all = all || r.at("step") == 2;
+    return false;
+  }
+  bool stop_all() override { return all; }
+};
+
 TEST(Tuner, StopAllEndsTheRunningTrialsAndStartsNoOther) {
   TempDir dir;
-  // Ends the experiment once any trial reports step 2.
-  struct StopAll : Stopper {
-    bool all = false;
-    bool operator()(const std::string&, const nlohmann::json& r) override {
-      all = all || r.at("step") == 2;
-      return false;
-    }
-    bool stop_all() override { return all; }
-  };
   TuneConfig tc;
   tc.max_concurrent_trials = 2;
-  tc.stopper = std::make_shared<StopAll>();
+  tc.stopper = std::make_shared<StopAllAtStep2>();
   Tuner tuner(counting_trainable, {{"x", grid_search({1.0, 2.0, 3.0, 4.0})}, {"iters", 50}}, tc,
               run_in(dir));
   ResultGrid grid = tuner.fit();
@@ -184,6 +185,43 @@ TEST(Tuner, StopAllEndsTheRunningTrialsAndStartsNoOther) {
     EXPECT_LE(r.metrics_history.size(), 3u) << r.trial_id;
   }
   EXPECT_EQ(ran, 2u);
+}
+
+TEST(Tuner, SampleFromValuesAreComputedPerTrialSavedAndNeededAgainOnlyWhileTrialsRemain) {
+  TempDir dir;
+  const nlohmann::json space = {{"x", grid_search({1.0, 2.0, 3.0, 4.0})},
+                                {"iters", 3},
+                                {"derived", {{"y", sample_from("ten_x")}}}};
+  SampleFunctions fns;
+  fns["ten_x"] = [](const nlohmann::json& c, Rng&) -> std::optional<nlohmann::json> {
+    return c.at("x").get<double>() * 10;
+  };
+  // Without its function the space is refused up front, naming the key.
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "derived/y",
+                               [&] { Tuner(counting_trainable, space, {}, run_in(dir)); });
+  TuneConfig tc;
+  tc.max_concurrent_trials = 1;
+  tc.stopper = std::make_shared<StopAllAtStep2>();
+  tc.sample_functions = fns;
+  ResultGrid first = Tuner(counting_trainable, space, tc, run_in(dir)).fit();
+  ASSERT_LT(first.size(), 4u);  // trials remain to be drawn
+  const std::string path = (dir / "search").string();
+  // Restoring with trials left to draw needs the function again.
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "derived/y",
+                               [&] { Tuner::restore(path, counting_trainable); });
+  TuneConfig code;
+  code.sample_functions = fns;
+  ResultGrid grid = Tuner::restore(path, counting_trainable, {}, code).fit();
+  ASSERT_EQ(grid.size(), 4u);
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.config.at("derived").at("y"), r.config.at("x").get<double>() * 10) << r.trial_id;
+    const nlohmann::json params =
+        nlohmann::json::parse(slurp(dir / "search" / r.trial_id / "params.json"));
+    EXPECT_EQ(params, r.config) << r.trial_id;
+  }
+  // Every trial drawn: a restore needs no function any more.
+  ResultGrid again = Tuner::restore(path, counting_trainable).fit();
+  EXPECT_EQ(again.size(), 4u);
 }
 
 // A scheduler that decides nothing; the tests' schedulers override what they

@@ -24,7 +24,7 @@ a crash of the driver (docs/python.md, "Tuning").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
@@ -33,6 +33,7 @@ from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
 from cairn.train._result import Result
 from cairn.train._session import get_checkpoint, get_context, report
 from cairn.tune._callback import Callback
+from cairn.tune._space import SampleFrom
 from cairn.tune._trainable import Trainable
 from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner
 
@@ -67,16 +68,26 @@ def quniform(lower: float, upper: float, q: float) -> dict[str, Any]:
     return _cairn.tune_quniform(float(lower), float(upper), float(q))
 
 
-def sample_from(func: Any) -> Any:
-    """Not supported: sampling runs in C++ from JSON domains, not Python functions."""
-    raise NotImplementedError(
-        "tune.sample_from: Python sampling functions are not supported; use choice, "
-        "uniform, loguniform, randint, quniform or grid_search")
+def sample_from(func: Callable[..., Any]) -> SampleFrom:
+    """A value computed per trial by ``func``, as Ray's ``tune.sample_from``.
+
+    ``func(spec)`` sees ``spec.config`` (or ``spec["config"]``): the trial's
+    configuration with its grid and random values in place; ``func()``
+    without a parameter is called as it is. It runs in the Tuner's process,
+    once per trial, when the trial is created; its value (JSON-able: numbers,
+    strings, lists, dicts, numpy scalars and arrays) is the trial's, saved
+    with the experiment. A function that reads another ``sample_from`` value
+    is called again after that one is computed; functions that wait for each
+    other, or one that raises, end ``fit()`` with cairn.InvalidArgumentError
+    naming the key. ``Tuner.restore`` needs the functions again (pass the
+    same ``param_space``) while trials remain to be created.
+    """
+    return SampleFrom(func)
 
 
 __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
-    "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
+    "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
     "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "sample_from",
     "uniform",
 ]

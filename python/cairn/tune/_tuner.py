@@ -13,6 +13,7 @@ from cairn.train._config import RunConfig, ScalingConfig
 from cairn.train._result import Result
 from cairn.train._trainer import DataParallelTrainer, _worker_main
 from cairn.tune._callback import Callback
+from cairn.tune._space import split_space
 from cairn.tune._trainable import Trainable
 
 
@@ -48,7 +49,8 @@ class TuneConfig:
     trial_name_creator: Optional[Callable[..., str]] = None
     trial_dirname_creator: Optional[Callable[..., str]] = None
 
-    def _native(self, stop: Any, callbacks: Optional[list[Any]] = None) -> dict[str, Any]:
+    def _native(self, stop: Any, callbacks: Optional[list[Any]] = None,
+                sample_functions: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         if self.search_alg is not None:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
@@ -66,6 +68,7 @@ class TuneConfig:
             "seed": int(self.seed),
             "stop": stop or {},
             "callbacks": _callbacks(callbacks),
+            "sample_functions": sample_functions or {},
         }
 
 
@@ -193,7 +196,9 @@ class Tuner:
         self._tune = tune_config or TuneConfig()
         run = run_config or RunConfig()
         fn, cls, scaling, run = _parts(trainable, run)
-        self._impl: Any = _cairn.Tuner(fn, cls, param_space or {}, self._tune._native(run.stop, run.callbacks),
+        space, functions = split_space(param_space or {})
+        self._impl: Any = _cairn.Tuner(fn, cls, space,
+                                       self._tune._native(run.stop, run.callbacks, functions),
                                        run._native(), int(scaling.num_workers), scaling.launcher)
 
     def fit(self) -> ResultGrid:
@@ -221,12 +226,15 @@ class Tuner:
         latest checkpoint (``resume_unfinished``); errored ones resume
         (``resume_errored``) or start over (``restart_errored``). The
         trainable is needed again (it is code); the param space, config
-        and scheduler state are the saved ones (``param_space`` is ignored).
+        and scheduler state are the saved ones. ``param_space`` is read only
+        for its ``tune.sample_from`` functions (code too), needed while
+        trials remain to be created: give the space the experiment started
+        with.
         """
-        del param_space
+        _, functions = split_space(param_space or {})
         fn, klass, _, _ = _parts(trainable, RunConfig())
         self = cls.__new__(cls)
         self._tune = TuneConfig()
         self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
-                                          restart_errored, None, _callbacks(callbacks))
+                                          restart_errored, None, _callbacks(callbacks), functions)
         return self
