@@ -250,7 +250,8 @@ void bind_schedulers(py::module_& m) {
       .def(py::init([](const std::string& time_attr, const std::string& metric,
                        const std::string& mode, double perturbation_interval,
                        py::handle hyperparam_mutations, double quantile_fraction,
-                       double resample_probability, std::uint64_t seed) {
+                       double resample_probability, std::uint64_t seed,
+                       const py::dict& sample_functions) {
              tune::PBTOptions o;
              set_common(o, time_attr, metric, mode);
              o.perturbation_interval = perturbation_interval;
@@ -258,11 +259,19 @@ void bind_schedulers(py::module_& m) {
              o.quantile_fraction = quantile_fraction;
              o.resample_probability = resample_probability;
              o.seed = seed;
+             o.sample_functions = sample_functions_arg(sample_functions);
              return std::make_shared<tune::PopulationBasedTraining>(o);
            }),
            py::arg("time_attr"), py::arg("metric"), py::arg("mode"),
            py::arg("perturbation_interval"), py::arg("hyperparam_mutations"),
-           py::arg("quantile_fraction"), py::arg("resample_probability"), py::arg("seed"));
+           py::arg("quantile_fraction"), py::arg("resample_probability"), py::arg("seed"),
+           py::arg("sample_functions"))
+      .def(
+          "explore",
+          [](tune::PopulationBasedTraining& pbt, py::handle config) {
+            return from_json(pbt.explore(to_json(config)));
+          },
+          py::arg("config"));
 }
 
 // TrialResult and ResultGrid.

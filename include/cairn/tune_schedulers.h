@@ -206,9 +206,11 @@ class ASHAScheduler final : public TrialScheduler {
 //   source's last perturbation time (it resumes from the source's
 //   checkpoint).
 // - Explore: a choice domain acts as its list of values; grid_search is
-//   refused. Nested objects of hyperparam_mutations mutate nested keys; a key
-//   missing from the config is added, resampled. Perturbed numbers are not
-//   clamped to their domain; ints round to the nearest.
+//   refused; a sample_from leaf is resampled by calling its function (from
+//   PBTOptions::sample_functions) with the config explored so far, or its
+//   number perturbed as a numeric domain's is. Nested objects of hyperparam_mutations mutate nested
+//   keys; a key missing from the config is added, resampled. Perturbed numbers are not clamped to
+//   their domain; ints round to the nearest.
 // - Draw order (what a seed fixes): mutation keys in sorted order, depth
 //   first. Per leaf whose value can be perturbed, one draw_unit() (below
 //   resample_probability: resample), then, unless resampling, one
@@ -225,6 +227,10 @@ struct PBTOptions {
   double quantile_fraction = 0.25;     // in (0, 0.5]
   double resample_probability = 0.25;  // in [0, 1]
   std::uint64_t seed = 0;
+  // The functions of sample_from leaves of hyperparam_mutations, by name
+  // (Ray's callables as mutations); each must return a value. Code: given
+  // again with the scheduler to Tuner::restore.
+  SampleFunctions sample_functions;
 };
 
 class PopulationBasedTraining final : public TrialScheduler {

@@ -279,7 +279,9 @@ class ASHAScheduler(TrialScheduler):
 class PopulationBasedTraining(TrialScheduler):
     def __init__(self, time_attr: str, metric: str, mode: str, perturbation_interval: float,
                  hyperparam_mutations: Any, quantile_fraction: float,
-                 resample_probability: float, seed: int) -> None: ...
+                 resample_probability: float, seed: int,
+                 sample_functions: dict[str, Callable[[Any], tuple[bool, Any]]]) -> None: ...
+    def explore(self, config: dict[str, Any]) -> dict[str, Any]: ...
 
 class TrialResult(TrainResult):
     trial_id: str

@@ -194,6 +194,32 @@ def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
     assert grid.get_best_result().metrics["total"] == max(r.metrics["total"] for r in grid)
 
 
+def test_pbt_mutations_may_be_functions_as_in_ray() -> None:
+    import random
+
+    explored = []
+
+    def label(spec: Any) -> str:
+        explored.append(dict(spec.config))
+        return "explored"
+
+    mutations = {"inc": lambda: random.choice([5.0, 6.0]), "label": tune.sample_from(label)}
+    # The explore step alone (what a clone's new config is made by).
+    always = PopulationBasedTraining(seed=5, resample_probability=1.0,
+                                     hyperparam_mutations=mutations)
+    for _ in range(10):
+        c = always.explore({"inc": 1.0, "label": "initial", "other": 7})
+        assert c == {"inc": c["inc"], "label": "explored", "other": 7} and c["inc"] in (5.0, 6.0)
+    assert explored[0]["label"] == "initial" and explored[0]["other"] == 7  # spec.config
+    # Without a resample, a number is perturbed; a non-number is always resampled.
+    never = PopulationBasedTraining(seed=5, resample_probability=0.0,
+                                    hyperparam_mutations=mutations)
+    c = never.explore({"inc": 1.0, "label": "initial"})
+    assert c["inc"] in (0.8, 1.2) and c["label"] == "explored"
+    with pytest.raises(cairn.InvalidArgumentError, match="the spec or no argument"):
+        PopulationBasedTraining(hyperparam_mutations={"lr": lambda a, b: a})
+
+
 def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_starts_over(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -292,7 +318,7 @@ def test_bad_trainables_and_configs_are_clear_errors(tmp_path: pathlib.Path) -> 
         tune.Tuner(lambda c: None, tune_config=TuneConfig(metric="x", mode="sideways"),
                    run_config=_run_config(tmp_path))
     with pytest.raises(ValueError, match="hyperparam_mutations"):
-        PopulationBasedTraining(hyperparam_mutations={"lr": lambda: 0.1})
+        PopulationBasedTraining(hyperparam_mutations={})
 
 
 class Recorder(tune.Callback):

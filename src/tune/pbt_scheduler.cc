@@ -35,9 +35,11 @@ constexpr const char* kMutations = "PBTOptions::hyperparam_mutations";
   invalid(fmt::format("{}: {}: {}", kMutations, path, what));
 }
 
-// A mutations object: every leaf a domain (not grid_search) or a non-empty
-// list of constants; nested objects mutate nested config keys.
-void validate_mutations(const json& mutations, const json::json_pointer& pointer) {
+// A mutations object: every leaf a domain (not grid_search; a sample_from
+// whose function is given) or a non-empty list of constants; nested objects
+// mutate nested config keys.
+void validate_mutations(const json& mutations, const json::json_pointer& pointer,
+                        const SampleFunctions& functions) {
   for (const auto& [key, m] : mutations.items()) {
     const json::json_pointer at = pointer / key;
     const std::string path = path_of(at);
@@ -50,7 +52,12 @@ void validate_mutations(const json& mutations, const json::json_pointer& pointer
       }
       if (grid) bad_mutation(path, "grid_search cannot mutate a value; use choice or a list");
       if (m[kDomainTag] == "sample_from") {
-        bad_mutation(path, "sample_from cannot mutate a value; use a domain or a list");
+        const auto it = functions.find(m["fn"].get<std::string>());
+        if (it == functions.end() || !it->second) {
+          bad_mutation(path, fmt::format("sample_from('{}'): its function was not given "
+                                         "(PBTOptions::sample_functions)",
+                                         m["fn"].get<std::string>()));
+        }
       }
     } else if (m.is_array()) {
       if (m.empty()) bad_mutation(path, "a list of values must not be empty");
@@ -62,7 +69,7 @@ void validate_mutations(const json& mutations, const json::json_pointer& pointer
       }
     } else if (m.is_object()) {
       if (m.empty()) bad_mutation(path, "an object of nested mutations must not be empty");
-      validate_mutations(m, at);
+      validate_mutations(m, at, functions);
     } else {
       bad_mutation(path, fmt::format("must be a domain, a list of values or an object of nested "
                                      "mutations, not {}",
@@ -106,7 +113,7 @@ PopulationBasedTraining::PopulationBasedTraining(PBTOptions options)
     invalid(fmt::format("{} must be a non-empty JSON object of mutations, got {}", kMutations,
                         m.dump()));
   }
-  validate_mutations(m, json::json_pointer());
+  validate_mutations(m, json::json_pointer(), o.sample_functions);
 }
 
 void PopulationBasedTraining::set_search_properties(const std::string& metric,
@@ -195,7 +202,21 @@ json PopulationBasedTraining::explore(const json& config) {
   // below; 1: x1.2 or the entry above) or the resample's own draws. A leaf
   // whose value is missing, not a number or not in the list is resampled
   // without the first draw.
+  json out = config.is_object() ? config : json::object();
   auto resample_roll = [&] { return draw_unit(rng_) < options_.resample_probability; };
+  // A sample_from leaf: its function, given the config explored so far.
+  auto call_mutation = [&](const json& m, const std::string& path) -> json {
+    const std::string name = m["fn"].get<std::string>();
+    std::optional<json> value;
+    try {
+      value = options_.sample_functions.at(name)(out, rng_);
+    } catch (const Error& e) {
+      throw Error(e.code(),
+                  fmt::format("{}: {}: sample_from('{}'): {}", kMutations, path, name, e.what()));
+    }
+    if (!value) bad_mutation(path, fmt::format("sample_from('{}') returned no value", name));
+    return std::move(*value);
+  };
   auto pick = [&](const json& values) {
     return values[static_cast<std::size_t>(draw_below(rng_, values.size()))];
   };
@@ -210,7 +231,8 @@ json PopulationBasedTraining::explore(const json& config) {
     if (draw_below(rng_, 2) == 0) return values[*index == 0 ? 0 : *index - 1];
     return values[std::min(*index + 1, values.size() - 1)];
   };
-  auto walk = [&](auto&& self, json& target, const json& mutations) -> void {
+  auto walk = [&](auto&& self, json& target, const json& mutations,
+                  const json::json_pointer& pointer) -> void {
     for (const auto& [key, m] : mutations.items()) {
       auto it = target.find(key);
       const json* current = it == target.end() ? nullptr : &*it;
@@ -218,7 +240,8 @@ json PopulationBasedTraining::explore(const json& config) {
         if (m[kDomainTag] == "choice") {
           target[key] = leaf_list(current, m["values"]);
         } else if (current == nullptr || !current->is_number() || resample_roll()) {
-          target[key] = internal::sample_domain(m, rng_);
+          target[key] = m[kDomainTag] == "sample_from" ? call_mutation(m, path_of(pointer / key))
+                                                       : internal::sample_domain(m, rng_);
         } else {
           target[key] = scale(*current, draw_below(rng_, 2) == 0 ? 0.8 : 1.2);
         }
@@ -227,12 +250,11 @@ json PopulationBasedTraining::explore(const json& config) {
       } else {
         json& sub = target[key];
         if (!sub.is_object()) sub = json::object();
-        self(self, sub, m);
+        self(self, sub, m, pointer / key);
       }
     }
   };
-  json out = config.is_object() ? config : json::object();
-  walk(walk, out, options_.hyperparam_mutations);
+  walk(walk, out, options_.hyperparam_mutations, json::json_pointer());
   return out;
 }
 

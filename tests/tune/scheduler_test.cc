@@ -461,6 +461,58 @@ TEST(PopulationBasedTraining, ExploreResamplesMissingOrUnlistedValues) {
   EXPECT_EQ(batch, (std::set<json>{16, 32, 64, 128}));
 }
 
+TEST(PopulationBasedTraining, ASampleFromMutationCallsItsFunctionOrPerturbsItsNumber) {
+  for (const double resample : {0.0, 1.0}) {
+    SCOPED_TRACE(resample);
+    PBTOptions o = pbt_options(resample);
+    o.hyperparam_mutations = {{"lr", sample_from("lr")}, {"opt", {{"momentum", 0.9}}}};
+    o.hyperparam_mutations["opt"]["momentum"] = sample_from("momentum");
+    std::vector<json> seen;
+    o.sample_functions["lr"] = [&](const json& config, Rng& rng) -> std::optional<json> {
+      seen.push_back(config);
+      return 0.5 + draw_unit(rng) / 10;
+    };
+    o.sample_functions["momentum"] = [](const json&, Rng&) -> std::optional<json> {
+      return "nesterov";
+    };
+    PopulationBasedTraining pbt(o);
+    for (int i = 0; i < 50; ++i) {
+      const json c = pbt.explore({{"lr", 0.01}, {"opt", {{"momentum", "plain"}}}});
+      const double lr = c["lr"].get<double>();
+      if (resample == 1) {
+        EXPECT_TRUE(lr >= 0.5 && lr < 0.6) << lr;  // the function's value
+      } else {
+        EXPECT_TRUE(lr == 0.01 * 0.8 || lr == 0.01 * 1.2) << lr;  // a number, perturbed
+      }
+      // Not a number: always the function's value.
+      EXPECT_EQ(c["opt"]["momentum"], "nesterov");
+    }
+    if (resample == 1) {
+      ASSERT_FALSE(seen.empty());
+      EXPECT_EQ(seen.front()["opt"]["momentum"], "plain");  // the config explored so far
+    } else {
+      EXPECT_TRUE(seen.empty());
+    }
+  }
+  // A function that fails, or returns nothing, names the mutation.
+  PBTOptions o = pbt_options(1);
+  o.hyperparam_mutations = {{"lr", sample_from("lr")}};
+  o.sample_functions["lr"] = [](const json&, Rng&) -> std::optional<json> { return std::nullopt; };
+  testing::expect_invalid_argument(
+      [&] {
+        PopulationBasedTraining(o).explore({{"lr", 1.0}});
+      },
+      "lr: sample_from('lr') returned no value");
+  o.sample_functions["lr"] = [](const json&, Rng&) -> std::optional<json> {
+    throw Error(ErrorCode::kInvalidArgument, "ValueError: bad lr");
+  };
+  testing::expect_invalid_argument(
+      [&] {
+        PopulationBasedTraining(o).explore({{"lr", 1.0}});
+      },
+      "lr: sample_from('lr'): ValueError: bad lr");
+}
+
 // Reports a result for each of `scores` in order (trial_0 first), all at time
 // t with a checkpoint, and returns the last decision.
 SchedulerDecision report_all(PopulationBasedTraining& pbt, const std::vector<double>& scores,
@@ -701,7 +753,7 @@ TEST(PopulationBasedTraining, ValidationErrorsNameTheField) {
   testing::expect_invalid_argument(with([](PBTOptions& o) {
                                      o.hyperparam_mutations = {{"b", sample_from("f")}};
                                    }),
-                                   "b: sample_from cannot mutate");
+                                   "b: sample_from('f'): its function was not given");
   testing::expect_invalid_argument(with([](PBTOptions& o) {
                                      o.hyperparam_mutations = {{"b", json::array()}};
                                    }),

@@ -117,11 +117,18 @@ def _escape(key: Any) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
-def split_space(space: Any) -> tuple[Any, dict[str, Callable[[Any], tuple[bool, Any]]]]:
-    """(``space`` with each SampleFrom replaced by its marker, the functions by name)."""
+def split_space(space: Any, callables: bool = False
+                ) -> tuple[Any, dict[str, Callable[[Any], tuple[bool, Any]]]]:
+    """(``space`` with each SampleFrom replaced by its marker, the functions by name).
+
+    With ``callables``, a plain function is taken as ``sample_from`` of it
+    (PBT's ``hyperparam_mutations``, as Ray takes them there).
+    """
     functions: dict[str, Callable[[Any], tuple[bool, Any]]] = {}
 
     def walk(node: Any, path: str) -> Any:
+        if callables and callable(node) and not isinstance(node, (SampleFrom, type)):
+            node = SampleFrom(node)
         if isinstance(node, SampleFrom):
             name = path[1:] or "(root)"
             functions[name] = node._resolver()

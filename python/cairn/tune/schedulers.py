@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from cairn import _cairn
+from cairn.tune._space import split_space
 
 
 # Runs every trial to its end, in order (the default).
@@ -43,23 +44,25 @@ def PopulationBasedTraining(time_attr: str = "training_iteration",
     ``time_attr``, a trial in the bottom ``quantile_fraction`` clones the
     latest checkpoint of one in the top and goes on with a perturbed config.
 
-    ``hyperparam_mutations`` maps config keys to a list of values or a
-    search-space domain (``tune.uniform(...)``); Python callables are not
-    supported (the exploration runs in C++, seeded by ``seed``). A trial
-    must report checkpoints for PBT to clone it.
+    ``hyperparam_mutations`` maps config keys to a list of values, a
+    search-space domain (``tune.uniform(...)``), or a function: Ray's
+    ``lambda: random.uniform(...)`` or a ``tune.sample_from`` (called with
+    ``spec.config``, the config being explored), called when the value is
+    resampled; a number it gave is otherwise perturbed (x0.8 or x1.2) as a
+    domain's is. The exploration runs in C++, seeded by ``seed`` (a
+    function's own randomness is its own). A trial must report checkpoints
+    for PBT to clone it. Given again to ``Tuner.restore`` (code is not
+    saved).
     """
     if not hyperparam_mutations:
         raise ValueError("PopulationBasedTraining: hyperparam_mutations must name at least one "
                          "key")
-    for key, value in hyperparam_mutations.items():
-        if callable(value):
-            raise ValueError(f"PopulationBasedTraining: hyperparam_mutations[{key!r}] is a "
-                             "function; give a list of values or a tune domain")
     del ignored  # custom_explore_fn, log_config, require_attrs, synch: not supported
+    mutations, functions = split_space(hyperparam_mutations, callables=True)
     return _cairn.PopulationBasedTraining(time_attr, metric or "", mode or "",
-                                          float(perturbation_interval), hyperparam_mutations,
+                                          float(perturbation_interval), mutations,
                                           float(quantile_fraction), float(resample_probability),
-                                          int(seed))
+                                          int(seed), functions)
 
 
 TrialScheduler = _cairn.TrialScheduler
