@@ -208,9 +208,10 @@ class ASHAScheduler final : public TrialScheduler {
 // - Explore: a choice domain acts as its list of values; grid_search is
 //   refused; a sample_from leaf is resampled by calling its function (from
 //   PBTOptions::sample_functions) with the config explored so far, or its
-//   number perturbed as a numeric domain's is. Nested objects of hyperparam_mutations mutate nested
-//   keys; a key missing from the config is added, resampled. Perturbed numbers are not clamped to
-//   their domain; ints round to the nearest.
+//   number perturbed as a numeric domain's is. Nested objects of
+//   hyperparam_mutations mutate nested keys; a key missing from the config
+//   is added, resampled. Perturbed numbers are not clamped to their domain;
+//   ints round to the nearest.
 // - Draw order (what a seed fixes): mutation keys in sorted order, depth
 //   first. Per leaf whose value can be perturbed, one draw_unit() (below
 //   resample_probability: resample), then, unless resampling, one

@@ -281,7 +281,8 @@ class Tuner {
   // trainable, scheduler, searcher, stopper and callbacks (which are code) are
   // given again here: a scheduler or searcher given must be of the kind saved
   // (its saved state is restored into it), and when none is given a saved
-  // FIFO scheduler or default searcher is rebuilt. The space's sample_from
+  // FIFO, ASHA or PBT scheduler (from the options saved with its state; not
+  // a PBT whose mutations are functions) or default searcher is rebuilt. The space's sample_from
   // functions are needed again only while the default searcher has trials
   // left to draw (kInvalidArgument naming the key path otherwise). kNotFound
   // without a state at `path`; kCorruption if it is damaged.

@@ -194,6 +194,36 @@ def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
     assert grid.get_best_result().metrics["total"] == max(r.metrics["total"] for r in grid)
 
 
+def test_restore_goes_on_with_the_saved_asha_or_pbt_scheduler(tmp_path: pathlib.Path) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        start = 0
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            start = checkpoint.to_dict()["step"]
+        for step in range(start + 1, 10):
+            if step == 3 and config["x"] == 2.0 and checkpoint is None:
+                raise RuntimeError("interrupted")
+            tune.report({"loss": config["x"] / step}, checkpoint=Checkpoint.from_dict({"step": step}))
+
+    asha = ASHAScheduler(max_t=6, grace_period=1, reduction_factor=3)
+    grid = tune.Tuner(trainable, param_space={"x": tune.grid_search([1.0, 2.0, 3.0])},
+                      tune_config=TuneConfig(metric="loss", mode="min", scheduler=asha),
+                      run_config=_run_config(tmp_path)).fit()
+    assert grid.num_errors == 1
+    # Ray's call, no scheduler given: the saved ASHA (max_t=6) goes on.
+    again = tune.Tuner.restore(tmp_path / "exp", trainable, resume_errored=True).fit()
+    assert again.num_errors == 0 and len(again) == 3
+    assert all(r.metrics["training_iteration"] <= 6 for r in again)
+
+    pbt = PopulationBasedTraining(perturbation_interval=1, hyperparam_mutations={"x": lambda: 1.0})
+    tune.Tuner(trainable, param_space={"x": 1.0},
+               tune_config=TuneConfig(metric="loss", mode="min", scheduler=pbt),
+               run_config=RunConfig(name="pbt", storage_path=tmp_path)).fit()
+    with pytest.raises(cairn.InvalidArgumentError, match="pass the scheduler again"):
+        tune.Tuner.restore(tmp_path / "pbt", trainable)
+    assert len(tune.Tuner.restore(tmp_path / "pbt", trainable, scheduler=pbt).fit()) == 1
+
+
 def test_pbt_mutations_may_be_functions_as_in_ray() -> None:
     import random
 

@@ -169,13 +169,16 @@ json ASHAScheduler::save() const {
   }
   json trials = json::object();
   for (const auto& [id, bracket] : trial_bracket_) trials[id] = bracket;
-  return json{{"scheduler", name()},
-              {"version", kStateVersion},
-              {"metric", options_.metric},
-              {"mode", options_.mode},
-              {"next_bracket", next_bracket_},
-              {"trials", std::move(trials)},
-              {"brackets", std::move(brackets)}};
+  // The options too, so that a restore given no scheduler can rebuild it.
+  const json options = {{"time_attr", options_.time_attr},
+                        {"max_t", options_.max_t},
+                        {"grace_period", options_.grace_period},
+                        {"reduction_factor", options_.reduction_factor},
+                        {"brackets", options_.brackets}};
+  return json{{"scheduler", name()},         {"version", kStateVersion},
+              {"options", options},          {"metric", options_.metric},
+              {"mode", options_.mode},       {"next_bracket", next_bracket_},
+              {"trials", std::move(trials)}, {"brackets", std::move(brackets)}};
 }
 
 void ASHAScheduler::restore(const json& state) {

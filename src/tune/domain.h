@@ -22,6 +22,9 @@ bool is_domain(const nlohmann::json& value);
 // Whether `value` is or holds a domain at any depth.
 bool contains_domain(const nlohmann::json& value);
 
+// Whether `value` is or holds a sample_from domain at any depth.
+bool contains_sample_from(const nlohmann::json& value);
+
 // Throws kInvalidArgument ("search space: <path>: ...") unless `domain` (an
 // object with the tag) is well formed. Returns whether it is a grid_search.
 bool validate_domain(const nlohmann::json& domain, const std::string& path);

@@ -291,9 +291,21 @@ json PopulationBasedTraining::save() const {
                   {"has_checkpoint", st.has_checkpoint},
                   {"done", st.done}};
   }
-  return json{{"scheduler", name()},        {"version", kStateVersion},
-              {"metric", options_.metric},  {"mode", options_.mode},
-              {"rng", rng.str()},           {"num_perturbations", num_perturbations_},
+  // The options too, so that a restore given no scheduler can rebuild it
+  // (not the functions of sample_from mutations: code).
+  const json options = {{"time_attr", options_.time_attr},
+                        {"perturbation_interval", options_.perturbation_interval},
+                        {"hyperparam_mutations", options_.hyperparam_mutations},
+                        {"quantile_fraction", options_.quantile_fraction},
+                        {"resample_probability", options_.resample_probability},
+                        {"seed", std::to_string(options_.seed)}};
+  return json{{"scheduler", name()},
+              {"version", kStateVersion},
+              {"options", options},
+              {"metric", options_.metric},
+              {"mode", options_.mode},
+              {"rng", rng.str()},
+              {"num_perturbations", num_perturbations_},
               {"trials", std::move(trials)}};
 }
 

@@ -48,6 +48,16 @@ bool contains_domain(const json& value) {
   return false;
 }
 
+bool contains_sample_from(const json& value) {
+  if (is_domain(value)) return value[kDomainTag] == "sample_from";
+  if (value.is_structured()) {
+    for (const auto& item : value) {
+      if (contains_sample_from(item)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace internal
 
 namespace {

@@ -24,6 +24,7 @@
 
 #include "cairn/error.h"
 #include "cairn/manager.h"
+#include "cairn/tune_schedulers.h"
 #include "experiment/layout.h"
 #include "experiment/location.h"
 #include "experiment/trainer_state.h"
@@ -310,6 +311,55 @@ void give_spent_sample_functions(const nlohmann::json& state, const nlohmann::js
   }
 }
 
+// The ASHA or PBT scheduler a saved state was made by, from the options
+// saved with it, so that a restore given no scheduler (Ray's
+// Tuner.restore takes none) goes on with the same one; null for a state
+// saved without them. PBT mutations that are functions (code) cannot be
+// rebuilt: kInvalidArgument asking for the scheduler.
+std::shared_ptr<TrialScheduler> rebuild_scheduler(const nlohmann::json& saved,
+                                                  std::string_view path) {
+  if (!saved.is_object()) return nullptr;
+  const nlohmann::json o = saved.value("options", nlohmann::json());
+  const nlohmann::json kind_field = saved.value("scheduler", nlohmann::json());
+  if (!o.is_object() || !kind_field.is_string()) return nullptr;
+  const std::string kind = kind_field.get<std::string>();
+  try {
+    if (kind == "asha") {
+      ASHAOptions a;
+      a.time_attr = o.at("time_attr").get<std::string>();
+      a.max_t = o.at("max_t").get<double>();
+      a.grace_period = o.at("grace_period").get<double>();
+      a.reduction_factor = o.at("reduction_factor").get<double>();
+      a.brackets = o.at("brackets").get<int>();
+      return std::make_shared<ASHAScheduler>(a);
+    }
+    if (kind == "pbt") {
+      PBTOptions p;
+      p.time_attr = o.at("time_attr").get<std::string>();
+      p.perturbation_interval = o.at("perturbation_interval").get<double>();
+      p.hyperparam_mutations = o.at("hyperparam_mutations");
+      p.quantile_fraction = o.at("quantile_fraction").get<double>();
+      p.resample_probability = o.at("resample_probability").get<double>();
+      p.seed = std::stoull(o.at("seed").get<std::string>());
+      if (internal::contains_sample_from(p.hyperparam_mutations)) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    fmt::format("Tuner::restore({}): the experiment's PBT mutations hold "
+                                "functions (code, not saved); pass the scheduler again in "
+                                "TuneConfig::scheduler",
+                                path));
+      }
+      return std::make_shared<PopulationBasedTraining>(p);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: the saved {} scheduler's options: {}", path, kind, e.what()));
+  } catch (const std::logic_error& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: the saved {} scheduler's seed: {}", path, kind, e.what()));
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cls,
@@ -368,6 +418,9 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
   if (s.contains("scheduler") && s["scheduler"].is_object() &&
       s["scheduler"].value("name", nlohmann::json()).is_string()) {
     sched = s["scheduler"]["name"].get<std::string>();
+  }
+  if (!tc.scheduler && sched != "fifo") {
+    tc.scheduler = rebuild_scheduler(s["scheduler"].value("state", nlohmann::json()), path);
   }
   if (!tc.scheduler && sched != "fifo") {
     throw Error(ErrorCode::kInvalidArgument,

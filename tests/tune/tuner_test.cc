@@ -666,6 +666,61 @@ TEST(TunerSchedulers, AshaStopsWeakTrialsEarlyAndLetsTheBestRunToMaxT) {
   EXPECT_EQ(best.metrics_history.size(), 9u);
 }
 
+// Ray's Tuner.restore takes no scheduler: the saved ASHA or PBT is rebuilt
+// from the options saved with its state, unless its mutations are code.
+TEST(TunerRestore, RebuildsTheSavedAshaOrPbtSchedulerWhenNoneIsGiven) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.metric = "loss";
+  tc.mode = "min";
+  tc.max_concurrent_trials = 1;
+  tc.stopper = std::make_shared<StopAllAtStep2>();
+  ASHAOptions o;
+  o.max_t = 9;
+  o.reduction_factor = 3;
+  tc.scheduler = std::make_shared<ASHAScheduler>(o);
+  const nlohmann::json space = {{"x", grid_search({1.0, 2.0, 3.0, 4.0})}, {"iters", 20}};
+  ResultGrid first = Tuner(counting_trainable, space, tc, run_in(dir)).fit();
+  ASSERT_LT(first.num_terminated(), 4u);
+  const std::string path = (dir / "search").string();
+  const fs::path state_file = dir / "search" / "tuner_state.json";
+  const std::string saved = slurp(state_file);
+  // No scheduler given: the ASHA saved goes on, its milestones included.
+  ResultGrid grid = Tuner::restore(path, counting_trainable).fit();
+  ASSERT_EQ(grid.size(), 4u);
+  EXPECT_EQ(grid.num_terminated(), 4u);
+  for (const auto& r : grid) EXPECT_LE(r.metrics.at("step"), 9) << r.trial_id;  // max_t
+  const nlohmann::json state = nlohmann::json::parse(slurp(state_file));
+  EXPECT_EQ(state.at("scheduler").at("name"), "asha");
+  EXPECT_EQ(state.at("scheduler").at("state").at("options").at("max_t"), 9.0);
+
+  // A state saved without options (an older version) still asks for one.
+  nlohmann::json old = nlohmann::json::parse(saved);
+  old["scheduler"]["state"].erase("options");
+  write_file(state_file, old.dump());
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "\"asha\" scheduler",
+                               [&] { Tuner::restore(path, counting_trainable); });
+
+  // PBT mutations that are functions cannot be rebuilt: the scheduler is asked for.
+  PBTOptions p;
+  p.perturbation_interval = 1;
+  p.hyperparam_mutations = {{"x", sample_from("x")}};
+  p.sample_functions["x"] = [](const nlohmann::json&, Rng&) -> std::optional<nlohmann::json> {
+    return 1.0;
+  };
+  TuneConfig pc;
+  pc.metric = "loss";
+  pc.mode = "min";
+  pc.scheduler = std::make_shared<PopulationBasedTraining>(p);
+  Tuner(counting_trainable, {{"x", 1.0}, {"iters", 2}}, pc, run_in(dir, "pbt")).fit();
+  const std::string pbt_path = (dir / "pbt").string();
+  testing::expect_error_naming(ErrorCode::kInvalidArgument, "pass the scheduler again",
+                               [&] { Tuner::restore(pbt_path, counting_trainable); });
+  TuneConfig code;
+  code.scheduler = std::make_shared<PopulationBasedTraining>(p);
+  EXPECT_EQ(Tuner::restore(pbt_path, counting_trainable, {}, code).fit().num_terminated(), 1u);
+}
+
 }  // namespace
 }  // namespace cairn::tune
 

@@ -219,22 +219,27 @@ class Tuner:
                 resume_unfinished: bool = True, resume_errored: bool = False,
                 restart_errored: bool = False,
                 param_space: Optional[dict[str, Any]] = None,
-                callbacks: Optional[list[Any]] = None) -> "Tuner":
+                callbacks: Optional[list[Any]] = None,
+                scheduler: Optional[Any] = None) -> "Tuner":
         """The experiment at ``path``, to :meth:`fit` again.
 
         Finished trials stay finished; unfinished ones resume from their
         latest checkpoint (``resume_unfinished``); errored ones resume
         (``resume_errored``) or start over (``restart_errored``). The
         trainable is needed again (it is code); the param space, config
-        and scheduler state are the saved ones. ``param_space`` is read only
-        for its ``tune.sample_from`` functions (code too), needed while
-        trials remain to be created: give the space the experiment started
-        with.
+        and scheduler state are the saved ones: an ASHA or PBT scheduler is
+        rebuilt from its saved options. ``param_space`` is read only for its
+        ``tune.sample_from`` functions (code too), needed while trials remain
+        to be created: give the space the experiment started with.
+        ``scheduler`` (Cairn's; Ray pickles it) is needed only for a PBT
+        whose ``hyperparam_mutations`` hold functions: the same scheduler
+        again, into which the saved state is restored.
         """
         _, functions = split_space(param_space or {})
         fn, klass, _, _ = _parts(trainable, RunConfig())
         self = cls.__new__(cls)
         self._tune = TuneConfig()
         self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
-                                          restart_errored, None, _callbacks(callbacks), functions)
+                                          restart_errored, scheduler, _callbacks(callbacks),
+                                          functions)
         return self
