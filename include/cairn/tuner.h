@@ -282,10 +282,11 @@ class Tuner {
   // given again here: a scheduler or searcher given must be of the kind saved
   // (its saved state is restored into it), and when none is given a saved
   // FIFO, ASHA or PBT scheduler (from the options saved with its state; not
-  // a PBT whose mutations are functions) or default searcher is rebuilt. The space's sample_from
-  // functions are needed again only while the default searcher has trials
-  // left to draw (kInvalidArgument naming the key path otherwise). kNotFound
-  // without a state at `path`; kCorruption if it is damaged.
+  // a PBT whose mutations are functions) or default searcher is rebuilt.
+  // The space's sample_from functions are needed again only while the
+  // default searcher has trials left to draw (kInvalidArgument naming the
+  // key path otherwise). kNotFound without a state at `path`; kCorruption
+  // if it is damaged.
   static Tuner restore(std::string_view path, TrainFn trainable, RestoreOptions options = {},
                        TuneConfig code = {});
   static Tuner restore(std::string_view path, TrainableFactory trainable,

@@ -5,6 +5,7 @@
 #include "cairn/tune_schedulers.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -361,8 +362,24 @@ void PopulationBasedTraining::restore(const json& state) {
     st.done = done.get<bool>();
     trials.emplace(id, std::move(st));
   }
+  // The generator's state is the saved one, so its seed is too (saved with
+  // the options by this version; an older state has none).
+  std::optional<std::uint64_t> seed;
+  const json options = state.value("options", json::object());
+  if (options.is_object() && options.contains("seed")) {
+    const json& text = options["seed"];
+    std::uint64_t v = 0;
+    const std::string digits = text.is_string() ? text.get<std::string>() : std::string();
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
+      bad_state(kPbt,
+                fmt::format("'options.seed' is not a 64-bit unsigned decimal: {}", text.dump()));
+    }
+    seed = v;
+  }
   options_.metric = std::move(metric);
   options_.mode = std::move(mode);
+  if (seed) options_.seed = *seed;
   rng_ = rng;
   num_perturbations_ = state["num_perturbations"].get<std::uint64_t>();
   trials_ = std::move(trials);
