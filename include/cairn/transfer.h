@@ -100,8 +100,11 @@ struct TransferOptions {
   // Threads reading and writing at once; >= 1.
   int jobs = 8;
   // A file larger than this is copied as ranged chunks of this size
-  // (Reader::read_at / Writer::write_at), in parallel; >= 1.
-  uint64_t chunk_size = 64ull << 20;
+  // (Reader::read_at / Writer::write_at), in parallel; >= 1. Each job's
+  // buffer is fresh memory on every copy, slow to touch on virtual machines
+  // (docs/benchmarks.md): 16 MiB, one S3 part or ranged GET, measured faster
+  // than 64 MiB both ways to and from S3.
+  uint64_t chunk_size = 16ull << 20;
   // Progress, after every chunk and every file; see the thread-safety note.
   // An exception thrown from it stops the copy and is rethrown.
   std::function<void(const TransferProgress&)> progress;
