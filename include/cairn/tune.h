@@ -130,6 +130,9 @@ class ParamSpace {
   // Paths of the sample_from domains, in the order their functions are
   // first called.
   std::vector<std::string> computed_paths() const;
+  // The names of the functions the sample_from domains ask for, in
+  // computed_paths() order (a name used twice appears twice).
+  std::vector<std::string> function_names() const;
   // kInvalidArgument naming the key path of the first sample_from whose
   // function was not given.
   void require_functions() const;

@@ -19,11 +19,8 @@ void check_mode(const std::string& mode, std::string_view field);
 // Whether `value` is a domain: an object holding kDomainTag.
 bool is_domain(const nlohmann::json& value);
 
-// Whether `value` is or holds a domain at any depth.
-bool contains_domain(const nlohmann::json& value);
-
-// Whether `value` is or holds a sample_from domain at any depth.
-bool contains_sample_from(const nlohmann::json& value);
+// Whether `value` is or holds a domain (of `kind`, when given) at any depth.
+bool contains_domain(const nlohmann::json& value, std::string_view kind = {});
 
 // Throws kInvalidArgument ("search space: <path>: ...") unless `domain` (an
 // object with the tag) is well formed. Returns whether it is a grid_search.

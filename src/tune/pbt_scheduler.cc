@@ -5,7 +5,6 @@
 #include "cairn/tune_schedulers.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -17,6 +16,7 @@
 #include "tune/domain.h"
 
 #include "tune/scheduler_common.h"
+#include "util/parse.h"
 
 namespace cairn::tune {
 
@@ -368,14 +368,11 @@ void PopulationBasedTraining::restore(const json& state) {
   const json options = state.value("options", json::object());
   if (options.is_object() && options.contains("seed")) {
     const json& text = options["seed"];
-    std::uint64_t v = 0;
-    const std::string digits = text.is_string() ? text.get<std::string>() : std::string();
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
-    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
+    seed = text.is_string() ? parse_decimal(text.get<std::string>()) : std::nullopt;
+    if (!seed) {
       bad_state(kPbt,
                 fmt::format("'options.seed' is not a 64-bit unsigned decimal: {}", text.dump()));
     }
-    seed = v;
   }
   options_.metric = std::move(metric);
   options_.mode = std::move(mode);

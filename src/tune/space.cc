@@ -38,21 +38,11 @@ namespace internal {
 
 bool is_domain(const json& value) { return value.is_object() && value.contains(kDomainTag); }
 
-bool contains_domain(const json& value) {
-  if (is_domain(value)) return true;
+bool contains_domain(const json& value, std::string_view kind) {
+  if (is_domain(value)) return kind.empty() || value[kDomainTag] == kind;
   if (value.is_structured()) {
     for (const auto& item : value) {
-      if (contains_domain(item)) return true;
-    }
-  }
-  return false;
-}
-
-bool contains_sample_from(const json& value) {
-  if (is_domain(value)) return value[kDomainTag] == "sample_from";
-  if (value.is_structured()) {
-    for (const auto& item : value) {
-      if (contains_sample_from(item)) return true;
+      if (contains_domain(item, kind)) return true;
     }
   }
   return false;
@@ -326,6 +316,12 @@ std::vector<std::string> ParamSpace::random_paths() const {
 std::vector<std::string> ParamSpace::computed_paths() const {
   std::vector<std::string> out;
   for (const auto& site : computed_) out.push_back(path_of(site.pointer));
+  return out;
+}
+
+std::vector<std::string> ParamSpace::function_names() const {
+  std::vector<std::string> out;
+  for (const auto& site : computed_) out.push_back(site.domain["fn"].get<std::string>());
   return out;
 }
 

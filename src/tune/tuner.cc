@@ -36,6 +36,7 @@
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/parse.h"
 #include "util/settings.h"
 
 namespace cairn::tune {
@@ -290,7 +291,7 @@ namespace {
 void give_spent_sample_functions(const nlohmann::json& state, const nlohmann::json& space,
                                  TuneConfig& tc, std::string_view path) {
   const ParamSpace parsed(space);
-  if (parsed.computed_paths().empty()) return;
+  if (parsed.function_names().empty()) return;
   const nlohmann::json& searcher = state.value("searcher", nlohmann::json::object());
   const nlohmann::json& next = searcher.value("next", nlohmann::json());
   if (!next.is_number_unsigned() || tc.num_samples < 1 ||
@@ -298,9 +299,7 @@ void give_spent_sample_functions(const nlohmann::json& state, const nlohmann::js
     return;
   }
   const std::string where(path);
-  for (const std::string& site : parsed.computed_paths()) {
-    const nlohmann::json& domain = space[nlohmann::json::json_pointer("/" + site)];
-    const std::string name = domain.at("fn").get<std::string>();
+  for (const std::string& name : parsed.function_names()) {
     if (tc.sample_functions.count(name) != 0) continue;
     tc.sample_functions[name] = [where, name](const nlohmann::json&,
                                               Rng&) -> std::optional<nlohmann::json> {
@@ -340,8 +339,15 @@ std::shared_ptr<TrialScheduler> rebuild_scheduler(const nlohmann::json& saved,
       p.hyperparam_mutations = o.at("hyperparam_mutations");
       p.quantile_fraction = o.at("quantile_fraction").get<double>();
       p.resample_probability = o.at("resample_probability").get<double>();
-      p.seed = std::stoull(o.at("seed").get<std::string>());
-      if (internal::contains_sample_from(p.hyperparam_mutations)) {
+      const std::optional<std::uint64_t> seed = parse_decimal(o.at("seed").get<std::string>());
+      if (!seed) {
+        throw Error(ErrorCode::kCorruption,
+                    fmt::format("{}: the saved pbt scheduler's seed is not a 64-bit unsigned "
+                                "decimal: {}",
+                                path, o.at("seed").dump()));
+      }
+      p.seed = *seed;
+      if (internal::contains_domain(p.hyperparam_mutations, "sample_from")) {
         throw Error(ErrorCode::kInvalidArgument,
                     fmt::format("Tuner::restore({}): the experiment's PBT mutations hold "
                                 "functions (code, not saved); pass the scheduler again in "
@@ -353,9 +359,6 @@ std::shared_ptr<TrialScheduler> rebuild_scheduler(const nlohmann::json& saved,
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kCorruption,
                 fmt::format("{}: the saved {} scheduler's options: {}", path, kind, e.what()));
-  } catch (const std::logic_error& e) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: the saved {} scheduler's seed: {}", path, kind, e.what()));
   }
   return nullptr;
 }

@@ -276,6 +276,7 @@ TEST(TuneSampleFrom, ComputesFromTheResolvedConfigAfterGridAndRandomDomains) {
                     {"jitter", sample_from("noise")}},
                    fns);
   EXPECT_EQ(space.computed_paths(), (std::vector<std::string>{"jitter", "model/depth"}));
+  EXPECT_EQ(space.function_names(), (std::vector<std::string>{"noise", "twice"}));
   EXPECT_TRUE(space.random_paths() == std::vector<std::string>{"lr"});
   ASSERT_EQ(space.grid_size(), 2u);
   Rng rng(5);
