@@ -67,13 +67,13 @@ struct HistoryScan {
 // scan_experiment() and split_torn() do. History entries whose folder is not
 // on storage are in neither map of `scan`. `warn` gets the history's
 // warnings, `note` split_torn's. Failure: as load_history() and split_torn().
+HistoryScan scan_with_history(Storage& storage, const std::function<void(const std::string&)>& warn,
+                              const std::function<void(const std::string&)>& note);
+
 // The folders in the experiment's trash (manager_layout::kTrashPrefix): a
 // retired checkpoint's files each, waiting for the manager's deleter. Keys
 // relative to `storage` (".cairn.trash/checkpoint_000007"); one listing,
 // none where the storage cannot rename (nothing is ever put there).
 std::vector<std::string> trash_folders(Storage& storage);
-
-HistoryScan scan_with_history(Storage& storage, const std::function<void(const std::string&)>& warn,
-                              const std::function<void(const std::string&)>& note);
 
 }  // namespace cairn
