@@ -33,11 +33,15 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -45,6 +49,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -125,9 +130,63 @@ void set_nonblocking(int fd) {
   }
 }
 
+namespace {
+
+// Descriptors the driver needs for `workers` workers: a socket, a stderr
+// pipe and a pidfd each, and room for what else it has open (storage, the
+// experiment's lock, the reaper's socket, a caller's own files).
+rlim_t descriptors_for(size_t workers) { return static_cast<rlim_t>(3 * workers + 256); }
+
+// A descriptor that becomes readable when process `pid` (a child) exits;
+// -1 where the kernel has no pidfd_open (before 5.3), and the group then
+// asks waitid about that worker on every poll.
+int open_exit_fd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);  // close-on-exec by definition
+  return fd >= 0 ? static_cast<int>(fd) : -1;
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// The usual soft limit on open files (1024) ends a local group near 400
+// ranks, while the hard limit is usually far higher: raise the soft limit as
+// far as the group needs, as servers that hold many connections do. Returns
+// the limit as it was, which every worker gets back (a worker's own
+// children may use select(), which breaks above 1024). Throws
+// kFailedPrecondition when the hard limit is too low, before anything starts.
+rlimit raise_descriptor_limit(size_t workers) {
+  rlimit was{};
+  if (::getrlimit(RLIMIT_NOFILE, &was) != 0) throw errno_error(errno, "getrlimit", "RLIMIT_NOFILE");
+  const rlim_t need = descriptors_for(workers);
+  if (was.rlim_cur != RLIM_INFINITY && was.rlim_cur >= need) return was;
+  if (was.rlim_cur == RLIM_INFINITY) return was;
+  if (was.rlim_max != RLIM_INFINITY && was.rlim_max < need) {
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        fmt::format("{} local workers need about {} open files in the driver (a socket, "
+                    "a pipe and a pidfd each), but this process may open at most {} (the hard "
+                    "limit, `ulimit -Hn`): raise it, or start fewer workers per driver "
+                    "(the MPI or torchrun-style launchers spread them over processes)",
+                    workers, need, was.rlim_max));
+  }
+  rlimit raised = was;
+  raised.rlim_cur = need;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    throw errno_error(errno, "setrlimit", fmt::format("RLIMIT_NOFILE to {}", need));
+  }
+  return was;
+}
+
+}  // namespace
+
 class LocalGroup final : public Group {
  public:
-  LocalGroup(const LaunchSpec& spec, const std::vector<TrainContext>& places) {
+  LocalGroup(const LaunchSpec& spec, const std::vector<TrainContext>& places)
+      : worker_file_limit_(raise_descriptor_limit(places.size())),
+        epoll_(::epoll_create1(EPOLL_CLOEXEC)) {
+    if (!epoll_) throw errno_error(errno, "epoll_create1", "the workers' descriptors");
     std::cout.flush();
     std::fflush(nullptr);  // buffered output must not be written twice
     const pid_t driver = ::getpid();
@@ -141,21 +200,23 @@ class LocalGroup final : public Group {
   }
   ~LocalGroup() override { stop(); }
 
+  // Costs O(workers with something to say), not O(workers): the workers'
+  // descriptors sit in one epoll set, and only those it reports ready are
+  // read (a round of 1,024 ranks otherwise reads every worker's descriptors
+  // once per message that arrives).
   std::vector<GroupEvent> poll(int timeout_ms) override {
-    std::vector<pollfd> fds;
-    for (auto& w : workers_) {
-      if (w.channel.open()) fds.push_back({w.channel.fd(), POLLIN, 0});
-      if (w.err_fd >= 0) fds.push_back({w.err_fd, POLLIN, 0});
+    if (watched_ > 0 || running_ > 0) {
+      epoll_event ready[256];
+      const int n = ::epoll_wait(epoll_.get(), ready, 256, timeout_ms);
+      // ignore-error: EINTR just means look again
+      for (int i = 0; i < n; ++i) mark(ready[i].data.u64 >> 2);
     }
-    bool any_running = false;
-    for (auto& w : workers_) any_running |= !w.reaped;
-    if (!fds.empty()) {
-      ::poll(fds.data(), fds.size(), timeout_ms);  // ignore-error: EINTR just means look again
-    } else if (any_running) {
-      ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);
-    }
+    for (size_t i : unwatched_exits_) mark(i);
+    std::sort(marked_.begin(), marked_.end());  // events in rank order, as before
     std::vector<GroupEvent> events;
-    for (Worker& w : workers_) {
+    for (size_t i : marked_) {
+      Worker& w = workers_[i];
+      w.marked = false;
       const int rank = w.rank;
       drain(w, events);
       if (w.reaped) continue;
@@ -171,6 +232,7 @@ class LocalGroup final : public Group {
         events.push_back(std::move(e));
       }
     }
+    marked_.clear();
     return events;
   }
 
@@ -194,9 +256,10 @@ class LocalGroup final : public Group {
         int status = 0;
         while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
         }
-        w.reaped = true;
+        note_reaped(index_of(w.rank));
       }
       drain_stderr(w, /*final=*/true);
+      unwatch(w.channel.fd());
       w.channel.close();
     }
     stop_reaper();
@@ -221,24 +284,64 @@ class LocalGroup final : public Group {
 
   std::string stderr_tail(int rank) const override { return workers_[index_of(rank)].err.tail(); }
 
-  std::vector<int> wait_fds() const override {
-    std::vector<int> fds;
-    for (const auto& w : workers_) {
-      if (w.channel.open()) fds.push_back(w.channel.fd());
-      if (w.err_fd >= 0) fds.push_back(w.err_fd);
-    }
-    return fds;
-  }
+  // The epoll set: readable when a worker's descriptor is.
+  std::vector<int> wait_fds() const override { return {epoll_.get()}; }
 
  private:
+  const rlimit worker_file_limit_;  // the driver's limit before raise_descriptor_limit
+
   struct Worker {
     int rank = 0;
     pid_t pid = -1;
     bool reaped = false;
+    bool marked = false;  // in marked_
     Channel channel;
     int err_fd = -1;
+    int exit_fd = -1;  // pidfd; -1 once reaped or where the kernel has none
     StderrTail err{""};
   };
+
+  // What an epoll entry stands for: (worker index << 2) | kind.
+  enum FdKind : uint64_t { kChannel = 0, kStderr = 1, kExit = 2 };
+
+  void watch(int fd, size_t index, FdKind kind) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = (static_cast<uint64_t>(index) << 2) | kind;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      throw errno_error(errno, "epoll_ctl", fmt::format("rank {}", workers_[index].rank));
+    }
+    ++watched_;
+  }
+
+  // Before the descriptor is closed: a copy of it in another process (one
+  // the driver's program forked meanwhile) would otherwise keep it in the set.
+  void unwatch(int fd) {
+    if (fd < 0) return;
+    // ignore-error: only fails for a descriptor that is not in the set
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr) == 0) --watched_;
+  }
+
+  void mark(size_t index) {
+    if (index >= workers_.size() || workers_[index].marked) return;
+    workers_[index].marked = true;
+    marked_.push_back(index);
+  }
+
+  void close_exit_fd(Worker& w) {
+    if (w.exit_fd < 0) return;
+    unwatch(w.exit_fd);
+    ::close(w.exit_fd);
+    w.exit_fd = -1;
+  }
+
+  void note_reaped(size_t index) {
+    Worker& w = workers_[index];
+    w.reaped = true;
+    --running_;
+    close_exit_fd(w);
+    std::erase(unwatched_exits_, index);
+  }
 
   // Kills the worker's process group (and the worker, should it not lead one).
   static void kill_tree(pid_t pid) {
@@ -256,7 +359,7 @@ class LocalGroup final : public Group {
     kill_tree(w.pid);
     while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
     }
-    w.reaped = true;
+    note_reaped(index_of(w.rank));
     tell_reaper(-w.pid);
     return true;
   }
@@ -313,10 +416,11 @@ class LocalGroup final : public Group {
   }
 
   size_t index_of(int rank) const {
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      if (workers_[i].rank == rank) return i;
+    auto it = index_of_rank_.find(rank);
+    if (it == index_of_rank_.end()) {
+      throw Error(ErrorCode::kInternal, fmt::format("no worker for rank {} in this group", rank));
     }
-    throw Error(ErrorCode::kInternal, fmt::format("no worker for rank {} in this group", rank));
+    return it->second;
   }
 
   void start_one(const LaunchSpec& spec, const TrainContext& place, pid_t driver) {
@@ -342,6 +446,7 @@ class LocalGroup final : public Group {
       ::setpgid(0, 0);  // lead a process group: the worker's tree (see the top)
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != driver) ::_exit(111);
+      ::setrlimit(RLIMIT_NOFILE, &worker_file_limit_);  // ignore-error: it can only lower it
       ::dup2(errp[1], 2);
       const int ctl = sv[1];  // >= 3: 0, 1 and 2 are open
       if (ctl > 3) ::close_range(3, static_cast<unsigned>(ctl - 1), 0);
@@ -355,14 +460,25 @@ class LocalGroup final : public Group {
     tell_reaper(static_cast<int32_t>(pid));
     ::close(sv[1]);
     ::close(errp[1]);
+    const size_t index = workers_.size();
     Worker& w = workers_.emplace_back();
     w.rank = rank;
     w.pid = pid;
     w.channel = Channel(UniqueFd(sv[0]), fmt::format("rank {}", rank));
     w.err_fd = errp[0];
+    w.exit_fd = open_exit_fd(pid);
     w.err = StderrTail(fmt::format("[rank {}] ", rank));
+    index_of_rank_[rank] = index;
+    ++running_;
     set_nonblocking(sv[0]);
     set_nonblocking(errp[0]);
+    watch(sv[0], index, kChannel);
+    watch(errp[0], index, kStderr);
+    if (w.exit_fd >= 0) {
+      watch(w.exit_fd, index, kExit);
+    } else {
+      unwatched_exits_.push_back(index);
+    }
   }
 
   void drain(Worker& w, std::vector<GroupEvent>& events) {
@@ -386,7 +502,10 @@ class LocalGroup final : public Group {
       ev.message = std::move(m);
       events.push_back(std::move(ev));
     }
-    if (!open) w.channel.close();
+    if (!open) {
+      unwatch(w.channel.fd());
+      w.channel.close();
+    }
   }
 
   void drain_stderr(Worker& w, bool final) {
@@ -400,6 +519,7 @@ class LocalGroup final : public Group {
       }
       if (r < 0 && errno == EINTR) continue;
       if (r == 0 || (r < 0 && errno != EAGAIN)) {
+        unwatch(w.err_fd);
         ::close(w.err_fd);
         w.err_fd = -1;
         w.err.flush();
@@ -408,13 +528,20 @@ class LocalGroup final : public Group {
     }
     if (final && w.err_fd >= 0 && w.reaped) {
       // A grandchild may still hold the pipe; what the worker wrote is read.
+      unwatch(w.err_fd);
       ::close(w.err_fd);
       w.err_fd = -1;
       w.err.flush();
     }
   }
 
+  UniqueFd epoll_;  // every open channel, stderr pipe and pidfd of the workers
   std::vector<Worker> workers_;
+  std::unordered_map<int, size_t> index_of_rank_;
+  size_t watched_ = 0;                   // descriptors in epoll_
+  size_t running_ = 0;                   // workers not reaped
+  std::vector<size_t> unwatched_exits_;  // running workers without a pidfd: asked every poll
+  std::vector<size_t> marked_;           // workers poll() looks at this time
   pid_t reaper_pid_ = -1;
   int reaper_fd_ = -1;  // the driver's end; closing it (or dying) tells the reaper
   std::unique_ptr<pid_t[]> reaper_groups_;

@@ -1,0 +1,130 @@
+// The local launcher with more workers than the usual limit on open files
+// allows a driver by default (docs/scale.md): the driver raises its own soft
+// limit as far as the group needs, gives the workers the limit it had, and
+// refuses clearly, before starting anything, when the hard limit is too low.
+// Each case runs in a forked child, whose limits the test may lower for good.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "cairn/error.h"
+#include "cairn/train.h"
+#include "support/temp_dir.h"
+#include "train/train_support.h"
+
+namespace cairn {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+using testing::write_file;
+
+constexpr rlim_t kSoftLimit = 128;
+constexpr int kWorkers = 60;  // a socket, a pipe and a pidfd each: more than 128
+
+// Each rank checks it got the driver's original limit back and reports a
+// file of its own, so the commit checks kWorkers files.
+void rank_loop(const nlohmann::json& config) {
+  rlimit mine{};
+  ::getrlimit(RLIMIT_NOFILE, &mine);
+  if (mine.rlim_cur != config.at("soft").get<rlim_t>()) {
+    throw std::runtime_error(fmt::format("the worker's soft limit is {}, not the driver's {}",
+                                         mine.rlim_cur, config.at("soft").get<rlim_t>()));
+  }
+  const int rank = train::get_context().world_rank;
+  for (int round = 0; round < 2; ++round) {
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / fmt::format("rank-{}.txt", rank), std::to_string(round));
+    train::report({{"round", round}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+// Runs `body` in a forked child after setting its limit on open files to
+// soft/hard; returns the child's exit status (0: passed; otherwise it wrote
+// why to stderr).
+int in_child_with_limit(rlim_t soft, rlim_t hard, const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    rlimit lim{soft, hard};
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(90);
+    int rc = 91;
+    try {
+      rc = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "unexpected exception: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(ManyWorkers, TheDriverRaisesItsOpenFileLimitAndTheWorkersGetTheOldOne) {
+  rlimit now{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &now), 0);
+  if (now.rlim_max != RLIM_INFINITY && now.rlim_max < 3 * kWorkers + 256) {
+    GTEST_SKIP() << "the hard limit on open files (" << now.rlim_max << ") is too low";
+  }
+  TempDir dir;
+  const int rc = in_child_with_limit(kSoftLimit, now.rlim_max, [&] {
+    RunConfig run;
+    run.name = "many";
+    run.storage_path = dir.str();
+    Result r =
+        Trainer(rank_loop, {{"soft", kSoftLimit}}, ScalingConfig{.num_workers = kWorkers}, run)
+            .fit();
+    if (r.error) {
+      std::fprintf(stderr, "the run failed: %s\n", r.error->c_str());
+      return 1;
+    }
+    if (!r.checkpoint || r.checkpoint->manifest().files.size() != kWorkers) {
+      std::fprintf(stderr, "the last checkpoint does not hold every rank's file\n");
+      return 2;
+    }
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+TEST(ManyWorkers, AHardLimitTooLowIsAClearErrorBeforeAnyWorkerStarts) {
+  TempDir dir;
+  const int rc = in_child_with_limit(kSoftLimit, kSoftLimit, [&] {
+    RunConfig run;
+    run.name = "refused";
+    run.storage_path = dir.str();
+    try {
+      Result r =
+          Trainer(rank_loop, {{"soft", kSoftLimit}}, ScalingConfig{.num_workers = kWorkers}, run)
+              .fit();
+      std::fprintf(stderr, "fit() returned (%s) instead of refusing\n",
+                   r.error ? r.error->c_str() : "no error");
+      return 1;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      if (e.code() != ErrorCode::kFailedPrecondition ||
+          msg.find(fmt::format("{} local workers", kWorkers)) == std::string::npos ||
+          msg.find("ulimit -Hn") == std::string::npos) {
+        std::fprintf(stderr, "unexpected error: %s\n", msg.c_str());
+        return 2;
+      }
+    }
+    // Nothing was committed, and the experiment can be run again.
+    if (fs::exists(dir.path() / "refused" / "checkpoint_000000")) return 3;
+    return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+}  // namespace
+}  // namespace cairn
