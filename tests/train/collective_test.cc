@@ -237,6 +237,34 @@ TEST(ReportRound, RanksFailingAfterTheFirstAreNamedWithIt) {
   EXPECT_EQ(f.message.find("rank 2"), std::string::npos) << f.message;
 }
 
+// The driver waits for failures that follow from the first only while a
+// rank still runs code of its own: a rank that waits inside report(), even
+// one that arrived after the failure, cannot fail because of it.
+TEST(ReportRound, NoRankRunsOnceEveryOtherRankWaitsInReportOrHasEnded) {
+  ReportRound r(4, 10.0);
+  EXPECT_FALSE(r.none_running());
+  r.on_report(1, 1, {}, true, 0.0);
+  ASSERT_EQ(r.on_exit(0, false, "(pid 7) was killed by signal 9 (SIGKILL)").type, Action::kFailed);
+  EXPECT_FALSE(r.none_running()) << "ranks 2 and 3 still run train_fn";
+  EXPECT_EQ(r.on_report(2, 1, {}, true, 0.1).type, Action::kNone);
+  EXPECT_FALSE(r.none_running()) << "rank 3 still runs train_fn";
+  EXPECT_EQ(r.on_exit(3, false, "(pid 9) exited with status 1").type, Action::kNone);
+  EXPECT_TRUE(r.none_running());
+  EXPECT_FALSE(r.all_exited());
+  EXPECT_NE(r.failure_with_concurrent().message.find("at the same time rank 3"), std::string::npos);
+}
+
+TEST(ReportRound, AnUploadingRankStillRuns) {
+  ReportRound r(2, 10.0);
+  r.on_report(0, 1, {}, true, 0.0);
+  ASSERT_EQ(r.on_report(1, 1, {}, true, 0.0).type, Action::kBeginUpload);
+  r.on_uploaded(0, 1, {entry("a", 1, 1)}, kNoMeta, 0.1);
+  EXPECT_EQ(r.fail({FailureKind::kDriver, -1, "lost the storage"}).type, Action::kFailed);
+  EXPECT_FALSE(r.none_running()) << "rank 1 is still writing its files";
+  r.on_exit(1, false, "(pid 8) was killed by signal 9 (SIGKILL)");
+  EXPECT_TRUE(r.none_running());
+}
+
 TEST(Restart, BudgetCountsFailuresAndMinusOneIsUnlimited) {
   Failure worker{FailureKind::kWorkerFailed, 0, ""};
   EXPECT_FALSE(should_restart(worker, 1, 0));

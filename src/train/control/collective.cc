@@ -110,7 +110,13 @@ ReportRound::Action ReportRound::fail(Failure failure) {
 
 ReportRound::Action ReportRound::on_report(int rank, int round, const nlohmann::json& metrics,
                                            bool has_checkpoint, double now, bool notice) {
-  if (failure_) return {};
+  if (failure_) {
+    // The round is lost, but the rank now waits inside report(): it can no
+    // longer fail on its own (none_running()).
+    RankState& late = ranks_.at(rank);
+    if (late.state == State::kRunning) late.state = State::kArrived;
+    return {};
+  }
   RankState& r = ranks_.at(rank);
   if (r.state != State::kRunning || round != completed_ + 1) {
     return fail_with(
@@ -203,10 +209,15 @@ ReportRound::Action ReportRound::maybe_advance(double now) {
     return a;
   }
   if (phase_ == Phase::kUploading) {
+    // Called once per upload that arrives: only look, copying nothing, until
+    // the last one is in (a copy of every rank's files each time made a
+    // round of N ranks cost O(N^2)).
+    for (const RankState& r : ranks_) {
+      if (r.state == State::kUploading) return {};
+    }
     std::map<int, std::vector<ManifestEntry>> by_rank;
     for (int i = 0; i < world_size_; ++i) {
       const RankState& r = ranks_[i];
-      if (r.state == State::kUploading) return {};
       if (r.state == State::kUploaded) {
         a.uploaders.push_back(i);
         by_rank[i] = r.files;
@@ -319,6 +330,12 @@ ReportRound::Action ReportRound::on_exit(int rank, bool clean, const std::string
 bool ReportRound::all_exited() const {
   return std::all_of(ranks_.begin(), ranks_.end(),
                      [](const RankState& r) { return r.state == State::kExited; });
+}
+
+bool ReportRound::none_running() const {
+  return std::none_of(ranks_.begin(), ranks_.end(), [](const RankState& r) {
+    return r.state == State::kRunning || r.state == State::kUploading;
+  });
 }
 
 Failure ReportRound::failure_with_concurrent() const {

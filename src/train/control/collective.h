@@ -110,6 +110,11 @@ class ReportRound {
   int completed_rounds() const { return completed_; }
   // Every rank's process has ended (its exit was seen).
   bool all_exited() const;
+  // No rank runs code of its own: each has exited, or waits on the driver
+  // inside report() (arrived, or its upload done), or has returned from
+  // train_fn. After a failure no further failure can then follow from it,
+  // so the driver need not wait for one to name with it.
+  bool none_running() const;
   // The first failure, its message naming too the ranks whose exits, seen
   // after it, were failures of their own (a rank killed makes its peers'
   // collectives fail a moment later, and the driver may hear from a peer
