@@ -41,6 +41,13 @@ class CheckpointWriter {
   // Records a file already written by someone else (a worker process) into
   // the destination, after checking that it exists with the given size.
   void add_written(const ManifestEntry& entry);
+  // The same for many files, checked against one listing of the destination
+  // (on S3 one request per 1,000 files instead of one per file: a commit of
+  // 1,024 ranks' files is 2 requests, not 1,024); a file the listing does
+  // not show is looked up on its own before it counts as missing, so a
+  // listing that lags behind a write is no false alarm. Throws as above,
+  // naming the first file at fault; nothing is recorded then.
+  void add_written(const std::vector<ManifestEntry>& entries);
 
   // Sets Manifest::layout for the commit (a sharded save's global layout).
   void set_layout(nlohmann::json layout);

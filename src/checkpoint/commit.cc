@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -142,6 +143,33 @@ void CheckpointWriter::add_written(const ManifestEntry& entry) {
                             dest_.storage().uri_of(entry.path), info->size, entry.size));
   }
   record(entry);
+}
+
+void CheckpointWriter::add_written(const std::vector<ManifestEntry>& entries) {
+  if (entries.size() < 2) {
+    for (const auto& e : entries) add_written(e);
+    return;
+  }
+  for (const auto& e : entries) check_user_path(e.path);
+  Storage& storage = dest_.storage();
+  std::unordered_map<std::string, uint64_t> sizes;
+  for (auto& o : storage.list("")) sizes.emplace(std::move(o.key), o.size);
+  for (const auto& e : entries) {
+    auto it = sizes.find(e.path);
+    if (it == sizes.end()) {
+      auto info = storage.stat(e.path);  // a listing may lag behind a write
+      if (!info) {
+        throw Error(ErrorCode::kNotFound,
+                    fmt::format("{}: reported as written but not found", storage.uri_of(e.path)));
+      }
+      it = sizes.emplace(e.path, info->size).first;
+    }
+    if (it->second != e.size) {
+      throw Error(ErrorCode::kCorruption, fmt::format("{}: size {} but the writer reported {}",
+                                                      storage.uri_of(e.path), it->second, e.size));
+    }
+  }
+  for (const auto& e : entries) record(e);
 }
 
 void CheckpointWriter::set_layout(nlohmann::json layout) {

@@ -399,9 +399,9 @@ Manifest commit_sharded(const Checkpoint& dest, const std::vector<RankShards>& r
                         const nlohmann::json& metrics) {
   nlohmann::json layout = build_layout(ranks);
   CheckpointWriter writer(dest);
-  for (const auto& r : ranks) {
-    for (const auto& f : r.files) writer.add_written(f);
-  }
+  std::vector<ManifestEntry> files;
+  for (const auto& r : ranks) files.insert(files.end(), r.files.begin(), r.files.end());
+  writer.add_written(files);
   writer.set_layout(layout);
   return writer.commit(metrics, now_seconds());
 }

@@ -681,7 +681,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
   Manifest manifest;
   try {
     CheckpointWriter writer(reserved);
-    for (const auto& f : files) writer.add_written(f);
+    writer.add_written(files);
     if (!layout.is_null()) writer.set_layout(layout);
     if (!ranks.is_null()) writer.set_ranks(ranks);
     manifest = writer.commit(metrics, now(), metadata);

@@ -623,6 +623,39 @@ TEST(CheckpointWriter, RefusesToWriteIntoACommittedCheckpointOrUnderCairnsFolder
   error_message_of([&] { w.write_file("../x", "{}"); }, ErrorCode::kInvalidArgument);
 }
 
+// Files other processes wrote (a Trainer's ranks) are checked against one
+// listing of the checkpoint; one missing or of another size is named.
+TEST(CheckpointWriter, ManyWrittenFilesAreCheckedTogetherAndAFaultyOneIsNamed) {
+  for (const std::string which : {"good", "missing", "short"}) {
+    TempDir dir;
+    auto cp = Checkpoint::from_directory(dir.str());
+    std::vector<ManifestEntry> entries;
+    for (int rank = 0; rank < 40; ++rank) {
+      const std::string name = fmt::format("sub/rank-{}.bin", rank);
+      const std::string bytes(100 + rank, 'x');
+      if (!(which == "missing" && rank == 17)) {
+        cp.storage().put(name, which == "short" && rank == 23 ? bytes.substr(1) : bytes);
+      }
+      entries.push_back({name, bytes.size(), xxh3_64(bytes)});
+    }
+    CheckpointWriter w(cp);
+    if (which == "good") {
+      w.add_written(entries);
+      w.commit({}, 1.0);
+      ASSERT_TRUE(cp.is_committed());
+      EXPECT_EQ(cp.manifest().files.size(), 40u);
+      EXPECT_TRUE(cp.verify().empty());
+      continue;
+    }
+    const std::string msg =
+        error_message_of([&] { w.add_written(entries); },
+                         which == "missing" ? ErrorCode::kNotFound : ErrorCode::kCorruption);
+    EXPECT_NE(msg.find(which == "missing" ? "rank-17.bin" : "rank-23.bin"), std::string::npos)
+        << msg;
+    EXPECT_FALSE(cp.is_committed());
+  }
+}
+
 TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) {
   clear_memory_bucket("del");
   auto cp = Checkpoint::from_directory("memory://del/ck");
