@@ -23,6 +23,7 @@
 #include "cairn/transfer.h"
 #include "cairn/tuner.h"
 #include "cli/commands.h"
+#include "storage/s3/http.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -195,6 +196,26 @@ TEST_F(S3EndToEnd, TrainerRanksUploadToS3AndAFailedWorkerRestartsFromTheLatestCh
   EXPECT_TRUE(r.checkpoint->verify().empty());
   ExperimentListing listing = read_experiment(root + "/fit");
   EXPECT_EQ(listing.checkpoints.size(), 2u);
+}
+
+// A Trainer's commit of N ranks' files must not cost N requests: the files
+// are checked against one listing (one request per 1,000 keys), not with a
+// HEAD each (docs/scale.md).
+TEST_F(S3EndToEnd, ACommitOfManyRanksFilesChecksThemWithAListingNotARequestEach) {
+  CheckpointManager m(root + "/many", CheckpointConfig{});
+  Checkpoint reserved = m.reserve_next();
+  std::vector<ManifestEntry> files;
+  for (int rank = 0; rank < 300; ++rank) {
+    const std::string name = fmt::format("rank-{}.bin", rank);
+    const std::string bytes = std::to_string(rank);
+    reserved.storage().put(name, bytes);
+    files.push_back({name, bytes.size(), 0});
+  }
+  const uint64_t before = s3::requests_sent();
+  CheckpointRecord rec = m.commit_reserved(reserved, {{"step", 1}}, files);
+  const uint64_t sent = s3::requests_sent() - before;
+  EXPECT_LT(sent, 20u) << sent << " requests for a commit of 300 files";
+  EXPECT_EQ(rec.checkpoint.manifest().files.size(), 300u);
 }
 
 TEST_F(S3EndToEnd, AKilledDriverIsRestoredFromS3AndContinues) {

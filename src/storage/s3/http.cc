@@ -3,6 +3,7 @@
 #include "storage/s3/http.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstring>
 #include <mutex>
@@ -27,6 +28,8 @@ std::optional<std::string> HttpResponse::header(std::string_view name) const {
 }
 
 namespace {
+
+std::atomic<uint64_t> g_requests_sent{0};
 
 // Request bodies up to this size are sent with the headers (libcurl's limit
 // for doing so is 64 KiB).
@@ -116,6 +119,7 @@ class CurlClient final : public HttpClient {
   }
 
   HttpResponse send(const HttpRequest& request) override {
+    g_requests_sent.fetch_add(1, std::memory_order_relaxed);
     CURL* h = take();
     HttpResponse response;
     try {
@@ -242,6 +246,8 @@ class CurlClient final : public HttpClient {
 };
 
 }  // namespace
+
+uint64_t requests_sent() { return g_requests_sent.load(std::memory_order_relaxed); }
 
 std::shared_ptr<HttpClient> make_http_client(size_t max_connections) {
   return std::make_shared<CurlClient>(max_connections);

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -53,6 +54,10 @@ struct HttpResponse {
   // The value of the first header named `name` (case-insensitive).
   std::optional<std::string> header(std::string_view name) const;
 };
+
+// Requests sent by this process through every HttpClient (send() calls,
+// whatever their outcome): benchmarks count storage requests with it.
+uint64_t requests_sent();
 
 class HttpClient {
  public:

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <set>
 
@@ -283,6 +284,7 @@ class Driver {
     launch.checkpoint_uri = from;
     failure_.reset();
     finished_ = false;
+    timings_.clear();
     ScratchDir scratch;
     launch.scratch_dir = scratch.path().string();
 
@@ -333,10 +335,12 @@ class Driver {
     if (preempt_requested_) out.preempted = true;
     // Ranks failing at about the same time are named with the first: a rank
     // killed makes its peers' collectives fail a moment later, and which
-    // exit the driver sees first is up to the scheduler. A short wait
-    // (bounded; over as soon as every rank has ended) lets their exits in.
+    // exit the driver sees first is up to the scheduler. A short wait lets
+    // their exits in; it is bounded, and over as soon as no rank runs code
+    // of its own (every other rank ended, or waits inside report(): the
+    // usual case of a rank that died alone, whose restart it would delay).
     const double until = monotonic_seconds() + kConcurrentFailureWindowS;
-    while (!round.all_exited() && monotonic_seconds() < until) {
+    while (!round.none_running() && monotonic_seconds() < until) {
       for (auto& e : group->poll(20)) handle_event(round, e, monotonic_seconds());
     }
     failure_ = round.failure_with_concurrent();  // the loop ends only on a failed round
@@ -396,6 +400,11 @@ class Driver {
     try {
       const std::string t = m.value("t", "");
       if (t == "report") {
+        if (spec_.on_round_timing) {
+          RoundTiming& timing = timings_[m.at("round").get<int>()];
+          if (timing.first_report == 0) timing.first_report = now;
+          timing.last_report = now;
+        }
         if (m.value("preempted", false)) {
           note_preemption(fmt::format("rank {} received SIGTERM", e.rank), now);
         }
@@ -406,6 +415,7 @@ class Driver {
                                m.value("checkpoint", false), now, m.value("notice", false));
       }
       if (t == "uploaded") {
+        if (spec_.on_round_timing) timings_[m.at("round").get<int>()].last_uploaded = now;
         std::vector<ManifestEntry> files;
         for (const auto& f : m.at("files")) files.push_back(entry_from_json(f));
         return round.on_uploaded(e.rank, m.at("round").get<int>(), std::move(files),
@@ -438,6 +448,7 @@ class Driver {
         round.on_released();
         note_release(a.round, false);
         release(round, group, a.round, attach, std::nullopt);
+        report_timing(a.round, 0);
         return;
       }
       case A::kBeginUpload:
@@ -452,6 +463,7 @@ class Driver {
         for (int r : a.uploaders) {
           group.send(r, {{"t", "upload"}, {"round", a.round}, {"dest", reserved->uri()}});
         }
+        if (spec_.on_round_timing) timings_[a.round].upload_begun = monotonic_seconds();
         return;
       case A::kCommit: {
         const bool attach = attach_rounds_.erase(a.round) > 0;
@@ -474,6 +486,7 @@ class Driver {
               *reserved, checkpoint_metrics(attach ? last_metrics_ : a.metrics, attach), a.files,
               nullptr, nullptr, ranks);
           uri = rec.checkpoint.uri();
+          if (spec_.on_round_timing) timings_[a.round].committed = monotonic_seconds();
         } catch (const Error& e) {
           record_failure(round.fail(
               {FailureKind::kDriver, -1,
@@ -488,6 +501,7 @@ class Driver {
         round.on_released();
         note_release(a.round, true);
         release(round, group, a.round, attach, uri);
+        report_timing(a.round, static_cast<int>(a.uploaders.size()));
         return;
       }
       case A::kFinished:
@@ -622,6 +636,24 @@ class Driver {
     }
   }
 
+  // DriverSpec::on_round_timing, once the round is released.
+  void report_timing(int round_no, int uploaders) {
+    if (!spec_.on_round_timing) return;
+    auto it = timings_.find(round_no);
+    if (it == timings_.end()) return;
+    RoundTiming t = it->second;
+    timings_.erase(it);
+    t.attempt = attempt_;
+    t.round = round_no;
+    t.uploaders = uploaders;
+    t.released = monotonic_seconds();
+    if (uploaders == 0) {
+      t.upload_begun = t.last_uploaded = t.last_report;
+      t.committed = t.released;
+    }
+    spec_.on_round_timing(t);
+  }
+
   void record_failure(const ReportRound::Action& a) {
     if (a.type == ReportRound::Action::kFailed && !failure_) failure_ = a.failure;
   }
@@ -638,8 +670,9 @@ class Driver {
   int64_t iteration_ = 0;  // the last row's training_iteration (iteration_from_checkpoint)
   std::optional<Failure> failure_;
   bool finished_ = false;
-  bool stop_now_ = false;        // DriverSpec::on_round said stop
-  std::set<int> attach_rounds_;  // rounds rank 0 reported with report_checkpoint()
+  bool stop_now_ = false;               // DriverSpec::on_round said stop
+  std::set<int> attach_rounds_;         // rounds rank 0 reported with report_checkpoint()
+  std::map<int, RoundTiming> timings_;  // rounds not yet released (on_round_timing)
   bool continuing_ = false;
   // Preemption (see preemption_ends_attempt).
   const SigtermNotice* sigterm_ = nullptr;  // while run() runs

@@ -49,6 +49,21 @@ struct RoundDirective {
   std::optional<nlohmann::json> reset;
 };
 
+// Where the driver's time went in one released round (DriverSpec::
+// on_round_timing), in seconds of the steady clock. For a round without a
+// checkpoint the upload fields equal last_report and committed the release.
+struct RoundTiming {
+  int attempt = 0;           // TrainContext::attempt
+  int round = 0;             // the attempt's report() call, from 1
+  int uploaders = 0;         // ranks that passed a checkpoint
+  double first_report = 0;   // the first rank's report arrived
+  double last_report = 0;    // the last rank's report arrived
+  double upload_begun = 0;   // the location reserved and sent to every uploader
+  double last_uploaded = 0;  // the last uploader said its files are durable
+  double committed = 0;      // commit_reserved returned (manifest and manager history)
+  double released = 0;       // the run's history written and every rank released
+};
+
 struct DriverSpec {
   TrainFn train_fn;
   nlohmann::json train_loop_config;
@@ -91,6 +106,8 @@ struct DriverSpec {
     int failures = 0;
   };
   Outcome* outcome = nullptr;
+  // Benchmarks (bench/scale_bench.cc): called after each released round.
+  std::function<void(const RoundTiming&)> on_round_timing;
 };
 
 Result run_driver(const DriverSpec& spec, const GroupFactory& start_group);

@@ -1,0 +1,400 @@
+// How a report round grows with the number of ranks (docs/scale.md).
+//
+// For each N of --ranks, a run of N local worker processes (each a small
+// state: one file of --file-kib KiB) reports a checkpoint every round for
+// --rounds rounds into --storage (a file:// folder: a tmpfs such as /dev/shm
+// for the driver's own costs without a disk, a disk folder, or an s3:// URI).
+// One rank is killed with SIGKILL in round --fail-round (0: none), and the
+// group restarts from the latest checkpoint. Each N runs in a process of
+// its own, so its memory figures are its own.
+//
+// Printed for each N (medians over the rounds after the first):
+//   commit_s        the last rank's "uploaded" to the commit returning
+//                   (CheckpointManager::commit_reserved: manifest, history)
+//   release_s       the last "uploaded" to every rank released (commit, the
+//                   run's history files, N release messages)
+//   round_s         the first rank's report() to the last rank's return
+//   gather_s        the first rank's report to the last rank's (skew)
+//   upload_s        "upload" sent to the last "uploaded" (the ranks' writes)
+//   driver_cpu_s    the driver process's CPU time per round (user + system)
+//   driver_rss_mib  the driver's peak resident memory (VmHWM) at the end
+//   manifest_kib, history_kib  the last manifest; the manager's history and
+//                   the run's result files (result.json, progress.csv, events)
+//   requests        storage requests per checkpoint (S3 only: every HTTP
+//                   request any process sent, divided by the checkpoints)
+//   restart_s       the SIGKILL to the last rank's first step after restoring
+//                   its file from the checkpoint
+//
+// The driver's times come from its own clock (DriverSpec::on_round_timing);
+// the ranks' times from a steady clock that every process on the machine
+// shares, written into memory shared with the workers.
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/checkpoint.h"
+#include "cairn/storage.h"
+#include "cairn/train.h"
+#include "experiment/layout.h"
+#include "experiment/location.h"
+#include "manager/layout.h"
+#include "storage/s3/http.h"
+#include "train/control/driver.h"
+#include "train/control/group.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Args {
+  std::vector<int> ranks = {8, 64, 256, 1024};
+  int rounds = 5;
+  int fail_round = 3;
+  uint64_t file_kib = 64;
+  std::string storage;
+  std::string json;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "scale_bench: %s\n"
+               "usage: scale_bench --storage DIR|URI [--ranks 8,64,256,1024] [--rounds N]\n"
+               "                   [--fail-round K (0: no failure)] [--file-kib N] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) usage("missing value for " + k);
+    const std::string v = argv[++i];
+    if (k == "--ranks") {
+      a.ranks.clear();
+      std::stringstream in(v);
+      for (std::string n; std::getline(in, n, ',');) a.ranks.push_back(std::stoi(n));
+    } else if (k == "--rounds") {
+      a.rounds = std::stoi(v);
+    } else if (k == "--fail-round") {
+      a.fail_round = std::stoi(v);
+    } else if (k == "--file-kib") {
+      a.file_kib = std::stoull(v);
+    } else if (k == "--storage") {
+      a.storage = v;
+    } else if (k == "--json") {
+      a.json = v;
+    } else {
+      usage("unknown flag " + k);
+    }
+  }
+  if (a.storage.empty()) usage("--storage is required");
+  if (a.rounds < 2 || a.ranks.empty()) usage("--rounds must be >= 2 and --ranks non-empty");
+  if (a.fail_round < 0 || a.fail_round > a.rounds) usage("--fail-round must be in 0..rounds");
+  for (int n : a.ranks) {
+    if (n < 1) usage("every rank count must be >= 1");
+  }
+  return a;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The ranks' clocks, in memory the forked workers share with the driver.
+// Per rank and round: entering report() and leaving it (attempt 0's rounds
+// are overwritten by the restarted attempt's), and the S3 requests its
+// process had sent by then; the kill; per rank: the first step after
+// restoring.
+class SharedTimes {
+ public:
+  SharedTimes(int n, int rounds) : n_(n), rounds_(rounds) {
+    bytes_ = sizeof(double) * (1 + static_cast<size_t>(n) * (3 * rounds + 1));
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("scale_bench: mmap of the shared times failed");
+    base_ = static_cast<double*>(p);
+  }
+  ~SharedTimes() { munmap(base_, bytes_); }
+  double& fail_at() { return base_[0]; }
+  double& enter(int rank, int round) { return base_[1 + rank * rounds_ + round]; }
+  double& leave(int rank, int round) {
+    return base_[1 + static_cast<size_t>(n_) * rounds_ + rank * rounds_ + round];
+  }
+  double& restored(int rank) { return base_[1 + 2 * static_cast<size_t>(n_) * rounds_ + rank]; }
+  // The S3 requests the rank's process had sent when it left report().
+  double& requests(int rank, int round) {
+    return base_[1 + 2 * static_cast<size_t>(n_) * rounds_ + n_ + rank * rounds_ + round];
+  }
+
+ private:
+  int n_, rounds_;
+  size_t bytes_ = 0;
+  double* base_ = nullptr;
+};
+
+SharedTimes* g_times = nullptr;  // set before the workers are forked
+
+// A rank: one file of its own per checkpoint; after a restart, reads its
+// file back from the checkpoint before its first step.
+void train_loop(const nlohmann::json& config) {
+  const cairn::TrainContext& ctx = cairn::train::get_context();
+  const int rounds = config.at("rounds");
+  const int fail_round = config.at("fail_round");
+  const int fail_rank = config.at("fail_rank");
+  const std::string file = fmt::format("rank-{}.bin", ctx.world_rank);
+  std::vector<char> data(config.at("bytes").get<size_t>(), static_cast<char>(ctx.world_rank));
+  int first = 0;
+  if (auto ckpt = cairn::train::get_checkpoint()) {
+    const cairn::Checkpoint c = *ckpt;
+    std::string bytes = c.storage().get(file);
+    if (bytes.size() != data.size()) throw std::runtime_error("restored file has the wrong size");
+    first = c.get_metadata().value("round", 0) + 1;
+    if (ctx.attempt > 0) g_times->restored(ctx.world_rank) = now_s();
+  }
+  cairn::train::TemporaryDirectory tmp;
+  for (int round = first; round < rounds; ++round) {
+    if (ctx.attempt == 0 && round + 1 == fail_round && ctx.world_rank == fail_rank) {
+      g_times->fail_at() = now_s();
+      std::raise(SIGKILL);
+    }
+    data[0] = static_cast<char>(round);
+    {
+      std::ofstream out(fs::path(tmp.path()) / file, std::ios::binary | std::ios::trunc);
+      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    }
+    cairn::Checkpoint ckpt = cairn::Checkpoint::from_directory(tmp.path());
+    ckpt.set_metadata({{"round", round}});
+    g_times->enter(ctx.world_rank, round) = now_s();
+    cairn::train::report({{"round", round}}, ckpt);
+    g_times->leave(ctx.world_rank, round) = now_s();
+    g_times->requests(ctx.world_rank, round) = static_cast<double>(cairn::s3::requests_sent());
+  }
+}
+
+uint64_t file_size_or_zero(const cairn::Storage& s, std::string_view key) {
+  auto info = const_cast<cairn::Storage&>(s).stat(key);
+  return info ? info->size : 0;
+}
+
+// The sizes of the experiment's manager history and result files.
+uint64_t history_bytes(cairn::Storage& s) {
+  namespace layout = cairn::experiment;
+  uint64_t total = 0;
+  for (const auto& o : s.list("")) {
+    const std::string& k = o.key;
+    if (k.find('/') != std::string::npos) continue;
+    if (k == layout::kManagerHistoryKey || k.rfind(layout::kManagerLogPrefix, 0) == 0 ||
+        k == layout::kResultJsonKey || k == layout::kProgressCsvKey ||
+        k.rfind(layout::kEventFilePrefix, 0) == 0) {
+      total += o.size;
+    }
+  }
+  return total;
+}
+
+// One N, in this process (the driver). Returns its figures.
+nlohmann::json measure(const Args& a, int n) {
+  SharedTimes times(n, a.rounds);
+  g_times = &times;
+  namespace ti = cairn::train_internal;
+  ti::DriverSpec spec;
+  spec.train_fn = train_loop;
+  const int fail_rank = n / 2;
+  spec.train_loop_config = {{"rounds", a.rounds},
+                            {"fail_round", a.fail_round},
+                            {"fail_rank", fail_rank},
+                            {"bytes", a.file_kib << 10}};
+  spec.world_size = n;
+  spec.run.name = fmt::format("scale-{}-{}", n, getpid());
+  spec.run.storage_path = a.storage;
+  spec.run.checkpoint_config.num_to_keep = 2;
+  spec.run.failure_config.max_failures = a.fail_round > 0 ? 1 : 0;
+  spec.run.failure_config.report_timeout_s = 600;
+  auto loc = cairn::experiment::locate_experiment(spec.run.storage_path, spec.run.name);
+  spec.run.name = loc.name;
+  spec.run.storage_path = loc.storage_path;
+  spec.experiment_uri = loc.uri;
+  spec.experiment_path = loc.path;
+
+  std::vector<ti::RoundTiming> timings;
+  std::vector<double> cpu_per_round;
+  std::vector<uint64_t> driver_requests;  // sent by the driver when each round was released
+  double cpu_last = cpu_s();
+  spec.on_round_timing = [&](const ti::RoundTiming& t) {
+    timings.push_back(t);
+    driver_requests.push_back(cairn::s3::requests_sent());
+    const double c = cpu_s();
+    cpu_per_round.push_back(c - cpu_last);
+    cpu_last = c;
+  };
+  const double t0 = now_s();
+  cairn::Result r = ti::run_driver(spec, ti::start_local_group);
+  const double wall = now_s() - t0;
+  if (r.error)
+    throw std::runtime_error(fmt::format("the run with {} ranks failed: {}", n, *r.error));
+
+  // The rounds of the last attempt after its first (which carries the
+  // restore's skew); with no failure, every round after the first.
+  const int last_attempt = timings.empty() ? 0 : timings.back().attempt;
+  std::vector<double> commit, release, gather, upload, cpu;
+  for (size_t i = 0; i < timings.size(); ++i) {
+    const ti::RoundTiming& t = timings[i];
+    if (t.attempt != last_attempt || t.round == 1) continue;
+    commit.push_back(t.committed - t.last_uploaded);
+    release.push_back(t.released - t.last_uploaded);
+    gather.push_back(t.last_report - t.first_report);
+    upload.push_back(t.last_uploaded - t.upload_begun);
+    cpu.push_back(cpu_per_round[i]);
+  }
+  // The rounds' span as the ranks saw it, over the same rounds: the last
+  // attempt's rounds after its first (a failure makes it start at the
+  // round after the last committed one).
+  std::vector<double> round;
+  const int first_round = a.rounds - static_cast<int>(commit.size());
+  for (int k = first_round; k < a.rounds; ++k) {
+    double first_enter = 1e300, last_leave = 0;
+    for (int rank = 0; rank < n; ++rank) {
+      first_enter = std::min(first_enter, times.enter(rank, k));
+      last_leave = std::max(last_leave, times.leave(rank, k));
+    }
+    round.push_back(last_leave - first_enter);
+  }
+  double restart = 0;
+  if (a.fail_round > 0) {
+    double last = 0;
+    for (int rank = 0; rank < n; ++rank) last = std::max(last, times.restored(rank));
+    restart = last - times.fail_at();
+  }
+
+  auto storage = cairn::open_storage(loc.uri);
+  uint64_t manifest = 0;
+  if (r.checkpoint) {
+    manifest = file_size_or_zero(r.checkpoint->storage(), cairn::kManifestKey);
+  }
+  const uint64_t history = history_bytes(*storage);
+  // Requests per checkpoint in the steady state: every process's requests
+  // from the end of the first measured round to the end of the last, over
+  // the rounds between (a worker's start-up requests are not in them).
+  double requests = 0;
+  if (round.size() >= 2) {
+    const int from = first_round, to = a.rounds - 1;
+    double sent = static_cast<double>(driver_requests.back() -
+                                      driver_requests[driver_requests.size() - round.size()]);
+    for (int rank = 0; rank < n; ++rank)
+      sent += times.requests(rank, to) - times.requests(rank, from);
+    requests = sent / (to - from);
+  }
+
+  // Peak resident memory of this process, the driver.
+  long hwm_kib = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stol(line.substr(6));
+  }
+  storage->remove_prefix("");
+  if (loc.uri.rfind("file://", 0) == 0) fs::remove_all(loc.path);
+  g_times = nullptr;
+  return {{"ranks", n},
+          {"rounds_measured", commit.size()},
+          {"commit_s", median(commit)},
+          {"release_s", median(release)},
+          {"round_s", median(round)},
+          {"gather_s", median(gather)},
+          {"upload_s", median(upload)},
+          {"driver_cpu_s", median(cpu)},
+          {"driver_rss_mib", static_cast<double>(hwm_kib) / 1024},
+          {"manifest_kib", static_cast<double>(manifest) / 1024},
+          {"history_kib", static_cast<double>(history) / 1024},
+          {"requests_per_checkpoint", requests},
+          {"restart_s", restart},
+          {"wall_s", wall}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  nlohmann::json all = nlohmann::json::array();
+  std::printf("%7s %9s %9s %9s %9s %9s %10s %9s %9s %9s %9s %9s\n", "ranks", "commit_s",
+              "release_s", "round_s", "gather_s", "upload_s", "drv_cpu_s", "drv_MiB", "manif_KiB",
+              "hist_KiB", "req/ckpt", "restart_s");
+  for (int n : a.ranks) {
+    // Each N in a child of its own: its memory figures are its own, and a
+    // failure of one N does not hide the others.
+    int fds[2];
+    if (pipe(fds) != 0) return 1;
+    std::fflush(stdout);  // or the child's copy of the buffer prints it again
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      std::string out;
+      int rc = 0;
+      try {
+        out = measure(a, n).dump();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "scale_bench: %d ranks: %s\n", n, e.what());
+        rc = 1;
+      }
+      for (size_t off = 0; off < out.size();) {
+        const ssize_t w = write(fds[1], out.data() + off, out.size() - off);
+        if (w <= 0) _exit(1);
+        off += static_cast<size_t>(w);
+      }
+      _exit(rc);
+    }
+    close(fds[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t got; (got = read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, got);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.empty()) {
+      std::fprintf(stderr, "scale_bench: the measurement with %d ranks failed\n", n);
+      return 1;
+    }
+    const nlohmann::json j = nlohmann::json::parse(text);
+    std::printf("%7d %9.4f %9.4f %9.4f %9.4f %9.4f %10.4f %9.1f %9.1f %9.1f %9.1f %9.3f\n", n,
+                j["commit_s"].get<double>(), j["release_s"].get<double>(),
+                j["round_s"].get<double>(), j["gather_s"].get<double>(),
+                j["upload_s"].get<double>(), j["driver_cpu_s"].get<double>(),
+                j["driver_rss_mib"].get<double>(), j["manifest_kib"].get<double>(),
+                j["history_kib"].get<double>(), j["requests_per_checkpoint"].get<double>(),
+                j["restart_s"].get<double>());
+    std::fflush(stdout);
+    all.push_back(j);
+  }
+  if (!a.json.empty()) std::ofstream(a.json) << all.dump(2) << "\n";
+  return 0;
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Runs bench/scale_bench on each storage and prints one table (docs/scale.md).
+
+Storages: "tmpfs" (a folder in /dev/shm: the driver's own costs, no disk;
+Cairn's memory:// store lives inside one process and cannot serve worker
+processes), "disk" (a folder under --dir) and "s3" (one s3rver on 127.0.0.1,
+tests/support/s3rver, started here). Each runs every --ranks count.
+
+    /usr/bin/python3 bench/scale_run.py --bench build/bench/scale_bench \\
+        --dir /var/tmp/scale --ranks 8,64,256,1024 --s3-ranks 8,64,256
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
+
+from s3_servers import ACCESS_KEY, SECRET_KEY, S3rver  # noqa: E402
+
+COLUMNS = [("ranks", "{:d}"), ("commit_s", "{:.4f}"), ("release_s", "{:.4f}"),
+           ("round_s", "{:.3f}"), ("gather_s", "{:.3f}"), ("upload_s", "{:.3f}"),
+           ("driver_cpu_s", "{:.4f}"), ("driver_rss_mib", "{:.1f}"),
+           ("manifest_kib", "{:.1f}"), ("history_kib", "{:.1f}"),
+           ("requests_per_checkpoint", "{:.1f}"), ("restart_s", "{:.2f}"), ("wall_s", "{:.1f}")]
+
+
+def run(bench, storage, ranks, args, env=None):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [bench, "--storage", storage, "--ranks", ranks, "--rounds", str(args.rounds),
+               "--fail-round", str(args.fail_round), "--file-kib", str(args.file_kib),
+               "--json", out.name]
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            raise SystemExit("scale_run: {} failed on {}".format(bench, storage))
+        with open(out.name) as f:
+            return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bench", required=True, help="build/bench/scale_bench")
+    ap.add_argument("--dir", required=True, help="a folder on the disk to measure")
+    ap.add_argument("--ranks", default="8,64,256,1024")
+    ap.add_argument("--s3-ranks", default="8,64,256",
+                    help="rank counts on s3rver (one Node.js process serves every request)")
+    ap.add_argument("--storages", default="tmpfs,disk,s3")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--fail-round", type=int, default=3)
+    ap.add_argument("--file-kib", type=int, default=64)
+    ap.add_argument("--node", default="node", help="Node.js for s3rver")
+    ap.add_argument("--json", help="write every figure here")
+    args = ap.parse_args()
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print("open files: soft limit {}, hard limit {} (the driver raises the soft one as it "
+          "needs)".format(soft, hard))
+    results = {}
+    storages = args.storages.split(",")
+    if "tmpfs" in storages:
+        d = tempfile.mkdtemp(prefix="cairn-scale-", dir="/dev/shm")
+        try:
+            results["tmpfs"] = run(args.bench, d, args.ranks, args)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    if "disk" in storages:
+        os.makedirs(args.dir, exist_ok=True)
+        d = tempfile.mkdtemp(prefix="cairn-scale-", dir=args.dir)
+        try:
+            results["disk"] = run(args.bench, d, args.ranks, args)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    if "s3" in storages:
+        with S3rver(bucket="scale", node=args.node) as s3:
+            env = dict(os.environ, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY,
+                       AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
+            for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env.pop(k, None)
+            results["s3"] = run(args.bench, "s3://scale/runs", args.s3_ranks, args, env)
+
+    print("{} rounds with a checkpoint each, one file of {} KiB per rank, one rank killed in "
+          "round {}; medians of the rounds after the restart".format(args.rounds, args.file_kib,
+                                                                     args.fail_round))
+    header = ["storage"] + [c for c, _ in COLUMNS]
+    print(" ".join("{:>12}".format(h[:12]) for h in header))
+    for storage, rows in results.items():
+        for row in rows:
+            cells = [storage] + [fmt.format(row[c]) for c, fmt in COLUMNS]
+            print(" ".join("{:>12}".format(c) for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
