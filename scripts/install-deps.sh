@@ -29,6 +29,9 @@ packages=(
   libgloo-dev
   # benchmarks and multi-node runtime
   fio openmpi-bin libopenmpi-dev
+  # the Trainer under a real Slurm: a one-node cluster the test starts
+  # (tests/train/slurm_cluster.sh) with its own munged, slurmctld and slurmd
+  slurmctld slurmd slurm-client munge
   # tests: small tmpfs for disk-full tests, process tools
   util-linux procps
   # package test (tests/package/run.sh): cpack -G DEB's dpkg-shlibdeps and file,

@@ -73,11 +73,14 @@ namespace cairn {
 
 enum class Launcher {
   kAuto,   // MPI when started by mpirun/srun (an MPI rank variable is set), else torchrun-style
-           // when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set, else local
+           // when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set or inside a Slurm job
+           // step (srun without MPI), else local
   kLocal,  // fork num_workers processes on this machine
   kMpi,    // one worker per MPI process (the program runs under mpirun or srun)
-  kEnv,    // one worker per process started by torchrun, a Kubernetes job or a shell loop,
-           // placed by RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (docs/train.md)
+  kEnv,    // one worker per process started by torchrun, a Kubernetes job, a shell loop or
+           // Slurm's srun, placed by RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or by the
+           // Slurm step's SLURM_PROCID, SLURM_STEP_NUM_TASKS and SLURM_STEP_NODELIST
+           // (docs/train.md)
 };
 
 struct ScalingConfig {

@@ -16,6 +16,14 @@
 // CAIRN_CONTROL_PORT overrides both. The workers' own rendezvous
 // (TrainContext::master_port) is another port, reserved per attempt.
 //
+// Slurm's srun without MPI sets none of torchrun's variables; a job step's
+// own stand in for them: SLURM_PROCID for RANK, SLURM_STEP_NUM_TASKS for
+// WORLD_SIZE, the first host of SLURM_STEP_NODELIST for MASTER_ADDR, and a
+// control port derived from the job and step ids (slurm_control_port) for
+// MASTER_PORT; any of MASTER_ADDR, MASTER_PORT and CAIRN_CONTROL_PORT that
+// is set still wins. A batch script outside a step (no SLURM_STEP_*
+// variables) is no launch.
+//
 // This header holds the pure part (tested alone) and fit_env().
 #pragma once
 
@@ -34,14 +42,32 @@ struct EnvLaunch {
   std::string master_addr;
   int control_port = 0;
   std::string bind;  // where rank 0 listens: "127.0.0.1" for a loopback MASTER_ADDR, else ""
+  // What gave the world size, for errors: "the launcher's WORLD_SIZE" or
+  // "the Slurm job step's SLURM_STEP_NUM_TASKS".
+  std::string world_size_source = "the launcher's WORLD_SIZE";
 };
 
-// The launch the variables describe; nullopt when RANK, WORLD_SIZE,
-// MASTER_ADDR or MASTER_PORT is unset, or in a Cairn worker (which exports
-// them for its own code). Throws kInvalidArgument naming the variable when
-// one is not what torchrun would set (RANK outside [0, WORLD_SIZE), a port
-// outside 1..65535).
+// The launch the variables describe; nullopt when neither torchrun's four
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) nor a Slurm job step's
+// (SLURM_PROCID, SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, SLURM_STEP_NODELIST)
+// are all set, or in a Cairn worker (which exports torchrun's for its own
+// code). Throws kInvalidArgument naming the variable when one is not what
+// the launcher would set (a rank outside [0, world size), a port outside
+// 1..65535, a node list without a host).
 std::optional<EnvLaunch> env_launch_from(const Settings& settings);
+
+// The first host of a Slurm host list ("node[07-09,12],gpu1" -> "node07",
+// "rack[1-2]-n[01-04]" -> "rack1-n01", "vm" -> "vm"): where rank 0 runs,
+// since Slurm gives task 0 to the step's first node. Zero padding is kept.
+// Throws kInvalidArgument naming the list when it has no host or its
+// brackets do not close.
+std::string first_slurm_host(std::string_view nodelist);
+
+// The control port of a Slurm step without MASTER_PORT: 15000 + (job id * 16
+// + step id) mod 15000, below the usual ephemeral range (32768 and up), so
+// that every process of the step computes the same port and two steps on
+// one node rarely meet.
+int slurm_control_port(uint64_t job_id, uint64_t step_id);
 
 // Which of the four variables are unset, for Launcher::kEnv's error ("" when
 // none is).

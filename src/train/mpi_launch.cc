@@ -725,7 +725,7 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
 }
 
 Result fit_env(DriverSpec spec, int num_workers, const EnvLaunch& launch) {
-  launched_world_ranks(num_workers, launch.world_size, "the launcher's WORLD_SIZE");
+  launched_world_ranks(num_workers, launch.world_size, launch.world_size_source);
   MpiWorld w;
   w.rank = launch.rank;
   w.size = launch.world_size;

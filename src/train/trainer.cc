@@ -99,7 +99,8 @@ Result Trainer::fit() {
                       ? std::string("Launcher::kEnv inside a Trainer worker: the worker's "
                                     "RANK and WORLD_SIZE are its own group's")
                       : fmt::format("Launcher::kEnv needs the launcher's RANK, WORLD_SIZE, "
-                                    "MASTER_ADDR and MASTER_PORT; not set: {}",
+                                    "MASTER_ADDR and MASTER_PORT, or a Slurm job step's "
+                                    "variables (run it under srun); not set: {}",
                                     missing));
     }
   }

@@ -46,6 +46,11 @@ Settings Settings::from(const Environment& env) {
   s.control_port = env.get_or("CAIRN_CONTROL_PORT", "");
   s.launcher_holds_master_port = env.get_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
   s.in_cairn_worker = env.get("CAIRN_WORKER").has_value();
+  s.slurm_procid = env.get_or("SLURM_PROCID", "");
+  s.slurm_step_id = env.get_or("SLURM_STEP_ID", "");
+  s.slurm_step_tasks = env.get_or("SLURM_STEP_NUM_TASKS", "");
+  s.slurm_step_nodelist = env.get_or("SLURM_STEP_NODELIST", "");
+  s.slurm_job_id = env.get_or("SLURM_JOB_ID", "");
   return s;
 }
 

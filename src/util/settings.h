@@ -61,6 +61,13 @@ struct Settings {
   std::string control_port;                 // CAIRN_CONTROL_PORT
   bool launcher_holds_master_port = false;  // TORCHELASTIC_USE_AGENT_STORE=True
   bool in_cairn_worker = false;             // CAIRN_WORKER set (worker.cc exports it)
+  // A Slurm job step's (srun's) variables for the same launch; a batch
+  // script outside any step has no SLURM_STEP_* variables.
+  std::string slurm_procid;         // SLURM_PROCID
+  std::string slurm_step_id;        // SLURM_STEP_ID
+  std::string slurm_step_tasks;     // SLURM_STEP_NUM_TASKS
+  std::string slurm_step_nodelist;  // SLURM_STEP_NODELIST
+  std::string slurm_job_id;         // SLURM_JOB_ID
 
   static Settings from(const Environment& env);
 };

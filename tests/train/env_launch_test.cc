@@ -81,6 +81,79 @@ TEST(EnvLaunch, WithoutAllFourVariablesOrInsideAWorkerThereIsNoLaunch) {
                                             {"CAIRN_WORKER", "1"}})));
 }
 
+// srun without MPI: the job step's variables place the process.
+TEST(EnvLaunch, ASlurmStepsVariablesPlaceTheProcessWithoutTorchrunsOnes) {
+  std::map<std::string, std::string, std::less<>> vars = {{"SLURM_PROCID", "3"},
+                                                          {"SLURM_STEP_ID", "2"},
+                                                          {"SLURM_STEP_NUM_TASKS", "8"},
+                                                          {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+                                                          {"SLURM_JOB_ID", "4711"}};
+  auto e = env_launch_from(settings_of(vars));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->rank, 3);
+  EXPECT_EQ(e->world_size, 8);
+  EXPECT_EQ(e->master_addr, "gpu07");
+  EXPECT_EQ(e->control_port, slurm_control_port(4711, 2));
+  EXPECT_EQ(e->bind, "");
+  EXPECT_NE(e->world_size_source.find("SLURM_STEP_NUM_TASKS"), std::string::npos);
+  // What the user sets wins.
+  vars["MASTER_ADDR"] = "127.0.0.1";
+  vars["MASTER_PORT"] = "29400";
+  e = env_launch_from(settings_of(vars));
+  EXPECT_EQ(e->master_addr, "127.0.0.1");
+  EXPECT_EQ(e->bind, "127.0.0.1");
+  EXPECT_EQ(e->control_port, 29400);
+  vars["CAIRN_CONTROL_PORT"] = "5000";
+  EXPECT_EQ(env_launch_from(settings_of(vars))->control_port, 5000);
+  // torchrun's four, when all are set, come first.
+  vars["RANK"] = "1";
+  vars["WORLD_SIZE"] = "2";
+  EXPECT_EQ(env_launch_from(settings_of(vars))->world_size, 2);
+}
+
+TEST(EnvLaunch, ABatchScriptOutsideAStepIsNoLaunchAndBadStepVariablesAreNamed) {
+  // sbatch's script has SLURM_PROCID and SLURM_NTASKS but no SLURM_STEP_*.
+  EXPECT_FALSE(env_launch_from(
+      settings_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "9"}})));
+  std::map<std::string, std::string, std::less<>> vars = {{"SLURM_PROCID", "2"},
+                                                          {"SLURM_STEP_ID", "0"},
+                                                          {"SLURM_STEP_NUM_TASKS", "2"},
+                                                          {"SLURM_STEP_NODELIST", "n1"}};
+  auto launch = [&] { (void)env_launch_from(settings_of(vars)); };
+  testing::expect_invalid_argument(launch, "SLURM_PROCID=\"2\"");
+  vars["SLURM_PROCID"] = "1";
+  vars["SLURM_STEP_NODELIST"] = "n[1-";
+  testing::expect_invalid_argument(launch, "SLURM_STEP_NODELIST=\"n[1-\"");
+  vars["SLURM_STEP_NODELIST"] = "n1";
+  vars["SLURM_JOB_ID"] = "12x";
+  testing::expect_invalid_argument(launch, "SLURM_JOB_ID=\"12x\"");
+}
+
+TEST(EnvLaunch, TheFirstHostOfASlurmHostList) {
+  EXPECT_EQ(first_slurm_host("vm"), "vm");
+  EXPECT_EQ(first_slurm_host("node[07-09,12],gpu1"), "node07");
+  EXPECT_EQ(first_slurm_host("node[12,07-09]"), "node12");
+  EXPECT_EQ(first_slurm_host("a,b[1-2]"), "a");
+  EXPECT_EQ(first_slurm_host("rack[1-2]-n[01-04]"), "rack1-n01");
+  EXPECT_EQ(first_slurm_host("n-[001-100].cluster"), "n-001.cluster");
+  for (const char* bad : {"", "[", "n[1-2", ",a"}) {
+    EXPECT_THROW(first_slurm_host(bad), Error) << bad;
+  }
+}
+
+TEST(EnvLaunch, ASlurmStepsControlPortIsTheSameEverywhereAndBelowTheEphemeralRange) {
+  EXPECT_EQ(slurm_control_port(4711, 0), slurm_control_port(4711, 0));
+  EXPECT_NE(slurm_control_port(4711, 0), slurm_control_port(4711, 1));
+  EXPECT_NE(slurm_control_port(4711, 0), slurm_control_port(4712, 0));
+  for (uint64_t job : {0ULL, 1ULL, 937ULL, 999'999ULL, ~0ULL}) {
+    for (uint64_t step : {0ULL, 5ULL, 4'294'967'294ULL}) {
+      const int port = slurm_control_port(job, step);
+      EXPECT_GE(port, 15000);
+      EXPECT_LT(port, 30000);
+    }
+  }
+}
+
 TEST(EnvLaunch, AVariableNoLauncherWouldSetIsRefusedNamingIt) {
   auto message = [](std::map<std::string, std::string, std::less<>> vars) {
     return testing::error_message_of([&] { env_launch_from(settings_of(vars)); },
@@ -256,6 +329,29 @@ TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProc
               std::string::npos)
         << r.dump(2);
   }
+}
+
+// Slurm for real: a one-node cluster of Debian's slurmctld and slurmd
+// (slurm_cluster.sh) and srun starting the ranks without MPI; a worker's
+// failure restarts the group from the latest checkpoint.
+TEST_F(EnvLauncher, SrunStartsTheRanksOfASlurmStepAndAFailureRestartsTheGroup) {
+  const std::string script = fmt::format(
+      "exec '{}' '{}' srun --ntasks=2 --overcommit '{}' restart '{}' '{}'", CAIRN_SLURM_CLUSTER,
+      (dir_ / "slurm").string(), CAIRN_TRAIN_PROGRAM, results(), out_.string());
+  const Launch run = run_shell(script, out_ / "launch.log");
+  if (run.exit_status == 77) GTEST_SKIP() << run.log;
+  const nlohmann::json r = trained(run);
+  ASSERT_TRUE(r.is_object());
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json c = worker_context(rank, 0);
+    ASSERT_TRUE(c.is_object()) << run.log;
+    EXPECT_EQ(c.at("world_rank"), rank);
+    EXPECT_EQ(c.at("world_size"), 2);
+  }
+  const nlohmann::json again = worker_context(1, 1);
+  ASSERT_TRUE(again.is_object()) << run.log;
+  EXPECT_EQ(again.at("resumed_from_epoch"), 0);
+  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
 }
 
 TEST_F(EnvLauncher, TorchrunStartsTheRanksAndHoldsMasterPortForItsOwnStore) {

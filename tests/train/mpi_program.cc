@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
   // Started by mpirun, or by a torchrun-style launcher (env_launch_test.cc).
   const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   if (mpi_rank == nullptr) mpi_rank = std::getenv("RANK");
+  if (mpi_rank == nullptr) mpi_rank = std::getenv("SLURM_PROCID");
   const fs::path report = out / fmt::format("process-{}.json", mpi_rank ? mpi_rank : "none");
   write_file(out / fmt::format("pid-{}", mpi_rank ? mpi_rank : "none"), std::to_string(::getpid()));
   nlohmann::json config = {{"out", out.string()}, {"scenario", scenario}};
