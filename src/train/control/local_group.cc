@@ -150,7 +150,7 @@ int open_exit_fd(pid_t pid) {
 #endif
 }
 
-// The usual soft limit on open files (1024) ends a local group near 400
+// The usual soft limit on open files (1024) ends a local group at about 330
 // ranks, while the hard limit is usually far higher: raise the soft limit as
 // far as the group needs, as servers that hold many connections do. Returns
 // the limit as it was, which every worker gets back (a worker's own
@@ -207,8 +207,8 @@ class LocalGroup final : public Group {
   std::vector<GroupEvent> poll(int timeout_ms) override {
     if (watched_ > 0 || running_ > 0) {
       epoll_event ready[256];
+      // ignore-error: EINTR (n < 0) just means look again
       const int n = ::epoll_wait(epoll_.get(), ready, 256, timeout_ms);
-      // ignore-error: EINTR just means look again
       for (int i = 0; i < n; ++i) mark(ready[i].data.u64 >> 2);
     }
     for (size_t i : unwatched_exits_) mark(i);
