@@ -182,6 +182,7 @@ tune::TuneConfig tune_config_arg(const py::dict& d) {
   }
   c.seed = d["seed"].cast<std::uint64_t>();
   c.stop = to_json(d["stop"]);
+  c.time_budget_s = d["time_budget_s"].cast<double>();
   for (py::handle cb : d["callbacks"].cast<py::list>()) {
     c.callbacks.push_back(std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
   }

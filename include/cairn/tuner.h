@@ -183,6 +183,14 @@ struct TuneConfig {
   // e.g. {"training_iteration": 10, "accuracy": 0.95}.
   nlohmann::json stop = nlohmann::json::object();
   std::shared_ptr<Stopper> stopper;  // also asked, after `stop`
+  // Ray's time_budget_s: > 0 ends the experiment once it has run this many
+  // seconds (the time of every fit() of it, restores included, as Ray
+  // counts it): no trial starts after that, and each running trial is
+  // stopped (TERMINATED) at its next result, as by a Stopper whose
+  // stop_all() turned true; a trial is not cut off between two results.
+  // Trials that never started stay PENDING (a restore with a budget left
+  // runs them). 0: no budget.
+  double time_budget_s = 0;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // The functions of the space's sample_from domains, by name (see
   // cairn/tune.h); every one the space names must be here. Code, so given

@@ -53,6 +53,30 @@ def test_a_function_trainable_over_a_grid_with_asha_finds_the_best_config(
         grid.get_best_result(metric="accuracy", mode="max")
 
 
+def test_time_budget_s_ends_the_experiment_and_a_restore_counts_the_time_used(
+    tmp_path: pathlib.Path,
+) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        import time
+        for step in range(1200):  # a minute: only the budget ends it sooner
+            time.sleep(0.05)
+            tune.report({"step": step})
+
+    grid = tune.Tuner(
+        trainable, param_space={"x": tune.grid_search([1, 2, 3])},
+        tune_config=TuneConfig(max_concurrent_trials=1, time_budget_s=1.0),
+        run_config=_run_config(tmp_path)).fit()
+    first = grid[0]
+    assert first.status == "TERMINATED"
+    assert 1 <= len(first.metrics_history) < 1200
+    assert all(r.status == "PENDING" for r in list(grid)[1:])
+    again = tune.Tuner.restore(str(tmp_path / "exp"), trainable).fit()
+    assert len(again[0].metrics_history) == len(first.metrics_history)
+    with pytest.raises(cairn.InvalidArgumentError, match="time_budget_s"):
+        tune.Tuner(trainable, param_space={}, tune_config=TuneConfig(time_budget_s=-1.0),
+                   run_config=RunConfig(name="bad", storage_path=tmp_path)).fit()
+
+
 def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path) -> None:
     def trainable(config: dict[str, Any]) -> None:
         tune.report({"v": 1})

@@ -214,6 +214,13 @@ class Experiment {
   std::size_t next_index_ = 0;
   int max_concurrent_ = 1;
   bool stop_experiment_ = false;
+  // TuneConfig::time_budget_s: the time earlier fit()s of the experiment
+  // ran (from the saved state), and when this one started.
+  double time_used_before_ = 0;
+  double fit_started_ = 0;
+  double time_used() const;
+  // Ends the experiment when its time budget is spent (once; logs it).
+  void check_time_budget();
   // State saving.
   bool dirty_ = true;
   double last_save_ = 0;

@@ -49,6 +49,7 @@ using internal::check_mode;
 
 ResultGrid Experiment::run() {
   const double started = monotonic_seconds();
+  fit_started_ = started;
   open_experiment();
   if (spec_.restore) {
     load_saved_state();
@@ -79,6 +80,7 @@ ResultGrid Experiment::run() {
 
 void Experiment::loop() {
   while (true) {
+    check_time_budget();
     if (!stop_experiment_) fill_slots();
     if (running_count() == 0) {
       if (stop_experiment_ || !has_runnable()) break;
@@ -389,6 +391,7 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
   }
 
   // Stopper::stop_all() ends every running trial at its next result.
+  check_time_budget();
   bool stop = stop_experiment_ || meets_stop_criteria(row);
   if (!stop && spec_.tune.stopper) {
     stop = (*spec_.tune.stopper)(t.info.trial_id, row);
@@ -540,6 +543,21 @@ void Experiment::tell_searcher(Trial& t, bool error) {
   if (t.searcher_told) return;
   t.searcher_told = true;
   searcher_->on_trial_complete(t.info.trial_id, t.info.last_result, error);
+}
+
+double Experiment::time_used() const {
+  return time_used_before_ + (monotonic_seconds() - fit_started_);
+}
+
+void Experiment::check_time_budget() {
+  const double budget = spec_.tune.time_budget_s;
+  if (budget <= 0 || stop_experiment_ || time_used() < budget) return;
+  stop_experiment_ = true;
+  dirty_ = true;
+  log::info(
+      fmt::format("{}: the time budget of {} s (TuneConfig::time_budget_s) is spent; no "
+                  "trial starts any more and each running one stops at its next result",
+                  path_, budget));
 }
 
 void Experiment::stop_all_runners() {

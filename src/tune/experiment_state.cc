@@ -176,6 +176,7 @@ void Experiment::load_saved_state() {
   const std::string where = storage_->uri_of(kStateKey);
   try {
     next_index_ = s.at("next_trial_index").get<std::size_t>();
+    time_used_before_ = s.value("time_used_s", 0.0);
     searcher_->restore(s.at("searcher"));
     const nlohmann::json& sched = s.at("scheduler");
     if (sched.at("name").get<std::string>() != scheduler_->name()) {
@@ -283,6 +284,8 @@ std::string Experiment::state_text() {
       {"max_concurrent_trials", spec_.tune.max_concurrent_trials},
       {"seed", std::to_string(spec_.tune.seed)},
       {"stop", spec_.tune.stop},
+      {"time_budget_s", spec_.tune.time_budget_s},
+      {"time_used_s", time_used()},
       {"param_space", spec_.param_space},
       {"trainable", spec_.class_trainable ? "class" : "function"},
       {"num_workers", spec_.num_workers},

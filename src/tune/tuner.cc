@@ -90,6 +90,12 @@ void TuneConfig::validate() const {
                 fmt::format("TuneConfig::max_concurrent_trials must be >= 0 (0: automatic), got {}",
                             max_concurrent_trials));
   }
+  if (!(time_budget_s >= 0) || !std::isfinite(time_budget_s)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("TuneConfig::time_budget_s must be a number of seconds >= 0 (0: no "
+                            "budget), got {}",
+                            time_budget_s));
+  }
   if (!stop.is_object()) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("TuneConfig::stop must be a JSON object of thresholds, got {}",
@@ -394,6 +400,7 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     tc.max_concurrent_trials = s.at("max_concurrent_trials").get<int>();
     tc.seed = std::stoull(s.at("seed").get<std::string>());
     tc.stop = s.at("stop");
+    tc.time_budget_s = s.value("time_budget_s", 0.0);  // absent before it existed
     space = s.at("param_space");
     run.name = where.name;
     run.storage_path = where.storage_path;

@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -185,6 +187,52 @@ TEST(Tuner, StopAllEndsTheRunningTrialsAndStartsNoOther) {
     EXPECT_LE(r.metrics_history.size(), 3u) << r.trial_id;
   }
   EXPECT_EQ(ran, 2u);
+}
+
+// Reports every 50 ms, up to config["iters"] times, without checkpoints.
+void slow_reporter(const nlohmann::json& config) {
+  for (int step = 1; step <= config.at("iters").get<int>(); ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    train::report({{"step", step}});
+  }
+}
+
+// Ray's time_budget_s: the running trial stops at its next result once the
+// budget is spent, no other starts, and a restore counts the time already
+// used (so a spent budget runs nothing more).
+TEST(Tuner, ATimeBudgetStopsTheRunningTrialStartsNoOtherAndCarriesOverARestore) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.max_concurrent_trials = 1;
+  tc.time_budget_s = 1.0;
+  const int iters = 1200;  // a minute of steps: only the budget ends it sooner
+  Tuner tuner(slow_reporter, {{"x", grid_search({1, 2, 3})}, {"iters", iters}}, tc, run_in(dir));
+  const auto started = std::chrono::steady_clock::now();
+  ResultGrid grid = tuner.fit();
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::seconds(1));
+  ASSERT_GE(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+  EXPECT_GE(grid[0].metrics_history.size(), 1u);
+  EXPECT_LT(grid[0].metrics_history.size(), static_cast<size_t>(iters));
+  for (size_t i = 1; i < grid.size(); ++i) {
+    EXPECT_EQ(grid[i].status, TrialStatus::kPending) << grid[i].trial_id;
+    EXPECT_TRUE(grid[i].metrics_history.empty()) << grid[i].trial_id;
+  }
+  const std::string path = (dir / "search").string();
+  const nlohmann::json state = nlohmann::json::parse(slurp(fs::path(path) / "tuner_state.json"));
+  EXPECT_EQ(state.at("time_budget_s"), 1.0);
+  EXPECT_GE(state.at("time_used_s").get<double>(), 1.0);
+
+  ResultGrid again = Tuner::restore(path, slow_reporter).fit();
+  ASSERT_EQ(again.size(), grid.size());
+  EXPECT_EQ(again[0].metrics_history.size(), grid[0].metrics_history.size());
+  for (size_t i = 1; i < again.size(); ++i) {
+    EXPECT_EQ(again[i].status, TrialStatus::kPending) << again[i].trial_id;
+  }
+
+  tc.time_budget_s = -1;
+  testing::expect_invalid_argument([&] { Tuner(slow_reporter, {}, tc, run_in(dir, "bad")); },
+                                   "time_budget_s");
 }
 
 TEST(Tuner, SampleFromValuesAreComputedPerTrialSavedAndNeededAgainOnlyWhileTrialsRemain) {

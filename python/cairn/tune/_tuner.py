@@ -32,7 +32,10 @@ class TuneConfig:
             :mod:`cairn.tune.schedulers`.
         seed: the sampling seed (Cairn's: the same seed draws the same
             trials, and a restored experiment draws on where it stopped).
-        search_alg, reuse_actors, time_budget_s, trial_name_creator,
+        time_budget_s: seconds after which the experiment ends (every
+            fit() of it counted, restores included): no trial starts after
+            that and each running trial stops at its next result.
+        search_alg, reuse_actors, trial_name_creator,
         trial_dirname_creator: search_alg is refused (only the basic variant
             generator exists); the others are accepted and ignored.
     """
@@ -67,6 +70,7 @@ class TuneConfig:
             "scheduler": self.scheduler,
             "seed": int(self.seed),
             "stop": stop or {},
+            "time_budget_s": float(self.time_budget_s or 0.0),
             "callbacks": _callbacks(callbacks),
             "sample_functions": sample_functions or {},
         }
