@@ -285,7 +285,8 @@ class Tuner {
   // on from their latest checkpoints (RUNNING ones were interrupted), errored
   // ones as `options` say, and the searcher goes on without repeating a
   // configuration. The space, TuneConfig's metric/mode/num_samples/seed/
-  // max_concurrent_trials/stop and the RunConfig come from the state; the
+  // max_concurrent_trials/stop/time_budget_s (with the time already used)
+  // and the RunConfig come from the state; the
   // trainable, scheduler, searcher, stopper and callbacks (which are code) are
   // given again here: a scheduler or searcher given must be of the kind saved
   // (its saved state is restored into it), and when none is given a saved

@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     launcher = argv[2] if len(argv) > 2 else "mpi"
     result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, launcher=launcher),
                           run_config=RunConfig(name="mpi", storage_path=argv[1])).fit()
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK"))
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK",
+                          os.environ.get("RANK", os.environ.get("SLURM_PROCID")))
     with open(os.path.join(argv[1], f"result_{rank}.txt"), "w") as f:
         f.write(f"{result.metrics.get('sum')} {result.error}")
     return 0

@@ -358,6 +358,24 @@ def test_under_torchrun_the_launchers_processes_train_as_one_group(
     _expect_one_group_trained(tmp_path, done)
 
 
+_SLURM_CLUSTER = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "train",
+                              "slurm_cluster.sh")
+
+
+@pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
+                    reason="a Slurm cluster needs slurm-wlm's daemons and root")
+def test_under_srun_a_slurm_steps_tasks_train_as_one_group(tmp_path: pathlib.Path) -> None:
+    # A one-node Slurm cluster of its own; srun without MPI starts the two
+    # processes and sets only Slurm's variables, which place the ranks.
+    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1")
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    args = ["bash", _SLURM_CLUSTER, str(tmp_path / "slurm"), "srun", "--ntasks=2",
+            "--overcommit", sys.executable, _LAUNCHED_PROGRAM, str(tmp_path), "auto"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    _expect_one_group_trained(tmp_path, done)
+
+
 def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
     tmp_path: pathlib.Path,
 ) -> None:
