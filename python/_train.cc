@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -259,6 +260,11 @@ void bind_train(py::module_& m) {
   });
   m.def("train_get_context", [] { return context_dict(train::get_context()); });
   m.def("train_should_checkpoint", [] { return train::should_checkpoint(); });
+  // A variable of the C environment: os.environ is a copy made at start-up,
+  // and the runtime sets some (a Tuner trial's CUDA_VISIBLE_DEVICES) in a
+  // forked worker after that.
+  m.def("c_environment_value",
+        [](const std::string& name) { return train::environment_value(name); });
   m.def("train_wait_for_reports", [] {
     py::gil_scoped_release release;
     train::wait_for_reports();

@@ -183,6 +183,9 @@ tune::TuneConfig tune_config_arg(const py::dict& d) {
   c.seed = d["seed"].cast<std::uint64_t>();
   c.stop = to_json(d["stop"]);
   c.time_budget_s = d["time_budget_s"].cast<double>();
+  const py::dict resources = d["resources_per_trial"].cast<py::dict>();
+  c.resources_per_trial.cpu = resources["cpu"].cast<double>();
+  c.resources_per_trial.gpu = resources["gpu"].cast<double>();
   for (py::handle cb : d["callbacks"].cast<py::list>()) {
     c.callbacks.push_back(std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
   }

@@ -187,6 +187,13 @@ void wait_for_reports();
 // SIGTERM does not kill it.
 bool should_checkpoint();
 
+// A variable as this process's C environment holds it now; nullopt when
+// unset. For embedders whose own copy of the environment was taken when the
+// process started (Python's os.environ): the runtime sets variables for a
+// forked worker after that (torchrun's, see TrainContext, and a Tuner
+// trial's CUDA_VISIBLE_DEVICES, its GPUs). Works in any process.
+std::optional<std::string> environment_value(std::string_view name);
+
 // A local directory removed with everything in it when destroyed, like
 // Python's tempfile.TemporaryDirectory. In a worker it lies under the run's
 // scratch folder, which the driver also removes after the group stops, so

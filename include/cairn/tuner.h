@@ -167,6 +167,19 @@ class Callback {
   virtual void on_experiment_end(const std::vector<TrialInfo>& trials) { (void)trials; }
 };
 
+// What one trial needs (Ray's tune.with_resources).
+struct TrialResources {
+  // Cores. With max_concurrent_trials 0, the trials that run at once are the
+  // machine's cores divided by this (0: by ScalingConfig::num_workers).
+  double cpu = 0;
+  // GPUs: a whole number of them, which no other trial holds any share of,
+  // or a fraction of one (0.5: two such trials share a GPU), shared with
+  // other fractional trials up to a whole. A trial waits until its GPUs are
+  // free, and its runner and workers see only those: CUDA_VISIBLE_DEVICES is
+  // set to their ids. 0: the trial's environment is left as it is.
+  double gpu = 0;
+};
+
 struct TuneConfig {
   std::string metric;  // what get_best_result and the schedulers rank by
   std::string mode;    // "max" or "min" (required with a metric)
@@ -191,6 +204,12 @@ struct TuneConfig {
   // Trials that never started stay PENDING (a restore with a budget left
   // runs them). 0: no budget.
   double time_budget_s = 0;
+  TrialResources resources_per_trial;
+  // The GPUs trials may be given, as CUDA_VISIBLE_DEVICES names them; empty:
+  // this process's CUDA_VISIBLE_DEVICES when set, else the machine's GPUs
+  // (/proc/driver/nvidia/gpus). A trial asking more than there are is
+  // refused when fit() starts (kInvalidArgument), since it could never run.
+  std::vector<std::string> gpu_ids;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // The functions of the space's sample_from domains, by name (see
   // cairn/tune.h); every one the space names must be here. Code, so given
@@ -285,7 +304,8 @@ class Tuner {
   // on from their latest checkpoints (RUNNING ones were interrupted), errored
   // ones as `options` say, and the searcher goes on without repeating a
   // configuration. The space, TuneConfig's metric/mode/num_samples/seed/
-  // max_concurrent_trials/stop/time_budget_s (with the time already used)
+  // max_concurrent_trials/stop/time_budget_s (with the time already used)/
+  // resources_per_trial
   // and the RunConfig come from the state; the
   // trainable, scheduler, searcher, stopper and callbacks (which are code) are
   // given again here: a scheduler or searcher given must be of the kind saved

@@ -77,6 +77,35 @@ def test_time_budget_s_ends_the_experiment_and_a_restore_counts_the_time_used(
                    run_config=RunConfig(name="bad", storage_path=tmp_path)).fit()
 
 
+def test_with_resources_hands_each_trial_its_own_gpus(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # the GPUs the Tuner may hand out
+
+    def trainable(config: dict[str, Any]) -> None:
+        import time
+        start = time.monotonic()
+        time.sleep(0.3)
+        tune.report({"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start,
+                     "end": time.monotonic()})
+
+    grid = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1, "gpu": 1}),
+        param_space={"x": tune.grid_search([1, 2, 3])},
+        tune_config=TuneConfig(max_concurrent_trials=3),
+        run_config=_run_config(tmp_path)).fit()
+    spans = [(r.metrics["start"], r.metrics["end"], r.metrics["gpus"]) for r in grid]
+    assert sorted({g for _, _, g in spans}) <= ["3", "5"] and len(spans) == 3
+    for start, _, gpu in spans:  # one trial per GPU at any moment
+        assert sum(1 for s, e, g in spans if g == gpu and s <= start < e) == 1, spans
+    with pytest.raises(cairn.InvalidArgumentError, match="resources_per_trial.gpu"):
+        tune.Tuner(tune.with_resources(trainable, {"gpu": 4}),
+                   param_space={"x": tune.grid_search([1])},
+                   run_config=RunConfig(name="too_many", storage_path=tmp_path)).fit()
+    with pytest.raises(cairn.InvalidArgumentError, match="memory"):
+        tune.with_resources(trainable, {"memory": 1})
+
+
 def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path) -> None:
     def trainable(config: dict[str, Any]) -> None:
         tune.report({"v": 1})

@@ -60,6 +60,10 @@ void ScalingConfig::validate() const {
   }
 }
 
+std::optional<std::string> train::environment_value(std::string_view name) {
+  return Environment::process().get(name);
+}
+
 Trainer::Trainer(TrainFn train_fn, nlohmann::json train_loop_config, ScalingConfig scaling_config,
                  RunConfig run_config, std::optional<Checkpoint> resume_from_checkpoint)
     : train_fn_(std::move(train_fn)),

@@ -25,6 +25,7 @@
 #include "cairn/tuner.h"
 #include "experiment/layout.h"
 #include "train/control/channel.h"
+#include "tune/gpu_pool.h"
 
 namespace cairn::tune::tuner_internal {
 
@@ -77,6 +78,7 @@ struct Trial {
   // its next round says the runner did, and the staged copy can go.
   bool reset_sent = false;
   nlohmann::json config_before_reset;  // its config if it ends without taking it
+  std::vector<std::string> gpu_ids;    // the GPUs its runner holds (TrialResources::gpu)
 };
 
 TrialView view_of(const Trial& t);
@@ -214,6 +216,9 @@ class Experiment {
   std::size_t next_index_ = 0;
   int max_concurrent_ = 1;
   bool stop_experiment_ = false;
+  std::unique_ptr<GpuPool> gpus_;  // TuneConfig::resources_per_trial.gpu
+  // Gives back a trial's GPUs once its runner is gone.
+  void release_gpus(Trial& t);
   // TuneConfig::time_budget_s: the time earlier fit()s of the experiment
   // ran (from the saved state), and when this one started.
   double time_used_before_ = 0;

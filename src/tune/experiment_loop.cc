@@ -28,6 +28,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cairn/error.h"
 #include "cairn/manager.h"
@@ -125,15 +126,26 @@ void Experiment::fill_slots() {
       }
     }
     if (candidates.empty()) return;
+    // Every trial asks the same; none starts until its GPUs are free.
+    const double gpu = spec_.tune.resources_per_trial.gpu;
+    std::optional<std::vector<std::string>> ids = gpus_->acquire(gpu);
+    if (!ids) return;
     std::optional<std::string> chosen = scheduler_->choose_trial_to_run(candidates);
-    if (!chosen) return;
-    Trial* t = find(*chosen);
-    if (t == nullptr || t->pid > 0) {
+    Trial* t = chosen ? find(*chosen) : nullptr;
+    if (!chosen || t == nullptr || t->pid > 0) {
+      gpus_->release(*ids, gpu);
+      if (!chosen) return;
       throw Error(ErrorCode::kInternal,
                   fmt::format("the {} scheduler chose \"{}\", which is not a waiting trial",
                               scheduler_->name(), *chosen));
     }
-    start(*t);
+    t->gpu_ids = std::move(*ids);
+    try {
+      start(*t);
+    } catch (...) {
+      release_gpus(*t);
+      throw;
+    }
   }
 }
 
@@ -226,6 +238,10 @@ void Experiment::start(Trial& t) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
     if (tune_internal::runner_started_hook != nullptr) tune_internal::runner_started_hook();
+    // Its GPUs only, for the runner and the workers it forks.
+    if (!t.gpu_ids.empty()) {
+      ::setenv("CUDA_VISIBLE_DEVICES", fmt::format("{}", fmt::join(t.gpu_ids, ",")).c_str(), 1);
+    }
     // Only its channel (as fd 3) and stdio: no other trial's channel, and
     // not the experiment's lock (a flock lives while any copy of its
     // descriptor does), as the Trainer's workers do.
@@ -469,6 +485,7 @@ void Experiment::reap_runners() {
     }
     t.channel.reset();
     t.pid = -1;
+    release_gpus(t);
     finish(t, status);
   }
 }
@@ -568,7 +585,14 @@ void Experiment::stop_all_runners() {
     ::waitpid(t.pid, &status, 0);
     t.pid = -1;
     t.channel.reset();
+    release_gpus(t);
   }
+}
+
+void Experiment::release_gpus(Trial& t) {
+  if (t.gpu_ids.empty()) return;
+  gpus_->release(t.gpu_ids, spec_.tune.resources_per_trial.gpu);
+  t.gpu_ids.clear();
 }
 
 }  // namespace cairn::tune::tuner_internal

@@ -156,8 +156,16 @@ void Experiment::open_experiment() {
   max_concurrent_ = spec_.tune.max_concurrent_trials;
   if (max_concurrent_ <= 0) {
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    max_concurrent_ = std::max(1, static_cast<int>(cores) / std::max(1, spec_.num_workers));
+    const double per_trial = spec_.tune.resources_per_trial.cpu > 0
+                                 ? spec_.tune.resources_per_trial.cpu
+                                 : static_cast<double>(std::max(1, spec_.num_workers));
+    max_concurrent_ = std::max(1, static_cast<int>(static_cast<double>(cores) / per_trial));
   }
+  gpus_ = std::make_unique<GpuPool>(
+      spec_.tune.gpu_ids.empty()
+          ? GpuPool::visible_devices(Settings::from(Environment::process()).cuda_visible_devices)
+          : spec_.tune.gpu_ids);
+  gpus_->check_request(spec_.tune.resources_per_trial.gpu);
   if (const std::string env = Settings::from(Environment::process()).tune_state_period_s;
       !env.empty()) {
     char* end = nullptr;
@@ -286,6 +294,8 @@ std::string Experiment::state_text() {
       {"stop", spec_.tune.stop},
       {"time_budget_s", spec_.tune.time_budget_s},
       {"time_used_s", time_used()},
+      {"resources_per_trial",
+       {{"cpu", spec_.tune.resources_per_trial.cpu}, {"gpu", spec_.tune.resources_per_trial.gpu}}},
       {"param_space", spec_.param_space},
       {"trainable", spec_.class_trainable ? "class" : "function"},
       {"num_workers", spec_.num_workers},

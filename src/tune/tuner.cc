@@ -32,6 +32,7 @@
 #include "train/control/driver.h"
 #include "tune/domain.h"
 #include "tune/experiment.h"
+#include "tune/gpu_pool.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
 #include "util/json.h"
@@ -90,6 +91,13 @@ void TuneConfig::validate() const {
                 fmt::format("TuneConfig::max_concurrent_trials must be >= 0 (0: automatic), got {}",
                             max_concurrent_trials));
   }
+  if (!(resources_per_trial.cpu >= 0) || !std::isfinite(resources_per_trial.cpu)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("TuneConfig::resources_per_trial.cpu must be a number of cores >= 0, "
+                            "got {}",
+                            resources_per_trial.cpu));
+  }
+  tuner_internal::GpuPool::check_form(resources_per_trial.gpu);  // the count when fit() starts
   if (!(time_budget_s >= 0) || !std::isfinite(time_budget_s)) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("TuneConfig::time_budget_s must be a number of seconds >= 0 (0: no "
@@ -401,6 +409,9 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     tc.seed = std::stoull(s.at("seed").get<std::string>());
     tc.stop = s.at("stop");
     tc.time_budget_s = s.value("time_budget_s", 0.0);  // absent before it existed
+    const nlohmann::json res = s.value("resources_per_trial", nlohmann::json::object());
+    tc.resources_per_trial.cpu = res.value("cpu", 0.0);
+    tc.resources_per_trial.gpu = res.value("gpu", 0.0);
     space = s.at("param_space");
     run.name = where.name;
     run.storage_path = where.storage_path;

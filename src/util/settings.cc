@@ -51,6 +51,7 @@ Settings Settings::from(const Environment& env) {
   s.slurm_step_tasks = env.get_or("SLURM_STEP_NUM_TASKS", "");
   s.slurm_step_nodelist = env.get_or("SLURM_STEP_NODELIST", "");
   s.slurm_job_id = env.get_or("SLURM_JOB_ID", "");
+  if (auto v = env.get("CUDA_VISIBLE_DEVICES")) s.cuda_visible_devices = std::string(*v);
   return s;
 }
 

@@ -68,6 +68,8 @@ struct Settings {
   std::string slurm_step_tasks;     // SLURM_STEP_NUM_TASKS
   std::string slurm_step_nodelist;  // SLURM_STEP_NODELIST
   std::string slurm_job_id;         // SLURM_JOB_ID
+  // The GPUs this process may use (tune/gpu_pool.h); nullopt when unset.
+  std::optional<std::string> cuda_visible_devices;  // CUDA_VISIBLE_DEVICES
 
   static Settings from(const Environment& env);
 };

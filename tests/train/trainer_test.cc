@@ -501,6 +501,13 @@ TEST(Trainer, LocalTemporaryDirectoriesAreRemovedEvenWhenAWorkerIsKilled) {
   EXPECT_EQ(expect_all_verify(r.path), 1u);
 }
 
+TEST(Trainer, EnvironmentValueReadsTheCEnvironmentAsItIsNow) {
+  ::setenv("CAIRN_TEST_ENVIRONMENT_VALUE", "set later", 1);
+  EXPECT_EQ(train::environment_value("CAIRN_TEST_ENVIRONMENT_VALUE"), "set later");
+  ::unsetenv("CAIRN_TEST_ENVIRONMENT_VALUE");
+  EXPECT_EQ(train::environment_value("CAIRN_TEST_ENVIRONMENT_VALUE"), std::nullopt);
+}
+
 TEST(Trainer, TrainApiOutsideAWorkerThrows) {
   EXPECT_THROW(train::report({}), Error);
   EXPECT_THROW(train::get_checkpoint(), Error);

@@ -4,10 +4,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -233,6 +235,87 @@ TEST(Tuner, ATimeBudgetStopsTheRunningTrialStartsNoOtherAndCarriesOverARestore) 
   tc.time_budget_s = -1;
   testing::expect_invalid_argument([&] { Tuner(slow_reporter, {}, tc, run_in(dir, "bad")); },
                                    "time_budget_s");
+}
+
+double steady_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Records the GPUs its trial was given and when it ran (a steady clock every
+// process on the machine shares).
+void gpu_recorder(const nlohmann::json&) {
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  const double start = steady_now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  train::report({{"gpus", env ? env : "<unset>"}, {"start", start}, {"end", steady_now()}});
+}
+
+// Ray's per-trial GPUs with fake device ids: whole GPUs one trial each,
+// fractions shared up to a whole, never a GPU over-booked at any moment;
+// a request that could never be served is refused before any trial runs.
+TEST(TunerResources, GpusGoWholeOrInSharesToTrialsAndAreNeverOverbooked) {
+  for (const double gpu : {1.0, 0.5, 2.0}) {
+    SCOPED_TRACE(gpu);
+    TempDir dir;
+    TuneConfig tc;
+    tc.max_concurrent_trials = 4;
+    tc.resources_per_trial.gpu = gpu;
+    tc.gpu_ids = {"0", "1"};
+    ResultGrid grid =
+        Tuner(gpu_recorder, {{"x", grid_search({1, 2, 3, 4})}}, tc, run_in(dir)).fit();
+    ASSERT_EQ(grid.size(), 4u);
+    struct Span {
+      double start, end;
+      std::vector<std::string> ids;
+    };
+    std::vector<Span> spans;
+    for (const auto& r : grid) {
+      ASSERT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id;
+      Span s{r.metrics.at("start").get<double>(), r.metrics.at("end").get<double>(), {}};
+      std::stringstream in(r.metrics.at("gpus").get<std::string>());
+      for (std::string id; std::getline(in, id, ',');) s.ids.push_back(id);
+      EXPECT_EQ(s.ids.size(), gpu >= 1 ? static_cast<size_t>(gpu) : 1u) << r.trial_id;
+      for (const auto& id : s.ids) EXPECT_TRUE(id == "0" || id == "1") << id;
+      spans.push_back(std::move(s));
+    }
+    // At each trial's start, the shares of every GPU held by the trials
+    // running then (whose runners held them, a longer span) add up to <= 1.
+    const double share = gpu >= 1 ? 1.0 : gpu;
+    for (const Span& a : spans) {
+      for (const std::string& id : a.ids) {
+        double held = 0;
+        for (const Span& b : spans) {
+          if (b.start <= a.start && a.start < b.end &&
+              std::find(b.ids.begin(), b.ids.end(), id) != b.ids.end()) {
+            held += share;
+          }
+        }
+        EXPECT_LE(held, 1.0 + 1e-9) << "GPU " << id << " over-booked at " << a.start;
+      }
+    }
+  }
+  TempDir dir;
+  TuneConfig tc;
+  tc.resources_per_trial.gpu = 3;
+  tc.gpu_ids = {"0", "1"};
+  testing::expect_invalid_argument(
+      [&] {
+        Tuner(gpu_recorder, {{"x", grid_search({1})}}, tc, run_in(dir)).fit();
+      },
+      "resources_per_trial.gpu = 3");
+  tc.resources_per_trial.gpu = 1.5;
+  testing::expect_invalid_argument([&] { Tuner(gpu_recorder, {}, tc, run_in(dir, "b")); },
+                                   "whole number");
+}
+
+TEST(TunerResources, ATrialWithoutGpusKeepsTheDriversEnvironment) {
+  TempDir dir;
+  TuneConfig tc;
+  tc.gpu_ids = {"0"};
+  ResultGrid grid = Tuner(gpu_recorder, {{"x", grid_search({1})}}, tc, run_in(dir)).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  const char* mine = std::getenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(grid[0].metrics.at("gpus"), mine ? mine : "<unset>");
 }
 
 TEST(Tuner, SampleFromValuesAreComputedPerTrialSavedAndNeededAgainOnlyWhileTrialsRemain) {

@@ -56,8 +56,9 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     A worker is a fork of the driver; the C++ runtime has set MASTER_ADDR,
     MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and CAIRN_WORKER in the C
     environment and removed TORCHELASTIC_USE_AGENT_STORE (torchrun's store is
-    not this group's), which ``os.environ`` (read at start-up) is told of
-    here. An exception is
+    not this group's), and a Tuner trial's runner CUDA_VISIBLE_DEVICES (its
+    GPUs), which ``os.environ`` (read at start-up) is told of here. An
+    exception is
     printed with its traceback on the worker's stderr, whose tail the driver
     puts in ``Result.error``, and ends the worker as failed.
     """
@@ -76,6 +77,11 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
             "CAIRN_WORKER": "1",
         })
         os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        gpus = _cairn.c_environment_value("CUDA_VISIBLE_DEVICES")
+        if gpus is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         teardown = setup(context, scaling) if setup is not None else None
         try:
             if _takes_config(fn):

@@ -35,7 +35,7 @@ from cairn.train._session import get_checkpoint, get_context, report
 from cairn.tune._callback import Callback
 from cairn.tune._space import SampleFrom
 from cairn.tune._trainable import Trainable
-from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner
+from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner, with_resources
 
 
 def grid_search(values: list[Any]) -> dict[str, Any]:
@@ -89,5 +89,5 @@ __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
     "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
     "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "sample_from",
-    "uniform",
+    "uniform", "with_resources",
 ]

@@ -53,7 +53,8 @@ class TuneConfig:
     trial_dirname_creator: Optional[Callable[..., str]] = None
 
     def _native(self, stop: Any, callbacks: Optional[list[Any]] = None,
-                sample_functions: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                sample_functions: Optional[dict[str, Any]] = None,
+                resources: Optional[dict[str, float]] = None) -> dict[str, Any]:
         if self.search_alg is not None:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
@@ -71,6 +72,7 @@ class TuneConfig:
             "seed": int(self.seed),
             "stop": stop or {},
             "time_budget_s": float(self.time_budget_s or 0.0),
+            "resources_per_trial": resources or {"cpu": 0.0, "gpu": 0.0},
             "callbacks": _callbacks(callbacks),
             "sample_functions": sample_functions or {},
         }
@@ -151,6 +153,50 @@ def _trial_result(impl: Any) -> Result:
     return r
 
 
+class _WithResources:
+    """A trainable with what each of its trials needs (:func:`with_resources`)."""
+
+    def __init__(self, trainable: Any, resources: dict[str, float]) -> None:
+        self.trainable = trainable
+        self.resources = resources
+
+
+def with_resources(trainable: Any, resources: dict[str, float]) -> Any:
+    """``trainable`` with the resources each trial needs, as Ray's
+    ``tune.with_resources``: ``{"cpu": 2, "gpu": 0.5}``.
+
+    ``cpu`` sets how many trials run at once when ``max_concurrent_trials``
+    is not given (the cores divided by it). ``gpu`` is a whole number of
+    GPUs, held by that trial alone, or a fraction of one, shared with other
+    fractional trials up to a whole; a trial waits until its GPUs are free
+    and sees only them (``CUDA_VISIBLE_DEVICES``). The GPUs handed out are
+    those of the Tuner's own ``CUDA_VISIBLE_DEVICES``, else the machine's.
+    Other keys, or a request no machine here could serve, are
+    cairn.InvalidArgumentError naming it.
+    """
+    if not isinstance(resources, dict):
+        raise InvalidArgumentError(
+            f"with_resources: a dict such as {{'cpu': 1, 'gpu': 0.5}}, not a "
+            f"{type(resources).__name__}", "invalid_argument")
+    out = {"cpu": 0.0, "gpu": 0.0}
+    for key, value in resources.items():
+        if key not in out:
+            raise InvalidArgumentError(
+                f"with_resources: unknown resource {key!r} (cpu and gpu are known)",
+                "invalid_argument")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidArgumentError(
+                f"with_resources: {key} must be a number, not {value!r}", "invalid_argument")
+        out[key] = float(value)
+    return _WithResources(trainable, out)
+
+
+def _unwrap(trainable: Any) -> tuple[Any, Optional[dict[str, float]]]:
+    if isinstance(trainable, _WithResources):
+        return trainable.trainable, trainable.resources
+    return trainable, None
+
+
 def _parts(trainable: Any, run: RunConfig) -> tuple[Any, Any, ScalingConfig, RunConfig]:
     """(function, class, scaling, run config) for the C++ Tuner."""
     if isinstance(trainable, DataParallelTrainer):
@@ -199,10 +245,12 @@ class Tuner:
                  run_config: Optional[RunConfig] = None) -> None:
         self._tune = tune_config or TuneConfig()
         run = run_config or RunConfig()
+        trainable, resources = _unwrap(trainable)
         fn, cls, scaling, run = _parts(trainable, run)
         space, functions = split_space(param_space or {})
         self._impl: Any = _cairn.Tuner(fn, cls, space,
-                                       self._tune._native(run.stop, run.callbacks, functions),
+                                       self._tune._native(run.stop, run.callbacks, functions,
+                                                          resources),
                                        run._native(), int(scaling.num_workers), scaling.launcher)
 
     def fit(self) -> ResultGrid:
@@ -240,7 +288,7 @@ class Tuner:
         again, into which the saved state is restored.
         """
         _, functions = split_space(param_space or {})
-        fn, klass, _, _ = _parts(trainable, RunConfig())
+        fn, klass, _, _ = _parts(_unwrap(trainable)[0], RunConfig())  # resources: the saved
         self = cls.__new__(cls)
         self._tune = TuneConfig()
         self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
