@@ -21,7 +21,11 @@ done
 [ -r /etc/munge/munge.key ] || { echo "slurm_cluster: no /etc/munge/munge.key" >&2; exit 77; }
 
 mkdir -p "$dir/state" "$dir/spool"
+# The node's name is the host name, as slurmd finds it, when it resolves:
+# the ranks reach rank 0 at the first name of the step's node list. Where it
+# does not (some containers), the node is "localhost", named to slurmd.
 node=$(hostname -s)
+getent hosts "$node" > /dev/null 2>&1 || node=localhost
 # Ports of its own: a free pair picked by the kernel, checked by binding.
 read -r ctld_port slurmd_port < <(/usr/bin/python3 - << 'EOF'
 import socket
@@ -78,7 +82,7 @@ pids+=($!)
 for _ in $(seq 100); do [ -S "$dir/munge.sock" ] && break; sleep 0.1; done
 slurmctld -D -f "$SLURM_CONF" > "$dir/slurmctld.out" 2>&1 &
 pids+=($!)
-slurmd -D -f "$SLURM_CONF" > "$dir/slurmd.out" 2>&1 &
+slurmd -D -N "$node" -f "$SLURM_CONF" > "$dir/slurmd.out" 2>&1 &
 pids+=($!)
 up=
 for _ in $(seq 300); do
