@@ -242,6 +242,18 @@ nlohmann::json measure(const Args& a, int n) {
   spec.run.failure_config.max_failures = a.fail_round > 0 ? 1 : 0;
   spec.run.failure_config.report_timeout_s = 600;
   auto loc = cairn::experiment::locate_experiment(spec.run.storage_path, spec.run.name);
+  // The run's objects go at the end, also when the measurement fails.
+  struct RemoveExperiment {
+    const cairn::experiment::ExperimentLocation& loc;
+    ~RemoveExperiment() {
+      try {
+        cairn::open_storage(loc.uri)->remove_prefix("");
+        if (loc.uri.rfind("file://", 0) == 0) fs::remove_all(loc.path);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "scale_bench: could not remove %s: %s\n", loc.uri.c_str(), e.what());
+      }
+    }
+  } remove_experiment{loc};
   spec.run.name = loc.name;
   spec.run.storage_path = loc.storage_path;
   spec.experiment_uri = loc.uri;
@@ -322,8 +334,6 @@ nlohmann::json measure(const Args& a, int n) {
   for (std::string line; std::getline(status, line);) {
     if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stol(line.substr(6));
   }
-  storage->remove_prefix("");
-  if (loc.uri.rfind("file://", 0) == 0) fs::remove_all(loc.path);
   g_times = nullptr;
   return {{"ranks", n},
           {"rounds_measured", commit.size()},
