@@ -26,17 +26,30 @@ mkdir -p "$dir/state" "$dir/spool"
 # does not (some containers), the node is "localhost", named to slurmd.
 node=$(hostname -s)
 getent hosts "$node" > /dev/null 2>&1 || node=localhost
-# Ports of its own: a free pair picked by the kernel, checked by binding.
+# Ports of its own, free when checked: below the kernel's ephemeral range
+# (32768 and up), where the port-0 sockets of tests running beside this one
+# land, and above the Trainer's Slurm control ports (15000-29999).
 read -r ctld_port slurmd_port < <(/usr/bin/python3 - << 'EOF'
+import random
 import socket
-socks = [socket.socket() for _ in range(2)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*[s.getsockname()[1] for s in socks])
+picked = []
+for port in random.sample(range(30000, 32700), 200):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    picked.append(port)
+    if len(picked) == 2:
+        break
+print(*picked)
 EOF
 )
 cat > "$dir/slurm.conf" << EOF
 ClusterName=cairntest
+# Job ids from a random start: the Trainer's control port derives from them,
+# so two clusters of this script do not hand out the same one.
+FirstJobId=$((RANDOM + 1))
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
