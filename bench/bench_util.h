@@ -75,7 +75,12 @@ std::string drop_caches(const std::vector<std::filesystem::path>& paths);
 // sync(2) so that dirty pages left by a previous step do not bill the next one.
 void sync_all();
 
+// Seconds of the steady clock, which every process on the machine shares.
 double now_seconds();
+
+// The median of `v`: the middle value, or the mean of the two middle ones;
+// 0 for none.
+double median(std::vector<double> v);
 
 // Sums every byte of `data` as 64-bit words (so a mapping is really read and
 // the compiler cannot drop the loop).

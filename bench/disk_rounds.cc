@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.h"
 #include "cairn/state.h"
 #include "cairn/state_manager.h"
 
@@ -26,12 +27,6 @@ namespace fs = std::filesystem;
 std::vector<std::string> concat(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 fs::path state_file(const CheckpointRecord& r) {

@@ -49,6 +49,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "cairn/checkpoint.h"
 #include "cairn/storage.h"
 #include "cairn/train.h"
@@ -60,6 +61,9 @@
 #include "train/control/group.h"
 
 namespace {
+
+using cairn::bench::median;
+using cairn::bench::now_seconds;
 
 namespace fs = std::filesystem;
 
@@ -114,22 +118,11 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 double cpu_s() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 // The ranks' clocks, in memory the forked workers share with the driver.
@@ -180,12 +173,13 @@ void train_loop(const nlohmann::json& config) {
     std::string bytes = c.storage().get(file);
     if (bytes.size() != data.size()) throw std::runtime_error("restored file has the wrong size");
     first = c.get_metadata().value("round", 0) + 1;
-    if (ctx.attempt > 0) g_times->restored(ctx.world_rank) = now_s();
   }
+  // Restored (or, killed before the first commit, started again from scratch).
+  if (ctx.attempt > 0) g_times->restored(ctx.world_rank) = now_seconds();
   cairn::train::TemporaryDirectory tmp;
   for (int round = first; round < rounds; ++round) {
     if (ctx.attempt == 0 && round + 1 == fail_round && ctx.world_rank == fail_rank) {
-      g_times->fail_at() = now_s();
+      g_times->fail_at() = now_seconds();
       std::raise(SIGKILL);
     }
     data[0] = static_cast<char>(round);
@@ -195,16 +189,11 @@ void train_loop(const nlohmann::json& config) {
     }
     cairn::Checkpoint ckpt = cairn::Checkpoint::from_directory(tmp.path());
     ckpt.set_metadata({{"round", round}});
-    g_times->enter(ctx.world_rank, round) = now_s();
+    g_times->enter(ctx.world_rank, round) = now_seconds();
     cairn::train::report({{"round", round}}, ckpt);
-    g_times->leave(ctx.world_rank, round) = now_s();
+    g_times->leave(ctx.world_rank, round) = now_seconds();
     g_times->requests(ctx.world_rank, round) = static_cast<double>(cairn::s3::requests_sent());
   }
-}
-
-uint64_t file_size_or_zero(const cairn::Storage& s, std::string_view key) {
-  auto info = const_cast<cairn::Storage&>(s).stat(key);
-  return info ? info->size : 0;
 }
 
 // The sizes of the experiment's manager history and result files.
@@ -270,9 +259,9 @@ nlohmann::json measure(const Args& a, int n) {
     cpu_per_round.push_back(c - cpu_last);
     cpu_last = c;
   };
-  const double t0 = now_s();
+  const double t0 = now_seconds();
   cairn::Result r = ti::run_driver(spec, ti::start_local_group);
-  const double wall = now_s() - t0;
+  const double wall = now_seconds() - t0;
   if (r.error)
     throw std::runtime_error(fmt::format("the run with {} ranks failed: {}", n, *r.error));
 
@@ -312,7 +301,7 @@ nlohmann::json measure(const Args& a, int n) {
   auto storage = cairn::open_storage(loc.uri);
   uint64_t manifest = 0;
   if (r.checkpoint) {
-    manifest = file_size_or_zero(r.checkpoint->storage(), cairn::kManifestKey);
+    if (auto info = r.checkpoint->storage().stat(cairn::kManifestKey)) manifest = info->size;
   }
   const uint64_t history = history_bytes(*storage);
   // Requests per checkpoint in the steady state: every process's requests

@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "cairn/state.h"
 #include "cairn/train.h"
 
@@ -162,11 +163,7 @@ int calibrate(size_t numel, double ms) {
   return std::max(1, static_cast<int>(std::lround(ms / 1000.0 / per_pass)));
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using cairn::bench::median;
 
 }  // namespace
 

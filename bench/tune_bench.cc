@@ -57,6 +57,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "cairn/error.h"
 #include "cairn/storage.h"
 #include "cairn/train.h"
@@ -251,11 +252,7 @@ tune::ResultGrid run_experiment(const fs::path& root, const std::string& name, i
   return g;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
+using cairn::bench::median;
 
 struct Overhead {
   std::string name;   // the table's row
