@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -130,18 +131,33 @@ std::vector<ManifestEntry> CheckpointWriter::copy_from(const Checkpoint& source)
   return copied;
 }
 
+namespace {
+
+// Throws unless `entry` is on `storage` with its size: kNotFound or
+// kCorruption naming the file. `listed`: the size a listing of the
+// destination saw, if it saw the file (a listing may lag behind a write, so
+// a file it did not show is looked up on its own).
+void check_written(Storage& storage, const ManifestEntry& entry, std::optional<uint64_t> listed) {
+  if (!listed) {
+    auto info = storage.stat(entry.path);
+    if (!info) {
+      throw Error(ErrorCode::kNotFound,
+                  fmt::format("{}: reported as written but not found", storage.uri_of(entry.path)));
+    }
+    listed = info->size;
+  }
+  if (*listed != entry.size) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: size {} but the writer reported {}", storage.uri_of(entry.path),
+                            *listed, entry.size));
+  }
+}
+
+}  // namespace
+
 void CheckpointWriter::add_written(const ManifestEntry& entry) {
   check_user_path(entry.path);
-  auto info = dest_.storage().stat(entry.path);
-  if (!info) {
-    throw Error(ErrorCode::kNotFound, fmt::format("{}: reported as written but not found",
-                                                  dest_.storage().uri_of(entry.path)));
-  }
-  if (info->size != entry.size) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: size {} but the writer reported {}",
-                            dest_.storage().uri_of(entry.path), info->size, entry.size));
-  }
+  check_written(dest_.storage(), entry, std::nullopt);
   record(entry);
 }
 
@@ -156,18 +172,7 @@ void CheckpointWriter::add_written(const std::vector<ManifestEntry>& entries) {
   for (auto& o : storage.list("")) sizes.emplace(std::move(o.key), o.size);
   for (const auto& e : entries) {
     auto it = sizes.find(e.path);
-    if (it == sizes.end()) {
-      auto info = storage.stat(e.path);  // a listing may lag behind a write
-      if (!info) {
-        throw Error(ErrorCode::kNotFound,
-                    fmt::format("{}: reported as written but not found", storage.uri_of(e.path)));
-      }
-      it = sizes.emplace(e.path, info->size).first;
-    }
-    if (it->second != e.size) {
-      throw Error(ErrorCode::kCorruption, fmt::format("{}: size {} but the writer reported {}",
-                                                      storage.uri_of(e.path), it->second, e.size));
-    }
+    check_written(storage, e, it == sizes.end() ? std::nullopt : std::optional(it->second));
   }
   for (const auto& e : entries) record(e);
 }
