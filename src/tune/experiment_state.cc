@@ -161,13 +161,12 @@ void Experiment::open_experiment() {
                                  : static_cast<double>(std::max(1, spec_.num_workers));
     max_concurrent_ = std::max(1, static_cast<int>(static_cast<double>(cores) / per_trial));
   }
-  gpus_ = std::make_unique<GpuPool>(
-      spec_.tune.gpu_ids.empty()
-          ? GpuPool::visible_devices(Settings::from(Environment::process()).cuda_visible_devices)
-          : spec_.tune.gpu_ids);
+  const Settings settings = Settings::from(Environment::process());
+  gpus_ = std::make_unique<GpuPool>(spec_.tune.gpu_ids.empty()
+                                        ? GpuPool::visible_devices(settings.cuda_visible_devices)
+                                        : spec_.tune.gpu_ids);
   gpus_->check_request(spec_.tune.resources_per_trial.gpu);
-  if (const std::string env = Settings::from(Environment::process()).tune_state_period_s;
-      !env.empty()) {
+  if (const std::string& env = settings.tune_state_period_s; !env.empty()) {
     char* end = nullptr;
     const double v = std::strtod(env.c_str(), &end);
     if (end == env.c_str() || *end != '\0' || !(v >= 0)) {

@@ -406,7 +406,13 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     tc.mode = s.at("mode").get<std::string>();
     tc.num_samples = s.at("num_samples").get<int>();
     tc.max_concurrent_trials = s.at("max_concurrent_trials").get<int>();
-    tc.seed = std::stoull(s.at("seed").get<std::string>());
+    const std::optional<std::uint64_t> seed = parse_decimal(s.at("seed").get<std::string>());
+    if (!seed) {
+      throw Error(ErrorCode::kCorruption,
+                  fmt::format("{}: the stored seed is not a 64-bit unsigned decimal: {}", state_uri,
+                              s.at("seed").dump()));
+    }
+    tc.seed = *seed;
     tc.stop = s.at("stop");
     tc.time_budget_s = s.value("time_budget_s", 0.0);  // absent before it existed
     const nlohmann::json res = s.value("resources_per_trial", nlohmann::json::object());
@@ -429,9 +435,6 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     throw Error(ErrorCode::kCorruption,
                 fmt::format("{}: a stored setting is missing or has the wrong type: {}", state_uri,
                             e.what()));
-  } catch (const std::logic_error& e) {
-    throw Error(ErrorCode::kCorruption,
-                fmt::format("{}: the stored seed is not a number: {}", state_uri, e.what()));
   }
   // The saved scheduler kind is rebuilt when the caller gives none and it
   // needs no code (FIFO); others must be given.

@@ -757,6 +757,14 @@ TEST(TunerRestore, RefusesAMissingOrDamagedStateAndAnotherTrainableKind) {
   testing::expect_error_naming(ErrorCode::kAlreadyExists, "Tuner::restore", [&] {
     Tuner(counting_trainable, {{"x", 1.0}}, {}, run_in(dir)).fit();
   });
+  // A stored seed with trailing junk is damage, not the number before it.
+  const fs::path state = dir / "search" / "tuner_state.json";
+  nlohmann::json saved = nlohmann::json::parse(slurp(state));
+  saved["seed"] = "12abc";
+  write_file(state, saved.dump());
+  testing::expect_error_naming(ErrorCode::kCorruption, "seed", [&] {
+    Tuner::restore((dir / "search").string(), counting_trainable);
+  });
 }
 
 TEST(TunerRestore, RemovesCopiesADriverLeftWhileCloningThatNoTrialWaitsFor) {
