@@ -16,7 +16,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -261,9 +260,8 @@ void bind_train(py::module_& m) {
   m.def("train_get_context", [] { return context_dict(train::get_context()); });
   m.def("train_should_checkpoint", [] { return train::should_checkpoint(); });
   // A variable of the C environment: os.environ is a copy made at start-up,
-  // and the runtime sets some (a Tuner trial's CUDA_VISIBLE_DEVICES) in a
-  // forked worker after that.
-  m.def("c_environment_value",
+  // and the runtime sets some in a forked worker after that.
+  m.def("train_environment_value",
         [](const std::string& name) { return train::environment_value(name); });
   m.def("train_wait_for_reports", [] {
     py::gil_scoped_release release;

@@ -105,6 +105,17 @@ def test_with_resources_hands_each_trial_its_own_gpus(
     with pytest.raises(cairn.InvalidArgumentError, match="memory"):
         tune.with_resources(trainable, {"memory": 1})
 
+    class Recorder(tune.Trainable):
+        def step(self) -> dict[str, Any]:
+            return {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "done": True}
+
+    grid = tune.Tuner(
+        tune.with_resources(Recorder, {"gpu": 1}), param_space={},
+        tune_config=TuneConfig(max_concurrent_trials=1),
+        run_config=RunConfig(name="class", storage_path=tmp_path, stop={"training_iteration": 1})
+    ).fit()
+    assert grid[0].metrics["gpus"] == "3", grid[0].metrics  # its GPU, not the Tuner's "3,5"
+
 
 def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path) -> None:
     def trainable(config: dict[str, Any]) -> None:

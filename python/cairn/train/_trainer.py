@@ -49,39 +49,39 @@ def _std_streams_on_fds_1_and_2() -> None:
                                     errors="backslashreplace"))
 
 
+# What the C++ runtime sets (or removes) in a forked worker's C environment
+# after the interpreter started: torchrun's variables for the worker's group,
+# CAIRN_WORKER, TORCHELASTIC_USE_AGENT_STORE (removed: torchrun's store is
+# not this group's) and, in a Tuner trial, CUDA_VISIBLE_DEVICES (its GPUs).
+_RUNTIME_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                      "LOCAL_WORLD_SIZE", "GROUP_RANK", "CAIRN_WORKER",
+                      "TORCHELASTIC_USE_AGENT_STORE", "CUDA_VISIBLE_DEVICES")
+
+
+def _sync_environ() -> None:
+    """Tells ``os.environ`` (a copy made at start-up) of the variables the
+    runtime set in this worker's C environment since."""
+    for name in _RUNTIME_VARIABLES:
+        value = _cairn.train_environment_value(name)
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
                  setup: Optional[BackendSetup]) -> None:
     """What each worker process runs: the rendezvous, then ``fn``.
 
-    A worker is a fork of the driver; the C++ runtime has set MASTER_ADDR,
-    MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and CAIRN_WORKER in the C
-    environment and removed TORCHELASTIC_USE_AGENT_STORE (torchrun's store is
-    not this group's), and a Tuner trial's runner CUDA_VISIBLE_DEVICES (its
-    GPUs), which ``os.environ`` (read at start-up) is told of here. An
-    exception is
-    printed with its traceback on the worker's stderr, whose tail the driver
-    puts in ``Result.error``, and ends the worker as failed.
+    A worker is a fork of the driver; ``os.environ`` is told first of the
+    variables the runtime set for it (:func:`_sync_environ`). An exception
+    is printed with its traceback on the worker's stderr, whose tail the
+    driver puts in ``Result.error``, and ends the worker as failed.
     """
     _std_streams_on_fds_1_and_2()
     try:
         context = get_context()
-        values = context._values
-        os.environ.update({
-            "MASTER_ADDR": str(values["master_addr"]),
-            "MASTER_PORT": str(values["master_port"]),
-            "RANK": str(values["world_rank"]),
-            "WORLD_SIZE": str(values["world_size"]),
-            "LOCAL_RANK": str(values["local_rank"]),
-            "LOCAL_WORLD_SIZE": str(values["local_world_size"]),
-            "GROUP_RANK": str(values["node_rank"]),
-            "CAIRN_WORKER": "1",
-        })
-        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        gpus = _cairn.c_environment_value("CUDA_VISIBLE_DEVICES")
-        if gpus is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+        _sync_environ()
         teardown = setup(context, scaling) if setup is not None else None
         try:
             if _takes_config(fn):

@@ -60,6 +60,8 @@ class Trainable:
     # ---- called by the C++ runtime (python/_tune.cc) ------------------------
 
     def _cairn_setup(self, config: dict[str, Any]) -> None:
+        from cairn.train._trainer import _sync_environ
+        _sync_environ()  # as a function trainable's worker does
         self.config = dict(config)
         self.setup(self.config)
 
