@@ -9,8 +9,9 @@
 #   tests/train/slurm_cluster.sh DIR srun -n 2 ./program ...
 #
 # The node offers CPUS (2 unless set) CPUs, oversubscribed 4 times, so
-# steps of more tasks than cores run. Waits are bounded: the daemons get
-# 30 s to come up, COMMAND runs under the caller's own time limit.
+# steps of more tasks than cores run. Waits are bounded:
+# munged 30 s to make its socket and the node 90 s to come up (bounds for a loaded
+# machine, not timings), COMMAND runs under the caller's own time limit.
 set -u
 dir=$1
 shift
@@ -92,18 +93,23 @@ trap stop EXIT
 munged --force --foreground --socket="$dir/munge.sock" --pid-file="$dir/munged.pid" \
   --log-file="$dir/munged.log" --seed-file="$dir/munge.seed" > "$dir/munged.out" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do [ -S "$dir/munge.sock" ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ -S "$dir/munge.sock" ] && break; sleep 0.1; done
+if [ ! -S "$dir/munge.sock" ]; then
+  echo "slurm_cluster: munged made no socket within 30 s; its log:" >&2
+  tail -n 20 "$dir/munged.log" "$dir/munged.out" >&2
+  exit 1
+fi
 slurmctld -D -f "$SLURM_CONF" > "$dir/slurmctld.out" 2>&1 &
 pids+=($!)
 slurmd -D -N "$node" -f "$SLURM_CONF" > "$dir/slurmd.out" 2>&1 &
 pids+=($!)
 up=
-for _ in $(seq 300); do
+for _ in $(seq 900); do
   if sinfo -h -o %t 2> /dev/null | grep -qx idle; then up=1; break; fi
   sleep 0.1
 done
 if [ -z "$up" ]; then
-  echo "slurm_cluster: the node did not come up within 30 s; logs:" >&2
+  echo "slurm_cluster: the node did not come up within 90 s; logs:" >&2
   tail -n 20 "$dir"/*.log "$dir"/*.out >&2
   exit 1
 fi
