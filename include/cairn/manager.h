@@ -67,6 +67,47 @@
 
 namespace cairn {
 
+// The memory tier (docs/memory-tier.md): checkpoints kept in this host's RAM,
+// on a RAM-backed file system (tmpfs) whose files outlive the processes that
+// wrote them, so that a restart after a crash of the training processes reads
+// the newest state from memory instead of persistent storage; every N-th
+// checkpoint, or one every T minutes, is also persisted to the experiment's
+// storage on a background thread. Both tiers commit manifest-last: a
+// checkpoint is in a tier once its manifest is there, whole.
+//
+// The tier lives on one host: it serves saves made on the host that runs the
+// manager (CheckpointManager, StateCheckpointManager, the Trainer's local
+// launcher and a launch whose ranks all run on one host). A Trainer whose
+// ranks span several hosts saves to persistent storage only, with a warning
+// (replication to peers' memory is not built yet: docs/memory-tier.md).
+struct MemoryTierConfig {
+  bool enabled = false;
+  // A folder on a RAM-backed file system. Empty: $CAIRN_MEMORY_TIER_DIR,
+  // else /dev/shm. An experiment's tier is <root>/cairn-tier-<uid>/<id>/,
+  // <id> derived from the experiment's URI.
+  std::string root;
+  // The newest checkpoints kept in memory; >= 1. A checkpoint being
+  // persisted stays until its persistent copy is committed.
+  int num_to_keep = 2;
+  // Every N-th checkpoint saved to the tier is also persisted (0: not by
+  // count); >= 0.
+  int persist_every_n = 10;
+  // A checkpoint is persisted once this many minutes have passed since the
+  // last persisted one (or since the manager opened); 0: not by time; >= 0.
+  double persist_every_minutes = 0;
+  // The most bytes this experiment's tier may hold; 0: as much as its file
+  // system has free.
+  uint64_t max_bytes = 0;
+  // A save that the tier cannot hold (num_to_keep checkpoints of its size
+  // plus the one being written, within max_bytes and the free space):
+  //   "error": kNoSpace naming the tier, its need and what is
+  //     free; nothing is written;
+  //   "persistent_only": saved to persistent storage, with a warning.
+  std::string on_insufficient_memory = "error";
+
+  bool operator==(const MemoryTierConfig&) const = default;
+};
+
 struct CheckpointConfig {
   std::optional<int> num_to_keep;                       // unset: keep all; must be >= 1
   std::string checkpoint_score_attribute;               // empty: rank by recency
@@ -79,6 +120,10 @@ struct CheckpointConfig {
   // to_json(): they are not retention.
   int checkpoint_frequency = 0;  // >= 0
   bool checkpoint_at_end = false;
+  // The memory tier (above); off by default. Stored in to_json() when on,
+  // so that an experiment reopened from its stored configuration (
+  // Trainer::restore) finds the checkpoints its tier holds.
+  MemoryTierConfig memory_tier;
 
   // Throws kInvalidArgument naming the bad field.
   void validate() const;
@@ -103,6 +148,11 @@ struct CheckpointRecord {
   // (its manifest has them).
   std::optional<uint64_t> size_bytes;
   std::optional<uint64_t> file_count;
+  // Where `checkpoint` lives: "persistent" (the experiment's storage) or
+  // "memory" (the memory tier; MemoryTierConfig). A checkpoint in both is
+  // reported once, as its memory copy, with `persisted` true.
+  std::string tier = "persistent";
+  bool persisted = true;
 };
 
 struct ManagerOptions {
@@ -198,8 +248,22 @@ class CheckpointManager {
   // (ManagerOptions::background_delete; nothing to wait for without it).
   void wait_for_deletes();
 
+  // With the memory tier: waits for the background persistence, persists
+  // the newest checkpoint if only memory holds it, and frees the tier (its
+  // folder is removed); later saves go to persistent storage only. The
+  // destructor does it too. A failure to persist throws (the tier is then
+  // kept, for the next open or `cairn gc`); nothing to do without the tier.
+  // Not concurrently with saves on other threads.
+  void release_memory_tier();
+  // With the memory tier: blocks until every persistence scheduled so far
+  // has finished (committed, or failed with a warning). Nothing to wait for
+  // without the tier.
+  void wait_for_persistence();
+
+  // The newest checkpoint across the tiers (its memory copy when both hold it).
   std::optional<CheckpointRecord> latest() const;
   // Every kept checkpoint, best first (by score, or newest first without one).
+  // With the memory tier, the checkpoints of both tiers, each once.
   std::vector<CheckpointRecord> best() const;
   // Every kept checkpoint in index order.
   std::vector<CheckpointRecord> history() const;
@@ -213,6 +277,25 @@ class CheckpointManager {
   static constexpr uint64_t kCloseCompactAbove = 64;
 
   void open();
+  // The memory tier's side (src/manager/memory_tier.cc). The *_in_memory
+  // calls return nullopt/false when the tier does not take the call (off,
+  // full and falling back, or a persistent reservation).
+  void open_memory_tier();
+  std::optional<CheckpointRecord> register_in_memory(const nlohmann::json& metrics,
+                                                     const Checkpoint& checkpoint);
+  std::optional<Checkpoint> reserve_in_memory();
+  std::optional<CheckpointRecord> commit_in_memory(const Checkpoint& reserved,
+                                                   const nlohmann::json& metrics,
+                                                   const std::vector<ManifestEntry>& files,
+                                                   const nlohmann::json& layout,
+                                                   const nlohmann::json* metadata,
+                                                   const nlohmann::json& ranks);
+  bool abandon_in_memory(const Checkpoint& reserved);
+  // Copies tier checkpoint `source` into this experiment at `index` and
+  // records it (the persister's work).
+  void persist(uint64_t index, const Checkpoint& source);
+  // The records of both tiers, one per index (under mu_).
+  std::vector<CheckpointRecord> merged_records() const;
   uint64_t take_index();
   // Writes the whole history as a new snapshot and removes the log objects
   // it folds in (src/manager/history.h).
@@ -268,6 +351,12 @@ class CheckpointManager {
   // ManagerOptions::background_delete's thread and queue (src/manager/manager.cc).
   struct Deleter;
   std::unique_ptr<Deleter> deleter_;
+  // The memory tier's manager, persister and policy (src/manager/memory_tier.cc).
+  struct MemoryTier;
+  struct MemoryTierDeleter {
+    void operator()(MemoryTier* tier) const;
+  };
+  std::unique_ptr<MemoryTier, MemoryTierDeleter> tier_;
 };
 
 // The experiment as stored, read without taking the lock or changing
@@ -301,5 +390,12 @@ struct GcReport {
 // `dry_run`, reports what would be removed and changes nothing, not even a
 // lock file.
 GcReport collect_garbage(std::string_view uri, bool dry_run = false);
+
+// Frees the memory tiers (MemoryTierConfig) of this user under `root` (empty:
+// $CAIRN_MEMORY_TIER_DIR, else /dev/shm) that no live manager holds: the
+// tiers of runs that died. What they held only in memory is lost (a
+// restarted run would have resumed from it: free a dead run's tier once it
+// will not be restored). A tier whose manager is alive is skipped.
+GcReport collect_memory_tiers(std::string_view root = "", bool dry_run = false);
 
 }  // namespace cairn

@@ -235,6 +235,17 @@ struct Result {
   // the checkpoint committed in that round, or null) and attempt
   // (TrainContext::attempt of the group that reported it).
   std::vector<nlohmann::json> metrics_history;
+  // What each attempt of this fit() started from, in order: the attempt
+  // (TrainContext::attempt), the checkpoint's folder name and the tier that
+  // served every rank: "memory" (CheckpointConfig::memory_tier),
+  // "persistent", or "external" (resume_from_checkpoint outside the
+  // experiment). An attempt that started from nothing is not listed.
+  struct Restore {
+    int attempt = 0;
+    std::string checkpoint;
+    std::string tier;
+  };
+  std::vector<Restore> restores;
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything; a line of

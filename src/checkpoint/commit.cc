@@ -125,6 +125,10 @@ std::vector<ManifestEntry> CheckpointWriter::copy_from(const Checkpoint& source)
                       source.storage().uri_of(want.path), got.size, hash_to_hex(got.xxh3),
                       want.size, hash_to_hex(want.xxh3)));
     }
+    if (source_manifest) {  // the whole file matched: its blocks' checksums hold too
+      got.block_size = want.block_size;
+      got.block_xxh3 = want.block_xxh3;
+    }
     w->commit();
     copied.push_back(record(std::move(got)));
   }

@@ -513,4 +513,14 @@ GcView collect_gc(std::string_view path, bool dry_run) {
   return view;
 }
 
+GcView collect_gc_memory_tiers(std::string_view root, bool dry_run) {
+  GcView view;
+  view.uri = root.empty() ? std::string("(the default memory tier root)") : std::string(root);
+  view.dry_run = dry_run;
+  GcReport report = collect_memory_tiers(root, dry_run);
+  view.removed = std::move(report.removed);
+  view.skipped = std::move(report.skipped);
+  return view;
+}
+
 }  // namespace cairn::cli

@@ -27,5 +27,8 @@ ShowView collect_show(std::string_view path);
 VerifyView collect_verify(std::string_view path);
 // Removes (or with dry_run, lists) the leftovers of interrupted saves.
 GcView collect_gc(std::string_view path, bool dry_run);
+// Frees (or with dry_run, lists) the memory tiers of dead runs under `root`
+// ("" for the default root): collect_memory_tiers.
+GcView collect_gc_memory_tiers(std::string_view root, bool dry_run);
 
 }  // namespace cairn::cli

@@ -89,6 +89,7 @@ struct Options {
   bool json = false;
   bool check = false;  // ls --check
   bool dry_run = false;
+  bool memory_tier = false;  // gc --memory-tier
   std::string path;
   int jobs = 8;
   bool no_progress = false;
@@ -140,7 +141,11 @@ Commands define_commands(CLI::App& app, Options& o) {
       "files); experiments locked by a live writer are skipped");
   c.gc->add_flag("--dry-run", o.dry_run, "Report what would be removed without removing it");
   c.gc->add_flag("--json", o.json, "Print one JSON document (schema in docs/cli.md)");
-  c.gc->add_option("PATH", o.path, kRootHelp)->required();
+  c.gc->add_flag(
+      "--memory-tier", o.memory_tier,
+      "Free instead the memory tiers (RAM) of runs that died on this host, under PATH "
+      "(default: $CAIRN_MEMORY_TIER_DIR, else /dev/shm); tiers of live runs are skipped");
+  c.gc->add_option("PATH", o.path, kRootHelp);
 
   c.cp = app.add_subcommand(
       "cp",
@@ -206,7 +211,14 @@ int run_command(const Commands& c, const Options& o) {
     print(view, o.json);
     return view.ok() ? kExitOk : kExitProblems;
   } else if (c.gc->parsed()) {
-    print(collect_gc(o.path, o.dry_run), o.json);
+    if (o.memory_tier) {
+      print(collect_gc_memory_tiers(o.path, o.dry_run), o.json);
+    } else if (o.path.empty()) {
+      throw cairn::Error(cairn::ErrorCode::kInvalidArgument,
+                         "gc: PATH is required (or --memory-tier)");
+    } else {
+      print(collect_gc(o.path, o.dry_run), o.json);
+    }
   } else if (c.cp->parsed()) {
     return run_cp_command(o);
   } else if (c.version->parsed()) {

@@ -111,6 +111,14 @@ nlohmann::json CheckpointConfig::to_json() const {
   j["keep_checkpoint_every_n_hours"] = keep_checkpoint_every_n_hours
                                            ? nlohmann::json(*keep_checkpoint_every_n_hours)
                                            : nlohmann::json(nullptr);
+  if (memory_tier.enabled) {
+    j["memory_tier"] = {{"root", memory_tier.root},
+                        {"num_to_keep", memory_tier.num_to_keep},
+                        {"persist_every_n", memory_tier.persist_every_n},
+                        {"persist_every_minutes", memory_tier.persist_every_minutes},
+                        {"max_bytes", memory_tier.max_bytes},
+                        {"on_insufficient_memory", memory_tier.on_insufficient_memory}};
+  }
   return j;
 }
 
@@ -125,6 +133,17 @@ CheckpointConfig CheckpointConfig::from_json(const nlohmann::json& j) {
   if (j.contains("keep_checkpoint_every_n_hours") &&
       j["keep_checkpoint_every_n_hours"].is_number()) {
     c.keep_checkpoint_every_n_hours = j["keep_checkpoint_every_n_hours"].get<double>();
+  }
+  if (j.contains("memory_tier") && j["memory_tier"].is_object()) {
+    const nlohmann::json& t = j["memory_tier"];
+    MemoryTierConfig& m = c.memory_tier;
+    m.enabled = true;
+    m.root = t.value("root", m.root);
+    m.num_to_keep = t.value("num_to_keep", m.num_to_keep);
+    m.persist_every_n = t.value("persist_every_n", m.persist_every_n);
+    m.persist_every_minutes = t.value("persist_every_minutes", m.persist_every_minutes);
+    m.max_bytes = t.value("max_bytes", m.max_bytes);
+    m.on_insufficient_memory = t.value("on_insufficient_memory", m.on_insufficient_memory);
   }
   return c;
 }
@@ -154,6 +173,28 @@ void CheckpointConfig::validate() const {
                 fmt::format("CheckpointConfig.checkpoint_frequency must be >= 0, got {}",
                             checkpoint_frequency));
   }
+  const MemoryTierConfig& t = memory_tier;
+  if (t.num_to_keep < 1) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("MemoryTierConfig.num_to_keep must be at least 1, got {}", t.num_to_keep));
+  }
+  if (t.persist_every_n < 0) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        fmt::format("MemoryTierConfig.persist_every_n must be >= 0, got {}", t.persist_every_n));
+  }
+  if (!(t.persist_every_minutes >= 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("MemoryTierConfig.persist_every_minutes must be >= 0, got {}",
+                            t.persist_every_minutes));
+  }
+  if (t.on_insufficient_memory != "error" && t.on_insufficient_memory != "persistent_only") {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("MemoryTierConfig.on_insufficient_memory must be \"error\" or "
+                            "\"persistent_only\", got \"{}\"",
+                            printable(t.on_insufficient_memory)));
+  }
   if (keep_checkpoint_every_n_hours && !(*keep_checkpoint_every_n_hours > 0)) {
     throw Error(
         ErrorCode::kInvalidArgument,
@@ -170,6 +211,7 @@ CheckpointManager::CheckpointManager(std::string_view experiment_uri, Checkpoint
   storage_ = open_storage(experiment_uri);
   lock_ = storage_->try_lock(kLockKey);
   open();
+  open_memory_tier();
 }
 
 // Deletes uncommitted checkpoints' data on a thread of its own, in order.
@@ -236,6 +278,19 @@ struct CheckpointManager::Deleter {
 void CheckpointManager::wait_for_deletes() { deleter_->wait_idle(); }
 
 CheckpointManager::~CheckpointManager() {
+  if (tier_) {
+    try {
+      release_memory_tier();
+    } catch (const Error& e) {
+      // ignore-error: a destructor cannot throw; the tier stays for the next
+      // open of this experiment (or `cairn gc --memory-tier`).
+      warn(
+          fmt::format("{}: the newest checkpoint could not be persisted, the memory tier is "
+                      "kept: {}",
+                      uri(), e.what()));
+      tier_.reset();
+    }
+  }
   deleter_.reset();  // pending deletions finish while the lock is still held
   // A long log is folded in on close too, so that the next open (or `cairn
   // ls`) reads one snapshot instead of up to live/8 small objects.
@@ -603,6 +658,7 @@ void CheckpointManager::check_score(const nlohmann::json& metrics, std::string_v
 CheckpointRecord CheckpointManager::register_checkpoint(const nlohmann::json& metrics,
                                                         const Checkpoint& checkpoint) {
   wait_for_deletes();  // see reserve_next()
+  if (auto r = register_in_memory(metrics, checkpoint)) return *r;
   std::lock_guard<std::mutex> g(mu_);
   const std::string name = checkpoint_name(next_index_);
   check_score(metrics, storage_->uri_of(name));
@@ -647,6 +703,7 @@ Checkpoint CheckpointManager::reserve_next() {
   // deletion in the save (the kept checkpoints and the one being written).
   // Waited for outside the lock: the deleter's warnings may call back.
   wait_for_deletes();
+  if (auto c = reserve_in_memory()) return *c;
   std::lock_guard<std::mutex> g(mu_);
   const uint64_t index = take_index();
   Checkpoint dest(storage_->child(checkpoint_name(index)));
@@ -669,6 +726,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
                                                     const nlohmann::json& layout,
                                                     const nlohmann::json* metadata,
                                                     const nlohmann::json& ranks) {
+  if (auto r = commit_in_memory(reserved, metrics, files, layout, metadata, ranks)) return *r;
   std::lock_guard<std::mutex> g(mu_);
   auto it = reserved_.find(reserved.uri());
   if (it == reserved_.end()) {
@@ -695,6 +753,7 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
 }
 
 void CheckpointManager::abandon_reserved(const Checkpoint& reserved) {
+  if (abandon_in_memory(reserved)) return;
   std::lock_guard<std::mutex> g(mu_);
   if (reserved_.erase(reserved.uri()) == 0) {
     throw Error(ErrorCode::kFailedPrecondition,
@@ -705,18 +764,23 @@ void CheckpointManager::abandon_reserved(const Checkpoint& reserved) {
 
 std::optional<CheckpointRecord> CheckpointManager::latest() const {
   std::lock_guard<std::mutex> g(mu_);
+  if (tier_) {
+    std::vector<CheckpointRecord> all = merged_records();
+    if (all.empty()) return std::nullopt;
+    return all.back();
+  }
   if (records_.empty()) return std::nullopt;
   return records_.back();
 }
 
 std::vector<CheckpointRecord> CheckpointManager::best() const {
   std::lock_guard<std::mutex> g(mu_);
-  return ranked(records_, config_);
+  return ranked(tier_ ? merged_records() : records_, config_);
 }
 
 std::vector<CheckpointRecord> CheckpointManager::history() const {
   std::lock_guard<std::mutex> g(mu_);
-  return records_;
+  return tier_ ? merged_records() : records_;
 }
 
 std::vector<CheckpointRecord> rank_checkpoints(const std::vector<CheckpointRecord>& records,

@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -101,7 +102,12 @@ nlohmann::json result_to_json(const Result& r) {
   for (const auto& b : r.best_checkpoints) {
     best.push_back({{"uri", b.checkpoint.uri()}, {"metrics", b.metrics}});
   }
+  nlohmann::json restores = nlohmann::json::array();
+  for (const auto& x : r.restores) {
+    restores.push_back({{"attempt", x.attempt}, {"checkpoint", x.checkpoint}, {"tier", x.tier}});
+  }
   return {{"metrics", r.metrics},
+          {"restores", restores},
           {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
           {"best", best},
           {"path", r.path},
@@ -124,6 +130,10 @@ Result result_from_json(const nlohmann::json& j) {
   if (j.at("error").is_string()) r.error = j["error"].get<std::string>();
   r.preempted = j.value("preempted", false);
   if (j.contains("history")) r.metrics_history = j["history"].get<std::vector<nlohmann::json>>();
+  for (const auto& x : j.value("restores", nlohmann::json::array())) {
+    r.restores.push_back({x.at("attempt").get<int>(), x.at("checkpoint").get<std::string>(),
+                          x.at("tier").get<std::string>()});
+  }
   return r;
 }
 
@@ -516,6 +526,17 @@ Result drive(DriverSpec spec, MpiWorld w, TcpListener& listener, const std::stri
     spec.rendezvous_bind = control.bind;
     spec.rendezvous_address = control.advertise.at(0);
     spec.before_start = [&] { probe_storage(agents, w, spec, token); };
+    MemoryTierConfig& tier = spec.run.checkpoint_config.memory_tier;
+    if (tier.enabled && std::any_of(w.hosts.begin(), w.hosts.end(),
+                                    [&](const auto& h) { return h != w.hosts[0]; })) {
+      // Ranks on other hosts cannot write into this host's memory, and
+      // replicas in peers' memory are not built yet (docs/memory-tier.md).
+      log::warn(
+          fmt::format("{}: the ranks run on several hosts; the memory tier serves one host, "
+                      "so checkpoints go to persistent storage only",
+                      spec.experiment_path));
+      tier.enabled = false;
+    }
     GroupFactory start = [&](const LaunchSpec& launch) -> std::unique_ptr<Group> {
       return std::make_unique<MpiGroup>(launch, agents, places);
     };

@@ -230,6 +230,13 @@ void Tuner::check() {
                             "is {}",
                             scaling_.launcher == Launcher::kMpi ? "kMpi" : "kEnv"));
   }
+  if (run_config_.checkpoint_config.memory_tier.enabled) {
+    // PBT's exploit and the experiment state name trials' checkpoints on
+    // persistent storage; a trial's memory tier is not shared with them yet.
+    throw Error(ErrorCode::kInvalidArgument,
+                "Tuner: CheckpointConfig.memory_tier is for the Trainer and the checkpoint "
+                "managers; trials save to persistent storage");
+  }
   if (scaling_.num_workers < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("Tuner: ScalingConfig::num_workers must be >= 1, got {}",

@@ -32,6 +32,7 @@ Settings Settings::from(const Environment& env) {
   s.tune_state_period_s = env.get_or("CAIRN_TUNE_STATE_PERIOD_S", "");
   s.storage_path = env.get_or("CAIRN_STORAGE_PATH", "~/cairn_results");
   s.cache_dir = env.get_or("CAIRN_CACHE_DIR", "");
+  s.memory_tier_dir = env.get_or("CAIRN_MEMORY_TIER_DIR", "/dev/shm");
   s.mpi_address = env.get_or("CAIRN_MPI_ADDRESS", "");
   s.gloo_socket_ifname = env.get_or("GLOO_SOCKET_IFNAME", "");
   s.temp_dir = env.get_or("TMPDIR", "/tmp");

@@ -48,6 +48,7 @@ struct Settings {
   std::string tune_state_period_s;  // CAIRN_TUNE_STATE_PERIOD_S (the Tuner judges it)
   std::string storage_path;         // CAIRN_STORAGE_PATH, else "~/cairn_results"
   std::string cache_dir;            // CAIRN_CACHE_DIR
+  std::string memory_tier_dir;      // CAIRN_MEMORY_TIER_DIR, else "/dev/shm"
   std::string mpi_address;          // CAIRN_MPI_ADDRESS
   std::string gloo_socket_ifname;   // GLOO_SOCKET_IFNAME
   std::string temp_dir;             // TMPDIR, else "/tmp"

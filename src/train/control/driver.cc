@@ -90,6 +90,7 @@ class Driver {
     Result result;
     result.path = spec_.experiment_path;
     const int failures = run_attempts(result);
+    release_memory_tier();
     finish(result, failures);
     return result;
   }
@@ -161,6 +162,7 @@ class Driver {
         from = manager_->latest()->checkpoint.uri();
       }
       if (spec_.iteration_from_checkpoint) iteration_ = iteration_at(manager_->latest(), from);
+      if (from) note_restore(result, attempt, *from);
       Outcome out = run_attempt(attempt, from);
       if (out.preempted) {
         result.preempted = true;
@@ -204,6 +206,32 @@ class Driver {
       save_state();
     }
     return failures;
+  }
+
+  // Records, and logs, which checkpoint and tier an attempt starts from.
+  void note_restore(Result& result, int attempt, const std::string& from) {
+    Result::Restore r{attempt, last_component(from), "persistent"};
+    std::optional<CheckpointRecord> latest = manager_->latest();
+    if (latest && latest->checkpoint.uri() == from) {
+      r.tier = latest->tier;
+    } else if (!latest || from.rfind(spec_.experiment_uri, 0) != 0) {
+      r.tier = "external";  // resume_from_checkpoint outside this experiment
+    }
+    log::info(fmt::format("attempt {}: every rank restores from {} ({} tier: {})", attempt + 1,
+                          r.checkpoint, r.tier, from));
+    result.restores.push_back(std::move(r));
+  }
+
+  // The memory tier's newest checkpoint is persisted and its memory freed
+  // once the run ends, however it ended; a failure keeps the tier, so that
+  // Trainer::restore resumes from it.
+  void release_memory_tier() {
+    try {
+      manager_->release_memory_tier();
+    } catch (const Error& e) {
+      log::warn(fmt::format("{}: the memory tier is kept for Trainer::restore: {}",
+                            spec_.experiment_path, e.what()));
+    }
   }
 
   // Fills the rest of `result` and records how the run ended.
