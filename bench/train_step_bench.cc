@@ -10,7 +10,11 @@
 // durable) and reports that directory, synchronously or with {.async = true};
 // or ("async_memory") copies the state into an in-memory checkpoint built in
 // reused memory (StateStager) and reports that asynchronously (the snapshot of
-// an in-memory checkpoint copies nothing).
+// an in-memory checkpoint copies nothing). "tier_sync" and "tier_async" are
+// "sync" and "async" with the memory tier on (CheckpointConfig::memory_tier
+// under --tier-root, default /dev/shm; every --tier-persist-every-th
+// checkpoint persisted to --dir in the background): the step's cost of
+// checkpointing every step to memory.
 // Rank 0 times every step from its start to report()'s return (and, apart,
 // the save into the directory and the report() call); the first --warmup
 // steps are left out. Modes run interleaved, --rounds times each,
@@ -48,6 +52,8 @@ struct Args {
   double step_ms = 200;
   int steps = 20;
   int warmup = 2;
+  std::string tier_root = "/dev/shm";
+  int tier_persist_every = 10;
   int rounds = 3;
   int workers = 1;
   std::string dir;
@@ -58,7 +64,8 @@ struct Args {
   std::fprintf(stderr,
                "train_step_bench: %s\n"
                "usage: train_step_bench --dir DIR [--state-mib N] [--step-ms MS] [--steps N]\n"
-               "                        [--warmup N] [--rounds N] [--workers N] [--json FILE]\n",
+               "                        [--warmup N] [--rounds N] [--workers N] [--json FILE]\n"
+               "                        [--tier-root DIR] [--tier-persist-every N]\n",
                why);
   std::exit(2);
 }
@@ -85,6 +92,10 @@ Args parse(int argc, char** argv) {
       a.dir = v;
     } else if (k == "--json") {
       a.json = v;
+    } else if (k == "--tier-root") {
+      a.tier_root = v;
+    } else if (k == "--tier-persist-every") {
+      a.tier_persist_every = std::stoi(v);
     } else {
       usage(("unknown flag " + k).c_str());
     }
@@ -106,7 +117,8 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Config: mode ("none" | "sync" | "async" | "async_memory"), numel, passes,
+// Config: mode ("none" | "sync" | "async" | "async_memory" | "tier_sync" |
+// "tier_async"), numel, passes,
 // steps, warmup.
 void train_loop(const nlohmann::json& config) {
   const std::string mode = config.at("mode");
@@ -136,7 +148,7 @@ void train_loop(const nlohmann::json& config) {
       cairn::save_file(state, fs::path(tmp.path()) / "model.safetensors", {.durable = false});
       saved = Clock::now();
       cairn::train::report(metrics, cairn::Checkpoint::from_directory(tmp.path()),
-                           {.async = mode == "async"});
+                           {.async = mode.ends_with("async")});
     }
     if (step >= warmup) {
       total += seconds_since(start);
@@ -172,7 +184,8 @@ int main(int argc, char** argv) {
   const size_t numel = static_cast<size_t>(a.state_mib << 20) / sizeof(float);
   const int passes = calibrate(numel, a.step_ms);
   fs::create_directories(a.dir);
-  const std::vector<std::string> modes = {"none", "sync", "async", "async_memory"};
+  const std::vector<std::string> modes = {"none",         "sync",      "async",
+                                          "async_memory", "tier_sync", "tier_async"};
   std::map<std::string, std::vector<double>> means, saves, reports;
   for (int round = 0; round < a.rounds; ++round) {
     for (const std::string& mode : modes) {
@@ -180,6 +193,12 @@ int main(int argc, char** argv) {
       run.name = fmt::format("{}-{}", mode, round);
       run.storage_path = a.dir;
       run.checkpoint_config.num_to_keep = 2;  // bounds the disk used
+      if (mode.starts_with("tier_")) {
+        run.checkpoint_config.memory_tier.enabled = true;
+        run.checkpoint_config.memory_tier.root = a.tier_root;
+        run.checkpoint_config.memory_tier.num_to_keep = 2;
+        run.checkpoint_config.memory_tier.persist_every_n = a.tier_persist_every;
+      }
       cairn::Trainer trainer(train_loop,
                              {{"mode", mode},
                               {"numel", numel},
@@ -220,7 +239,7 @@ int main(int argc, char** argv) {
                           {"rounds", means[mode]}};
   }
   out["goal_async_ratio"] = 1.05;
-  for (const char* mode : {"async", "async_memory"}) {
+  for (const char* mode : {"async", "async_memory", "tier_async"}) {
     const double ratio = median(means[mode]) / none;
     std::printf("goal: %s <= 1.05x no checkpoint: %.3fx %s\n", mode, ratio,
                 ratio <= 1.05 ? "PASS" : "MISS");

@@ -165,27 +165,65 @@ PYBIND11_MODULE(_cairn, m) {
         return "Checkpoint(path=" + py::repr(py::str(c.uri())).cast<std::string>() + ")";
       });
 
-  py::class_<cairn::CheckpointConfig>(m, "CheckpointConfig")
-      .def(py::init([](std::optional<int> num_to_keep,
-                       std::optional<std::string> checkpoint_score_attribute,
-                       std::string checkpoint_score_order,
-                       std::optional<double> keep_checkpoint_every_n_hours,
-                       int checkpoint_frequency, bool checkpoint_at_end) {
+  py::class_<cairn::MemoryTierConfig>(m, "MemoryTierConfig")
+      .def(py::init([](int num_to_keep, int persist_every_n, double persist_every_minutes,
+                       uint64_t max_bytes, std::string on_insufficient_memory,
+                       std::optional<std::string> root) {
+             cairn::MemoryTierConfig t;
+             t.enabled = true;
+             t.num_to_keep = num_to_keep;
+             t.persist_every_n = persist_every_n;
+             t.persist_every_minutes = persist_every_minutes;
+             t.max_bytes = max_bytes;
+             t.on_insufficient_memory = std::move(on_insufficient_memory);
+             t.root = root.value_or("");
              cairn::CheckpointConfig c;
-             c.num_to_keep = num_to_keep;
-             c.checkpoint_score_attribute = checkpoint_score_attribute.value_or("");
-             c.checkpoint_score_order = std::move(checkpoint_score_order);
-             c.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
-             c.checkpoint_frequency = checkpoint_frequency;
-             c.checkpoint_at_end = checkpoint_at_end;
+             c.memory_tier = t;
              c.validate();
-             return c;
+             return t;
            }),
-           py::kw_only(), py::arg("num_to_keep") = py::none(),
-           py::arg("checkpoint_score_attribute") = py::none(),
-           py::arg("checkpoint_score_order") = "max",
-           py::arg("keep_checkpoint_every_n_hours") = py::none(),
-           py::arg("checkpoint_frequency") = 0, py::arg("checkpoint_at_end") = false)
+           py::kw_only(), py::arg("num_to_keep") = 2, py::arg("persist_every_n") = 10,
+           py::arg("persist_every_minutes") = 0.0, py::arg("max_bytes") = 0,
+           py::arg("on_insufficient_memory") = "error", py::arg("root") = py::none())
+      .def_readonly("num_to_keep", &cairn::MemoryTierConfig::num_to_keep)
+      .def_readonly("persist_every_n", &cairn::MemoryTierConfig::persist_every_n)
+      .def_readonly("persist_every_minutes", &cairn::MemoryTierConfig::persist_every_minutes)
+      .def_readonly("max_bytes", &cairn::MemoryTierConfig::max_bytes)
+      .def_readonly("on_insufficient_memory", &cairn::MemoryTierConfig::on_insufficient_memory)
+      .def_property_readonly("root", [](const cairn::MemoryTierConfig& t) {
+        return t.root.empty() ? std::optional<std::string>() : std::optional<std::string>(t.root);
+      });
+
+  py::class_<cairn::CheckpointConfig>(m, "CheckpointConfig")
+      .def(
+          py::init([](std::optional<int> num_to_keep,
+                      std::optional<std::string> checkpoint_score_attribute,
+                      std::string checkpoint_score_order,
+                      std::optional<double> keep_checkpoint_every_n_hours, int checkpoint_frequency,
+                      bool checkpoint_at_end, std::optional<cairn::MemoryTierConfig> memory_tier) {
+            cairn::CheckpointConfig c;
+            if (memory_tier) c.memory_tier = *memory_tier;
+            c.num_to_keep = num_to_keep;
+            c.checkpoint_score_attribute = checkpoint_score_attribute.value_or("");
+            c.checkpoint_score_order = std::move(checkpoint_score_order);
+            c.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
+            c.checkpoint_frequency = checkpoint_frequency;
+            c.checkpoint_at_end = checkpoint_at_end;
+            c.validate();
+            return c;
+          }),
+          py::kw_only(), py::arg("num_to_keep") = py::none(),
+          py::arg("checkpoint_score_attribute") = py::none(),
+          py::arg("checkpoint_score_order") = "max",
+          py::arg("keep_checkpoint_every_n_hours") = py::none(),
+          py::arg("checkpoint_frequency") = 0, py::arg("checkpoint_at_end") = false,
+          py::arg("memory_tier") = py::none())
+      .def_property_readonly("memory_tier",
+                             [](const cairn::CheckpointConfig& c) {
+                               return c.memory_tier.enabled
+                                          ? std::optional<cairn::MemoryTierConfig>(c.memory_tier)
+                                          : std::nullopt;
+                             })
       .def_readonly("num_to_keep", &cairn::CheckpointConfig::num_to_keep)
       .def_property_readonly("checkpoint_score_attribute",
                              [](const cairn::CheckpointConfig& c) -> std::optional<std::string> {
@@ -207,6 +245,8 @@ PYBIND11_MODULE(_cairn, m) {
       .def_readonly("created_at", &cairn::CheckpointRecord::created_at)
       .def_readonly("pinned", &cairn::CheckpointRecord::pinned)
       .def_readonly("checkpoint", &cairn::CheckpointRecord::checkpoint)
+      .def_readonly("tier", &cairn::CheckpointRecord::tier)
+      .def_readonly("persisted", &cairn::CheckpointRecord::persisted)
       .def("__repr__", [](const cairn::CheckpointRecord& r) {
         return "CheckpointRecord(name=" + py::repr(py::str(r.name)).cast<std::string>() +
                ", metrics=" + py::repr(from_json(r.metrics)).cast<std::string>() + ")";
@@ -251,6 +291,18 @@ PYBIND11_MODULE(_cairn, m) {
              cairn::CheckpointManager& manager = m.get();
              py::gil_scoped_release release;
              manager.wait_for_deletes();
+           })
+      .def("wait_for_persistence",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             manager.wait_for_persistence();
+           })
+      .def("release_memory_tier",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             manager.release_memory_tier();
            })
       .def_property_readonly("uri", [](PyManager& m) { return m.get().uri(); })
       .def_property_readonly("closed", &PyManager::closed)

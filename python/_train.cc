@@ -185,6 +185,18 @@ void bind_train(py::module_& m) {
       .def_readonly("path", &Result::path)
       .def_readonly("error", &Result::error)
       .def_readonly("preempted", &Result::preempted)
+      .def_property_readonly("restores",
+                             [](const Result& r) {
+                               py::list out;
+                               for (const auto& x : r.restores) {
+                                 py::dict d;
+                                 d["attempt"] = x.attempt;
+                                 d["checkpoint"] = x.checkpoint;
+                                 d["tier"] = x.tier;
+                                 out.append(d);
+                               }
+                               return out;
+                             })
       .def_property_readonly("metrics_history",
                              [](const Result& r) {
                                py::list rows;

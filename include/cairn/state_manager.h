@@ -61,6 +61,10 @@ struct StateCheckpointOptions {
   SaveOptions write = {};
   AsyncSaveOptions async = {};  // for save_async()
   ManagerOptions manager = {};  // clock, warnings (injected for tests), background_delete
+  // Saves to this host's memory first, every N-th persisted in the
+  // background (CheckpointConfig::memory_tier; off by default). A restore
+  // after a crash of this process reads the newest copy from memory.
+  MemoryTierConfig memory_tier = {};
 };
 
 // What restore() found.

@@ -25,7 +25,12 @@ from __future__ import annotations
 from cairn import errors
 from cairn._cairn import __version__
 from cairn._checkpoint import Checkpoint, VerifyProblem
-from cairn._manager import CheckpointConfig, CheckpointManager, CheckpointRecord
+from cairn._manager import (
+    CheckpointConfig,
+    CheckpointManager,
+    CheckpointRecord,
+    MemoryTierConfig,
+)
 from cairn._tensors import flatten_state_dict, load, load_metadata, save
 from cairn.errors import (
     AlreadyExistsError,
@@ -47,6 +52,7 @@ __all__ = [
     "Checkpoint",
     "VerifyProblem",
     "CheckpointConfig",
+    "MemoryTierConfig",
     "CheckpointManager",
     "CheckpointRecord",
     "save",

@@ -9,12 +9,14 @@ from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 
 CheckpointConfig = _cairn.CheckpointConfig
+MemoryTierConfig = _cairn.MemoryTierConfig
 
 
 class CheckpointRecord:
     """A committed checkpoint of an experiment, with what was reported with it."""
 
-    __slots__ = ("index", "name", "metrics", "created_at", "pinned", "checkpoint")
+    __slots__ = ("index", "name", "metrics", "created_at", "pinned", "checkpoint", "tier",
+                 "persisted")
 
     def __init__(self, impl: _cairn.CheckpointRecord) -> None:
         self.index: int = impl.index
@@ -23,6 +25,10 @@ class CheckpointRecord:
         self.created_at: float = impl.created_at
         self.pinned: bool = impl.pinned
         self.checkpoint: Checkpoint = Checkpoint(impl.checkpoint)
+        # "memory" (the memory tier) or "persistent"; whether a memory copy
+        # also has a persistent one.
+        self.tier: str = impl.tier
+        self.persisted: bool = impl.persisted
 
     def __repr__(self) -> str:
         return f"CheckpointRecord(name={self.name!r}, metrics={self.metrics!r})"
@@ -81,8 +87,24 @@ class CheckpointManager:
         """Blocks, without the GIL, until the space of every retired checkpoint is freed."""
         self._impl.wait_for_deletes()
 
+    def wait_for_persistence(self) -> None:
+        """With a memory tier: blocks, without the GIL, until every background
+        persistence scheduled so far has finished (committed, or failed with a
+        warning in the log)."""
+        self._impl.wait_for_persistence()
+
+    def release_memory_tier(self) -> None:
+        """With a memory tier: persists the newest checkpoint if only memory
+        holds it, then frees the tier; later saves go to persistent storage.
+
+        :meth:`close` does it too. If the persisting fails this raises and the
+        tier is kept (the next open of the experiment resumes from it).
+        """
+        self._impl.release_memory_tier()
+
     def latest(self) -> Optional[CheckpointRecord]:
-        """The most recent committed checkpoint, or None."""
+        """The most recent committed checkpoint across the tiers (its memory
+        copy when both hold it), or None."""
         r = self._impl.latest()
         return None if r is None else CheckpointRecord(r)
 
@@ -104,7 +126,8 @@ class CheckpointManager:
         return self._impl.closed
 
     def close(self) -> None:
-        """Frees what retention retired, then releases the experiment's lock.
+        """Frees what retention retired, persists the newest checkpoint and
+        frees the memory tier (if any), then releases the experiment's lock.
 
         Later calls raise FailedPreconditionError.
         """

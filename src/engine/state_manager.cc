@@ -95,6 +95,7 @@ StateCheckpointManager::StateCheckpointManager(std::string_view directory_or_uri
   config.keep_checkpoint_every_n_hours = options.keep_checkpoint_every_n_hours;
   config.checkpoint_score_attribute = options.best_metric;
   config.checkpoint_score_order = options.best_mode;
+  config.memory_tier = options.memory_tier;
   config.validate();
   impl_->options = std::move(options);
   impl_->base =

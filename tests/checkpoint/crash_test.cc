@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <set>
@@ -26,6 +27,8 @@
 
 namespace cairn::testing {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr int kNumToKeep = 3;
 
@@ -46,11 +49,38 @@ std::set<uint64_t> recorded_indices(const std::string& exp, bool* damaged = null
   return out;
 }
 
-// Starts the worker with its stdout on a pipe; returns its pid.
+// Starts the worker with its stdout on a pipe; returns its pid. With
+// `tier_root`, the worker saves through a memory tier there.
 pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd,
-                   int num_to_keep = kNumToKeep) {
-  return testing::spawn_with_stdout_pipe(
-      {CRASH_WORKER, exp, std::to_string(seed), std::to_string(num_to_keep)}, ready_fd);
+                   int num_to_keep = kNumToKeep, const std::string& tier_root = "") {
+  std::vector<std::string> args = {CRASH_WORKER, exp, std::to_string(seed),
+                                   std::to_string(num_to_keep)};
+  if (!tier_root.empty()) args.push_back(tier_root);
+  return testing::spawn_with_stdout_pipe(args, ready_fd);
+}
+
+// Every committed checkpoint of the experiment at `exp` verifies and the
+// newest holds exactly what the worker saved; returns the listing.
+ExperimentListing expect_intact(const std::string& exp) {
+  ExperimentListing listing = read_experiment(exp);
+  for (const auto& r : listing.checkpoints) {
+    auto problems = r.checkpoint.verify();
+    EXPECT_TRUE(problems.empty()) << r.checkpoint.uri() << ": "
+                                  << (problems.empty()
+                                          ? ""
+                                          : problems[0].path + " " + problems[0].reason);
+  }
+  if (!listing.checkpoints.empty()) {
+    const auto& latest = listing.checkpoints.back();
+    Manifest m = latest.checkpoint.manifest();
+    uint64_t seed = m.metrics["seed"].get<uint64_t>();
+    for (const auto& f : m.files) {
+      int file = std::stoi(f.path.substr(1));
+      EXPECT_EQ(latest.checkpoint.storage().get(f.path), crash_pattern(seed, file, f.size))
+          << latest.checkpoint.uri() << "/" << f.path;
+    }
+  }
+  return listing;
 }
 
 // Waits (at most 20 s) for the worker's next byte (ready, or a commit).
@@ -223,6 +253,92 @@ TEST(CrashTest, KeepAllHistoryLogLosesNothingCommittedUnderSigkill) {
   // Enough saves that kills landed among them; opens after a kill that
   // adopted a checkpoint compact, so both log replay and compaction ran.
   EXPECT_GT(ever_committed.size(), 40u) << "too few saves";
+}
+
+// Saves through the memory tier (every 2nd persisted in the background),
+// killed at random moments, in the tier's commits, its retention, the
+// persistence's copies and commits, and the repair of what the last kill
+// left: after every kill, neither tier shows a partial checkpoint, the
+// newest checkpoint of either tier loads exactly, and nothing newer than
+// what was committed before a kill is ever lost. Every other round a manager
+// opens the experiment (adopting the tier the kill left, then persisting the
+// newest and freeing the tier on close); otherwise the next worker finds the
+// tier as the kill left it.
+TEST(CrashTest, TieredSavesNeverShowAPartialCheckpointInEitherTierUnderSigkill) {
+  const char* env = std::getenv("CAIRN_CRASH_ITERATIONS");
+  const int iterations = env ? std::atoi(env) : 150;
+  TempDir dir;
+  TempDir tier_root;
+  const std::string exp = (dir / "exp").string();
+  const fs::path tiers = tier_root.path() / ("cairn-tier-" + std::to_string(::getuid()));
+  std::mt19937_64 rng(20261127);
+  uint64_t newest_ever = 0;
+  bool any = false;
+  int kills_with_progress = 0;
+  for (int i = 0; i < iterations; ++i) {
+    int ready_fd = -1;
+    pid_t pid =
+        spawn_worker(exp, rng() + static_cast<uint64_t>(i), ready_fd, kNumToKeep, tier_root.str());
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(wait_ready(ready_fd)) << "worker never became ready";
+    if (i % 2 == 1) {
+      ASSERT_TRUE(wait_ready(ready_fd)) << "worker never committed a checkpoint";
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 60000));
+    kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    close(ready_fd);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "worker exited by itself (status " << status << ")";
+    SCOPED_TRACE("after kill " + std::to_string(i));
+
+    // Both tiers as the kill left them.
+    std::set<uint64_t> all = committed_indices(expect_intact(exp));
+    if (fs::exists(tiers)) {
+      for (const auto& t : fs::directory_iterator(tiers)) {
+        const fs::path checkpoints = t.path() / "checkpoints";
+        if (!fs::exists(checkpoints)) continue;
+        ExperimentListing in_memory = expect_intact(checkpoints.string());
+        EXPECT_LE(in_memory.checkpoints.size(), 4u) << "the tier keeps 2, plus those persisting";
+        for (uint64_t index : committed_indices(in_memory)) all.insert(index);
+      }
+    }
+    if (!all.empty()) {
+      EXPECT_GE(*all.rbegin(), newest_ever) << "a checkpoint newer than every survivor was lost";
+      if (!any || *all.rbegin() > newest_ever) ++kills_with_progress;
+      newest_ever = *all.rbegin();
+      any = true;
+    }
+    if (i % 2 == 0) {
+      CheckpointConfig config;
+      config.num_to_keep = kNumToKeep;
+      config.checkpoint_score_attribute = "score";
+      config.memory_tier.enabled = true;
+      config.memory_tier.root = tier_root.str();
+      config.memory_tier.num_to_keep = 2;
+      config.memory_tier.persist_every_n = 2;
+      ManagerOptions quiet;
+      quiet.warn = [](const std::string&) {};
+      {
+        CheckpointManager manager(exp, config, quiet);
+        if (any) {
+          ASSERT_TRUE(manager.latest());
+          EXPECT_EQ(manager.latest()->index, newest_ever);
+        }
+        std::set<uint64_t> history;
+        for (const auto& r : manager.history()) EXPECT_TRUE(history.insert(r.index).second);
+      }
+      // Closed: the newest is persisted and the memory freed.
+      ExperimentListing persisted = expect_intact(exp);
+      if (any) {
+        ASSERT_FALSE(persisted.checkpoints.empty());
+        EXPECT_EQ(persisted.checkpoints.back().index, newest_ever);
+      }
+      EXPECT_TRUE(!fs::exists(tiers) || fs::is_empty(tiers)) << "the close left the tier";
+    }
+    if (::testing::Test::HasFailure()) break;
+  }
+  EXPECT_GE(kills_with_progress, iterations / 4) << "newest index reached: " << newest_ever;
 }
 
 }  // namespace

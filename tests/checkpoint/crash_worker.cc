@@ -1,5 +1,7 @@
 // Saves and retains checkpoints forever, until killed. Used by crash_test.
-// Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP (0: keep all)
+// Usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP [TIER_ROOT]
+// (NUM_TO_KEEP 0: keep all; TIER_ROOT: save through a memory tier there,
+// keeping 2 in memory and persisting every 2nd in the background)
 // Writes 'r' to stdout once the experiment is open, so the test can aim its
 // kills at saves rather than at start-up.
 #include <unistd.h>
@@ -14,14 +16,20 @@
 #include "crash_pattern.h"
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP\n";
+  if (argc != 4 && argc != 5) {
+    std::cerr << "usage: crash_worker EXPERIMENT_DIR SEED NUM_TO_KEEP [TIER_ROOT]\n";
     return 2;
   }
   std::mt19937_64 rng(std::strtoull(argv[2], nullptr, 10));
   cairn::CheckpointConfig config;
   if (int keep = std::atoi(argv[3]); keep > 0) config.num_to_keep = keep;  // 0: keep all
   config.checkpoint_score_attribute = "score";
+  if (argc == 5) {
+    config.memory_tier.enabled = true;
+    config.memory_tier.root = argv[4];
+    config.memory_tier.num_to_keep = 2;
+    config.memory_tier.persist_every_n = 2;
+  }
   cairn::ManagerOptions options;
   options.warn = [](const std::string&) {};  // missing scores are part of the workload
   try {

@@ -339,5 +339,40 @@ TEST_F(StateManagerTest, BadOptionsAreRefused) {
   EXPECT_THROW(StateCheckpointManager(uri, o), Error);
 }
 
+TEST_F(StateManagerTest, WithAMemoryTierSavesLandInMemoryAndTheCloseKeepsTheNewest) {
+  TempDir tier;
+  StateCheckpointOptions o = opts();
+  o.memory_tier.enabled = true;
+  o.memory_tier.root = tier.str();
+  o.memory_tier.persist_every_n = 2;
+  {
+    StateCheckpointManager m(uri, o);
+    for (int step = 1; step <= 3; ++step) {
+      w.assign(6, static_cast<float>(step));
+      CheckpointRecord r = step < 3 ? *m.save(state(), step) : [&] {
+        SaveHandle h = *m.save_async(state(), step);
+        h.wait();
+        return *h.record();
+      }();
+      EXPECT_EQ(r.tier, "memory") << step;
+      EXPECT_EQ(r.checkpoint.uri().find(tier.str()), std::string("file://").size()) << step;
+    }
+    w.assign(6, 0.0f);
+    StateDict target = state();
+    RestoreResult res = m.restore(target);
+    EXPECT_EQ(res.step, 3u);
+    EXPECT_EQ(res.record.tier, "memory");
+    EXPECT_EQ(w, std::vector<float>(6, 3.0f));
+  }
+  // The 2nd went to persistent storage in the background, the 3rd (the
+  // newest) when the manager closed.
+  StateCheckpointManager reopened(uri, opts());
+  EXPECT_EQ(indices(reopened.checkpoints()), (std::vector<uint64_t>{1, 2}));
+  w.assign(6, 0.0f);
+  StateDict target = state();
+  EXPECT_EQ(reopened.restore(target).step, 3u);
+  EXPECT_EQ(w, std::vector<float>(6, 3.0f));
+}
+
 }  // namespace
 }  // namespace cairn::testing

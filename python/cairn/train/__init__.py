@@ -26,7 +26,7 @@ when ``report`` returns (docs/python.md, "Training").
 from __future__ import annotations
 
 from cairn._checkpoint import Checkpoint
-from cairn._manager import CheckpointConfig
+from cairn._manager import CheckpointConfig, MemoryTierConfig
 from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
 from cairn.train._result import Result, TrainingFailedError
 from cairn.train._session import (
@@ -42,6 +42,7 @@ from cairn.train._trainer import DataParallelTrainer
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "MemoryTierConfig",
     "DataParallelTrainer",
     "FailureConfig",
     "Result",

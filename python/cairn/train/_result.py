@@ -30,6 +30,10 @@ class Result:
             preempted, else None. ``fit()`` does not raise it.
         preempted: the run ended on SIGTERM after its emergency checkpoint.
         metrics_history: every report round's row (``result.json``'s lines).
+        restores: what each attempt of this ``fit()`` started from, in order:
+            ``{"attempt": n, "checkpoint": "checkpoint_000012", "tier": t}``
+            with ``t`` "memory" (``CheckpointConfig(memory_tier=...)``),
+            "persistent" or "external" (``resume_from_checkpoint``).
     """
 
     def __init__(self, impl: _cairn.TrainResult) -> None:
@@ -48,6 +52,7 @@ class Result:
             None if impl.error is None else TrainingFailedError(impl.error))
         self.preempted: bool = impl.preempted
         self.metrics_history: list[dict[str, Any]] = history
+        self.restores: list[dict[str, Any]] = impl.restores
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str]) -> "Result":

@@ -1,0 +1,120 @@
+"""The memory tier from Python: CheckpointConfig(memory_tier=MemoryTierConfig(...)).
+
+The behaviour is the C++ manager's (tests/manager/memory_tier_test.cc); these
+tests prove the binding passes the settings through and reports the tiers.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+import cairn
+from cairn import train
+from cairn.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+
+
+def _config(root: pathlib.Path, **tier: Any) -> cairn.CheckpointConfig:
+    return cairn.CheckpointConfig(memory_tier=cairn.MemoryTierConfig(root=str(root), **tier))
+
+
+def _source(folder: pathlib.Path, text: str) -> cairn.Checkpoint:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state.txt").write_text(text)
+    return cairn.Checkpoint.from_directory(folder)
+
+
+def _tiers(root: pathlib.Path) -> list[pathlib.Path]:
+    base = root / f"cairn-tier-{os.getuid()}"
+    return sorted(base.iterdir()) if base.exists() else []
+
+
+def test_saves_go_to_memory_and_every_nth_and_the_newest_are_persisted(
+    tmp_path: pathlib.Path,
+) -> None:
+    root = tmp_path / "shm"
+    root.mkdir()
+    config = _config(root, num_to_keep=2, persist_every_n=2)
+    assert config.memory_tier is not None and config.memory_tier.persist_every_n == 2
+    assert cairn.CheckpointConfig().memory_tier is None
+    with cairn.CheckpointManager(tmp_path, "exp", config) as manager:
+        for step in range(3):
+            record = manager.register_checkpoint({"step": step},
+                                                 _source(tmp_path / f"s{step}", f"v{step}"))
+            assert record.tier == "memory"
+            assert str(root) in record.checkpoint.path
+        manager.wait_for_persistence()
+        tiers = [(r.index, r.tier, r.persisted) for r in manager.history()]
+        assert tiers == [(1, "memory", True), (2, "memory", False)]
+        assert manager.latest().index == 2
+    assert _tiers(root) == []
+    with cairn.CheckpointManager(tmp_path, "exp") as reopened:
+        assert [r.index for r in reopened.history()] == [1, 2]
+        with reopened.latest().checkpoint.as_directory() as d:
+            assert (pathlib.Path(d) / "state.txt").read_text() == "v2"
+
+
+def test_a_process_that_dies_leaves_its_tier_for_the_next_open(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "shm"
+    root.mkdir()
+    script = textwrap.dedent(f"""
+        import os, pathlib, cairn
+        config = cairn.CheckpointConfig(memory_tier=cairn.MemoryTierConfig(
+            root={str(root)!r}, persist_every_n=0))
+        m = cairn.CheckpointManager({str(tmp_path)!r}, "exp", config)
+        src = pathlib.Path({str(tmp_path / "src")!r})
+        src.mkdir()
+        (src / "state.txt").write_text("only in memory")
+        m.register_checkpoint({{"step": 0}}, cairn.Checkpoint.from_directory(src))
+        os.kill(os.getpid(), 9)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=os.environ.copy())
+    assert proc.returncode == -signal.SIGKILL
+    assert len(_tiers(root)) == 1
+    with cairn.CheckpointManager(tmp_path, "exp", _config(root)) as manager:
+        latest = manager.latest()
+        assert latest is not None and latest.tier == "memory" and not latest.persisted
+        with latest.checkpoint.as_directory() as d:
+            assert (pathlib.Path(d) / "state.txt").read_text() == "only in memory"
+    assert _tiers(root) == []
+
+
+def test_bad_memory_tier_settings_raise_naming_the_field() -> None:
+    with pytest.raises(cairn.InvalidArgumentError, match="MemoryTierConfig.num_to_keep"):
+        cairn.MemoryTierConfig(num_to_keep=0)
+    with pytest.raises(cairn.InvalidArgumentError, match="on_insufficient_memory"):
+        cairn.MemoryTierConfig(on_insufficient_memory="swap")
+
+
+def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "shm"
+    root.mkdir()
+
+    def loop(config: dict[str, Any]) -> None:
+        ckpt = train.get_checkpoint()
+        start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
+        ctx = train.get_context()
+        for step in range(start, 4):
+            if step == 2 and ctx.attempt == 0 and ctx.get_world_rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
+
+    result = train.DataParallelTrainer(
+        loop, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="exp", storage_path=tmp_path,
+                             checkpoint_config=_config(root, persist_every_n=0),
+                             failure_config=FailureConfig(max_failures=1))).fit()
+    assert result.error is None, result.error
+    assert result.restores == [{"attempt": 1, "checkpoint": "checkpoint_000001",
+                                "tier": "memory"}]
+    assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
+    assert result.checkpoint is not None and str(root) not in result.checkpoint.path
+    assert result.checkpoint.to_dict() == {"step": 3}
+    assert _tiers(root) == []
