@@ -7,15 +7,19 @@
 // at steps 0 and 1; after step 1 rank 0 evicts the page cache of --dir
 // (drop_caches: the whole cache as root, else fadvise of each file; tmpfs
 // pages are not cache and stay), notes the time and SIGKILLs itself. The group
-// restarts from the latest checkpoint: each rank loads its state back
-// (load_into from the checkpoint's storage: every byte read and checked) and
-// notes when its first step after the restore begins. With --tier-root the
+// restarts from the latest checkpoint: each rank builds its state afresh
+// (a FloatBuffer, 2 MiB aligned and advised to use huge pages as every
+// benchmark's buffers, zeroed as a model's initialisation would), loads it
+// back (load_into from the checkpoint's storage, checked against the
+// manifest's checksum) and notes when its first step after the restore
+// begins. With --tier-root the
 // run uses the memory tier there (persisting only at the end), so the
 // restore reads from memory; without it, from --storage.
 //
 // Printed, medians over the rounds: recovery_s (the SIGKILL to the last
-// rank's first step after the restore), load_s (the slowest rank's load
-// alone), and the state's size. Times come from CLOCK_MONOTONIC, which every
+// rank's first step after the restore), init_s (the slowest rank's fresh
+// state, zeroed), load_s (the slowest rank's load alone), and the state's
+// size. Times come from CLOCK_MONOTONIC, which every
 // process on the machine shares. bench/tier_run.py runs it for the memory
 // tier, the disk and s3rver and prints the ratios.
 #include <signal.h>
@@ -112,16 +116,25 @@ double read_mark(const fs::path& p) {
 void train_loop(const nlohmann::json& config) {
   const cairn::TrainContext ctx = cairn::train::get_context();
   const fs::path marks = config.at("marks").get<std::string>();
-  std::vector<float> w(config.at("numel").get<size_t>());
+  const double begin = monotonic_now();
+  cairn::bench::FloatBuffer buffer(config.at("numel").get<uint64_t>());
+  std::span<float> w = buffer.span();
+  std::fill(w.begin(), w.end(), 0.0f);
+  const double built = monotonic_now();
   cairn::StateDict state;
   state.add_mutable<float>("w", {w.size()}, w);
   int start = 0;
   if (auto ckpt = cairn::train::get_checkpoint()) {
-    const double begin = monotonic_now();
-    cairn::load_into(ckpt->storage(), fmt::format("rank_{}.safetensors", ctx.world_rank), state);
+    const std::string key = fmt::format("rank_{}.safetensors", ctx.world_rank);
+    cairn::LoadOptions checked;
+    for (const auto& f : ckpt->manifest().files) {
+      if (f.path == key) checked.expect(f);
+    }
+    cairn::load_into(ckpt->storage(), key, state, checked);
     const double loaded = monotonic_now();
     start = 2;
-    write_mark(marks / fmt::format("load_{}", ctx.world_rank), loaded - begin);
+    write_mark(marks / fmt::format("init_{}", ctx.world_rank), built - begin);
+    write_mark(marks / fmt::format("load_{}", ctx.world_rank), loaded - built);
     write_mark(marks / fmt::format("first_step_{}", ctx.world_rank), loaded);
   } else {
     cairn::bench::fill_random(w, 7 + static_cast<uint64_t>(ctx.world_rank));
@@ -148,7 +161,7 @@ using cairn::bench::median;
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   const size_t numel = static_cast<size_t>(a.state_mib << 20) / sizeof(float);
-  std::vector<double> recovery, load;
+  std::vector<double> recovery, init, load;
   for (int round = 0; round < a.rounds; ++round) {
     const fs::path marks = fs::path(a.dir) / fmt::format("tier-bench-marks-{}", round);
     fs::remove_all(marks);
@@ -178,17 +191,19 @@ int main(int argc, char** argv) {
       return 1;
     }
     const double killed = read_mark(marks / "killed");
-    double last_first_step = 0, slowest_load = 0;
+    double last_first_step = 0, slowest_load = 0, slowest_init = 0;
     for (int rank = 0; rank < a.workers; ++rank) {
+      slowest_init = std::max(slowest_init, read_mark(marks / fmt::format("init_{}", rank)));
       last_first_step =
           std::max(last_first_step, read_mark(marks / fmt::format("first_step_{}", rank)));
       slowest_load = std::max(slowest_load, read_mark(marks / fmt::format("load_{}", rank)));
     }
     recovery.push_back(last_first_step - killed);
+    init.push_back(slowest_init);
     load.push_back(slowest_load);
-    std::printf("round %d: restored from %s (%s tier): recovery %.3f s, load %.3f s\n", round,
-                r.restores[0].checkpoint.c_str(), r.restores[0].tier.c_str(), recovery.back(),
-                load.back());
+    std::printf("round %d: restored from %s (%s tier): recovery %.3f s, init %.3f s, load %.3f s\n",
+                round, r.restores[0].checkpoint.c_str(), r.restores[0].tier.c_str(),
+                recovery.back(), init.back(), load.back());
     fs::remove_all(marks);
     try {
       cairn::open_storage(r.path)->remove_prefix("");
@@ -201,7 +216,9 @@ int main(int argc, char** argv) {
                               {"state_mib_per_rank", a.state_mib},
                               {"workers", a.workers},
                               {"recovery_s", median(recovery)},
+                              {"init_s", median(init)},
                               {"load_s", median(load)},
+                              {"rounds_init_s", init},
                               {"rounds_recovery_s", recovery},
                               {"rounds_load_s", load}};
   std::printf("%s\n", out.dump().c_str());

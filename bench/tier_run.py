@@ -80,10 +80,14 @@ def main():
     print("recovery after SIGKILL of rank 0: {} rank(s), {} MiB of state each, median of {} "
           "rounds".format(args.workers, args.state_mib, args.rounds))
     base = results.get("memory", {}).get("recovery_s")
-    print("{:>8} {:>12} {:>10} {:>16}".format("tier", "recovery_s", "load_s", "vs memory"))
+    base_load = results.get("memory", {}).get("load_s")
+    print("{:>8} {:>12} {:>8} {:>8} {:>18} {:>14}".format(
+        "tier", "recovery_s", "init_s", "load_s", "recovery vs mem", "load vs mem"))
     for name, r in results.items():
-        ratio = "{:.1f}x".format(r["recovery_s"] / base) if base else "-"
-        print("{:>8} {:>12.3f} {:>10.3f} {:>16}".format(name, r["recovery_s"], r["load_s"], ratio))
+        ratio = "{:.2f}x".format(r["recovery_s"] / base) if base else "-"
+        load_ratio = "{:.2f}x".format(r["load_s"] / base_load) if base_load else "-"
+        print("{:>8} {:>12.3f} {:>8.3f} {:>8.3f} {:>18} {:>14}".format(
+            name, r["recovery_s"], r["init_s"], r["load_s"], ratio, load_ratio))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
