@@ -1,5 +1,8 @@
 // The `cairn` binary, run as a subprocess against experiments written with
 // the library in temporary directories.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -264,6 +267,48 @@ TEST_F(CliTest, GcDryRunSkipsAnExperimentWithALiveWriter) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json doc = json::parse(r.out);
   ASSERT_EQ(doc["skipped"].size(), 1u) << r.out;
+}
+
+TEST_F(CliTest, GcMemoryTierFreesTheTiersOfDeadRunsAndSkipsLiveOnes) {
+  TempDir tiers;
+  CheckpointConfig config;
+  config.memory_tier.enabled = true;
+  config.memory_tier.root = tiers.str();
+  const fs::path source = root_ / "source";
+  testing::write_text(source / "x.bin", "x");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // a run that dies with its checkpoint in memory
+    auto* dead = new CheckpointManager((root_ / "dead").string(), config);
+    dead->register_checkpoint({}, Checkpoint::from_directory(source.string()));
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(status, 0);
+  CheckpointManager live((root_ / "live").string(), config);
+  live.register_checkpoint({}, Checkpoint::from_directory(source.string()));
+
+  ProcessResult dry = cairn({"gc", "--memory-tier", "--dry-run", "--json", tiers.str()});
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  json doc = json::parse(dry.out);
+  ASSERT_EQ(doc["removed"].size(), 1u) << dry.out;
+  EXPECT_NE(doc["removed"][0].get<std::string>().find("dead"), std::string::npos) << dry.out;
+  ASSERT_EQ(doc["skipped"].size(), 1u) << dry.out;
+  const fs::path base = tiers.path() / fmt::format("cairn-tier-{}", ::getuid());
+  EXPECT_EQ(std::distance(fs::directory_iterator(base), {}), 2);
+
+  ProcessResult real = cairn({"gc", "--memory-tier", tiers.str()});
+  ASSERT_EQ(real.exit_code, 0) << real.err;
+  EXPECT_EQ(std::distance(fs::directory_iterator(base), {}), 1);
+  EXPECT_TRUE(live.latest()->checkpoint.verify().empty());
+
+  ProcessResult missing = cairn({"gc", "--memory-tier", (tiers.path() / "nope").string()});
+  EXPECT_EQ(missing.exit_code, 3);
+  expect_one_line_error(missing, "nope");
+  ProcessResult no_path = cairn({"gc"});
+  EXPECT_EQ(no_path.exit_code, 2);
+  expect_one_line_error(no_path, "PATH is required");
 }
 
 TEST_F(CliTest, NamesThatAreNotUtf8ArePrintedEscapedInValidJson) {

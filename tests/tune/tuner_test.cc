@@ -308,6 +308,16 @@ TEST(TunerResources, GpusGoWholeOrInSharesToTrialsAndAreNeverOverbooked) {
                                    "whole number");
 }
 
+TEST(Tuner, TheMemoryTierIsRefusedForTrialsNamingIt) {
+  TempDir dir;
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.memory_tier.enabled = true;
+  testing::expect_invalid_argument(
+      [&] { Tuner([](const nlohmann::json&) {}, {}, TuneConfig{}, run); },
+      "CheckpointConfig.memory_tier");
+  EXPECT_FALSE(fs::exists(dir / "search"));
+}
+
 TEST(TunerResources, ATrialWithoutGpusKeepsTheDriversEnvironment) {
   TempDir dir;
   TuneConfig tc;
