@@ -82,7 +82,9 @@ void train_fn(const nlohmann::json& config) {
   for (int epoch = start; epoch < epochs; ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 0)));
     if (rank == 1 && epoch == 1 && ctx.attempt == 0) {
-      if (scenario == "restart") throw std::runtime_error("intentional error at epoch 1");
+      if (scenario == "restart" || scenario == "tier_restart") {
+        throw std::runtime_error("intentional error at epoch 1");
+      }
       if (scenario == "killed") {
         std::fprintf(stderr, "rank 1 is about to die\n");
         std::fflush(stderr);
@@ -136,7 +138,12 @@ int main(int argc, char** argv) {
   run.checkpoint_config.num_to_keep = 2;
   run.checkpoint_config.checkpoint_score_attribute = "loss";
   run.checkpoint_config.checkpoint_score_order = "min";
-  run.failure_config.max_failures = scenario == "restart" ? 1 : 0;
+  run.failure_config.max_failures = scenario == "restart" || scenario == "tier_restart" ? 1 : 0;
+  if (scenario == "tier" || scenario == "tier_restart") {  // the memory tier under OUT/tiers
+    run.checkpoint_config.memory_tier.enabled = true;
+    run.checkpoint_config.memory_tier.root = (out / "tiers").string();
+    fs::create_directories(run.checkpoint_config.memory_tier.root);
+  }
   if (scenario == "hang") run.failure_config.report_timeout_s = 2;
   cairn::ScalingConfig scaling{.num_workers = scenario == "mismatch" ? 3 : 0};
 
@@ -148,12 +155,17 @@ int main(int argc, char** argv) {
     cairn::Result r = trainer.fit();
     nlohmann::json best = nlohmann::json::array();
     for (const auto& b : r.best_checkpoints) best.push_back(b.checkpoint.uri());
+    nlohmann::json restores = nlohmann::json::array();
+    for (const auto& x : r.restores) {
+      restores.push_back({{"attempt", x.attempt}, {"checkpoint", x.checkpoint}, {"tier", x.tier}});
+    }
     what = {{"metrics", r.metrics},
             {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
             {"best", best},
             {"path", r.path},
             {"preempted", r.preempted},
             {"history", r.metrics_history},
+            {"restores", restores},
             {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
   } catch (const cairn::Error& e) {
     what = {{"threw", e.what()}, {"code", std::string(cairn::error_code_name(e.code()))}};

@@ -186,6 +186,22 @@ TEST_F(MpiLauncher, WorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLates
   EXPECT_EQ(expect_all_verify(experiment()), 2u);
 }
 
+// Both MPI processes on this host: the memory tier under OUT/tiers serves
+// the restart, and the end persists the newest and frees it.
+TEST_F(MpiLauncher, OnOneHostTheMemoryTierServesTheRestartAndIsFreedAtTheEnd) {
+  Launch l;
+  nlohmann::json r = run_to_result("tier_restart", l);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["metrics"]["epoch"], 2);
+  EXPECT_EQ(r["restores"], nlohmann::json::parse(R"([{"attempt": 1, "checkpoint":
+      "checkpoint_000000", "tier": "memory"}])"))
+      << r.dump(2);
+  EXPECT_EQ(expect_all_verify(experiment()), 1u);  // the newest, persisted at the end
+  const fs::path tiers = out_ / "tiers" / fmt::format("cairn-tier-{}", ::getuid());
+  EXPECT_TRUE(fs::is_empty(tiers)) << "the end left the memory tier";
+}
+
 TEST_F(MpiLauncher, SigkilledRemoteWorkerFailsTheRunNamingRankSignalAndStderrKeepingCommits) {
   Launch l;
   nlohmann::json r = run_to_result("killed", l);
@@ -369,6 +385,22 @@ TEST_F(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
     EXPECT_EQ(c["local_world_size"], 1);
   }
   EXPECT_EQ(expect_all_verify(experiment()), 2u);
+}
+
+// Ranks on other hosts cannot write into this host's memory: the run saves
+// to persistent storage only, and says so.
+TEST_F(MpiLauncher, RanksOnDistinctHostsSaveToPersistentStorageOnlyWithAMemoryTier) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  const std::vector<std::string> wrapper = {
+      "unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
+      "sh"};
+  Launch l;
+  nlohmann::json r = run_to_result("tier", l, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_TRUE(has(l.log, "the memory tier serves one host")) << l.log;
+  EXPECT_EQ(expect_all_verify(experiment()), 2u);
+  EXPECT_FALSE(fs::exists(out_ / "tiers" / fmt::format("cairn-tier-{}", ::getuid())));
 }
 
 TEST_F(MpiLauncher, NodeLocalStorageOnAMultiNodeRunIsRefusedNamingRankAndHost) {
