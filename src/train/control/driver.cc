@@ -381,7 +381,8 @@ class Driver {
 
   void discard_reserved(const Checkpoint& reserved) {
     try {
-      remove_uncommitted(reserved);
+      // Removes what was written and forgets the reservation (in either tier).
+      manager_->abandon_reserved(reserved);
     } catch (const Error& e) {
       // ignore-error: the next open of the experiment removes it
       log::warn(
