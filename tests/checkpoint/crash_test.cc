@@ -299,7 +299,9 @@ TEST(CrashTest, TieredSavesNeverShowAPartialCheckpointInEitherTierUnderSigkill) 
         const fs::path checkpoints = t.path() / "checkpoints";
         if (!fs::exists(checkpoints)) continue;
         ExperimentListing in_memory = expect_intact(checkpoints.string());
-        EXPECT_LE(in_memory.checkpoints.size(), 4u) << "the tier keeps 2, plus those persisting";
+        // 2 kept, 1 committed before its retention ran, 2 held for the
+        // persister (one being copied, one waiting).
+        EXPECT_LE(in_memory.checkpoints.size(), 5u) << "the tier keeps 2, plus those persisting";
         for (uint64_t index : committed_indices(in_memory)) all.insert(index);
       }
     }
