@@ -353,6 +353,13 @@ std::string root_only() {
   return "";
 }
 
+// An mpirun wrapper giving each process its own host name, as on separate
+// nodes sharing the storage.
+std::vector<std::string> own_host() {
+  return {"unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
+          "sh"};
+}
+
 // An mpirun wrapper giving each process its own host name and its own tmpfs
 // mounted on `local`: node-local storage, as on separate nodes.
 std::vector<std::string> own_host_and_local_mount(const fs::path& local) {
@@ -370,9 +377,7 @@ std::vector<std::string> own_host_and_local_mount(const fs::path& local) {
 
 TEST_F(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
-  const std::vector<std::string> wrapper = {
-      "unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
-      "sh"};
+  const std::vector<std::string> wrapper = own_host();
   Launch l;
   nlohmann::json r = run_to_result("basic", l, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
   ASSERT_TRUE(r.is_object());
@@ -391,9 +396,7 @@ TEST_F(MpiLauncher, RanksOnDistinctHostsGetNodeRanksAndTrainOnSharedStorage) {
 // to persistent storage only, and says so.
 TEST_F(MpiLauncher, RanksOnDistinctHostsSaveToPersistentStorageOnlyWithAMemoryTier) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
-  const std::vector<std::string> wrapper = {
-      "unshare", "--uts", "sh", "-c", "hostname cairn-node$OMPI_COMM_WORLD_RANK && exec \"$@\"",
-      "sh"};
+  const std::vector<std::string> wrapper = own_host();
   Launch l;
   nlohmann::json r = run_to_result("tier", l, wrapper, {"CAIRN_MPI_ADDRESS=127.0.0.1"});
   ASSERT_TRUE(r.is_object());
