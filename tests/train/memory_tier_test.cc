@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -48,6 +50,15 @@ void tiered_loop(const nlohmann::json& config) {
   for (int epoch = start; epoch < config.at("epochs").get<int>(); ++epoch) {
     if (epoch == config.value("kill_at", -1) && ctx.world_rank == 1 && !fs::exists(marker)) {
       write_file(marker, "killed");
+      if (config.contains("await_persisted")) {
+        // Bounded: the background persistence of that checkpoint is done.
+        const fs::path manifest = fs::path(ctx.experiment_path) /
+                                  config["await_persisted"].get<std::string>() / ".cairn" /
+                                  "manifest.json";
+        for (int i = 0; i < 6000 && !fs::exists(manifest); ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
       if (config.at("kill") == "driver") ::kill(::getppid(), SIGKILL);
       ::kill(::getpid(), SIGKILL);
     }
@@ -143,6 +154,41 @@ TEST_F(TrainerMemoryTier, AKilledDriverIsRestoredFromTheTierItLeft) {
   ASSERT_EQ(r.restores.size(), 1u);
   EXPECT_EQ(r.restores[0].checkpoint, "checkpoint_000003");
   EXPECT_EQ(r.restores[0].tier, "memory");
+  EXPECT_EQ(final_states("exp"), want);
+  EXPECT_EQ(tiers_left(), 0u);
+}
+
+TEST_F(TrainerMemoryTier, WhenTheHostsMemoryIsLostTooTheRestoreUsesTheNewestPersistedCheckpoint) {
+  const std::string want = reference();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Every 2nd checkpoint persisted; the driver is killed at epoch 4, once
+    // epoch 1's copy is committed, with epochs 2 and 3 in memory (epoch 3's
+    // copy may still be on its way).
+    RunConfig r = run("exp");
+    r.checkpoint_config.memory_tier.persist_every_n = 2;
+    nlohmann::json c = config("driver", 4);
+    c["await_persisted"] = "checkpoint_000001";
+    Trainer(tiered_loop, c, ScalingConfig{.num_workers = 2}, r).fit();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  // The host's memory is gone (a reboot): only persistent storage is left.
+  fs::remove_all(root_.path() / fmt::format("cairn-tier-{}", ::getuid()));
+  const std::string path = (storage_.path() / "exp").string();
+  const ExperimentListing persisted = read_experiment(path);
+  ASSERT_FALSE(persisted.checkpoints.empty());
+  const std::string newest = persisted.checkpoints.back().name;
+  EXPECT_TRUE(newest == "checkpoint_000001" || newest == "checkpoint_000003") << newest;
+
+  Result r = Trainer::restore(path, tiered_loop).fit();
+  ASSERT_FALSE(r.error) << *r.error;
+  ASSERT_EQ(r.restores.size(), 1u);
+  EXPECT_EQ(r.restores[0].checkpoint, newest);
+  EXPECT_EQ(r.restores[0].tier, "persistent");
   EXPECT_EQ(final_states("exp"), want);
   EXPECT_EQ(tiers_left(), 0u);
 }
