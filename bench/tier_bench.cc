@@ -19,11 +19,10 @@
 // Printed, medians over the rounds: recovery_s (the SIGKILL to the last
 // rank's first step after the restore), init_s (the slowest rank's fresh
 // state, zeroed), load_s (the slowest rank's load alone), and the state's
-// size. Times come from CLOCK_MONOTONIC, which every
-// process on the machine shares. bench/tier_run.py runs it for the memory
+// size. Times come from the steady clock, which every process on the
+// machine shares. bench/tier_run.py runs it for the memory
 // tier, the disk and s3rver and prints the ratios.
 #include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,12 +94,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-double monotonic_now() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
 void write_mark(const fs::path& p, double value) {
   std::ofstream(p) << fmt::format("{:.9f}", value);
 }
@@ -116,11 +109,11 @@ double read_mark(const fs::path& p) {
 void train_loop(const nlohmann::json& config) {
   const cairn::TrainContext ctx = cairn::train::get_context();
   const fs::path marks = config.at("marks").get<std::string>();
-  const double begin = monotonic_now();
+  const double begin = cairn::bench::now_seconds();
   cairn::bench::FloatBuffer buffer(config.at("numel").get<uint64_t>());
   std::span<float> w = buffer.span();
   std::fill(w.begin(), w.end(), 0.0f);
-  const double built = monotonic_now();
+  const double built = cairn::bench::now_seconds();
   cairn::StateDict state;
   state.add_mutable<float>("w", {w.size()}, w);
   int start = 0;
@@ -131,7 +124,7 @@ void train_loop(const nlohmann::json& config) {
       if (f.path == key) checked.expect(f);
     }
     cairn::load_into(ckpt->storage(), key, state, checked);
-    const double loaded = monotonic_now();
+    const double loaded = cairn::bench::now_seconds();
     start = 2;
     write_mark(marks / fmt::format("init_{}", ctx.world_rank), built - begin);
     write_mark(marks / fmt::format("load_{}", ctx.world_rank), loaded - built);
@@ -148,7 +141,7 @@ void train_loop(const nlohmann::json& config) {
     cairn::train::report({{"step", step}}, cairn::Checkpoint::from_directory(tmp.path()));
     if (step == 1 && ctx.attempt == 0 && ctx.world_rank == 0) {
       cairn::bench::drop_caches({config.at("evict").get<std::string>()});
-      write_mark(marks / "killed", monotonic_now());
+      write_mark(marks / "killed", cairn::bench::now_seconds());
       ::kill(::getpid(), SIGKILL);
     }
   }

@@ -302,10 +302,14 @@ struct CheckpointManager::MemoryTier {
     cv.wait(g, [&] { return !pending && !in_flight; });
   }
 
+  // `r` of the tier as the outer manager reports it: its persistent copy's
+  // pin, if it has one (under outer.mu_).
   CheckpointRecord as_memory(CheckpointRecord r) const {
+    auto it = std::lower_bound(outer.records_.begin(), outer.records_.end(), r.index,
+                               [](const CheckpointRecord& a, uint64_t i) { return a.index < i; });
     r.tier = "memory";
-    r.persisted = std::any_of(outer.records_.begin(), outer.records_.end(),
-                              [&](const CheckpointRecord& p) { return p.index == r.index; });
+    r.persisted = it != outer.records_.end() && it->index == r.index;
+    if (r.persisted) r.pinned = it->pinned;
     return r;
   }
 };
@@ -424,8 +428,7 @@ std::vector<CheckpointRecord> CheckpointManager::merged_records() const {
     auto it = std::lower_bound(out.begin(), out.end(), r.index,
                                [](const CheckpointRecord& a, uint64_t i) { return a.index < i; });
     CheckpointRecord m = tier_->as_memory(r);
-    if (it != out.end() && it->index == r.index) {
-      m.pinned = it->pinned;
+    if (m.persisted) {
       *it = std::move(m);
     } else {
       out.insert(it, std::move(m));
@@ -451,23 +454,25 @@ GcReport collect_memory_tiers(std::string_view root, bool dry_run) {
     if (auto owner = read_owner(folder / kOwnerFile)) {
       experiment = owner->value("experiment", std::string("?"));
     }
+    bool live = false;
+    std::unique_ptr<Lock> lock;
     if (fs::is_directory(checkpoints)) {
       auto storage = open_storage(checkpoints.string());
-      std::unique_ptr<Lock> lock;
-      try {
-        if (dry_run) {
-          if (storage->is_locked(manager_layout::kLockKey)) {
-            throw Error(ErrorCode::kLocked, "in use");
-          }
-        } else {
+      if (dry_run) {
+        live = storage->is_locked(manager_layout::kLockKey);
+      } else {
+        try {
           lock = storage->try_lock(manager_layout::kLockKey);
+        } catch (const Error& e) {
+          if (e.code() != ErrorCode::kLocked) throw;
+          live = true;
         }
-      } catch (const Error& e) {
-        if (e.code() != ErrorCode::kLocked) throw;
-        report.skipped.push_back(fmt::format("{} (memory tier of {}): in use by a live manager",
-                                             folder.string(), experiment));
-        continue;
       }
+    }
+    if (live) {
+      report.skipped.push_back(fmt::format("{} (memory tier of {}): in use by a live manager",
+                                           folder.string(), experiment));
+      continue;
     }
     // Removed while the lock is held, so that no manager opens it meanwhile
     // (unlinking a locked file is allowed).

@@ -131,8 +131,10 @@ TEST_F(MemoryTierTest, SavesGoToMemoryAndEveryNthIsPersistedInTheBackground) {
     EXPECT_EQ(r.tier, "memory");
     EXPECT_NE(r.checkpoint.uri().find(fs::path(root_.str()).filename().string()), std::string::npos)
         << r.checkpoint.uri();
+    // Each due copy finishes before the next is due: a newer due checkpoint
+    // would otherwise replace one still waiting on a loaded machine.
+    m.wait_for_persistence();
   }
-  m.wait_for_persistence();
   // The 3rd and 6th went to persistent storage too, under their own names.
   ExperimentListing stored = read_experiment(experiment());
   EXPECT_EQ(indices(stored.checkpoints), (std::vector<uint64_t>{2, 5}));
