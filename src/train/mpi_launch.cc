@@ -649,7 +649,7 @@ class AgentLoop {
     spec.context = context_from_json(m.at("context"));
     if (m.at("checkpoint_uri").is_string()) spec.checkpoint_uri = m["checkpoint_uri"];
     try {
-      scratch_ = std::make_unique<ScratchDir>();
+      scratch_ = std::make_unique<ScratchDir>(&scratch_remover_);
       spec.scratch_dir = scratch_->path().string();
       group_ = start_local_ranks(spec, {spec.context});
     } catch (const Error& e) {
@@ -675,6 +675,7 @@ class AgentLoop {
   const DriverSpec& spec_;
   const MpiWorld& w_;
   Channel driver_;
+  BackgroundRemover scratch_remover_;  // outlives scratch_
   std::unique_ptr<Group> group_;
   std::unique_ptr<ScratchDir> scratch_;
   std::string tail_;

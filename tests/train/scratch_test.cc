@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -107,6 +110,63 @@ TEST(ScratchSweep, KeepsLiveForeignAndUnownedFoldersAndRemovesAReusedPid) {
   EXPECT_TRUE(fs::exists(tmp.path() / "cairn-train-foreign"));
   EXPECT_TRUE(fs::exists(tmp.path() / "cairn-train-unowned"));
   EXPECT_TRUE(fs::exists(tmp.path() / "someone-else"));
+}
+
+TEST(ScratchDir, RemovesItsFolderWhenDestroyed) {
+  ScopedTmpdir tmp;
+  fs::path path;
+  {
+    ScratchDir scratch;
+    path = scratch.path();
+    write(path / "rank-0" / "w.bin", std::string(1 << 16, 'x'));
+  }
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(BackgroundRemover, EveryHandedFolderIsGoneOnceTheRemoverIsDestroyed) {
+  ScopedTmpdir tmp;
+  std::vector<fs::path> paths;
+  {
+    BackgroundRemover remover;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      ScratchDir scratch(&remover);
+      paths.push_back(scratch.path());
+      write(scratch.path() / "rank-0" / "a" / "w.bin", std::string(1 << 20, 'x'));
+      write(scratch.path() / "rank-1" / "w.bin", std::string(1 << 20, 'y'));
+    }
+    // The next attempt's folder is a new one while the old ones go.
+    ScratchDir next(&remover);
+    EXPECT_EQ(std::find(paths.begin(), paths.end(), next.path()), paths.end());
+    paths.push_back(next.path());
+  }
+  for (const auto& p : paths) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_TRUE(fs::is_empty(tmp.path()));
+}
+
+TEST(BackgroundRemover, AProcessForkedWhileARemovalRunsWorksAndExits) {
+  ScopedTmpdir tmp;
+  BackgroundRemover remover;
+  {
+    ScratchDir scratch(&remover);
+    for (int i = 0; i < 200; ++i) {
+      write(scratch.path() / "rank-0" / std::to_string(i), std::string(4096, 'x'));
+    }
+  }
+  // As the driver forks the next attempt's workers: the child allocates,
+  // uses the file system and leaves with _exit().
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::error_code ec;
+    std::vector<std::string> names(1000, std::string(64, 'n'));
+    fs::create_directories(tmp.path() / "child", ec);
+    ::_exit(ec || names.size() != 1000 ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(fs::is_directory(tmp.path() / "child"));
 }
 
 }  // namespace

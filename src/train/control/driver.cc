@@ -313,7 +313,9 @@ class Driver {
     failure_.reset();
     finished_ = false;
     timings_.clear();
-    ScratchDir scratch;
+    // Removed in the background once the group is gone (declared before it):
+    // a restart does not wait for the kernel to free what the workers wrote.
+    ScratchDir scratch(&scratch_remover_);
     launch.scratch_dir = scratch.path().string();
 
     ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s,
@@ -689,6 +691,7 @@ class Driver {
 
   const DriverSpec& spec_;
   const GroupFactory& start_group_;
+  BackgroundRemover scratch_remover_;  // outlives every attempt's ScratchDir
   std::unique_ptr<CheckpointManager> manager_;
   std::shared_ptr<Storage> storage_;
   nlohmann::json state_;

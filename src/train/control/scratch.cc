@@ -82,7 +82,8 @@ std::optional<uint64_t> stat_start_time(std::string_view stat_text) {
   return std::nullopt;
 }
 
-ScratchDir::ScratchDir() : path_(make_temp_dir(kPrefix)) {
+ScratchDir::ScratchDir(BackgroundRemover* remover)
+    : path_(make_temp_dir(kPrefix)), remover_(remover) {
   auto me = owner_of(::getpid());
   if (!me) return;  // no /proc: the folder is still removed by this object
   const auto owner = path_ / kOwnerFile;
@@ -97,9 +98,50 @@ ScratchDir::ScratchDir() : path_(make_temp_dir(kPrefix)) {
 }
 
 ScratchDir::~ScratchDir() {
+  if (remover_ != nullptr) {
+    remover_->remove(path_);
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);  // ignore-error: a temp dir; best effort
 }
+
+void BackgroundRemover::remove(std::filesystem::path folder) {
+  join_finished();
+  try {
+    auto r = std::make_unique<Removal>();
+    r->folder = folder;
+    Removal* raw = r.get();
+    removals_.reserve(removals_.size() + 1);
+    r->thread = std::thread([raw] { std::filesystem::remove_all(raw->folder, raw->error); });
+    removals_.push_back(std::move(r));
+    return;
+  } catch (const std::exception&) {
+    // ignore-error: no thread or memory to spare: the folder is removed here instead
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(folder, ec);
+  if (ec) {
+    log::warn(
+        fmt::format("could not remove the scratch folder {}: {}", folder.string(), ec.message()));
+  }
+}
+
+void BackgroundRemover::join_finished() {
+  // Joins every removal: each was started at least an attempt ago, so the
+  // wait is rare and short; it keeps the threads bounded by the attempts
+  // running at once (one) rather than by the attempts run.
+  for (auto& r : removals_) {
+    r->thread.join();
+    if (r->error) {
+      log::warn(fmt::format("could not remove the scratch folder {}: {}", r->folder.string(),
+                            r->error.message()));
+    }
+  }
+  removals_.clear();
+}
+
+BackgroundRemover::~BackgroundRemover() { join_finished(); }
 
 std::vector<std::filesystem::path> sweep_dead_scratch_dirs() {
   std::vector<std::filesystem::path> removed;
