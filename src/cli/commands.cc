@@ -13,6 +13,7 @@
 #include "experiment/layout.h"
 #include "experiment/tuner_state.h"
 #include "manager/history_store.h"
+#include "manager/memory_tier.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -155,6 +156,39 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view,
 // One Trainer experiment (or trial folder) as `cairn ls` lists it: its
 // checkpoints from its history, read without the lock. A damaged history is
 // reported in `error`, and the checkpoints are then read from their manifests.
+// Adds to `listing` the checkpoints that only this host's memory tier holds
+// (docs/memory-tier.md: after a crash, the newest ones), as records whose
+// tier is "memory", and returns the indices the tier holds. A damaged tier
+// is named in `e.error`; the persistent checkpoints are still listed.
+std::set<uint64_t> add_memory_tier(ExperimentView& e, ExperimentListing& listing) {
+  std::set<uint64_t> held;
+  if (!listing.config.memory_tier.enabled) return held;
+  const std::optional<std::string> tier = find_memory_tier(e.uri, listing.config.memory_tier.root);
+  if (!tier) return held;
+  ExperimentListing memory;
+  try {
+    memory = read_experiment(*tier);
+  } catch (const Error& err) {
+    if (err.code() != ErrorCode::kCorruption) throw;
+    if (!e.error.empty()) e.error += "; ";
+    e.error += fmt::format("the memory tier: {}", err.what());
+    return held;
+  }
+  std::set<uint64_t> persisted;
+  for (const auto& r : listing.checkpoints) persisted.insert(r.index);
+  for (auto& r : memory.checkpoints) {
+    held.insert(r.index);
+    if (persisted.count(r.index) > 0) continue;
+    r.tier = "memory";
+    r.persisted = false;
+    listing.checkpoints.push_back(std::move(r));
+  }
+  std::stable_sort(
+      listing.checkpoints.begin(), listing.checkpoints.end(),
+      [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.index < b.index; });
+  return held;
+}
+
 ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::string name,
                                   bool check = false) {
   ExperimentView e;
@@ -181,10 +215,16 @@ ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::
     }
   }
   e.config = listing.config;
+  const std::set<uint64_t> in_memory = add_memory_tier(e, listing);
   for (const auto& r : rank_checkpoints(listing.checkpoints, listing.config)) {
     e.best.push_back(r.name);
   }
-  for (const auto& r : listing.checkpoints) e.checkpoints.push_back(committed_row(r, check));
+  for (const auto& r : listing.checkpoints) {
+    CheckpointRow row = committed_row(r, check);
+    row.persistent = r.tier != "memory";
+    row.in_memory = in_memory.count(r.index) > 0;
+    e.checkpoints.push_back(std::move(row));
+  }
   for (const auto& n : listing.uncommitted) e.checkpoints.push_back(leftover_row(*storage, n));
   std::stable_sort(
       e.checkpoints.begin(), e.checkpoints.end(),

@@ -55,6 +55,15 @@ std::string or_dash(const std::string& s) { return s.empty() ? "-" : s; }
 
 namespace {
 
+// Where a checkpoint is held: "memory" (this host's memory tier) and/or
+// "persistent" (the experiment's storage), in that order.
+json tiers_json(const CheckpointRow& c) {
+  json tiers = json::array();
+  if (c.in_memory) tiers.push_back("memory");
+  if (c.persistent) tiers.push_back("persistent");
+  return tiers;
+}
+
 json checkpoint_json(const CheckpointRow& c) {
   return {
       {"name", c.name},
@@ -67,6 +76,7 @@ json checkpoint_json(const CheckpointRow& c) {
       {"file_count", optional_count(c.file_count)},
       {"metrics", c.metrics},
       {"pinned", c.pinned},
+      {"tiers", tiers_json(c)},
       {"error", c.error.empty() ? json(nullptr) : json(c.error)},
   };
 }
@@ -202,6 +212,7 @@ std::string checkpoints_text(const ExperimentView& e, const std::string& indent)
   for (const auto& c : e.checkpoints) {
     std::string state = c.committed ? "committed" : "uncommitted";
     if (c.pinned) state += ",pinned";
+    if (c.in_memory) state += c.persistent ? ",in memory" : ",memory only";
     std::string metrics = c.error.empty() ? format_metrics(c.metrics) : "error: " + c.error;
     std::string name = c.name;
     if (ranked && c.name == best) name += " *";

@@ -32,6 +32,11 @@ struct CheckpointRow {
   nlohmann::json metrics;  // as reported; null for leftovers
   bool pinned = false;     // kept by keep_checkpoint_every_n_hours
   std::string error;       // why the manifest could not be read ("" when it could)
+  // Where it is held: the experiment's storage, and/or this host's memory
+  // tier (docs/memory-tier.md; `uri` is then the tier's copy when the
+  // experiment's storage has none).
+  bool persistent = true;
+  bool in_memory = false;
 };
 
 struct TunerView;

@@ -40,6 +40,7 @@
 #include "cairn/manager.h"
 #include "manager/history.h"
 #include "manager/layout.h"
+#include "manager/memory_tier.h"
 #include "manager/tier_policy.h"
 #include "util/log.h"
 #include "util/settings.h"
@@ -435,6 +436,21 @@ std::vector<CheckpointRecord> CheckpointManager::merged_records() const {
     }
   }
   return out;
+}
+
+std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
+                                            std::string_view root) {
+  const fs::path folder = tier_base(root) / tier_policy::tier_folder_name(experiment_uri);
+  std::optional<nlohmann::json> owner = read_owner(folder / kOwnerFile);
+  if (!owner) return std::nullopt;
+  const auto named = owner->find("experiment");
+  if (named == owner->end() || !named->is_string() || *named != experiment_uri) {
+    return std::nullopt;
+  }
+  const fs::path checkpoints = folder / kCheckpointsFolder;
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints, ec)) return std::nullopt;
+  return open_storage(checkpoints.string())->uri();
 }
 
 GcReport collect_memory_tiers(std::string_view root, bool dry_run) {

@@ -311,6 +311,83 @@ TEST_F(CliTest, GcMemoryTierFreesTheTiersOfDeadRunsAndSkipsLiveOnes) {
   expect_one_line_error(no_path, "PATH is required");
 }
 
+TEST_F(CliTest, LsListsWhatOnlyThisHostsMemoryTierHoldsBesideThePersistedCheckpoints) {
+  TempDir tiers;
+  CheckpointConfig config;
+  config.num_to_keep = 5;
+  config.checkpoint_score_attribute = "loss";
+  config.checkpoint_score_order = "min";
+  config.memory_tier.enabled = true;
+  config.memory_tier.root = tiers.str();
+  config.memory_tier.num_to_keep = 2;
+  config.memory_tier.persist_every_n = 2;
+  const fs::path source = root_ / "source";
+  testing::write_text(source / "x.bin", "x");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // a run that dies with its newest checkpoints in memory
+    auto* dead = new CheckpointManager((root_ / "tiered").string(), config);
+    for (double loss : {3.0, 2.0, 1.0}) {
+      dead->register_checkpoint({{"loss", loss}}, Checkpoint::from_directory(source.string()));
+    }
+    dead->wait_for_persistence();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(status, 0);
+  // Another experiment's tier under the same root is not this one's.
+  make_experiment("plain", 1);
+  CheckpointManager other((root_ / "other").string(), config);
+  other.register_checkpoint({{"loss", 0.5}}, Checkpoint::from_directory(source.string()));
+
+  // Index 0 was neither persisted nor kept in memory (2 kept); 1 was the
+  // 2nd save, persisted; 2 is only in memory, and the best.
+  ProcessResult r = cairn({"ls", "--json", (root_ / "tiered").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json doc = json::parse(r.out);
+  const json& e = doc["experiments"][0];
+  ASSERT_EQ(e["checkpoints"].size(), 2u) << r.out;
+  EXPECT_EQ(e["checkpoints"][0]["name"], "checkpoint_000001");
+  EXPECT_EQ(e["checkpoints"][0]["tiers"], json({"memory", "persistent"})) << r.out;
+  EXPECT_EQ(e["checkpoints"][1]["name"], "checkpoint_000002");
+  EXPECT_EQ(e["checkpoints"][1]["tiers"], json({"memory"})) << r.out;
+  EXPECT_NE(e["checkpoints"][1]["uri"].get<std::string>().find(tiers.str()), std::string::npos);
+  EXPECT_EQ(e["checkpoints"][1]["metrics"]["loss"], 1.0);
+  EXPECT_EQ(e["latest"], "checkpoint_000002");
+  EXPECT_EQ(e["best"][0], "checkpoint_000002");
+
+  ProcessResult text = cairn({"ls", (root_ / "tiered").string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("committed,in memory"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("committed,memory only"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("2 checkpoints"), std::string::npos) << text.out;
+
+  // The whole root: every experiment with its own tier's checkpoints (the
+  // live run "other" too), or none.
+  ProcessResult all = cairn({"ls", "--json", root()});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const json listed = json::parse(all.out);
+  for (const auto& x : listed["experiments"]) {
+    for (const auto& c : x["checkpoints"]) {
+      const bool memory_only = c["tiers"] == json({"memory"});
+      const bool expected = (x["name"] == "tiered" && c["name"] == "checkpoint_000002") ||
+                            (x["name"] == "other" && c["name"] == "checkpoint_000000");
+      EXPECT_EQ(memory_only, expected) << all.out;
+    }
+  }
+  ProcessResult verify = cairn({"ls", "--check", (root_ / "tiered").string()});
+  EXPECT_EQ(verify.exit_code, 0) << verify.err;
+
+  // Once the tier is gone (the host's memory lost), only what was persisted.
+  ASSERT_EQ(cairn({"gc", "--memory-tier", tiers.str()}).exit_code, 0);
+  ProcessResult after = cairn({"ls", "--json", (root_ / "tiered").string()});
+  const json kept = json::parse(after.out)["experiments"][0];
+  ASSERT_EQ(kept["checkpoints"].size(), 1u) << after.out;
+  EXPECT_EQ(kept["checkpoints"][0]["tiers"], json({"persistent"}));
+  EXPECT_EQ(kept["latest"], "checkpoint_000001");
+}
+
 TEST_F(CliTest, NamesThatAreNotUtf8ArePrintedEscapedInValidJson) {
   fs::path dir = root_ / "plain";
   testing::write_text(dir / "caf\xe9.bin", "latin-1 name");

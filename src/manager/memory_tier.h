@@ -1,0 +1,26 @@
+// Finding an experiment's memory tier (MemoryTierConfig, docs/memory-tier.md)
+// from outside its manager, for read-only views such as `cairn ls`.
+//
+// Thread-safety: safe from any thread. Failure: never throws for a tier that
+// is absent or unreadable (nullopt); the caller reads the tier's checkpoints
+// as it reads any experiment's.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cairn {
+
+// The URI of the checkpoints folder (an experiment of its own) of the memory
+// tier this host holds for the experiment at `experiment_uri` (as its
+// manager names it: file:///..., s3://...), or nullopt when there is none
+// under `root` ("": $CAIRN_MEMORY_TIER_DIR, else /dev/shm) or the tier
+// there names another experiment in its owner.json. A tier left by an
+// earlier experiment deleted and started again at the same URI is told
+// apart only by its manager (owner.json's creation time), which removes it
+// on open.
+std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
+                                            std::string_view root = "");
+
+}  // namespace cairn
