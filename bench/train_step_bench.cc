@@ -4,7 +4,12 @@
 //
 // The loop: each step updates a float32 state of --state-mib MiB for about
 // --step-ms milliseconds of work (calibrated once in this process, then the
-// same number of passes in every mode), then reports. With a checkpoint, the
+// same number of passes in every mode), then reports. The work streams
+// through the whole state (--work memory, the default: memory bound, as a
+// model trained on the CPU is) or repeats on a cache-resident block and then
+// updates the state once (--work compute: the host side of a step whose
+// work runs on an accelerator, which leaves the host's memory bandwidth to
+// the checkpoint). With a checkpoint, the
 // step also writes the state into a train::TemporaryDirectory as a
 // safetensors file (save_file, not made durable: the upload makes its copy
 // durable) and reports that directory, synchronously or with {.async = true};
@@ -33,6 +38,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,6 +63,7 @@ struct Args {
   int tier_persist_every = 10;
   int rounds = 3;
   int workers = 1;
+  std::string work = "memory";  // "memory" | "compute" (work_pass)
   std::string dir;
   std::string json;
 };
@@ -66,7 +73,8 @@ struct Args {
                "train_step_bench: %s\n"
                "usage: train_step_bench --dir DIR [--state-mib N] [--step-ms MS] [--steps N]\n"
                "                        [--warmup N] [--rounds N] [--workers N] [--json FILE]\n"
-               "                        [--tier-root DIR] [--tier-persist-every N]\n",
+               "                        [--tier-root DIR] [--tier-persist-every N]\n"
+               "                        [--work memory|compute]\n",
                why);
   std::exit(2);
 }
@@ -97,6 +105,9 @@ Args parse(int argc, char** argv) {
       a.tier_root = v;
     } else if (k == "--tier-persist-every") {
       a.tier_persist_every = std::stoi(v);
+    } else if (k == "--work") {
+      if (v != "memory" && v != "compute") usage("--work is memory or compute");
+      a.work = v;
     } else {
       usage(("unknown flag " + k).c_str());
     }
@@ -108,10 +119,26 @@ Args parse(int argc, char** argv) {
 }
 
 // One pass of "training" over the state: a cheap update of every element.
-void train_pass(std::vector<float>& w, int step) {
+void train_pass(std::span<float> w, int step) {
   const float decay = 0.9999f;
   const float push = 1e-4f * static_cast<float>(step % 7);
   for (float& x : w) x = x * decay + push;
+}
+
+// The floats of a --work compute step's cache-resident block (256 KiB).
+constexpr size_t kComputeBlock = 64 * 1024;
+
+// The work of one pass: `memory` streams through the whole state (memory
+// bound, as a CPU-trained model is), `compute` repeats the update on a
+// block that stays in cache (compute bound, like the host side of a step
+// whose work runs on an accelerator).
+void work_pass(std::vector<float>& w, const std::string& work, int step) {
+  if (work == "compute") {
+    std::span<float> block(w.data(), std::min(w.size(), kComputeBlock));
+    for (int i = 0; i < 32; ++i) train_pass(block, step + i);
+  } else {
+    train_pass(w, step);
+  }
 }
 
 double seconds_since(Clock::time_point t) {
@@ -126,6 +153,7 @@ void train_loop(const nlohmann::json& config) {
   const int steps = config.at("steps");
   const int warmup = config.at("warmup");
   const int passes = config.at("passes");
+  const std::string work = config.at("work");
   std::vector<float> w(config.at("numel").get<size_t>(), 0.5f);
   cairn::StateStager stager;
   cairn::StateDict state;  // views `w`, which every step updates in place
@@ -134,7 +162,8 @@ void train_loop(const nlohmann::json& config) {
   int timed = 0;
   for (int step = 0; step < steps; ++step) {
     const Clock::time_point start = Clock::now();
-    for (int p = 0; p < passes; ++p) train_pass(w, step);
+    for (int p = 0; p < passes; ++p) work_pass(w, work, step);
+    if (work == "compute") train_pass(w, step);  // every step changes the whole state
     nlohmann::json metrics = {{"step", step}};
     const Clock::time_point trained = Clock::now();
     Clock::time_point saved = trained;
@@ -165,13 +194,13 @@ void train_loop(const nlohmann::json& config) {
                         {"steps_timed", timed}});
 }
 
-// Passes of train_pass() that take about `ms` on this machine.
-int calibrate(size_t numel, double ms) {
+// Passes of work_pass() that take about `ms` on this machine.
+int calibrate(size_t numel, const std::string& work, double ms) {
   std::vector<float> w(numel, 0.5f);
   train_pass(w, 0);  // first touch
   const Clock::time_point t = Clock::now();
-  const int probe = 3;
-  for (int i = 0; i < probe; ++i) train_pass(w, i);
+  const int probe = work == "compute" ? 200 : 3;
+  for (int i = 0; i < probe; ++i) work_pass(w, work, i);
   const double per_pass = seconds_since(t) / probe;
   return std::max(1, static_cast<int>(std::lround(ms / 1000.0 / per_pass)));
 }
@@ -183,7 +212,7 @@ using cairn::bench::median;
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   const size_t numel = static_cast<size_t>(a.state_mib << 20) / sizeof(float);
-  const int passes = calibrate(numel, a.step_ms);
+  const int passes = calibrate(numel, a.work, a.step_ms);
   fs::create_directories(a.dir);
   const std::vector<std::string> modes = {
       "none", "sync", "async", "async_memory", "tier_sync", "tier_async", "tier_async_memory"};
@@ -204,6 +233,7 @@ int main(int argc, char** argv) {
                              {{"mode", mode},
                               {"numel", numel},
                               {"passes", passes},
+                              {"work", a.work},
                               {"steps", a.steps},
                               {"warmup", a.warmup}},
                              cairn::ScalingConfig{.num_workers = a.workers}, run);
@@ -221,9 +251,12 @@ int main(int argc, char** argv) {
   }
   const double none = median(means["none"]);
   nlohmann::json out = {{"state_mib", a.state_mib}, {"workers", a.workers}, {"passes", passes},
-                        {"steps", a.steps},         {"warmup", a.warmup},   {"rounds", a.rounds}};
-  std::printf("Trainer step time, %d worker(s), %llu MiB state, checkpoint every step\n", a.workers,
-              static_cast<unsigned long long>(a.state_mib));
+                        {"work", a.work},           {"steps", a.steps},     {"warmup", a.warmup},
+                        {"rounds", a.rounds}};
+  std::printf(
+      "Trainer step time, %d worker(s), %llu MiB state, %s-bound steps, checkpoint every "
+      "step\n",
+      a.workers, static_cast<unsigned long long>(a.state_mib), a.work.c_str());
   std::printf("%-18s %14s %18s %10s %10s  %s\n", "mode", "step (median)", "vs no checkpoint",
               "save", "report()", "step, each round");
   for (const std::string& mode : modes) {
