@@ -46,6 +46,27 @@ std::optional<ScratchOwner> owner_of(int64_t pid) {
 
 std::filesystem::path temp_root() { return Settings::from(Environment::process()).temp_dir; }
 
+// Removes a scratch folder with its `owner` file last, so that a process
+// killed in the middle leaves a folder the sweep still recognises. Calls
+// only the file system (it runs on BackgroundRemover's threads).
+void remove_scratch(const std::filesystem::path& folder, std::error_code& ec) {
+  ec.clear();
+  std::error_code listing;
+  std::vector<std::filesystem::path> entries;
+  for (std::filesystem::directory_iterator it(folder, listing), end; !listing && it != end;
+       it.increment(listing)) {
+    if (it->path().filename() != kOwnerFile) entries.push_back(it->path());
+  }
+  if (listing && listing != std::errc::no_such_file_or_directory) ec = listing;
+  for (const auto& entry : entries) {
+    std::error_code one;
+    std::filesystem::remove_all(entry, one);
+    if (one && !ec) ec = one;
+  }
+  if (ec) return;  // the owner stays: the folder is still its
+  std::filesystem::remove_all(folder, ec);
+}
+
 }  // namespace
 
 std::string format_owner(const ScratchOwner& o) {
@@ -103,7 +124,7 @@ ScratchDir::~ScratchDir() {
     return;
   }
   std::error_code ec;
-  std::filesystem::remove_all(path_, ec);  // ignore-error: a temp dir; best effort
+  remove_scratch(path_, ec);  // ignore-error: a temp dir; best effort (a later sweep retries)
 }
 
 void BackgroundRemover::remove(std::filesystem::path folder) {
@@ -113,14 +134,14 @@ void BackgroundRemover::remove(std::filesystem::path folder) {
     r->folder = folder;
     Removal* raw = r.get();
     removals_.reserve(removals_.size() + 1);
-    r->thread = std::thread([raw] { std::filesystem::remove_all(raw->folder, raw->error); });
+    r->thread = std::thread([raw] { remove_scratch(raw->folder, raw->error); });
     removals_.push_back(std::move(r));
     return;
   } catch (const std::exception&) {
     // ignore-error: no thread or memory to spare: the folder is removed here instead
   }
   std::error_code ec;
-  std::filesystem::remove_all(folder, ec);
+  remove_scratch(folder, ec);
   if (ec) {
     log::warn(
         fmt::format("could not remove the scratch folder {}: {}", folder.string(), ec.message()));
@@ -159,7 +180,7 @@ std::vector<std::filesystem::path> sweep_dead_scratch_dirs() {
     if (!owner || owner->pid_namespace != me->pid_namespace) continue;
     auto now = owner_of(owner->pid);
     if (now && now->start_time == owner->start_time) continue;  // alive
-    std::filesystem::remove_all(entry.path(), ec);
+    remove_scratch(entry.path(), ec);
     if (ec) {
       log::warn(fmt::format("could not remove {}, left by a process that is gone: {}",
                             entry.path().string(), ec.message()));

@@ -2,8 +2,8 @@
 // every node, under $TMPDIR (default /tmp) as cairn-train-XXXXXX. Workers'
 // train::TemporaryDirectory folders live inside it.
 //
-// A folder is removed by its owner when the attempt ends. An owner killed by
-// SIGKILL cannot do that, so each folder holds an `owner` file naming the
+// A folder is removed by its owner when the attempt ends, its `owner` file
+// last. An owner killed by SIGKILL cannot do that, so each folder holds an `owner` file naming the
 // process that made it (pid namespace, pid and the process's start time),
 // and the next driver or agent on that node removes folders whose owner is
 // gone. A folder of another pid namespace (another container sharing
