@@ -90,48 +90,8 @@ ManifestEntry CheckpointWriter::copy_local_file(std::string_view path,
 }
 
 std::vector<ManifestEntry> CheckpointWriter::copy_from(const Checkpoint& source) {
-  check_root_exists(source.storage());
-  std::optional<Manifest> source_manifest;
-  if (source.is_committed()) source_manifest = source.manifest();
-  std::vector<ManifestEntry> expected;
-  if (source_manifest) {
-    expected = source_manifest->files;
-  } else {
-    for (const auto& f : source.files()) expected.push_back({f.key, f.size, 0});
-  }
-  // Every name is checked before anything is written.
-  for (const auto& want : expected) {
-    try {
-      check_user_path(want.path);
-      if (!source_manifest) check_inside(source.storage(), want.path);
-    } catch (const Error& e) {
-      throw with_context(e, fmt::format("copying {}", source.uri()));
-    }
-  }
   std::vector<ManifestEntry> copied;
-  for (const auto& want : expected) {
-    auto w = dest_.storage().open_writer(want.path);
-    ManifestEntry got;
-    try {
-      got = stream_object(source.storage(), want.path, w.get());
-    } catch (const Error& e) {
-      throw with_context(e, fmt::format("copying {}", source.storage().uri_of(want.path)));
-    }
-    if (source_manifest && (got.size != want.size || got.xxh3 != want.xxh3)) {
-      throw Error(
-          ErrorCode::kCorruption,
-          fmt::format("{}: does not match its manifest (size {}, checksum {}; manifest says "
-                      "size {}, checksum {})",
-                      source.storage().uri_of(want.path), got.size, hash_to_hex(got.xxh3),
-                      want.size, hash_to_hex(want.xxh3)));
-    }
-    if (source_manifest) {  // the whole file matched: its blocks' checksums hold too
-      got.block_size = want.block_size;
-      got.block_xxh3 = want.block_xxh3;
-    }
-    w->commit();
-    copied.push_back(record(std::move(got)));
-  }
+  for (auto& e : copy_files(source, dest_.storage())) copied.push_back(record(std::move(e)));
   return copied;
 }
 

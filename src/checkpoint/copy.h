@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string_view>
+#include <vector>
 
 #include "cairn/checkpoint.h"
 #include "cairn/storage.h"
@@ -12,6 +13,13 @@ namespace cairn {
 // Reads object `key` of `src` front to back in large blocks, feeding `dst`
 // when given, and returns its size and XXH3-64. `dst` is not committed.
 ManifestEntry stream_object(Storage& src, std::string_view key, Writer* dst);
+
+// Copies every user file of `source` into `dest` and returns their entries:
+// what CheckpointWriter::copy_from does (and documents), without its check
+// that the destination is no committed checkpoint, for a caller that owns
+// the destination (a location its driver reserved) and records the entries
+// itself. Nothing is committed.
+std::vector<ManifestEntry> copy_files(const Checkpoint& source, Storage& dest);
 
 // A file name a manifest can hold: a safe key, outside .cairn/, valid UTF-8.
 // kInvalidArgument naming the path otherwise.

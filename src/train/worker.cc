@@ -13,9 +13,9 @@
 //                     asynchronous report's upload failed (the group stops now,
 //                     not at the rank's next report)
 //
-// A rank writes its own files straight into the reserved destination with a
-// CheckpointWriter (never committing it) and sends their sizes and checksums;
-// only the driver writes the manifest.
+// A rank writes its own files straight into the reserved destination
+// (copy_files, checkpoint/copy.h) and sends their sizes and checksums; only
+// the driver writes the manifest.
 //
 // Asynchronous reports (ReportOptions::async) run the same rounds, in order,
 // on a thread of the worker (AsyncReports) from a snapshot of the rank's files
@@ -45,6 +45,8 @@
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
+#include "cairn/storage.h"
+#include "checkpoint/copy.h"
 #include "train/control/channel.h"
 #include "train/control/group.h"
 #include "train/control/sigterm.h"
@@ -108,10 +110,13 @@ nlohmann::json entry_to_json(const ManifestEntry& e) {
 }
 
 // Copies the rank's checkpoint files into `dest_uri`; returns their entries.
-// A source that does not exist fails here instead of adding nothing.
+// A source that does not exist fails here instead of adding nothing. The
+// driver reserved `dest_uri` for this round (a fresh index, never
+// committed), so no rank asks the storage whether it is a committed
+// checkpoint, as CheckpointWriter would: one request per rank fewer, half of
+// a one-file rank's requests on S3 (docs/scale.md).
 std::vector<ManifestEntry> upload(const Checkpoint& source, const std::string& dest_uri) {
-  CheckpointWriter writer(Checkpoint::from_directory(dest_uri));
-  return writer.copy_from(source);
+  return copy_files(source, *open_storage(dest_uri));
 }
 
 std::string exception_type_name(const std::type_info& type) {

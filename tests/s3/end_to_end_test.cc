@@ -16,12 +16,14 @@
 #include <fmt/format.h>
 
 #include "cairn/checkpoint.h"
+#include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/state_manager.h"
 #include "cairn/train.h"
 #include "cairn/transfer.h"
 #include "cairn/tuner.h"
+#include "checkpoint/copy.h"
 #include "cli/commands.h"
 #include "storage/s3/http.h"
 #include "support/s3_server.h"
@@ -216,6 +218,27 @@ TEST_F(S3EndToEnd, ACommitOfManyRanksFilesChecksThemWithAListingNotARequestEach)
   const uint64_t sent = s3::requests_sent() - before;
   EXPECT_LT(sent, 20u) << sent << " requests for a commit of 300 files";
   EXPECT_EQ(rec.checkpoint.manifest().files.size(), 300u);
+}
+
+TEST_F(S3EndToEnd, ARanksUploadIntoItsReservedLocationSendsOneRequestPerSmallFile) {
+  TempDir local;
+  for (int i = 0; i < 3; ++i) {
+    std::ofstream(local.path() / fmt::format("part-{}.bin", i)) << std::string(100 + i, 'x');
+  }
+  const Checkpoint source = Checkpoint::from_directory(local.str());
+  CheckpointManager m(root + "/uploads", CheckpointConfig{});
+  Checkpoint reserved = m.reserve_next();
+  uint64_t before = s3::requests_sent();
+  std::vector<ManifestEntry> files = copy_files(source, reserved.storage());
+  EXPECT_EQ(s3::requests_sent() - before, 3u) << "the Trainer's ranks upload this way";
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_TRUE(m.commit_reserved(reserved, {{"step", 1}}, files).checkpoint.verify().empty());
+
+  // CheckpointWriter, for a destination it does not know, looks first.
+  Checkpoint other = m.reserve_next();
+  before = s3::requests_sent();
+  CheckpointWriter(other).copy_from(source);
+  EXPECT_EQ(s3::requests_sent() - before, 4u);
 }
 
 TEST_F(S3EndToEnd, AKilledDriverIsRestoredFromS3AndContinues) {
