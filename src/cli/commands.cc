@@ -153,9 +153,6 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view,
   view.checkpoints.push_back(std::move(checked));
 }
 
-// One Trainer experiment (or trial folder) as `cairn ls` lists it: its
-// checkpoints from its history, read without the lock. A damaged history is
-// reported in `error`, and the checkpoints are then read from their manifests.
 // Adds to `listing` the checkpoints that only this host's memory tier holds
 // (docs/memory-tier.md: after a crash, the newest ones), as records whose
 // tier is "memory", and returns the indices the tier holds. A damaged tier
@@ -189,6 +186,9 @@ std::set<uint64_t> add_memory_tier(ExperimentView& e, ExperimentListing& listing
   return held;
 }
 
+// One Trainer experiment (or trial folder) as `cairn ls` lists it: its
+// checkpoints from its history, read without the lock. A damaged history is
+// reported in `error`, and the checkpoints are then read from their manifests.
 ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::string name,
                                   bool check = false) {
   ExperimentView e;

@@ -43,7 +43,6 @@
 
 #include <fmt/format.h>
 
-#include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/storage.h"
 #include "checkpoint/copy.h"

@@ -3,10 +3,10 @@
 // train::TemporaryDirectory folders live inside it.
 //
 // A folder is removed by its owner when the attempt ends, its `owner` file
-// last. An owner killed by SIGKILL cannot do that, so each folder holds an `owner` file naming the
-// process that made it (pid namespace, pid and the process's start time),
-// and the next driver or agent on that node removes folders whose owner is
-// gone. A folder of another pid namespace (another container sharing
+// last. An owner killed by SIGKILL cannot do that, so each folder holds that
+// `owner` file naming the process that made it (pid namespace, pid and the
+// process's start time), and the next driver or agent on that node removes
+// folders whose owner is gone. A folder of another pid namespace (another container sharing
 // $TMPDIR), or without an owner file, is never touched.
 //
 // An attempt's folder is removed in the background (BackgroundRemover), so
