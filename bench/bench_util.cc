@@ -14,6 +14,8 @@
 #include <string_view>
 #include <thread>
 
+#include <CLI/CLI.hpp>
+
 namespace cairn::bench {
 
 uint64_t TensorSpec::numel() const {
@@ -180,6 +182,14 @@ uint64_t touch_all(std::span<const std::byte> data) {
 
 nlohmann::json Measurement::to_json() const {
   return {{"name", name}, {"what", what}, {"bytes", bytes}, {"runs_s", runs_s}};
+}
+
+void parse_or_exit(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
+  }
 }
 
 Options parse_options(int argc, char** argv, const char* usage) {

@@ -17,6 +17,10 @@
 
 #include <nlohmann/json.hpp>
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace cairn::bench {
 
 struct TensorSpec {
@@ -108,6 +112,10 @@ Measurement measure(std::string name, std::string what, uint64_t bytes, int runs
   }
   return m;
 }
+
+// Parses a bench's command line described by `app` (CLI11); on a mistake
+// prints CLI11's message naming the flag and exits with 2 (0 for --help).
+void parse_or_exit(CLI::App& app, int argc, char** argv);
 
 // Common command line: --size-mib N --runs N --dir PATH --out FILE
 // [--many-tensors N].

@@ -42,11 +42,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -76,44 +76,26 @@ struct Args {
   std::string json;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "scale_bench: %s\n"
-               "usage: scale_bench --storage DIR|URI [--ranks 8,64,256,1024] [--rounds N]\n"
-               "                   [--fail-round K (0: no failure)] [--file-kib N] [--json FILE]\n",
-               why.c_str());
-  std::exit(2);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) usage("missing value for " + k);
-    const std::string v = argv[++i];
-    if (k == "--ranks") {
-      a.ranks.clear();
-      std::stringstream in(v);
-      for (std::string n; std::getline(in, n, ',');) a.ranks.push_back(std::stoi(n));
-    } else if (k == "--rounds") {
-      a.rounds = std::stoi(v);
-    } else if (k == "--fail-round") {
-      a.fail_round = std::stoi(v);
-    } else if (k == "--file-kib") {
-      a.file_kib = std::stoull(v);
-    } else if (k == "--storage") {
-      a.storage = v;
-    } else if (k == "--json") {
-      a.json = v;
-    } else {
-      usage("unknown flag " + k);
-    }
-  }
-  if (a.storage.empty()) usage("--storage is required");
-  if (a.rounds < 2 || a.ranks.empty()) usage("--rounds must be >= 2 and --ranks non-empty");
-  if (a.fail_round < 0 || a.fail_round > a.rounds) usage("--fail-round must be in 0..rounds");
-  for (int n : a.ranks) {
-    if (n < 1) usage("every rank count must be >= 1");
+  CLI::App app("A Trainer report round and restart at N ranks (docs/scale.md)", "scale_bench");
+  app.add_option("--storage", a.storage, "a folder or URI to run the experiments in")->required();
+  app.add_option("--ranks", a.ranks, "rank counts, comma separated")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--rounds", a.rounds, "reports per run (>= 2)")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--fail-round", a.fail_round, "the round a rank is killed in (0: none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--file-kib", a.file_kib, "each rank's file")->capture_default_str();
+  app.add_option("--json", a.json, "write the figures here");
+  cairn::bench::parse_or_exit(app, argc, argv);
+  if (a.fail_round > a.rounds) {
+    std::fprintf(stderr, "scale_bench: --fail-round must be in 0..rounds\n");
+    std::exit(2);
   }
   return a;
 }

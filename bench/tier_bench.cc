@@ -34,6 +34,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -56,41 +57,21 @@ struct Args {
   std::string json;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "tier_bench: %s\n"
-               "usage: tier_bench --storage URI --dir DIR [--tier-root DIR] [--state-mib N]\n"
-               "                  [--workers N] [--rounds N] [--json FILE]\n",
-               why);
-  std::exit(2);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + k).c_str());
-    const std::string v = argv[++i];
-    if (k == "--storage") {
-      a.storage = v;
-    } else if (k == "--dir") {
-      a.dir = v;
-    } else if (k == "--tier-root") {
-      a.tier_root = v;
-    } else if (k == "--state-mib") {
-      a.state_mib = std::stoull(v);
-    } else if (k == "--workers") {
-      a.workers = std::stoi(v);
-    } else if (k == "--rounds") {
-      a.rounds = std::stoi(v);
-    } else if (k == "--json") {
-      a.json = v;
-    } else {
-      usage(("unknown flag " + k).c_str());
-    }
-  }
-  if (a.storage.empty() || a.dir.empty()) usage("--storage and --dir are required");
-  if (a.state_mib == 0 || a.workers < 1 || a.rounds < 1) usage("sizes must be positive");
+  CLI::App app("Recovery time after a worker failure, by the tier that serves the restore",
+               "tier_bench");
+  app.add_option("--storage", a.storage, "the experiments' storage (a folder or s3:// URI)")
+      ->required();
+  app.add_option("--dir", a.dir, "a folder for marks and cache eviction")->required();
+  app.add_option("--tier-root", a.tier_root, "use the memory tier there (default: none)");
+  app.add_option("--state-mib", a.state_mib, "each rank's state")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--workers", a.workers)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--rounds", a.rounds)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--json", a.json, "write the figures here");
+  cairn::bench::parse_or_exit(app, argc, argv);
   return a;
 }
 

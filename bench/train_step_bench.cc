@@ -43,6 +43,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -68,53 +69,33 @@ struct Args {
   std::string json;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "train_step_bench: %s\n"
-               "usage: train_step_bench --dir DIR [--state-mib N] [--step-ms MS] [--steps N]\n"
-               "                        [--warmup N] [--rounds N] [--workers N] [--json FILE]\n"
-               "                        [--tier-root DIR] [--tier-persist-every N]\n"
-               "                        [--work memory|compute]\n",
-               why);
-  std::exit(2);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + k).c_str());
-    const std::string v = argv[++i];
-    if (k == "--state-mib") {
-      a.state_mib = std::stoull(v);
-    } else if (k == "--step-ms") {
-      a.step_ms = std::stod(v);
-    } else if (k == "--steps") {
-      a.steps = std::stoi(v);
-    } else if (k == "--warmup") {
-      a.warmup = std::stoi(v);
-    } else if (k == "--rounds") {
-      a.rounds = std::stoi(v);
-    } else if (k == "--workers") {
-      a.workers = std::stoi(v);
-    } else if (k == "--dir") {
-      a.dir = v;
-    } else if (k == "--json") {
-      a.json = v;
-    } else if (k == "--tier-root") {
-      a.tier_root = v;
-    } else if (k == "--tier-persist-every") {
-      a.tier_persist_every = std::stoi(v);
-    } else if (k == "--work") {
-      if (v != "memory" && v != "compute") usage("--work is memory or compute");
-      a.work = v;
-    } else {
-      usage(("unknown flag " + k).c_str());
-    }
+  CLI::App app("The Trainer's step time with a checkpoint every step", "train_step_bench");
+  app.add_option("--dir", a.dir, "the experiments' folder")->required();
+  app.add_option("--state-mib", a.state_mib)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--step-ms", a.step_ms, "the work of a step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--steps", a.steps)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", a.warmup, "steps left out of the figures")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--rounds", a.rounds)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--workers", a.workers)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--json", a.json, "write the figures here");
+  app.add_option("--tier-root", a.tier_root, "the memory tier's root")->capture_default_str();
+  app.add_option("--tier-persist-every", a.tier_persist_every)
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--work", a.work, "what a step's work is bound by")
+      ->check(CLI::IsMember({"memory", "compute"}))
+      ->capture_default_str();
+  cairn::bench::parse_or_exit(app, argc, argv);
+  if (a.steps <= a.warmup) {
+    std::fprintf(stderr, "train_step_bench: --steps must exceed --warmup\n");
+    std::exit(2);
   }
-  if (a.dir.empty()) usage("--dir is required");
-  if (a.steps <= a.warmup) usage("--steps must exceed --warmup");
-  if (a.state_mib == 0 || a.rounds < 1 || a.workers < 1) usage("sizes must be positive");
   return a;
 }
 

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -86,58 +87,31 @@ struct Args {
   bool keep = false;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "tune_bench: %s\n"
-               "usage: tune_bench [--trials N] [--results N] [--result-trials N] [--result-ms MS]\n"
-               "                  [--checkpoint-every N] [--num-to-keep N] [--concurrent N]\n"
-               "                  [--save-repeats N]\n"
-               "                  [--dir DIR] [--json FILE] [--keep]\n",
-               why.c_str());
-  std::exit(2);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--keep") {
-      a.keep = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage("missing value for " + k);
-    const std::string v = argv[++i];
-    if (k == "--trials") {
-      a.trials = std::stoi(v);
-    } else if (k == "--results") {
-      a.results = std::stoi(v);
-    } else if (k == "--result-ms") {
-      a.result_ms = std::stod(v);
-    } else if (k == "--result-trials") {
-      a.result_trials = std::stoi(v);
-    } else if (k == "--checkpoint-every") {
-      a.checkpoint_every = std::stoi(v);
-    } else if (k == "--num-to-keep") {
-      a.num_to_keep = std::stoi(v);
-    } else if (k == "--concurrent") {
-      a.concurrent = std::stoi(v);
-    } else if (k == "--save-repeats") {
-      a.save_repeats = std::stoi(v);
-    } else if (k == "--dir") {
-      a.dir = v;
-    } else if (k == "--json") {
-      a.json = v;
-    } else {
-      usage("unknown flag " + k);
-    }
+  CLI::App app("The Tuner's driver at scale: trials, results and checkpoints", "tune_bench");
+  app.add_option("--trials", a.trials)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--results", a.results)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--result-trials", a.result_trials)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--result-ms", a.result_ms)->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--checkpoint-every", a.checkpoint_every, "0: no checkpoints")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--num-to-keep", a.num_to_keep)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--concurrent", a.concurrent)->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--save-repeats", a.save_repeats)
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--dir", a.dir, "where the experiments go (default: $TMPDIR, else /tmp)");
+  app.add_option("--json", a.json, "write the figures here");
+  app.add_flag("--keep", a.keep, "keep what the runs wrote");
+  cairn::bench::parse_or_exit(app, argc, argv);
+  if (a.results < a.result_trials) {
+    std::fprintf(stderr, "tune_bench: --results must be at least --result-trials\n");
+    std::exit(2);
   }
-  if (a.trials < 1 || a.result_trials < 1 || a.concurrent < 1 || a.save_repeats < 1) {
-    usage("--trials, --result-trials, --concurrent and --save-repeats must be positive");
-  }
-  if (a.results < a.result_trials) usage("--results must be at least --result-trials");
-  if (a.result_ms < 0) usage("--result-ms must be >= 0");
-  if (a.checkpoint_every < 0) usage("--checkpoint-every must be >= 0 (0: no checkpoints)");
-  if (a.num_to_keep < 1) usage("--num-to-keep must be positive");
   if (a.dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     a.dir = tmp && *tmp ? tmp : "/tmp";
