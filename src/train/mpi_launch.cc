@@ -651,6 +651,7 @@ class AgentLoop {
     try {
       scratch_ = std::make_unique<ScratchDir>(&scratch_remover_);
       spec.scratch_dir = scratch_->path().string();
+      scratch_remover_.start();  // the last attempt's folder, in a child of its own
       group_ = start_local_ranks(spec, {spec.context});
     } catch (const Error& e) {
       scratch_.reset();

@@ -313,8 +313,9 @@ class Driver {
     failure_.reset();
     finished_ = false;
     timings_.clear();
-    // Removed in the background once the group is gone (declared before it):
-    // a restart does not wait for the kernel to free what the workers wrote.
+    // Removed in the background by the next attempt (scratch_remover_),
+    // once the group is gone (declared before it): a restart does not wait
+    // for the kernel to free what the workers wrote.
     ScratchDir scratch(&scratch_remover_);
     launch.scratch_dir = scratch.path().string();
 
@@ -323,6 +324,7 @@ class Driver {
     // The group may fork: no deleter thread may be inside a storage call
     // (holding its locks) when the children are copied from this process.
     manager_->wait_for_deletes();
+    scratch_remover_.start();  // the last attempt's folder, in a child of its own
     std::unique_ptr<Group> group = start_group_(launch);
     std::optional<Checkpoint> reserved;
     Outcome out;

@@ -1,7 +1,9 @@
 #include "train/control/scratch.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -128,41 +130,56 @@ ScratchDir::~ScratchDir() {
 }
 
 void BackgroundRemover::remove(std::filesystem::path folder) {
-  join_finished();
-  try {
-    auto r = std::make_unique<Removal>();
-    r->folder = folder;
-    Removal* raw = r.get();
-    removals_.reserve(removals_.size() + 1);
-    r->thread = std::thread([raw] { remove_scratch(raw->folder, raw->error); });
-    removals_.push_back(std::move(r));
-    return;
-  } catch (const std::exception&) {
-    // ignore-error: no thread or memory to spare: the folder is removed here instead
-  }
-  std::error_code ec;
-  remove_scratch(folder, ec);
-  if (ec) {
-    log::warn(
-        fmt::format("could not remove the scratch folder {}: {}", folder.string(), ec.message()));
-  }
+  queued_.push_back(std::move(folder));
 }
 
-void BackgroundRemover::join_finished() {
-  // Joins every removal: each was started at least an attempt ago, so the
-  // wait is rare and short; it keeps the threads bounded by the attempts
-  // running at once (one) rather than by the attempts run.
-  for (auto& r : removals_) {
-    r->thread.join();
-    if (r->error) {
-      log::warn(fmt::format("could not remove the scratch folder {}: {}", r->folder.string(),
-                            r->error.message()));
+void BackgroundRemover::start() {
+  reap();
+  if (queued_.empty()) return;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int failed = 0;
+    for (const auto& folder : queued_) {
+      std::error_code ec;
+      remove_scratch(folder, ec);
+      failed |= ec ? 1 : 0;
+    }
+    ::_exit(failed);
+  }
+  if (pid < 0) return;  // ignore-error: no process to spare; the destructor removes them
+  running_.push_back({std::move(queued_), pid});
+  queued_.clear();
+}
+
+void BackgroundRemover::reap() {
+  for (const Removal& r : running_) {
+    int status = 0;
+    pid_t got;
+    do {
+      got = ::waitpid(r.pid, &status, 0);
+    } while (got < 0 && errno == EINTR);
+    if (got == r.pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    for (const auto& folder : r.folders) {
+      std::error_code exists;
+      if (!std::filesystem::exists(folder, exists)) continue;
+      log::warn(fmt::format("could not remove the scratch folder {} (the next sweep retries)",
+                            folder.string()));
     }
   }
-  removals_.clear();
+  running_.clear();
 }
 
-BackgroundRemover::~BackgroundRemover() { join_finished(); }
+BackgroundRemover::~BackgroundRemover() {
+  reap();
+  for (const auto& folder : queued_) {
+    std::error_code ec;
+    remove_scratch(folder, ec);
+    if (ec) {
+      log::warn(
+          fmt::format("could not remove the scratch folder {}: {}", folder.string(), ec.message()));
+    }
+  }
+}
 
 std::vector<std::filesystem::path> sweep_dead_scratch_dirs() {
   std::vector<std::filesystem::path> removed;

@@ -14,19 +14,16 @@
 // attempt's workers wrote there (0.56 s for a 2 GiB file on this machine's
 // disk, a third of a restart from the memory tier).
 //
-// Thread-safety: ScratchDir none needed; BackgroundRemover's remove() and
-// its destructor are called by one thread. Failure: ScratchDir's constructor
+// Thread-safety: none needed (one thread uses each object). Failure: ScratchDir's constructor
 // throws cairn::Error; the sweep and the remover never throw (they are best
 // effort and log).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace cairn::train_internal {
@@ -48,10 +45,15 @@ class ScratchDir {
   BackgroundRemover* remover_;
 };
 
-// Removes folders on threads of its own. The threads call nothing but the
-// file system (no log, no storage, no lock a forked worker could need), so
-// the owner may fork workers while they run; what they could not remove is
-// logged by the destructor, which waits for every removal. A folder whose
+// Removes folders in a child process, so that the owner goes on meanwhile.
+// Not a thread: the owner forks workers right after an attempt ends, and a
+// thread inside the allocator, the log or a library when a worker is forked
+// would leave that lock held forever in the worker (a sanitizer build's
+// allocator does hang so). remove() only queues a folder; start() forks the
+// child that removes the queued folders, and is called where the owner
+// forks its workers anyway (after the manager's deleter has stopped), so
+// the process is no less safe to fork than before. The destructor waits for
+// the children and removes what is still queued itself. A folder whose
 // removal a SIGKILL interrupts keeps its `owner` file and is swept later.
 class BackgroundRemover {
  public:
@@ -59,17 +61,20 @@ class BackgroundRemover {
   ~BackgroundRemover();
   BackgroundRemover(const BackgroundRemover&) = delete;
   BackgroundRemover& operator=(const BackgroundRemover&) = delete;
-  // Starts removing `folder`.
+  // Queues `folder` for the next start() (or the destructor).
   void remove(std::filesystem::path folder);
+  // Forks a child that removes the queued folders (none queued: nothing);
+  // first reaps the children of earlier calls, waiting for any still running.
+  void start();
 
  private:
   struct Removal {
-    std::filesystem::path folder;
-    std::error_code error;  // written by the thread, read after join
-    std::thread thread;
+    std::vector<std::filesystem::path> folders;
+    int pid = -1;
   };
-  void join_finished();
-  std::vector<std::unique_ptr<Removal>> removals_;
+  void reap();
+  std::vector<std::filesystem::path> queued_;
+  std::vector<Removal> running_;
 };
 
 // Removes the scratch folders in $TMPDIR whose owner process is gone and
