@@ -81,6 +81,16 @@ std::optional<nlohmann::json> read_owner(const fs::path& file) {
   return j;
 }
 
+// The experiment a tier folder's owner.json names; nullopt when it is
+// absent, torn or names none.
+std::optional<std::string> owner_experiment(const fs::path& folder) {
+  std::optional<nlohmann::json> owner = read_owner(folder / kOwnerFile);
+  if (!owner) return std::nullopt;
+  const auto named = owner->find("experiment");
+  if (named == owner->end() || !named->is_string()) return std::nullopt;
+  return named->get<std::string>();
+}
+
 void write_owner(const fs::path& file, const nlohmann::json& owner) {
   const fs::path tmp = file.string() + ".tmp";
   {
@@ -441,12 +451,7 @@ std::vector<CheckpointRecord> CheckpointManager::merged_records() const {
 std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
                                             std::string_view root) {
   const fs::path folder = tier_base(root) / tier_policy::tier_folder_name(experiment_uri);
-  std::optional<nlohmann::json> owner = read_owner(folder / kOwnerFile);
-  if (!owner) return std::nullopt;
-  const auto named = owner->find("experiment");
-  if (named == owner->end() || !named->is_string() || *named != experiment_uri) {
-    return std::nullopt;
-  }
+  if (owner_experiment(folder) != experiment_uri) return std::nullopt;
   const fs::path checkpoints = folder / kCheckpointsFolder;
   std::error_code ec;
   if (!fs::is_directory(checkpoints, ec)) return std::nullopt;
@@ -466,10 +471,7 @@ GcReport collect_memory_tiers(std::string_view root, bool dry_run) {
     if (!entry.is_directory()) continue;
     const fs::path folder = entry.path();
     const fs::path checkpoints = folder / kCheckpointsFolder;
-    std::string experiment = "?";
-    if (auto owner = read_owner(folder / kOwnerFile)) {
-      experiment = owner->value("experiment", std::string("?"));
-    }
+    const std::string experiment = owner_experiment(folder).value_or("?");
     bool live = false;
     std::unique_ptr<Lock> lock;
     if (fs::is_directory(checkpoints)) {

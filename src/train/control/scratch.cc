@@ -50,7 +50,7 @@ std::filesystem::path temp_root() { return Settings::from(Environment::process()
 
 // Removes a scratch folder with its `owner` file last, so that a process
 // killed in the middle leaves a folder the sweep still recognises. Calls
-// only the file system (it runs on BackgroundRemover's threads).
+// only the file system (BackgroundRemover's child runs it).
 void remove_scratch(const std::filesystem::path& folder, std::error_code& ec) {
   ec.clear();
   std::error_code listing;

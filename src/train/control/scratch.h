@@ -6,17 +6,17 @@
 // last. An owner killed by SIGKILL cannot do that, so each folder holds that
 // `owner` file naming the process that made it (pid namespace, pid and the
 // process's start time), and the next driver or agent on that node removes
-// folders whose owner is gone. A folder of another pid namespace (another container sharing
-// $TMPDIR), or without an owner file, is never touched.
+// folders whose owner is gone. A folder of another pid namespace (another
+// container sharing $TMPDIR), or without an owner file, is never touched.
 //
 // An attempt's folder is removed in the background (BackgroundRemover), so
 // that a restart does not wait for the kernel to free what the failed
 // attempt's workers wrote there (0.56 s for a 2 GiB file on this machine's
 // disk, a third of a restart from the memory tier).
 //
-// Thread-safety: none needed (one thread uses each object). Failure: ScratchDir's constructor
-// throws cairn::Error; the sweep and the remover never throw (they are best
-// effort and log).
+// Thread-safety: none needed (one thread uses each object). Failure:
+// ScratchDir's constructor throws cairn::Error; the sweep and the remover
+// never throw (they are best effort and log).
 #pragma once
 
 #include <cstdint>
