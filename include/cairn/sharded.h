@@ -34,7 +34,10 @@
 //
 // Load: ShardedReader reads the layout of a committed checkpoint and fills
 // any box of a global tensor from the saved shards that overlap it, so a
-// state saved by 4 ranks loads into 2 or 3 (or 1).
+// state saved by 4 ranks loads into 2 or 3 (or 1). A checkpoint committed
+// without a layout (the Trainer's: each rank reports its rank file like any
+// other file) gets it from its rank files' headers ("cairn.shards",
+// "cairn.rank"), so a Trainer run re-shards after an elastic restart.
 //
 // Thread-safety: save_rank_shards() may run concurrently for different ranks.
 // A ShardedReader may be read from many threads.
@@ -138,8 +141,9 @@ void copy_box(std::span<const std::byte> src_data, const Shape& src_shape, const
 
 class ShardedReader {
  public:
-  // Reads and validates the layout of a committed sharded checkpoint.
-  // kCorruption naming the checkpoint if the layout is missing or malformed.
+  // Reads and validates the layout of a committed sharded checkpoint (from
+  // the manifest, else from the headers of its rank files). kCorruption
+  // naming the checkpoint if there is neither, or either is malformed.
   explicit ShardedReader(const Checkpoint& checkpoint);
   ~ShardedReader();
   ShardedReader(ShardedReader&&) noexcept;

@@ -100,15 +100,7 @@ void check_tiling(std::string_view tensor, const Shape& shape, const std::vector
   }
 }
 
-Shape shape_from_json(const nlohmann::json& j, std::string_view what) {
-  if (!j.is_array()) throw invalid(fmt::format("{} is not an array of sizes", what));
-  Shape out;
-  for (const auto& v : j) {
-    if (!v.is_number_unsigned()) throw invalid(fmt::format("{} is not an array of sizes", what));
-    out.push_back(v.get<uint64_t>());
-  }
-  return out;
-}
+using format::shape_from_json;
 
 DType dtype_from_json(const nlohmann::json& j, std::string_view what) {
   if (!j.is_string()) throw invalid(fmt::format("{} is not a dtype name", what));
@@ -122,6 +114,16 @@ double now_seconds() {
 }
 
 }  // namespace
+
+Shape format::shape_from_json(const nlohmann::json& j, std::string_view what) {
+  if (!j.is_array()) throw invalid(fmt::format("{} is not an array of sizes", what));
+  Shape out;
+  for (const auto& v : j) {
+    if (!v.is_number_unsigned()) throw invalid(fmt::format("{} is not an array of sizes", what));
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
 
 // ---- pure planning ----
 
@@ -584,10 +586,17 @@ ShardedReader::ShardedReader(const Checkpoint& checkpoint)
     : impl_(std::make_unique<Impl>(checkpoint)) {
   Manifest manifest = checkpoint.manifest();
   for (const auto& f : manifest.files) impl_->checksums[f.path] = f;
-  const nlohmann::json& layout = manifest.layout;
+  nlohmann::json layout = manifest.layout;
   try {
     if (!layout.is_object() || layout.value("format", "") != kShardedLayoutFormat) {
-      throw invalid("the manifest has no sharded layout (\"format\": \"cairn.sharded/1\")");
+      if (std::optional<nlohmann::json> built =
+              format::layout_from_rank_files(checkpoint, manifest)) {
+        layout = std::move(*built);
+      } else {
+        throw invalid(
+            "the manifest has no sharded layout (\"format\": \"cairn.sharded/1\") and no file "
+            "is a rank file of save_rank_shards");
+      }
     }
     impl_->world_size = layout.at("world_size").get<int>();
     for (const auto& [name, t] : layout.at("tensors").items()) {

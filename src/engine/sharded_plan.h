@@ -4,7 +4,9 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cairn/sharded.h"
@@ -36,5 +38,17 @@ RankPlan plan_rank_file(const StateDict& local, const std::map<std::string, Shar
 // files they name: for checking a whole sharded save before its files are
 // written. kInvalidArgument naming the tensor and the ranks at fault.
 void check_sharded_layout(const std::vector<RankShards>& ranks);
+
+// Pure: a JSON array of sizes; kInvalidArgument naming `what` otherwise.
+Shape shape_from_json(const nlohmann::json& j, std::string_view what);
+
+// The layout of a checkpoint committed without one (the Trainer commits its
+// ranks' files as they come) from the headers of its rank files (written by
+// save_rank_shards: "cairn.shards" and "cairn.rank" say where each shard
+// sits); nothing when no file is a rank file. Reads only the headers;
+// kCorruption naming the file for a damaged one, kInvalidArgument (from
+// build_layout) when the shards do not tile their tensors.
+std::optional<nlohmann::json> layout_from_rank_files(const Checkpoint& checkpoint,
+                                                     const Manifest& manifest);
 
 }  // namespace cairn::format

@@ -265,6 +265,47 @@ TEST_F(ShardedTest, SavedByFourRanksLoadsIntoTwoThreeOneAndFour) {
   for (int world : {2, 3, 1, 4}) expect_loads_into(rec.checkpoint, world);
 }
 
+// The Trainer commits its ranks' files as they come, without a layout: the
+// rank files' headers give it back, so the checkpoint still re-shards.
+TEST_F(ShardedTest, ACheckpointCommittedWithoutALayoutReShardsFromItsRankFilesHeaders) {
+  CheckpointManager m(dir.str(), {}, quiet());
+  Checkpoint reserved = m.reserve_next();
+  std::vector<ManifestEntry> files;
+  for (int r = 0; r < 4; ++r) {
+    RankState s = make_rank(g, r, 4);
+    const RankShards report = save_rank_shards(s.state, s.specs, reserved, r);
+    files.insert(files.end(), report.files.begin(), report.files.end());
+  }
+  // A safetensors file of the user's beside them is no rank file: left out.
+  StateDict extra;
+  std::vector<float> x(3, 2.0f);
+  extra.add<float>("x", {3}, x);
+  files.push_back(save(extra, reserved.storage(), "extra.safetensors"));
+  CheckpointRecord rec = m.commit_reserved(reserved, {{"step", 1}}, files);
+  EXPECT_TRUE(rec.checkpoint.manifest().layout.is_null());
+  ShardedReader reader(rec.checkpoint);
+  EXPECT_EQ(reader.world_size(), 4);
+  for (int world : {3, 1, 2}) expect_loads_into(rec.checkpoint, world);
+}
+
+TEST_F(ShardedTest, ACheckpointWithoutALayoutOrRankFilesIsRefusedNamingIt) {
+  CheckpointManager m(dir.str(), {}, quiet());
+  Checkpoint reserved = m.reserve_next();
+  StateDict plain;
+  std::vector<float> w(4, 1.0f);
+  plain.add<float>("w", {4}, w);
+  std::vector<ManifestEntry> files{save(plain, reserved.storage(), "model.safetensors")};
+  CheckpointRecord rec = m.commit_reserved(reserved, {{"step", 1}}, files);
+  try {
+    ShardedReader reader(rec.checkpoint);
+    FAIL() << "expected kCorruption";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find(rec.checkpoint.uri()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no file is a rank file"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(ShardedTest, SavedByThreeRanksLoadsIntoFour) {
   CheckpointManager m(dir.str(), {}, quiet());
   CheckpointRecord rec = save_with_threads(m, 3);
