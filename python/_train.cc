@@ -193,6 +193,7 @@ void bind_train(py::module_& m) {
                                  d["attempt"] = x.attempt;
                                  d["checkpoint"] = x.checkpoint;
                                  d["tier"] = x.tier;
+                                 d["world_size"] = x.world_size;
                                  out.append(d);
                                }
                                return out;
@@ -216,13 +217,15 @@ void bind_train(py::module_& m) {
   py::class_<Trainer>(m, "Trainer")
       .def(py::init([](py::object fn, py::handle config, int num_workers,
                        const std::string& launcher, const py::dict& run,
-                       std::optional<Checkpoint> resume_from) {
-             ScalingConfig scaling{.num_workers = num_workers, .launcher = launcher_arg(launcher)};
+                       std::optional<Checkpoint> resume_from, int min_workers) {
+             ScalingConfig scaling{.num_workers = num_workers,
+                                   .launcher = launcher_arg(launcher),
+                                   .min_workers = min_workers};
              return Trainer(python_train_fn(std::move(fn)), to_json(config), scaling,
                             run_config_arg(run), std::move(resume_from));
            }),
            py::arg("fn"), py::arg("config"), py::arg("num_workers"), py::arg("launcher"),
-           py::arg("run"), py::arg("resume_from"))
+           py::arg("run"), py::arg("resume_from"), py::arg("min_workers") = 0)
       .def("fit",
            [](Trainer& trainer) {
              std::optional<Result> result;
@@ -253,6 +256,7 @@ void bind_train(py::module_& m) {
         d["name"] = t.run_config().name;
         d["storage_path"] = t.run_config().storage_path;
         d["num_workers"] = t.scaling_config().num_workers;
+        d["min_workers"] = t.scaling_config().min_workers;
         return d;
       });
 

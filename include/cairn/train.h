@@ -88,6 +88,21 @@ struct ScalingConfig {
   // size"; any other value must equal it.
   int num_workers = 1;
   Launcher launcher = Launcher::kAuto;
+  // Elastic training (Ray Train's num_workers=(min, max)): 0 keeps the group
+  // at num_workers. Otherwise num_workers is the most ranks and min_workers
+  // the fewest a group may restart with. When a launcher's process is lost
+  // (a node of a torchrun-style launch, its connection to the driver gone),
+  // the next attempt runs with the ranks that remain, renumbered 0..k-1,
+  // as long as k >= min_workers; a process started again for a lost rank
+  // (same RANK) joins at the next restart. Under mpirun, which ends the whole
+  // job when one process dies, the job's world size may be anything in
+  // [min_workers, num_workers] (Trainer::restore under a smaller mpirun).
+  // Each attempt's world size is in TrainContext::world_size and
+  // Result::restores; a rank reads its share of a sharded checkpoint saved
+  // by another world size with ShardedReader (cairn/sharded.h). The local
+  // launcher forks every rank itself and never loses one: there it only
+  // changes what a Trainer::restore may run with.
+  int min_workers = 0;
 
   void validate() const;
 };
@@ -244,6 +259,7 @@ struct Result {
     int attempt = 0;
     std::string checkpoint;
     std::string tier;
+    int world_size = 0;  // the ranks this attempt ran with (elastic: ScalingConfig::min_workers)
   };
   std::vector<Restore> restores;
 

@@ -395,6 +395,26 @@ def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
     assert result.error is not None and "TypeError" in str(result.error), result.error
 
 
+def test_an_elastic_range_starts_its_largest_group_and_a_bad_range_is_named(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop() -> None:
+        train.report({"world": train.get_context().get_world_size()})
+
+    result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=(1, 2)),
+                          run_config=RunConfig(name="exp", storage_path=tmp_path)).fit()
+    assert result.error is None, result.error
+    assert result.metrics["world"] == 2
+    # Stored for TorchTrainer.restore, with the range.
+    restored = TorchTrainer.restore(str(tmp_path / "exp"), loop)
+    assert restored._impl.config["min_workers"] == 1
+    assert restored._impl.config["num_workers"] == 2
+    with pytest.raises(cairn.InvalidArgumentError, match="min_workers is 3"):
+        TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=(3, 2)))
+    with pytest.raises(cairn.InvalidArgumentError, match="ScalingConfig.num_workers"):
+        TorchTrainer(loop, scaling_config=ScalingConfig(num_workers="2"))  # type: ignore[arg-type]
+
+
 def test_metrics_dataframe_is_the_history_in_pandas_or_names_what_is_missing(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -401,6 +401,9 @@ def test_a_torch_trainer_as_trainable_runs_each_trial_on_its_workers(
     assert grid.num_errors == 0, grid.errors
     got = sorted((r.metrics["sum"], r.metrics["world"], r.metrics["epochs"]) for r in grid)
     assert got == [(1.0, 2, 3), (3.0, 2, 3)]
+    elastic = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=(1, 2)))
+    with pytest.raises(cairn.InvalidArgumentError, match=r"\(min, max\) range is for the Trainer"):
+        tune.Tuner(elastic, run_config=_run_config(tmp_path))
 
 
 def test_bad_trainables_and_configs_are_clear_errors(tmp_path: pathlib.Path) -> None:

@@ -73,9 +73,12 @@ int slurm_control_port(uint64_t job_id, uint64_t step_id);
 // none is).
 std::string missing_env_launch_variables(const Settings& settings);
 
-// fit() on every process of a torchrun-style launch: `num_workers` is
-// ScalingConfig's (0 or WORLD_SIZE). Returns the same Result on every
-// process; throws the driver's error on every process when it throws.
-Result fit_env(DriverSpec spec, int num_workers, const EnvLaunch& launch);
+// fit() on every process of a torchrun-style launch: `scaling` is the
+// Trainer's (num_workers 0 or WORLD_SIZE, or an elastic range holding it).
+// Returns the same Result on every process; throws the driver's error on
+// every process when it throws. In an elastic group a process lost for good
+// leaves the others running; one started again with its RANK joins the next
+// attempt.
+Result fit_env(DriverSpec spec, const ScalingConfig& scaling, const EnvLaunch& launch);
 
 }  // namespace cairn::train_internal

@@ -15,14 +15,23 @@ namespace cairn::train_internal {
 
 bool launched_by_mpi() { return Settings::from(Environment::process()).launched_by_mpi; }
 
-int launched_world_ranks(int num_workers, int world_size, std::string_view job) {
-  if (num_workers == 0 || num_workers == world_size) return world_size;
+int launched_world_ranks(const ScalingConfig& scaling, int world_size, std::string_view job) {
+  const int n = scaling.num_workers;
+  if (n == 0 || n == world_size) return world_size;
+  if (scaling.min_workers > 0) {
+    if (world_size >= scaling.min_workers && world_size <= n) return world_size;
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("{} has {} process(es), outside ScalingConfig's elastic range of "
+                            "{} to {} workers (min_workers to num_workers); start that many "
+                            "processes",
+                            job, world_size, scaling.min_workers, n));
+  }
   throw Error(ErrorCode::kInvalidArgument,
               fmt::format("ScalingConfig::num_workers is {} but {} has {} process(es); "
                           "when a launcher starts the processes every process runs one rank: set "
                           "num_workers to 0 (the launcher's world size) or {}, or start {} "
                           "processes",
-                          num_workers, job, world_size, world_size, num_workers));
+                          n, job, world_size, world_size, n));
 }
 
 std::vector<TrainContext> plan_places(const std::vector<std::string>& hosts) {

@@ -30,15 +30,18 @@ namespace cairn::train_internal {
 bool launched_by_mpi();
 
 // fit() under MPI, on every MPI process. `spec` is the Trainer's (name and
-// storage path not yet resolved); `num_workers` is ScalingConfig's. Returns
-// the same Result on every process; throws the driver's error on every
-// process when the driver throws.
-Result fit_mpi(DriverSpec spec, int num_workers);
+// storage path not yet resolved); `scaling` the Trainer's ScalingConfig.
+// Returns the same Result on every process; throws the driver's error on
+// every process when the driver throws.
+Result fit_mpi(DriverSpec spec, const ScalingConfig& scaling);
 
-// The number of ranks for a ScalingConfig::num_workers when a launcher
-// (`job`: "the MPI job", ...) started `world_size` processes: 0 means the
-// world size, anything else must equal it (kInvalidArgument otherwise).
-int launched_world_ranks(int num_workers, int world_size, std::string_view job = "the MPI job");
+// The number of ranks for a ScalingConfig when a launcher (`job`: "the MPI
+// job", ...) started `world_size` processes: num_workers 0 means the world
+// size; otherwise it must equal num_workers, or, for an elastic config
+// (min_workers > 0), lie in [min_workers, num_workers] (kInvalidArgument
+// otherwise).
+int launched_world_ranks(const ScalingConfig& scaling, int world_size,
+                         std::string_view job = "the MPI job");
 
 // Each rank's place, from every rank's host name (index = world rank): node
 // ranks in order of a host's first rank, local ranks in world-rank order.

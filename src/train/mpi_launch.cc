@@ -28,6 +28,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <random>
 
@@ -45,6 +47,7 @@
 #include "train/env_launch.h"
 #include "train/mpi.h"
 #include "train/mpi_bootstrap.h"
+#include "train/mpi_messages.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -66,100 +69,6 @@ constexpr milliseconds kStopLimit{60'000};
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
   return left < 0 ? 0 : static_cast<int>(left);
-}
-
-nlohmann::json context_to_json(const TrainContext& c) {
-  return {{"world_rank", c.world_rank},
-          {"world_size", c.world_size},
-          {"local_rank", c.local_rank},
-          {"local_world_size", c.local_world_size},
-          {"node_rank", c.node_rank},
-          {"experiment_name", c.experiment_name},
-          {"storage_path", c.storage_path},
-          {"experiment_path", c.experiment_path},
-          {"attempt", c.attempt},
-          {"rendezvous", {{"master_addr", c.master_addr}, {"master_port", c.master_port}}}};
-}
-
-TrainContext context_from_json(const nlohmann::json& j) {
-  TrainContext c;
-  c.world_rank = j.at("world_rank").get<int>();
-  c.world_size = j.at("world_size").get<int>();
-  c.local_rank = j.at("local_rank").get<int>();
-  c.local_world_size = j.at("local_world_size").get<int>();
-  c.node_rank = j.at("node_rank").get<int>();
-  c.experiment_name = j.at("experiment_name").get<std::string>();
-  c.storage_path = j.at("storage_path").get<std::string>();
-  c.experiment_path = j.at("experiment_path").get<std::string>();
-  c.attempt = j.at("attempt").get<int>();
-  c.master_addr = j.at("rendezvous").at("master_addr").get<std::string>();
-  c.master_port = j.at("rendezvous").at("master_port").get<int>();
-  return c;
-}
-
-nlohmann::json result_to_json(const Result& r) {
-  nlohmann::json best = nlohmann::json::array();
-  for (const auto& b : r.best_checkpoints) {
-    best.push_back({{"uri", b.checkpoint.uri()}, {"metrics", b.metrics}});
-  }
-  nlohmann::json restores = nlohmann::json::array();
-  for (const auto& x : r.restores) {
-    restores.push_back({{"attempt", x.attempt}, {"checkpoint", x.checkpoint}, {"tier", x.tier}});
-  }
-  return {{"metrics", r.metrics},
-          {"restores", restores},
-          {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},
-          {"best", best},
-          {"path", r.path},
-          {"preempted", r.preempted},
-          {"history", r.metrics_history},
-          {"error", r.error ? nlohmann::json(*r.error) : nlohmann::json()}};
-}
-
-Result result_from_json(const nlohmann::json& j) {
-  Result r;
-  r.metrics = j.at("metrics");
-  if (j.at("checkpoint").is_string()) {
-    r.checkpoint = Checkpoint::from_directory(j["checkpoint"].get<std::string>());
-  }
-  for (const auto& b : j.at("best")) {
-    r.best_checkpoints.push_back(
-        {Checkpoint::from_directory(b.at("uri").get<std::string>()), b.at("metrics")});
-  }
-  r.path = j.at("path").get<std::string>();
-  if (j.at("error").is_string()) r.error = j["error"].get<std::string>();
-  r.preempted = j.value("preempted", false);
-  if (j.contains("history")) r.metrics_history = j["history"].get<std::vector<nlohmann::json>>();
-  for (const auto& x : j.value("restores", nlohmann::json::array())) {
-    r.restores.push_back({x.at("attempt").get<int>(), x.at("checkpoint").get<std::string>(),
-                          x.at("tier").get<std::string>()});
-  }
-  return r;
-}
-
-nlohmann::json error_to_json(ErrorCode code, std::string_view message) {
-  return {{"code", std::string(error_code_name(code))}, {"message", std::string(message)}};
-}
-
-Error error_from_json(const nlohmann::json& j, std::string_view prefix) {
-  const std::string name = j.value("code", "internal");
-  ErrorCode code = ErrorCode::kInternal;
-  for (int c = 0; c <= static_cast<int>(ErrorCode::kInternal); ++c) {
-    if (error_code_name(static_cast<ErrorCode>(c)) == name) code = static_cast<ErrorCode>(c);
-  }
-  return Error(code, fmt::format("{}{}", prefix, j.value("message", std::string("unknown"))));
-}
-
-// The "t" of a message, "" when it has none or it is not a string (value()
-// would throw on a wrong type).
-std::string type_of(const nlohmann::json& m) {
-  auto it = m.is_object() ? m.find("t") : m.end();
-  return it != m.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
-Error malformed(std::string_view from, const nlohmann::json::exception& e) {
-  return Error(ErrorCode::kCorruption,
-               fmt::format("malformed message from {}: {}", from, e.what()));
 }
 
 std::string random_token() {
@@ -240,31 +149,37 @@ std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::strin
   return replies;
 }
 
-// The driver's view of one attempt: world rank 0 is forked here, every other
-// rank by its agent.
+// The driver's view of one attempt: world rank 0 is forked here, world rank
+// r > 0 by members[r - 1] (every agent, or for an elastic group the agents
+// still there, renumbered in the order of their launcher ranks).
 class MpiGroup final : public Group {
  public:
-  MpiGroup(const LaunchSpec& spec, std::vector<Agent>& agents,
+  MpiGroup(const LaunchSpec& spec, std::vector<Agent>& agents, std::vector<Agent*> members,
            const std::vector<TrainContext>& places)
       : agents_(agents),
+        members_(std::move(members)),
         exited_(places.size(), false),
         tails_(places.size()),
         attempt_(spec.context.attempt) {
-    for (const Agent& a : agents_) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const Agent& a = *members_[i];
       if (a.gone) {
         throw Error(ErrorCode::kUnavailable,
                     fmt::format("{} is gone, so the group cannot start (attempt {}); the job "
-                                "must be restarted",
+                                "must be restarted (or let the group go on without it: "
+                                "ScalingConfig::min_workers)",
                                 a.name(), attempt_ + 1));
       }
+      world_rank_[&a] = static_cast<int>(i) + 1;
     }
     local_ = start_local_ranks(spec, {place(spec, places[0])});
-    for (Agent& a : agents_) {
-      a.send({{"t", "launch"},
-              {"context", context_to_json(place(spec, places.at(a.rank)))},
-              {"checkpoint_uri",
-               spec.checkpoint_uri ? nlohmann::json(*spec.checkpoint_uri) : nlohmann::json()},
-              {"train_loop_config", spec.train_loop_config}});
+    for (size_t i = 0; i < members_.size(); ++i) {
+      members_[i]->send(
+          {{"t", "launch"},
+           {"context", context_to_json(place(spec, places.at(i + 1)))},
+           {"checkpoint_uri",
+            spec.checkpoint_uri ? nlohmann::json(*spec.checkpoint_uri) : nlohmann::json()},
+           {"train_loop_config", spec.train_loop_config}});
     }
   }
   ~MpiGroup() override { stop(); }
@@ -278,7 +193,7 @@ class MpiGroup final : public Group {
       ::usleep(static_cast<useconds_t>(timeout_ms) * 1000);  // only exits are left to see
     }
     std::vector<GroupEvent> events = local_->poll(0);
-    for (Agent& a : agents_) read_agent(a, events);
+    for (Agent* a : members_) read_agent(*a, events);
     return events;
   }
 
@@ -287,19 +202,22 @@ class MpiGroup final : public Group {
       local_->send(0, message);
       return;
     }
-    agents_.at(static_cast<size_t>(rank - 1)).send({{"t", "to_worker"}, {"message", message}});
+    members_.at(static_cast<size_t>(rank - 1))->send({{"t", "to_worker"}, {"message", message}});
   }
 
   void stop() override {
     if (stopped_) return;
     stopped_ = true;
     local_->stop();
-    for (Agent& a : agents_) a.send({{"t", "stop"}});
+    for (Agent* a : members_) a->send({{"t", "stop"}});
+    // Agents outside this attempt are gone; collect() skips them.
     std::vector<nlohmann::json> replies = collect(agents_, "stopped", kStopLimit);
     for (size_t i = 0; i < agents_.size(); ++i) {
       const auto it = replies[i].is_object() ? replies[i].find("stderr_tail") : replies[i].end();
-      if (it != replies[i].end() && it->is_string() && !it->empty()) {
-        tails_[agents_[i].rank] = it->get<std::string>();
+      const auto member = world_rank_.find(&agents_[i]);
+      if (member != world_rank_.end() && it != replies[i].end() && it->is_string() &&
+          !it->empty()) {
+        tails_[member->second] = it->get<std::string>();
       }
     }
   }
@@ -307,8 +225,8 @@ class MpiGroup final : public Group {
   void wait_all(int timeout_ms) override {
     const auto deadline = Clock::now() + milliseconds(timeout_ms);
     auto all_exited = [&] {
-      for (const Agent& a : agents_) {
-        if (!exited_[a.rank] && !a.gone) return false;
+      for (const Agent* a : members_) {
+        if (!exited_[world_rank_.at(a)] && !a->gone) return false;
       }
       return true;
     };
@@ -325,8 +243,8 @@ class MpiGroup final : public Group {
 
   std::vector<int> wait_fds() const override {
     std::vector<int> fds = local_->wait_fds();
-    for (const Agent& a : agents_) {
-      if (!a.gone && a.channel.open()) fds.push_back(a.channel.fd());
+    for (const Agent* a : members_) {
+      if (!a->gone && a->channel.open()) fds.push_back(a->channel.fd());
     }
     return fds;
   }
@@ -343,6 +261,7 @@ class MpiGroup final : public Group {
   }
 
   void read_agent(Agent& a, std::vector<GroupEvent>& events) {
+    const int rank = world_rank_.at(&a);
     std::vector<nlohmann::json> messages;
     bool open = !a.gone && a.channel.open();
     std::string broken;
@@ -353,7 +272,7 @@ class MpiGroup final : public Group {
       broken = e.what();
     }
     try {
-      for (auto& m : messages) read_agent_message(a, m, events);
+      for (auto& m : messages) read_agent_message(a, rank, m, events);
     } catch (const nlohmann::json::exception& e) {
       open = false;  // an agent that sends nonsense is treated as lost, naming it
       broken = malformed(a.name(), e).what();
@@ -361,11 +280,11 @@ class MpiGroup final : public Group {
     if (!open) {
       a.gone = true;
       a.channel.close();
-      if (!exited_[a.rank]) {
-        exited_[a.rank] = true;
+      if (!exited_[rank]) {
+        exited_[rank] = true;
         GroupEvent e;
         e.type = GroupEvent::kExit;
-        e.rank = a.rank;
+        e.rank = rank;
         e.cause = fmt::format("lost: its process ({}) closed the connection to the driver{}",
                               a.name(), broken.empty() ? "" : ": " + broken);
         events.push_back(std::move(e));
@@ -373,30 +292,33 @@ class MpiGroup final : public Group {
     }
   }
 
-  // One message of an agent; nlohmann's exceptions for a field of the wrong
-  // type reach read_agent, which treats the agent as lost.
-  void read_agent_message(const Agent& a, const nlohmann::json& m,
+  // One message of the agent serving world rank `rank`; nlohmann's
+  // exceptions for a field of the wrong type reach read_agent, which treats
+  // the agent as lost.
+  void read_agent_message(const Agent& a, int rank, const nlohmann::json& m,
                           std::vector<GroupEvent>& events) {
-    if (exited_[a.rank]) return;
+    if (exited_[rank]) return;
     const std::string t = type_of(m);
     if (t == "worker") {
       GroupEvent e;
-      e.rank = a.rank;
+      e.rank = rank;
       e.message = m.value("message", nlohmann::json::object());
       events.push_back(std::move(e));
     } else if (t == "exit") {
       GroupEvent e;
       e.type = GroupEvent::kExit;
-      e.rank = a.rank;
+      e.rank = rank;
       e.clean = m.value("clean", false);
       e.cause = fmt::format("{} on host {}", m.value("cause", std::string("exited")), a.host);
-      tails_[a.rank] = m.value("stderr_tail", "");
-      exited_[a.rank] = true;
+      tails_[rank] = m.value("stderr_tail", "");
+      exited_[rank] = true;
       events.push_back(std::move(e));
     }
   }
 
   std::vector<Agent>& agents_;
+  std::vector<Agent*> members_;
+  std::map<const Agent*, int> world_rank_;  // members_' world ranks in this attempt
   std::unique_ptr<Group> local_;
   std::vector<bool> exited_;
   std::vector<std::string> tails_;
@@ -404,15 +326,13 @@ class MpiGroup final : public Group {
   bool stopped_ = false;
 };
 
-// Fills in the hosts `w` does not know yet (a torchrun-style launch learns
-// them from the agents' hellos).
-std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
-                                 const std::string& where) {
-  std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
-  std::vector<bool> joined(agents.size(), false);
-  size_t count = 0;
-  const auto deadline = Clock::now() + kConnectLimit;
-  while (count < agents.size() && remaining_ms(deadline) > 0) {
+// Waits up to `limit` for one connection that says hello with this job's
+// token and a rank in 1..size-1 that `taken` does not hold; returns it with
+// its host (the hello's, where `w` does not know it), or nothing.
+std::optional<Agent> accept_one(TcpListener& listener, const MpiWorld& w, const std::string& token,
+                                const std::function<bool(int)>& taken, milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  do {
     UniqueFd fd = listener.accept(milliseconds(std::min(1000, remaining_ms(deadline))));
     if (!fd) continue;
     Channel ch(std::move(fd), "a connecting process");
@@ -433,20 +353,56 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
       continue;
     }
     const int rank = field("rank").is_number_integer() ? field("rank").get<int>() : -1;
-    if (rank < 1 || rank >= w.size || joined[static_cast<size_t>(rank - 1)]) {
+    if (rank < 1 || rank >= w.size || taken(rank)) {
       log::warn(fmt::format("driver: dropped a connection claiming {} {}", w.label, rank));
       continue;
     }
-    Agent& a = agents[static_cast<size_t>(rank - 1)];
-    std::string& host = w.hosts.at(static_cast<size_t>(rank));
-    if (host.empty()) host = field("host").is_string() ? field("host").get<std::string>() : "?";
+    Agent a;
     a.rank = rank;
-    a.host = host;
+    a.host = w.hosts.at(static_cast<size_t>(rank));
+    if (a.host.empty()) a.host = field("host").is_string() ? field("host").get<std::string>() : "?";
     a.label = w.label;
     a.channel = std::move(ch);
     a.channel.set_peer(a.name());
-    joined[static_cast<size_t>(rank - 1)] = true;
+    return a;
+  } while (remaining_ms(deadline) > 0);
+  return std::nullopt;
+}
+
+// Fills in the hosts `w` does not know yet (a torchrun-style launch learns
+// them from the agents' hellos). An elastic group (`min_workers` > 0) starts
+// without the ranks that did not connect in time when enough did; they are
+// marked gone and may join a later attempt.
+std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
+                                 const std::string& where, int min_workers) {
+  std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
+  std::vector<bool> joined(agents.size(), false);
+  size_t count = 0;
+  const auto deadline = Clock::now() + kConnectLimit;
+  const auto taken = [&](int rank) { return joined[static_cast<size_t>(rank - 1)]; };
+  while (count < agents.size() && remaining_ms(deadline) > 0) {
+    std::optional<Agent> a =
+        accept_one(listener, w, token, taken, milliseconds(remaining_ms(deadline)));
+    if (!a) continue;
+    const size_t i = static_cast<size_t>(a->rank - 1);
+    w.hosts.at(i + 1) = a->host;
+    agents[i] = std::move(*a);
+    joined[i] = true;
     ++count;
+  }
+  if (count < agents.size() && min_workers > 0 && static_cast<int>(count) + 1 >= min_workers) {
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (joined[i]) continue;
+      agents[i].rank = static_cast<int>(i) + 1;
+      agents[i].host = w.hosts[i + 1].empty() ? "?" : w.hosts[i + 1];
+      agents[i].label = w.label;
+      agents[i].gone = true;
+    }
+    log::warn(
+        fmt::format("driver: {} of {} process(es) connected within {} s; the elastic group "
+                    "starts with them (ScalingConfig::min_workers is {})",
+                    count + 1, w.size, kConnectLimit.count() / 1000, min_workers));
+    return agents;
   }
   if (count < agents.size()) {
     std::vector<std::string> missing;
@@ -475,6 +431,18 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
                                   "share; every process must be started with the same WORLD_SIZE"));
   }
   return agents;
+}
+
+// An elastic group between attempts: takes in the processes started again
+// for lost ranks that have connected by now (without waiting), each in its
+// rank's place.
+void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
+                     std::vector<Agent>& agents) {
+  const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };
+  while (std::optional<Agent> a = accept_one(listener, w, token, taken, milliseconds(0))) {
+    log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
+    agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);
+  }
 }
 
 // The storage rule (mpi.h): a probe file every rank must see.
@@ -507,11 +475,13 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
   check_shared_storage(w.hosts, seen, spec.experiment_path, why);
 }
 
-Result drive(DriverSpec spec, MpiWorld w, TcpListener& listener, const std::string& token,
-             const std::string& where, const ControlAddress& control) {
-  std::vector<Agent> agents = accept_agents(listener, w, token, where);
-  const std::vector<TrainContext> places = plan_places(w.hosts);
+Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListener& listener,
+             const std::string& token, const std::string& where, const ControlAddress& control) {
+  const bool elastic = scaling.min_workers > 0;
+  std::vector<Agent> agents = accept_agents(listener, w, token, where, scaling.min_workers);
   auto end_all = [&](const nlohmann::json& m) {
+    // Processes started again for lost ranks after the last attempt learn the end too.
+    if (elastic) admit_returning(listener, w, token, agents);
     for (Agent& a : agents) a.send(m);
   };
   try {
@@ -537,8 +507,25 @@ Result drive(DriverSpec spec, MpiWorld w, TcpListener& listener, const std::stri
                       spec.experiment_path));
       tier.enabled = false;
     }
+    if (elastic) {
+      spec.min_world_size = scaling.min_workers;
+      spec.stored_num_workers = scaling.num_workers;
+      spec.ranks_available = [&] {
+        admit_returning(listener, w, token, agents);
+        return 1 + static_cast<int>(std::count_if(agents.begin(), agents.end(),
+                                                  [](const Agent& a) { return !a.gone; }));
+      };
+    }
     GroupFactory start = [&](const LaunchSpec& launch) -> std::unique_ptr<Group> {
-      return std::make_unique<MpiGroup>(launch, agents, places);
+      // Every agent (a gone one refuses the start), or an elastic group's live ones.
+      std::vector<Agent*> members;
+      std::vector<std::string> hosts{w.hosts.at(0)};
+      for (Agent& a : agents) {
+        if (elastic && a.gone) continue;
+        members.push_back(&a);
+        hosts.push_back(a.host);
+      }
+      return std::make_unique<MpiGroup>(launch, agents, std::move(members), plan_places(hosts));
     };
     Result result = run_driver(spec, start);
     end_all({{"t", "end"}, {"result", result_to_json(result)}});
@@ -600,7 +587,7 @@ class AgentLoop {
         driver_.send({{"t", "exit"},
                       {"clean", e.clean},
                       {"cause", e.cause},
-                      {"stderr_tail", group_->stderr_tail(w_.rank)}});
+                      {"stderr_tail", group_->stderr_tail(attempt_rank_)}});
       }
     }
   }
@@ -620,7 +607,7 @@ class AgentLoop {
       end_attempt();
       launch(m);
     } else if (t == "to_worker") {
-      if (group_) group_->send(w_.rank, m.at("message"));
+      if (group_) group_->send(attempt_rank_, m.at("message"));
     } else if (t == "stop") {
       end_attempt();
       driver_.send({{"t", "stopped"}, {"stderr_tail", tail_}});
@@ -647,6 +634,7 @@ class AgentLoop {
     spec.train_fn = spec_.train_fn;
     spec.train_loop_config = m.at("train_loop_config");
     spec.context = context_from_json(m.at("context"));
+    attempt_rank_ = spec.context.world_rank;  // an elastic group renumbers its ranks
     if (m.at("checkpoint_uri").is_string()) spec.checkpoint_uri = m["checkpoint_uri"];
     try {
       scratch_ = std::make_unique<ScratchDir>(&scratch_remover_);
@@ -665,7 +653,7 @@ class AgentLoop {
   void end_attempt() {
     if (group_) {
       group_->stop();
-      tail_ = group_->stderr_tail(w_.rank);
+      tail_ = group_->stderr_tail(attempt_rank_);
       group_.reset();
     } else {
       tail_.clear();
@@ -680,6 +668,7 @@ class AgentLoop {
   std::unique_ptr<Group> group_;
   std::unique_ptr<ScratchDir> scratch_;
   std::string tail_;
+  int attempt_rank_ = 0;                    // the world rank of this attempt's worker
   const SigtermNotice* sigterm_ = nullptr;  // while run() runs
 };
 
@@ -690,6 +679,8 @@ Result run_agent(const DriverSpec& spec, const MpiWorld& w,
   Channel driver(tcp_connect(addresses, port, kConnectLimit),
                  fmt::format("the driver ({} 0 on host {})", w.label, w.hosts.at(0)));
   driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", token}, {"host", w.hosts.at(w.rank)}});
+  log::info(fmt::format("{} {} on host {}: connected to the driver", w.label, w.rank,
+                        w.hosts.at(w.rank)));
   for (const auto& p : sweep_dead_scratch_dirs()) {
     log::info(fmt::format("removed {}, the scratch folder of an agent that died", p.string()));
   }
@@ -699,9 +690,9 @@ Result run_agent(const DriverSpec& spec, const MpiWorld& w,
 
 }  // namespace
 
-Result fit_mpi(DriverSpec spec, int num_workers) {
+Result fit_mpi(DriverSpec spec, const ScalingConfig& scaling) {
   const MpiWorld w = mpi_join();
-  launched_world_ranks(num_workers, w.size);  // every process refuses a mismatch alike
+  launched_world_ranks(scaling, w.size);  // every process refuses a mismatch alike
 
   // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
   std::unique_ptr<TcpListener> listener;
@@ -742,13 +733,13 @@ Result fit_mpi(DriverSpec spec, int num_workers) {
   }
   const std::string where = fmt::format("[{}] port {}", fmt::join(addresses, ", "), port);
 
-  if (w.rank == 0) return drive(std::move(spec), w, *listener, token, where, control);
+  if (w.rank == 0) return drive(std::move(spec), scaling, w, *listener, token, where, control);
 
   return run_agent(spec, w, addresses, port, token);
 }
 
-Result fit_env(DriverSpec spec, int num_workers, const EnvLaunch& launch) {
-  launched_world_ranks(num_workers, launch.world_size, launch.world_size_source);
+Result fit_env(DriverSpec spec, const ScalingConfig& scaling, const EnvLaunch& launch) {
+  launched_world_ranks(scaling, launch.world_size, launch.world_size_source);
   MpiWorld w;
   w.rank = launch.rank;
   w.size = launch.world_size;
@@ -763,7 +754,7 @@ Result fit_env(DriverSpec spec, int num_workers, const EnvLaunch& launch) {
   if (launch.rank == 0) {
     ControlAddress control{launch.bind, {launch.master_addr}};
     TcpListener listener(control.bind, launch.control_port);
-    return drive(std::move(spec), std::move(w), listener, token, where, control);
+    return drive(std::move(spec), scaling, std::move(w), listener, token, where, control);
   }
   w.hosts.at(0) = launch.master_addr;
   return run_agent(spec, w, {launch.master_addr}, launch.control_port, token);

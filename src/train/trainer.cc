@@ -58,6 +58,18 @@ void ScalingConfig::validate() const {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("ScalingConfig::num_workers is {}; it must be >= 1", num_workers));
   }
+  if (min_workers < 0 || (min_workers > 0 && num_workers > 0 && min_workers > num_workers)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("ScalingConfig::min_workers is {}; it must be 0 (a fixed group) or "
+                            "between 1 and num_workers ({})",
+                            min_workers, num_workers));
+  }
+  if (min_workers > 0 && num_workers == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("ScalingConfig::min_workers is {} but num_workers is 0; an elastic "
+                            "group needs its largest size in num_workers",
+                            min_workers));
+  }
 }
 
 std::optional<std::string> train::environment_value(std::string_view name) {
@@ -90,11 +102,11 @@ Result Trainer::fit() {
   const bool mpi =
       scaling_config_.launcher == Launcher::kMpi ||
       (scaling_config_.launcher == Launcher::kAuto && train_internal::launched_by_mpi());
-  if (mpi) return train_internal::fit_mpi(spec, scaling_config_.num_workers);
+  if (mpi) return train_internal::fit_mpi(spec, scaling_config_);
   if (scaling_config_.launcher == Launcher::kEnv || scaling_config_.launcher == Launcher::kAuto) {
     const Settings settings = Settings::from(Environment::process());
     if (auto env = train_internal::env_launch_from(settings)) {
-      return train_internal::fit_env(spec, scaling_config_.num_workers, *env);
+      return train_internal::fit_env(spec, scaling_config_, *env);
     }
     if (scaling_config_.launcher == Launcher::kEnv) {
       const std::string missing = train_internal::missing_env_launch_variables(settings);
@@ -114,6 +126,7 @@ Result Trainer::fit() {
                 "ScalingConfig::num_workers must be >= 1 for the local launcher");
   }
   spec.world_size = scaling_config_.num_workers;
+  spec.min_world_size = scaling_config_.min_workers;  // no rank is lost here; stored for restore
   auto loc = experiment::locate_experiment(run_config_.storage_path, run_config_.name);
   spec.run.name = loc.name;
   spec.run.storage_path = loc.storage_path;
@@ -150,6 +163,7 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
     run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
     run.failure_config.preemption_grace_s = fc.value("preemption_grace_s", 120.0);
     scaling.num_workers = state.value("num_workers", 1);
+    scaling.min_workers = state.value("min_workers", 0);
     if (state.contains("resume_from_checkpoint") && state["resume_from_checkpoint"].is_string()) {
       resume = Checkpoint::from_directory(state["resume_from_checkpoint"].get<std::string>());
     }

@@ -230,6 +230,11 @@ void Tuner::check() {
                             "is {}",
                             scaling_.launcher == Launcher::kMpi ? "kMpi" : "kEnv"));
   }
+  if (scaling_.min_workers > 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "Tuner: ScalingConfig::min_workers (an elastic group) is for the Trainer; a trial "
+                "runs with a fixed number of workers");
+  }
   if (run_config_.checkpoint_config.memory_tier.enabled) {
     // PBT's exploit and the experiment state name trials' checkpoints on
     // persistent storage; a trial's memory tier is not shared with them yet.

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
@@ -316,16 +317,52 @@ TEST(MpiLaunch, DetectedFromTheLaunchersEnvironment) {
 }
 
 TEST(MpiLaunch, ZeroWorkersMeansTheWorldSizeAndAnyOtherCountMustMatchIt) {
-  EXPECT_EQ(launched_world_ranks(0, 4), 4);
-  EXPECT_EQ(launched_world_ranks(4, 4), 4);
+  EXPECT_EQ(launched_world_ranks({.num_workers = 0}, 4), 4);
+  EXPECT_EQ(launched_world_ranks({.num_workers = 4}, 4), 4);
   try {
-    launched_world_ranks(2, 3);
+    launched_world_ranks({.num_workers = 2}, 3);
     FAIL() << "expected kInvalidArgument";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     std::string m = e.what();
     EXPECT_NE(m.find("num_workers is 2 but the MPI job has 3 process(es)"), std::string::npos) << m;
   }
+}
+
+TEST(MpiLaunch, AnElasticGroupTakesAnyWorldSizeWithinItsRangeAndNamesTheRangeOtherwise) {
+  const ScalingConfig elastic{.num_workers = 4, .min_workers = 2};
+  EXPECT_EQ(launched_world_ranks(elastic, 4), 4);
+  EXPECT_EQ(launched_world_ranks(elastic, 3), 3);
+  EXPECT_EQ(launched_world_ranks(elastic, 2), 2);
+  for (int size : {1, 5}) {
+    try {
+      launched_world_ranks(elastic, size, "the job");
+      FAIL() << "expected kInvalidArgument for " << size;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(
+          std::string(e.what()).find(fmt::format(
+              "the job has {} process(es), outside ScalingConfig's elastic range of 2 to 4", size)),
+          std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(MpiLaunch, MinWorkersAboveNumWorkersOrWithoutOneIsRefused) {
+  for (const ScalingConfig& bad : {ScalingConfig{.num_workers = 2, .min_workers = 3},
+                                   ScalingConfig{.num_workers = 2, .min_workers = -1},
+                                   ScalingConfig{.num_workers = 0, .min_workers = 1}}) {
+    try {
+      bad.validate();
+      FAIL() << "expected kInvalidArgument";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("ScalingConfig::min_workers is"), std::string::npos)
+          << e.what();
+    }
+  }
+  ScalingConfig{.num_workers = 4, .min_workers = 4}.validate();
 }
 
 TEST(MpiLaunch, PlacesNumberNodesByFirstRankAndLocalRanksWithinEachNode) {

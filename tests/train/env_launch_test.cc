@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -211,9 +212,8 @@ struct Launch {
   std::string log;
 };
 
-// Runs `script` with /bin/sh in its own process group, output to `log`;
-// after 180 s the group is killed and the test fails.
-Launch run_shell(const std::string& script, const fs::path& log) {
+// Starts `script` with /bin/sh in its own process group, output to `log`.
+pid_t start_shell(const std::string& script, const fs::path& log) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -224,6 +224,12 @@ Launch run_shell(const std::string& script, const fs::path& log) {
     ::_exit(127);
   }
   ::setpgid(pid, pid);
+  return pid;
+}
+
+// Waits for a shell start_shell() started; after 180 s from the call its
+// process group is killed and the test fails.
+Launch wait_shell(pid_t pid, const fs::path& log) {
   const auto start = std::chrono::steady_clock::now();
   int status = 0;
   while (::waitpid(pid, &status, WNOHANG) != pid) {
@@ -239,6 +245,37 @@ Launch run_shell(const std::string& script, const fs::path& log) {
   r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.log = slurp(log);
   return r;
+}
+
+// Runs `script` with /bin/sh in its own process group, output to `log`;
+// after 180 s the group is killed and the test fails.
+Launch run_shell(const std::string& script, const fs::path& log) {
+  return wait_shell(start_shell(script, log), log);
+}
+
+// Waits (bounded: 120 s) until `p` exists; false if it never did, or if the
+// process `running` (when given) ended first.
+bool wait_for(const fs::path& p, pid_t running = 0) {
+  for (int i = 0; i < 1200; ++i) {
+    if (fs::exists(p)) return true;
+    siginfo_t info{};
+    if (running > 0 &&
+        ::waitid(P_PID, static_cast<id_t>(running), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid != 0) {
+      return fs::exists(p);  // it ended (left for wait_shell to reap)
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
+}
+
+// Waits (bounded: 120 s) until `text` is in the file at `p`.
+bool wait_for_text(const fs::path& p, const std::string& text) {
+  for (int i = 0; i < 1200; ++i) {
+    if (fs::exists(p) && slurp(p).find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(100ms);
+  }
+  return false;
 }
 
 class EnvLauncher : public ::testing::Test {
@@ -283,6 +320,56 @@ class EnvLauncher : public ::testing::Test {
     return r0;
   }
 
+  // The command starting the process of rank `rank` of a `world_size`
+  // launch at control port `port`.
+  std::string rank_command(const std::string& rank, int world_size, int port,
+                           const std::string& scenario) const {
+    return fmt::format(
+        "RANK={} WORLD_SIZE={} MASTER_ADDR=127.0.0.1 MASTER_PORT={} '{}' {} '{}' '{}'", rank,
+        world_size, port, CAIRN_TRAIN_PROGRAM, scenario, results(), out_.string());
+  }
+  // Four processes of an elastic group; once rank 3's worker is at epoch 3
+  // of the first attempt, rank 3's process is SIGKILLed, as a node that is
+  // lost. Returns the launch's shell, still running.
+  // With `own_hosts` (as root) every process has a host name of its own
+  // (a UTS namespace), as on separate nodes.
+  pid_t start_and_lose_rank_3(const std::string& scenario, int port, bool own_hosts = false) {
+    const std::string command = rank_command("$r", 4, port, scenario);
+    const std::string script = own_hosts
+                                   ? fmt::format(
+                                         "for r in 0 1 2 3; do unshare --uts sh -c \"hostname "
+                                         "cairn-node$r && exec env {}\" & done; wait",
+                                         command)
+                                   : fmt::format("for r in 0 1 2 3; do {} & done; wait", command);
+    const pid_t shell = start_shell(script, out_ / "launch.log");
+    EXPECT_TRUE(wait_for(out_ / "kill-me", shell)) << slurp(out_ / "launch.log");
+    const pid_t rank3 = std::stoi(slurp(out_ / "pid-3"));
+    EXPECT_EQ(::kill(rank3, SIGKILL), 0);
+    return shell;
+  }
+  // The state the last attempt's ranks ended with, in global order, and
+  // the number of ranks that wrote it.
+  std::pair<std::vector<int64_t>, int> final_state() const {
+    std::vector<int64_t> w;
+    int world = 0;
+    for (int rank = 0; fs::exists(out_ / fmt::format("final-{}.json", rank)); ++rank) {
+      const nlohmann::json f =
+          nlohmann::json::parse(slurp(out_ / fmt::format("final-{}.json", rank)));
+      EXPECT_EQ(f.at("offset").get<size_t>(), w.size()) << f.dump();
+      for (const auto& v : f.at("w")) w.push_back(v.get<int64_t>());
+      world = f.at("world_size").get<int>();
+    }
+    return {w, world};
+  }
+  // What 10 epochs compute, whatever the ranks (mpi_program.cc, elastic_fn).
+  static std::vector<int64_t> expected_state() {
+    std::vector<int64_t> w(24, 0);
+    for (int epoch = 0; epoch < 10; ++epoch) {
+      for (size_t i = 0; i < w.size(); ++i) w[i] += static_cast<int64_t>((i + 1) * (epoch + 1));
+    }
+    return w;
+  }
+
   TempDir dir_;
   fs::path out_ = dir_ / "out";
 };
@@ -317,6 +404,91 @@ TEST_F(EnvLauncher, AWorkerThatThrowsOnAnotherProcessRestartsTheGroupFromTheLate
   const nlohmann::json again = worker_context(1, 1);
   ASSERT_TRUE(again.is_object()) << run.log;
   EXPECT_EQ(again.at("resumed_from_epoch"), 0);
+}
+
+// Elastic training: a lost process (its node gone) does not end the run;
+// the group restarts with the three ranks left, each reading its share of
+// the checkpoint four ranks saved, and ends with the state a run that never
+// failed computes.
+TEST_F(EnvLauncher, AnElasticGroupThatLosesOneOfFourRanksFinishesOnThreeWithTheStateReSharded) {
+  const pid_t shell = start_and_lose_rank_3("elastic", free_port());
+  const Launch run = wait_shell(shell, out_ / "launch.log");
+  const nlohmann::json r0 = process_result(0);
+  ASSERT_TRUE(r0.is_object()) << run.log;
+  EXPECT_TRUE(r0.at("error").is_null()) << r0.dump(2) << run.log;
+  EXPECT_EQ(r0, process_result(1));
+  EXPECT_EQ(r0, process_result(2));
+  const nlohmann::json& restores = r0.at("restores");
+  ASSERT_EQ(restores.size(), 1u) << r0.dump(2);
+  EXPECT_EQ(restores[0].at("attempt"), 1);
+  EXPECT_EQ(restores[0].at("world_size"), 3);
+  EXPECT_NE(run.log.find("the group restarts with 3 rank(s) (it had 4"), std::string::npos)
+      << run.log;
+  // Attempt 1's ranks read the checkpoint 4 ranks saved, as 3.
+  for (int rank = 0; rank < 3; ++rank) {
+    const nlohmann::json c = worker_context(rank, 1);
+    ASSERT_TRUE(c.is_object()) << run.log;
+    EXPECT_EQ(c.at("world_size"), 3);
+    EXPECT_EQ(c.at("saved_by"), 4);
+    EXPECT_EQ(c.at("resumed_from_epoch"), 2);
+  }
+  const auto [state, world] = final_state();
+  EXPECT_EQ(world, 3);
+  EXPECT_EQ(state, expected_state());
+  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
+}
+
+// The same with every process on a host of its own: the nodes are numbered
+// again for the 3 that remain.
+TEST_F(EnvLauncher, AnElasticGroupOnSeparateHostsThatLosesOneGoesOnWithTheOthersRenumbered) {
+  if (::geteuid() != 0 || std::system("unshare --uts true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and unshare(1) for UTS namespaces";
+  }
+  const pid_t shell = start_and_lose_rank_3("elastic", free_port(), /*own_hosts=*/true);
+  const Launch run = wait_shell(shell, out_ / "launch.log");
+  const nlohmann::json r0 = process_result(0);
+  ASSERT_TRUE(r0.is_object()) << run.log;
+  EXPECT_TRUE(r0.at("error").is_null()) << r0.dump(2) << run.log;
+  EXPECT_NE(run.log.find("rank 3 on host cairn-node3"), std::string::npos) << run.log;
+  for (int rank = 0; rank < 3; ++rank) {
+    const nlohmann::json before = worker_context(rank, 0);
+    const nlohmann::json after = worker_context(rank, 1);
+    ASSERT_TRUE(before.is_object() && after.is_object()) << run.log;
+    EXPECT_EQ(after.at("node_rank"), rank);
+    EXPECT_EQ(after.at("world_size"), 3);
+  }
+  const auto [state, world] = final_state();
+  EXPECT_EQ(world, 3);
+  EXPECT_EQ(state, expected_state());
+}
+
+// A process started again for the lost rank joins at the next restart.
+TEST_F(EnvLauncher, ARankStartedAgainAfterItsLossJoinsTheElasticGroupAtTheNextRestart) {
+  const int port = free_port();
+  const pid_t shell = start_and_lose_rank_3("elastic_rejoin", port);
+  // Once the group runs on 3, rank 3 is started again; it connects and waits.
+  ASSERT_TRUE(wait_for(out_ / "ctx-0-1.json")) << slurp(out_ / "launch.log");
+  const fs::path back_log = out_ / "rank-3-again.log";
+  const pid_t back = start_shell(rank_command("3", 4, port, "elastic_rejoin"), back_log);
+  ASSERT_TRUE(wait_for_text(back_log, "connected to the driver")) << slurp(back_log);
+  std::ofstream(out_ / "rejoined").close();  // rank 1 fails now: attempt 2 takes rank 3 in
+  const Launch run = wait_shell(shell, out_ / "launch.log");
+  const Launch again = wait_shell(back, back_log);
+  EXPECT_EQ(again.exit_status, 0) << again.log;
+  const nlohmann::json r0 = process_result(0);
+  ASSERT_TRUE(r0.is_object()) << run.log;
+  EXPECT_TRUE(r0.at("error").is_null()) << r0.dump(2) << run.log;
+  EXPECT_EQ(r0, process_result(3)) << again.log;  // the returned process ends with the run
+  const nlohmann::json& restores = r0.at("restores");
+  ASSERT_EQ(restores.size(), 2u) << r0.dump(2);
+  EXPECT_EQ(restores[0].at("world_size"), 3);
+  EXPECT_EQ(restores[1].at("world_size"), 4);
+  const nlohmann::json c = worker_context(3, 2);
+  ASSERT_TRUE(c.is_object()) << run.log;
+  EXPECT_EQ(c.at("saved_by"), 3);
+  const auto [state, world] = final_state();
+  EXPECT_EQ(world, 4);
+  EXPECT_EQ(state, expected_state());
 }
 
 TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProcess) {

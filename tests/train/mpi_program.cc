@@ -14,7 +14,8 @@
 // restore (Trainer::restore of the experiment, then fit), async (basic with
 // asynchronous reports, two in flight) and preempt (up to 400 epochs of 50
 // ms, checkpointing only when train::should_checkpoint() says so, then
-// returning: for a test that sends SIGTERM to an MPI process).
+// returning: for a test that sends SIGTERM to an MPI process), elastic and
+// elastic_rejoin (an elastic group of 2 to 4 ranks losing one: elastic_fn).
 #include <signal.h>
 #include <unistd.h>
 
@@ -30,6 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cairn/error.h"
+#include "cairn/sharded.h"
+#include "cairn/state.h"
 #include "cairn/train.h"
 
 namespace fs = std::filesystem;
@@ -107,6 +110,75 @@ void train_fn(const nlohmann::json& config) {
   }
 }
 
+// The elastic scenarios: one global tensor "w" of kElasticSize int64
+// elements, split evenly over the ranks of each attempt; epoch e adds
+// (i + 1) * (e + 1) to element i, so the state after any epoch is the same
+// whatever the world sizes that computed it. Each rank saves its shard with
+// save_rank_shards and reads its share of the restored checkpoint with
+// ShardedReader (re-sharded when the world size changed).
+//   elastic: rank 3 of attempt 0 writes OUT/kill-me at epoch 3 and waits to
+//     be killed (the test SIGKILLs its process): the group goes on with 3.
+//   elastic_rejoin: as elastic; then rank 1 of attempt 1 waits at epoch 6 for
+//     OUT/rejoined (the test starts rank 3 again) and throws, so the next
+//     attempt runs with the rank that came back.
+//   elastic_restore: Trainer::restore of the experiment, then fit.
+// The last attempt's ranks write OUT/final-<rank>.json: offset and values.
+constexpr uint64_t kElasticSize = 24;
+
+void wait_for_file(const fs::path& p) {
+  for (int i = 0; i < 1200 && !fs::exists(p); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+void elastic_fn(const nlohmann::json& config) {
+  const cairn::TrainContext& ctx = cairn::train::get_context();
+  const fs::path out = config.at("out").get<std::string>();
+  const std::string scenario = config.at("scenario").get<std::string>();
+  const int rank = ctx.world_rank;
+  const cairn::Box box = cairn::even_split({kElasticSize}, 0, rank, ctx.world_size);
+  std::vector<int64_t> w(box.shape[0], 0);
+  int start = 0;
+  nlohmann::json seen = {{"world_rank", rank},
+                         {"world_size", ctx.world_size},
+                         {"node_rank", ctx.node_rank},
+                         {"attempt", ctx.attempt},
+                         {"resumed_from_epoch", nullptr}};
+  if (auto ckpt = cairn::train::get_checkpoint()) {
+    cairn::ShardedReader reader(*ckpt);
+    seen["saved_by"] = reader.world_size();
+    reader.read("w", box, std::as_writable_bytes(std::span<int64_t>(w)));
+    start = std::stoi(read_file(ckpt->as_directory().path() / "epoch.txt")) + 1;
+    seen["resumed_from_epoch"] = start - 1;
+  }
+  write_file(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
+  for (int epoch = start; epoch < 10; ++epoch) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] += static_cast<int64_t>((box.offsets[0] + i + 1) * static_cast<uint64_t>(epoch + 1));
+    }
+    if (ctx.attempt == 0 && rank == 3 && epoch == 3) {
+      write_file(out / "kill-me", "");
+      std::this_thread::sleep_for(std::chrono::seconds(120));  // killed meanwhile
+    }
+    if (scenario == "elastic_rejoin" && ctx.attempt == 1 && rank == 1 && epoch == 6) {
+      wait_for_file(out / "rejoined");
+      throw std::runtime_error("intentional error once rank 3 is back");
+    }
+    cairn::train::TemporaryDirectory tmp;
+    cairn::StateDict state;
+    state.add<int64_t>("w", {box.shape[0]}, std::span<const int64_t>(w));
+    cairn::save_rank_shards(state, {{"w", {{kElasticSize}, box.offsets}}},
+                            cairn::Checkpoint::from_directory(tmp.path()), rank);
+    if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
+                         cairn::Checkpoint::from_directory(tmp.path()));
+  }
+  write_file(
+      out / fmt::format("final-{}.json", rank),
+      nlohmann::json{{"world_size", ctx.world_size}, {"offset", box.offsets[0]}, {"w", w}}.dump());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -146,18 +218,29 @@ int main(int argc, char** argv) {
   }
   if (scenario == "hang") run.failure_config.report_timeout_s = 2;
   cairn::ScalingConfig scaling{.num_workers = scenario == "mismatch" ? 3 : 0};
+  const bool elastic = scenario.starts_with("elastic");
+  if (elastic) {
+    scaling = {.num_workers = 4, .min_workers = 2};
+    run.failure_config.max_failures = 3;
+  }
 
   nlohmann::json what;
   try {
     const std::string exp = (fs::path(run.storage_path) / run.name).string();
-    cairn::Trainer trainer = scenario == "restore" ? cairn::Trainer::restore(exp, train_fn, config)
-                                                   : cairn::Trainer(train_fn, config, scaling, run);
+    cairn::Trainer trainer =
+        scenario == "restore" ? cairn::Trainer::restore(exp, train_fn, config)
+        : scenario == "elastic_restore"
+            ? cairn::Trainer::restore(exp, elastic_fn, config)
+            : cairn::Trainer(elastic ? elastic_fn : train_fn, config, scaling, run);
     cairn::Result r = trainer.fit();
     nlohmann::json best = nlohmann::json::array();
     for (const auto& b : r.best_checkpoints) best.push_back(b.checkpoint.uri());
     nlohmann::json restores = nlohmann::json::array();
     for (const auto& x : r.restores) {
-      restores.push_back({{"attempt", x.attempt}, {"checkpoint", x.checkpoint}, {"tier", x.tier}});
+      restores.push_back({{"attempt", x.attempt},
+                          {"checkpoint", x.checkpoint},
+                          {"tier", x.tier},
+                          {"world_size", x.world_size}});
     }
     what = {{"metrics", r.metrics},
             {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},

@@ -37,11 +37,11 @@ using testing::TempDir;
 using Launch = testing::MpirunResult;
 using Started = testing::MpirunStarted;
 
-// Starts `mpirun -np 2 [wrapper...] program scenario storage out` in its own
-// process group, output to out/mpirun.log.
+// Starts `mpirun -np <np> [wrapper...] program scenario storage out` in its
+// own process group, output to out/mpirun.log.
 Started start_mpirun(const std::string& scenario, const std::string& storage, const fs::path& out,
                      const std::vector<std::string>& wrapper = {},
-                     const std::vector<std::string>& env = {}) {
+                     const std::vector<std::string>& env = {}, int np = 2) {
   // For the sanitizer build: Open MPI's own allocations are not Cairn's leaks
   // (a test may pass LSAN_OPTIONS of its own instead).
   std::vector<std::string> vars = {"OMPI_MCA_mca_base_component_disable_dlclose=1"};
@@ -56,7 +56,7 @@ Started start_mpirun(const std::string& scenario, const std::string& storage, co
   for (const std::string& a : {std::string(CAIRN_MPI_PROGRAM), scenario, storage, out.string()}) {
     command.push_back(a);
   }
-  return testing::start_mpirun(2, vars, command, out / "mpirun.log");
+  return testing::start_mpirun(np, vars, command, out / "mpirun.log");
 }
 
 // Waits for a started mpirun, bounded: its process group is killed after 180 s.
@@ -195,7 +195,7 @@ TEST_F(MpiLauncher, OnOneHostTheMemoryTierServesTheRestartAndIsFreedAtTheEnd) {
   EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
   EXPECT_EQ(r["metrics"]["epoch"], 2);
   EXPECT_EQ(r["restores"], nlohmann::json::parse(R"([{"attempt": 1, "checkpoint":
-      "checkpoint_000000", "tier": "memory"}])"))
+      "checkpoint_000000", "tier": "memory", "world_size": 2}])"))
       << r.dump(2);
   EXPECT_EQ(expect_all_verify(experiment()), 1u);  // the newest, persisted at the end
   const fs::path tiers = out_ / "tiers" / fmt::format("cairn-tier-{}", ::getuid());
@@ -228,6 +228,65 @@ TEST_F(MpiLauncher, RankThatStopsReportingIsATimeoutAndItsWorkerIsStopped) {
   // The hung worker sleeps 60 s; the job ended long before, so it was killed.
   EXPECT_LT(l.seconds, 45) << l.log;
   EXPECT_EQ(expect_all_verify(experiment()), 1u);
+}
+
+// Under mpirun a lost process ends the whole job; an elastic run goes on
+// under a smaller mpirun: Trainer::restore takes any world size within
+// ScalingConfig's range, and the ranks read their shares of the checkpoint
+// the larger job saved (mpi_program.cc, elastic_fn).
+TEST_F(MpiLauncher, AnElasticJobThatLostAProcessIsRestoredByASmallerMpirunWithItsStateReSharded) {
+  Started s = start_mpirun("elastic", results(), out_, {}, {}, 4);
+  const auto limit = std::chrono::steady_clock::now() + 120s;
+  while (!fs::exists(out_ / "kill-me") && std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(fs::exists(out_ / "kill-me")) << slurp(out_ / "mpirun.log");
+  // The job dies whole, as mpirun ends it when a process is lost (its
+  // SIGTERM then SIGKILL would race with the elastic restart the driver
+  // starts meanwhile): the driver first, then rank 3's process, whose worker
+  // waits at epoch 3, so checkpoint_000002 is the newest, saved by 4 ranks.
+  ASSERT_EQ(::kill(std::stoi(slurp(out_ / "pid-0")), SIGKILL), 0);
+  ASSERT_EQ(::kill(std::stoi(slurp(out_ / "pid-3")), SIGKILL), 0);
+  Launch l = finish(s);
+  EXPECT_NE(l.exit_status, 0) << "mpirun should report the killed process\n" << l.log;
+
+  const fs::path out2 = dir_ / "out2";
+  fs::create_directories(out2);
+  Started smaller = start_mpirun("elastic_restore", results(), out2, {}, {}, 3);
+  Launch again = finish(smaller);
+  EXPECT_EQ(again.exit_status, 0) << again.log;
+  nlohmann::json r = same_result_everywhere(out2, again);
+  ASSERT_TRUE(r.is_object());
+  EXPECT_TRUE(r["error"].is_null()) << r.dump(2);
+  EXPECT_EQ(r["restores"], nlohmann::json::parse(R"([{"attempt": 0, "checkpoint":
+      "checkpoint_000002", "tier": "persistent", "world_size": 3}])"))
+      << r.dump(2);
+  std::vector<int64_t> state, expected(24, 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    nlohmann::json c = worker_context(out2, rank, 0);
+    ASSERT_TRUE(c.is_object()) << again.log;
+    EXPECT_EQ(c["saved_by"], 4);
+    const nlohmann::json f =
+        nlohmann::json::parse(slurp(out2 / fmt::format("final-{}.json", rank)));
+    EXPECT_EQ(f["world_size"], 3);
+    for (const auto& v : f["w"]) state.push_back(v.get<int64_t>());
+  }
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    for (size_t i = 0; i < expected.size(); ++i)
+      expected[i] += static_cast<int64_t>((i + 1) * (epoch + 1));
+  }
+  EXPECT_EQ(state, expected);
+  // Outside the range: a job of 5 is refused on every process.
+  const fs::path out3 = dir_ / "out3";
+  fs::create_directories(out3);
+  Launch five = finish(start_mpirun("elastic_restore", results(), out3, {}, {}, 5));
+  const nlohmann::json refused = process_result(out3, 4);
+  ASSERT_TRUE(refused.is_object()) << five.log;
+  EXPECT_NE(refused.value("threw", "")
+                .find("the MPI job has 5 process(es), outside "
+                      "ScalingConfig's elastic range of 2 to 4"),
+            std::string::npos)
+      << refused.dump(2);
 }
 
 TEST_F(MpiLauncher, DriverKilledBySigkillEndsTheJobAndARestoredJobContinuesItsHistory) {

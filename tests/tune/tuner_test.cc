@@ -318,6 +318,17 @@ TEST(Tuner, TheMemoryTierIsRefusedForTrialsNamingIt) {
   EXPECT_FALSE(fs::exists(dir / "search"));
 }
 
+TEST(Tuner, AnElasticScalingConfigIsRefusedForTrialsNamingIt) {
+  TempDir dir;
+  testing::expect_invalid_argument(
+      [&] {
+        Tuner([](const nlohmann::json&) {}, {}, TuneConfig{}, run_in(dir),
+              ScalingConfig{.num_workers = 2, .min_workers = 1});
+      },
+      "ScalingConfig::min_workers");
+  EXPECT_FALSE(fs::exists(dir / "search"));
+}
+
 TEST(TunerResources, ATrialWithoutGpusKeepsTheDriversEnvironment) {
   TempDir dir;
   TuneConfig tc;

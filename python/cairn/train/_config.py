@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from cairn._manager import CheckpointConfig
+from cairn.errors import InvalidArgumentError
 
 
 @dataclass
@@ -15,7 +16,15 @@ class ScalingConfig:
 
     Args:
         num_workers: worker processes (the ranks), each running
-            ``train_loop_per_worker``.
+            ``train_loop_per_worker``; or ``(min, max)`` for an elastic group
+            (as Ray Train's elastic training): when a launcher's process is
+            lost (a node of a torchrun-style launch), the group restarts
+            with the ranks that remain, renumbered, down to ``min``; a
+            process started again for the lost rank joins at the next
+            restart; under ``mpirun`` (which ends the whole job when one
+            process dies) a restored run may have any world size in the
+            range. ``train.get_context().get_world_size()`` says each
+            attempt's size; ``Result.restores`` lists it.
         use_gpu: give each worker a GPU (``LOCAL_RANK``'s) and use NCCL for
             ``torch.distributed``; Gloo on CPU otherwise.
         launcher: ``"auto"`` (MPI when the program runs under ``mpirun``,
@@ -31,12 +40,27 @@ class ScalingConfig:
             process, not per Ray resource).
     """
 
-    num_workers: int = 1
+    num_workers: int | tuple[int, int] = 1
     use_gpu: bool = False
     launcher: str = "auto"
     resources_per_worker: Optional[dict[str, Any]] = None
     trainer_resources: Optional[dict[str, Any]] = None
     placement_strategy: str = "PACK"
+
+
+def worker_range(scaling: ScalingConfig) -> tuple[int, int]:
+    """``(min_workers, num_workers)`` for the native Trainer: min 0 for a
+    fixed group. Raises InvalidArgumentError for anything but an int or a
+    pair of ints."""
+    n = scaling.num_workers
+    if isinstance(n, tuple) and len(n) == 2 and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in n):
+        return n[0], n[1]
+    if isinstance(n, int) and not isinstance(n, bool):
+        return 0, n
+    raise InvalidArgumentError(
+        f"ScalingConfig.num_workers: an int or a (min, max) pair of ints, not {n!r}",
+        "invalid_argument")
 
 
 @dataclass

@@ -31,9 +31,11 @@ class Result:
         preempted: the run ended on SIGTERM after its emergency checkpoint.
         metrics_history: every report round's row (``result.json``'s lines).
         restores: what each attempt of this ``fit()`` started from, in order:
-            ``{"attempt": n, "checkpoint": "checkpoint_000012", "tier": t}``
-            with ``t`` "memory" (``CheckpointConfig(memory_tier=...)``),
-            "persistent" or "external" (``resume_from_checkpoint``).
+            ``{"attempt": n, "checkpoint": "checkpoint_000012", "tier": t,
+            "world_size": w}`` with ``t`` "memory"
+            (``CheckpointConfig(memory_tier=...)``), "persistent" or
+            "external" (``resume_from_checkpoint``), and ``w`` the ranks the
+            attempt ran with (an elastic group's vary).
     """
 
     def __init__(self, impl: _cairn.TrainResult) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn.errors import InvalidArgumentError
-from cairn.train._config import RunConfig, ScalingConfig
+from cairn.train._config import RunConfig, ScalingConfig, worker_range
 from cairn.train._result import Result
 from cairn.train._session import TrainContext, get_context
 
@@ -142,10 +142,12 @@ class DataParallelTrainer:
         self._config = train_loop_config
         self._scaling = scaling_config or ScalingConfig()
         self._run = run_config or RunConfig()
+        min_workers, num_workers = worker_range(self._scaling)
         self._impl: Any = _cairn.Trainer(
-            self._worker(), _json_or_none(train_loop_config), int(self._scaling.num_workers),
+            self._worker(), _json_or_none(train_loop_config), num_workers,
             self._scaling.launcher, self._run._native(),
-            None if resume_from_checkpoint is None else resume_from_checkpoint._impl)
+            None if resume_from_checkpoint is None else resume_from_checkpoint._impl,
+            min_workers)
 
     def _worker(self) -> Callable[[Any], None]:
         return _worker_of(self._fn, self._config, self._scaling, type(self)._backend_setup)

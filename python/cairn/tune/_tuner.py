@@ -9,7 +9,7 @@ from typing import Any, Callable, Optional
 
 from cairn import _cairn
 from cairn.errors import InvalidArgumentError
-from cairn.train._config import RunConfig, ScalingConfig
+from cairn.train._config import RunConfig, ScalingConfig, worker_range
 from cairn.train._result import Result
 from cairn.train._trainer import DataParallelTrainer, _worker_main
 from cairn.tune._callback import Callback
@@ -248,10 +248,15 @@ class Tuner:
         trainable, resources = _unwrap(trainable)
         fn, cls, scaling, run = _parts(trainable, run)
         space, functions = split_space(param_space or {})
+        min_workers, num_workers = worker_range(scaling)
+        if min_workers:
+            raise InvalidArgumentError(
+                "Tuner: ScalingConfig.num_workers as a (min, max) range is for the Trainer; "
+                "a trial runs with a fixed number of workers", "invalid_argument")
         self._impl: Any = _cairn.Tuner(fn, cls, space,
                                        self._tune._native(run.stop, run.callbacks, functions,
                                                           resources),
-                                       run._native(), int(scaling.num_workers), scaling.launcher)
+                                       run._native(), num_workers, scaling.launcher)
 
     def fit(self) -> ResultGrid:
         """Runs the experiment to its end; trial failures are in the results.

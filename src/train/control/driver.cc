@@ -118,7 +118,9 @@ class Driver {
     state_["version"] = experiment::kTrainerStateVersion;
     state_["name"] = spec_.run.name;
     state_["storage_path"] = spec_.run.storage_path;
-    state_["num_workers"] = spec_.world_size;
+    state_["num_workers"] =
+        spec_.stored_num_workers > 0 ? spec_.stored_num_workers : spec_.world_size;
+    state_["min_workers"] = spec_.min_world_size;
     config_ = spec_.train_loop_config;
     state_["train_loop_config"] = config_;
     state_["checkpoint_config"] = spec_.run.checkpoint_config.to_json();
@@ -156,6 +158,7 @@ class Driver {
     }
     int failures = 0;
     for (int attempt = 0;; ++attempt) {
+      if (!size_attempt(result, attempt)) break;
       std::optional<std::string> from = resume;
       // A restart, or a restored run, resumes from what this experiment committed.
       if ((attempt > 0 || continuing_) && manager_->latest()) {
@@ -208,9 +211,34 @@ class Driver {
     return failures;
   }
 
+  // Sets world_ for `attempt`: every rank, or for an elastic group
+  // (DriverSpec::ranks_available) after a failure the ranks that remain.
+  // False, with result.error set, when fewer remain than the group may run with.
+  bool size_attempt(Result& result, int attempt) {
+    const int before = attempt == 0 ? spec_.world_size : world_;
+    world_ = spec_.world_size;
+    if (spec_.ranks_available) world_ = spec_.ranks_available();
+    if (world_ < spec_.min_world_size || world_ < 1) {
+      result.error = fmt::format(
+          "training failed: only {} of {} rank(s) remain after {} attempt(s), fewer than "
+          "ScalingConfig::min_workers ({}); last failure: {}",
+          world_, spec_.world_size, attempt, spec_.min_world_size,
+          state_.value("last_failure", std::string("none")));
+      return false;
+    }
+    if (world_ != before) {
+      log::warn(
+          fmt::format("attempt {}: the group restarts with {} rank(s) (it had {}; "
+                      "ScalingConfig allows {} to {})",
+                      attempt + 1, world_, before, spec_.min_world_size, spec_.world_size));
+    }
+    state_["world_size"] = world_;
+    return true;
+  }
+
   // Records, and logs, which checkpoint and tier an attempt starts from.
   void note_restore(Result& result, int attempt, const std::string& from) {
-    Result::Restore r{attempt, last_component(from), "persistent"};
+    Result::Restore r{attempt, last_component(from), "persistent", world_};
     std::optional<CheckpointRecord> latest = manager_->latest();
     if (latest && latest->checkpoint.uri() == from) {
       r.tier = latest->tier;
@@ -298,8 +326,8 @@ class Driver {
     LaunchSpec launch;
     launch.train_fn = spec_.train_fn;
     launch.train_loop_config = config_;
-    launch.context.world_size = spec_.world_size;
-    launch.context.local_world_size = spec_.world_size;
+    launch.context.world_size = world_;
+    launch.context.local_world_size = world_;
     launch.context.experiment_name = spec_.run.name;
     launch.context.storage_path = spec_.run.storage_path;
     launch.context.experiment_path = spec_.experiment_path;
@@ -319,7 +347,7 @@ class Driver {
     ScratchDir scratch(&scratch_remover_);
     launch.scratch_dir = scratch.path().string();
 
-    ReportRound round(spec_.world_size, spec_.run.failure_config.report_timeout_s,
+    ReportRound round(world_, spec_.run.failure_config.report_timeout_s,
                       spec_.run.checkpoint_config.checkpoint_score_attribute);
     // The group may fork: no deleter thread may be inside a storage call
     // (holding its locks) when the children are copied from this process.
@@ -513,8 +541,7 @@ class Driver {
             reserved->set_metadata(merged);
           }
           // A checkpoint attached to the previous row carries that row's metrics.
-          const nlohmann::json ranks = {{"world_size", spec_.world_size},
-                                        {"contributed", a.uploaders}};
+          const nlohmann::json ranks = {{"world_size", world_}, {"contributed", a.uploaders}};
           CheckpointRecord rec = manager_->commit_reserved(
               *reserved, checkpoint_metrics(attach ? last_metrics_ : a.metrics, attach), a.files,
               nullptr, nullptr, ranks);
@@ -597,7 +624,7 @@ class Driver {
       // round ends the attempt.
       if (notice_round_ == 0) notice_round_ = round_no;
     }
-    for (int r = 0; r < spec_.world_size; ++r) {
+    for (int r = 0; r < world_; ++r) {
       group.send(r, {{"t", "release"},
                      {"round", round_no},
                      {"checkpoint", uri ? nlohmann::json(*uri) : nlohmann::json(nullptr)},
@@ -701,6 +728,7 @@ class Driver {
   nlohmann::json config_;  // train_loop_config, as a tuner's reset left it
   std::unique_ptr<experiment::RunResults> history_;
   int attempt_ = 0;
+  int world_ = 1;          // the ranks of the running attempt (elastic groups vary it)
   int64_t iteration_ = 0;  // the last row's training_iteration (iteration_from_checkpoint)
   std::optional<Failure> failure_;
   bool finished_ = false;

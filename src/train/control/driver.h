@@ -67,7 +67,16 @@ struct RoundTiming {
 struct DriverSpec {
   TrainFn train_fn;
   nlohmann::json train_loop_config;
-  int world_size = 1;
+  int world_size = 1;  // the most ranks an attempt has
+  // Elastic groups (ScalingConfig::min_workers): called before each restart
+  // for the number of ranks the next attempt can have (the group factory
+  // then starts that many); an attempt with fewer than min_world_size ends
+  // the run. Unset: every attempt has world_size ranks.
+  std::function<int()> ranks_available;
+  int min_world_size = 0;
+  // Stored as trainer_state.json's num_workers for Trainer::restore when
+  // set (an elastic group's largest size); else world_size.
+  int stored_num_workers = 0;
   RunConfig run;  // name and storage_path resolved
   std::optional<Checkpoint> resume_from_checkpoint;
   bool restoring = false;
