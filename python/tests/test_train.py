@@ -14,6 +14,7 @@ import socket
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -356,6 +357,36 @@ def test_under_torchrun_the_launchers_processes_train_as_one_group(
             f"--log_dir={tmp_path / 'torchrun-logs'}", _LAUNCHED_PROGRAM, str(tmp_path), "auto"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     _expect_one_group_trained(tmp_path, done)
+
+
+def test_an_elastic_group_that_loses_a_process_finishes_with_the_others(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Three processes started by hand, torchrun-style; rank 2's is killed as
+    # a lost node would be: the group restarts with ranks 0 and 1, whose
+    # DDP all-reduce then counts 2.
+    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
+               WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port_pair()))
+    procs = [subprocess.Popen([sys.executable, _LAUNCHED_PROGRAM, str(tmp_path), "elastic"],
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "kill-me").exists() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            time.sleep(0.05)
+        procs[2].kill()
+        outputs = [p.communicate(timeout=240)[0] for p in procs[:2]]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for rank in (0, 1):
+        got = (tmp_path / f"result_{rank}.txt").read_text()
+        assert got == "2.0 None [2]", (rank, got, outputs)
+    assert "the group restarts with 2 rank(s)" in outputs[0], outputs[0]
+    result = train.Result.from_path(tmp_path / "elastic")
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3}
 
 
 _SLURM_CLUSTER = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "train",
