@@ -265,9 +265,14 @@ struct Result {
 
   // The result of the experiment stored at `path` (a finished, failed or
   // crashed run), read without locking or changing anything; a line of
-  // result.json torn by a crash is left out of metrics_history. kNotFound if
-  // there is no experiment there; kCorruption naming the file if its trainer
-  // state or result.json (a line before the last) is damaged.
+  // result.json torn by a crash is left out of metrics_history. A run with a
+  // memory tier (docs/memory-tier.md) that died leaves its newest
+  // checkpoints in this host's memory: `checkpoint` and `best_checkpoints`
+  // count them (a URI in the tier's folder; the persistent copy where both
+  // hold one), as `cairn ls` does; a damaged tier is left out with a
+  // warning. kNotFound if there is no experiment there; kCorruption naming
+  // the file if its trainer state or result.json (a line before the last)
+  // is damaged.
   static Result from_path(std::string_view path);
 };
 

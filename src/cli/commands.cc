@@ -158,32 +158,14 @@ void verify_checkpoint(const Checkpoint& cp, VerifyView& view,
 // tier is "memory", and returns the indices the tier holds. A damaged tier
 // is named in `e.error`; the persistent checkpoints are still listed.
 std::set<uint64_t> add_memory_tier(ExperimentView& e, ExperimentListing& listing) {
-  std::set<uint64_t> held;
-  if (!listing.config.memory_tier.enabled) return held;
-  const std::optional<std::string> tier = find_memory_tier(e.uri, listing.config.memory_tier.root);
-  if (!tier) return held;
-  ExperimentListing memory;
   try {
-    memory = read_experiment(*tier);
+    return merge_memory_tier(e.uri, listing);
   } catch (const Error& err) {
     if (err.code() != ErrorCode::kCorruption) throw;
     if (!e.error.empty()) e.error += "; ";
     e.error += fmt::format("the memory tier: {}", err.what());
-    return held;
+    return {};
   }
-  std::set<uint64_t> persisted;
-  for (const auto& r : listing.checkpoints) persisted.insert(r.index);
-  for (auto& r : memory.checkpoints) {
-    held.insert(r.index);
-    if (persisted.count(r.index) > 0) continue;
-    r.tier = "memory";
-    r.persisted = false;
-    listing.checkpoints.push_back(std::move(r));
-  }
-  std::stable_sort(
-      listing.checkpoints.begin(), listing.checkpoints.end(),
-      [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.index < b.index; });
-  return held;
 }
 
 // One Trainer experiment (or trial folder) as `cairn ls` lists it: its

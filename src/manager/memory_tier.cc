@@ -458,6 +458,28 @@ std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
   return open_storage(checkpoints.string())->uri();
 }
 
+std::set<uint64_t> merge_memory_tier(std::string_view experiment_uri, ExperimentListing& listing) {
+  std::set<uint64_t> held;
+  if (!listing.config.memory_tier.enabled) return held;
+  const std::optional<std::string> tier =
+      find_memory_tier(experiment_uri, listing.config.memory_tier.root);
+  if (!tier) return held;
+  ExperimentListing memory = read_experiment(*tier);
+  std::set<uint64_t> persisted;
+  for (const auto& r : listing.checkpoints) persisted.insert(r.index);
+  for (auto& r : memory.checkpoints) {
+    held.insert(r.index);
+    if (persisted.count(r.index) > 0) continue;
+    r.tier = "memory";
+    r.persisted = false;
+    listing.checkpoints.push_back(std::move(r));
+  }
+  std::stable_sort(
+      listing.checkpoints.begin(), listing.checkpoints.end(),
+      [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.index < b.index; });
+  return held;
+}
+
 GcReport collect_memory_tiers(std::string_view root, bool dry_run) {
   GcReport report;
   const fs::path base = tier_base(root);

@@ -6,9 +6,13 @@
 // as it reads any experiment's.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+
+#include "cairn/manager.h"
 
 namespace cairn {
 
@@ -22,5 +26,14 @@ namespace cairn {
 // on open.
 std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
                                             std::string_view root = "");
+
+// Adds to `listing` (read_experiment of the experiment at `experiment_uri`)
+// the checkpoints that only this host's memory tier holds (after a crash,
+// the newest ones), as records whose tier is "memory" and persisted false,
+// keeping the listing in index order, and returns the indices the tier
+// holds (persisted ones included). Nothing when the listing's config has no
+// memory tier or this host holds none for it. kCorruption naming the tier
+// when it cannot be read; `listing` is then unchanged.
+std::set<uint64_t> merge_memory_tier(std::string_view experiment_uri, ExperimentListing& listing);
 
 }  // namespace cairn

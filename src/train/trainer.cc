@@ -8,11 +8,13 @@
 #include "experiment/location.h"
 #include "experiment/results.h"
 #include "experiment/trainer_state.h"
+#include "manager/memory_tier.h"
 #include "train/control/driver.h"
 #include "train/control/group.h"
 #include "train/env_launch.h"
 #include "train/mpi.h"
 #include "util/json.h"
+#include "util/log.h"
 #include "util/settings.h"
 
 namespace cairn {
@@ -182,6 +184,13 @@ Trainer Trainer::restore(std::string_view path, TrainFn train_fn,
 
 Result Result::from_path(std::string_view path) {
   ExperimentListing listing = read_experiment(path);
+  try {
+    // A run that died leaves its newest checkpoints in this host's memory tier.
+    merge_memory_tier(open_storage(path)->uri(), listing);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorruption) throw;
+    log::warn(fmt::format("{}: the memory tier is left out: {}", path, e.what()));
+  }
   nlohmann::json state = experiment::read_trainer_state(path);
   if (!state.is_object() && listing.checkpoints.empty()) {
     throw Error(

@@ -155,6 +155,15 @@ TEST_F(TrainerMemoryTier, AKilledDriverIsRestoredFromTheTierItLeft) {
   EXPECT_TRUE(read_experiment((storage_.path() / "exp").string()).checkpoints.empty());
 
   const std::string path = (storage_.path() / "exp").string();
+  // Read from outside, the dead run's result names what its tier holds.
+  const Result left = Result::from_path(path);
+  ASSERT_TRUE(left.checkpoint);
+  EXPECT_EQ(left.checkpoint->uri().rfind("file://" + root_.str(), 0), 0u) << left.checkpoint->uri();
+  EXPECT_EQ(fs::path(left.checkpoint->uri()).filename(), "checkpoint_000003");
+  EXPECT_TRUE(left.checkpoint->verify().empty());
+  EXPECT_EQ(left.checkpoint->storage().get("epoch.txt"), "3");
+  EXPECT_EQ(left.best_checkpoints.size(), 2u);
+
   Result r = Trainer::restore(path, tiered_loop).fit();
   ASSERT_FALSE(r.error) << *r.error;
   ASSERT_EQ(r.restores.size(), 1u);
@@ -189,6 +198,10 @@ TEST_F(TrainerMemoryTier, WhenTheHostsMemoryIsLostTooTheRestoreUsesTheNewestPers
   ASSERT_FALSE(persisted.checkpoints.empty());
   const std::string newest = persisted.checkpoints.back().name;
   EXPECT_TRUE(newest == "checkpoint_000001" || newest == "checkpoint_000003") << newest;
+  // Without the tier, from_path sees the persistent checkpoints only.
+  ASSERT_TRUE(Result::from_path(path).checkpoint);
+  EXPECT_EQ(Result::from_path(path).checkpoint->uri(),
+            persisted.checkpoints.back().checkpoint.uri());
 
   Result r = Trainer::restore(path, tiered_loop).fit();
   ASSERT_FALSE(r.error) << *r.error;
