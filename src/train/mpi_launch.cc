@@ -328,9 +328,11 @@ class MpiGroup final : public Group {
 
 // Waits up to `limit` for one connection that says hello with this job's
 // token and a rank in 1..size-1 that `taken` does not hold; returns it with
-// its host (the hello's, where `w` does not know it), or nothing.
+// its host (the hello's where `w` does not know it, or with `hello_host`
+// always: a process started again may run on another node), or nothing.
 std::optional<Agent> accept_one(TcpListener& listener, const MpiWorld& w, const std::string& token,
-                                const std::function<bool(int)>& taken, milliseconds limit) {
+                                const std::function<bool(int)>& taken, milliseconds limit,
+                                bool hello_host = false) {
   const auto deadline = Clock::now() + limit;
   do {
     UniqueFd fd = listener.accept(milliseconds(std::min(1000, remaining_ms(deadline))));
@@ -360,7 +362,10 @@ std::optional<Agent> accept_one(TcpListener& listener, const MpiWorld& w, const 
     Agent a;
     a.rank = rank;
     a.host = w.hosts.at(static_cast<size_t>(rank));
-    if (a.host.empty()) a.host = field("host").is_string() ? field("host").get<std::string>() : "?";
+    if ((a.host.empty() || hello_host) && field("host").is_string()) {
+      a.host = field("host").get<std::string>();
+    }
+    if (a.host.empty()) a.host = "?";
     a.label = w.label;
     a.channel = std::move(ch);
     a.channel.set_peer(a.name());
@@ -439,7 +444,8 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
 void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
                      std::vector<Agent>& agents) {
   const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };
-  while (std::optional<Agent> a = accept_one(listener, w, token, taken, milliseconds(0))) {
+  while (std::optional<Agent> a =
+             accept_one(listener, w, token, taken, milliseconds(0), /*hello_host=*/true)) {
     log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
     agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);
   }
