@@ -85,7 +85,7 @@ enum class Launcher {
 
 struct ScalingConfig {
   // Ranks. Under MPI or a torchrun-style launcher, 0 means "the launcher's world
-  // size"; any other value must equal it.
+  // size"; any other value must equal it (or, with min_workers, hold it).
   int num_workers = 1;
   Launcher launcher = Launcher::kAuto;
   // Elastic training (Ray Train's num_workers=(min, max)): 0 keeps the group
