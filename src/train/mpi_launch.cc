@@ -361,11 +361,11 @@ std::optional<Agent> accept_one(TcpListener& listener, const MpiWorld& w, const 
     }
     Agent a;
     a.rank = rank;
-    a.host = w.hosts.at(static_cast<size_t>(rank));
-    if ((a.host.empty() || hello_host) && field("host").is_string()) {
-      a.host = field("host").get<std::string>();
+    std::string host = w.hosts.at(static_cast<size_t>(rank));
+    if ((host.empty() || hello_host) && field("host").is_string()) {
+      host = field("host").get<std::string>();
     }
-    if (a.host.empty()) a.host = "?";
+    a.host = host.empty() ? std::string("?") : std::move(host);
     a.label = w.label;
     a.channel = std::move(ch);
     a.channel.set_peer(a.name());
