@@ -361,14 +361,6 @@ class EnvLauncher : public ::testing::Test {
     }
     return {w, world};
   }
-  // What 10 epochs compute, whatever the ranks (mpi_program.cc, elastic_fn).
-  static std::vector<int64_t> expected_state() {
-    std::vector<int64_t> w(24, 0);
-    for (int epoch = 0; epoch < 10; ++epoch) {
-      for (size_t i = 0; i < w.size(); ++i) w[i] += static_cast<int64_t>((i + 1) * (epoch + 1));
-    }
-    return w;
-  }
 
   TempDir dir_;
   fs::path out_ = dir_ / "out";
@@ -434,7 +426,7 @@ TEST_F(EnvLauncher, AnElasticGroupThatLosesOneOfFourRanksFinishesOnThreeWithTheS
   }
   const auto [state, world] = final_state();
   EXPECT_EQ(world, 3);
-  EXPECT_EQ(state, expected_state());
+  EXPECT_EQ(state, testing::elastic_expected_state());
   EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
 }
 
@@ -459,7 +451,7 @@ TEST_F(EnvLauncher, AnElasticGroupOnSeparateHostsThatLosesOneGoesOnWithTheOthers
   }
   const auto [state, world] = final_state();
   EXPECT_EQ(world, 3);
-  EXPECT_EQ(state, expected_state());
+  EXPECT_EQ(state, testing::elastic_expected_state());
 }
 
 // A process started again for the lost rank joins at the next restart.
@@ -488,7 +480,7 @@ TEST_F(EnvLauncher, ARankStartedAgainAfterItsLossJoinsTheElasticGroupAtTheNextRe
   EXPECT_EQ(c.at("saved_by"), 3);
   const auto [state, world] = final_state();
   EXPECT_EQ(world, 4);
-  EXPECT_EQ(state, expected_state());
+  EXPECT_EQ(state, testing::elastic_expected_state());
 }
 
 TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProcess) {

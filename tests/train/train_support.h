@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -88,6 +90,17 @@ inline nlohmann::json rendezvous_seen(const TrainContext& c) {
           {"LOCAL_RANK", env("LOCAL_RANK")},
           {"LOCAL_WORLD_SIZE", env("LOCAL_WORLD_SIZE")},
           {"GROUP_RANK", env("GROUP_RANK")}};
+}
+
+// What the elastic scenarios of train_mpi_program compute in 10 epochs,
+// whatever the world sizes (mpi_program.cc, elastic_fn): element i gains
+// (i + 1) * (epoch + 1) each epoch.
+inline std::vector<int64_t> elastic_expected_state() {
+  std::vector<int64_t> w(24, 0);
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    for (size_t i = 0; i < w.size(); ++i) w[i] += static_cast<int64_t>((i + 1) * (epoch + 1));
+  }
+  return w;
 }
 
 }  // namespace cairn::testing
