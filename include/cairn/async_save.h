@@ -49,7 +49,11 @@
 //   - Persisting goes through the commit protocol (commit.h): the file is
 //     written durably in parallel blocks, then the manifest; with a
 //     CheckpointManager, reserve_next() happens in save() and
-//     commit_reserved() in the background.
+//     commit_reserved() in the background. save() only takes the index
+//     (Reservation::kDeferred): it neither writes nor waits for the
+//     deletions retention queued (ManagerOptions::background_delete); the
+//     background writer does both before it writes (prepare_reserved()),
+//     so the disk never holds more than with deletion inside the save.
 //   - Errors are never lost: a failed save's error is rethrown by its
 //     handle's wait() (and returned by error()); if no one has looked at it
 //     that way, the next save(), wait_all() or close() throws it instead

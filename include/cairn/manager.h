@@ -190,8 +190,9 @@ struct ManagerOptions {
   // deleter's thread); what a crash leaves (the trash, an uncommitted
   // folder) the next open removes. The leftovers an open finds go the same
   // way. False: every deletion completes inside the call that retires it.
-  // (An AsyncSaver reserves in the save() call, so an async save issued
-  // while a deletion is pending waits for it there.)
+  // (An AsyncSaver reserves in the save() call without waiting and waits on
+  // its writer thread before it writes, prepare_reserved(): an async save
+  // issued while a deletion is pending stalls only for its snapshot.)
   bool background_delete = true;
 };
 
@@ -229,7 +230,23 @@ class CheckpointManager {
   // persisted in the history before reserve_next() returns, so it is never
   // handed out again, even after a crash. kFailedPrecondition once every
   // index below 2^64-1 has been used.
-  Checkpoint reserve_next();
+  //
+  // kNow (the default) first waits for the deletions earlier saves queued
+  // (ManagerOptions::background_delete), so that the disk never holds more
+  // than with deletion inside the save, and persists the index: the
+  // location is ready to be written into. kDeferred only takes the index,
+  // at once, without I/O; prepare_reserved() must make the location ready
+  // before anything is written into it (an AsyncSaver reserves in save()
+  // and prepares on its writer thread, so that save() stalls for neither).
+  // An index taken but never prepared, if the process dies, may be handed
+  // out again: nothing was written there.
+  enum class Reservation { kNow, kDeferred };
+  Checkpoint reserve_next(Reservation how = Reservation::kNow);
+  // Makes a kDeferred reservation ready: waits for the pending deletions
+  // and persists its index (kNow's work). kFailedPrecondition if `reserved`
+  // is not a reservation of this manager; a failure to persist as
+  // reserve_next()'s (the reservation stays; abandon it).
+  void prepare_reserved(const Checkpoint& reserved);
   // Each entry is checked to exist with its size before the manifest is
   // written; `layout` goes into Manifest::layout, `ranks` into
   // Manifest::ranks and `metadata`, when given, into the checkpoint's
@@ -291,6 +308,8 @@ class CheckpointManager {
                                                    const nlohmann::json* metadata,
                                                    const nlohmann::json& ranks);
   bool abandon_in_memory(const Checkpoint& reserved);
+  // Whether `reserved` is the tier's (ready when taken). Call with mu_.
+  bool reserved_in_memory_locked(const Checkpoint& reserved) const;
   // Copies tier checkpoint `source` into this experiment at `index` and
   // records it (the persister's work).
   void persist(uint64_t index, const Checkpoint& source);
@@ -345,6 +364,7 @@ class CheckpointManager {
   uint64_t log_records_ = 0;        // log records after the snapshot
   std::vector<uint64_t> log_seqs_;  // log objects on storage (to remove on compaction)
   std::map<std::string, uint64_t> reserved_;  // uri -> index, awaiting commit_reserved
+  std::set<std::string> unprepared_;          // kDeferred reservations, index not persisted
   // Checkpoints whose deletion the history announced and that are still in
   // records_ (a deletion that failed midway): compact() flags them.
   std::set<uint64_t> deleting_;

@@ -364,6 +364,10 @@ struct AsyncSaver::Impl {
 
   void persist(Job& job, Outcome& out) {
     try {
+      // The disk holds no more than with deletion inside the save: the
+      // previous checkpoints' queued deletions finish before this writes,
+      // and the index is persisted before anything is written there.
+      if (job.manager) job.manager->prepare_reserved(job.dest);
       std::vector<ManifestEntry> entries;
       for (const Image& image : job.images) entries.push_back(write_image(job, image));
       switch (job.kind) {
@@ -595,7 +599,12 @@ struct AsyncSaver::Impl {
         throw with_context(
             e, fmt::format("snapshot of {}", r.target ? r.target->uri() : r.manager->uri()));
       }
-      if (r.manager) r.target = r.manager->reserve_next();
+      // Only the index: the writer makes the location ready before it
+      // writes (persist()), so the stall holds no I/O and does not wait
+      // for deletions the last commit queued.
+      if (r.manager) {
+        r.target = r.manager->reserve_next(CheckpointManager::Reservation::kDeferred);
+      }
     } catch (...) {
       std::lock_guard<std::mutex> g(mu);
       slot_busy[slot] = false;

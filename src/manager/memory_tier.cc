@@ -373,6 +373,10 @@ std::optional<CheckpointRecord> CheckpointManager::commit_in_memory(
   return tier_->as_memory(std::move(r));
 }
 
+bool CheckpointManager::reserved_in_memory_locked(const Checkpoint& reserved) const {
+  return tier_ && tier_->reserved.count(reserved.uri()) > 0;
+}
+
 bool CheckpointManager::abandon_in_memory(const Checkpoint& reserved) {
   std::lock_guard<std::mutex> g(mu_);
   if (!tier_ || !tier_->reserved.erase(reserved.uri())) return false;

@@ -219,6 +219,52 @@ TEST_F(AsyncSaveTest, ManagerSavesCommitInOrderAndApplyRetention) {
   EXPECT_TRUE(history[1].checkpoint.verify().empty());
 }
 
+// A save issued while the previous checkpoint's deletion still runs stalls
+// only for its snapshot; its writer waits for the deletion before writing,
+// so the disk never holds more than with deletion inside the save.
+TEST_F(AsyncSaveTest, ASaveDoesNotWaitForAPendingDeletionButItsWriteDoes) {
+  CheckpointConfig config;
+  config.num_to_keep = 1;
+  Gate deletion;
+  std::atomic<int> removed{0};
+  std::atomic<bool> third_written{false};
+  MemoryFaults f;
+  f.before = [&](std::string_view op, std::string_view key) {
+    if (op == "remove" && key.find(".cairn.trash/") != std::string_view::npos &&
+        is_state_file(key)) {
+      deletion.wait_for(std::chrono::seconds(10));  // bounded, should save() wait here
+      ++removed;
+    }
+    if (op == "write" && key.find("checkpoint_000002/") != std::string_view::npos &&
+        is_state_file(key)) {
+      third_written = true;
+    }
+  };
+  set_memory_faults("async", f);
+  {
+    ManagerOptions background = quiet();
+    background.background_delete = true;
+    CheckpointManager manager("memory://async/exp", config, background);
+    AsyncSaver saver;
+    saver.save(state(), manager).wait();
+    // Its commit retires checkpoint 0, whose deletion the gate holds.
+    saver.save(state(), manager).wait();
+    SaveHandle third = saver.save(state(), manager);
+    EXPECT_EQ(removed.load(), 0);  // save() returned while the deletion was held
+    EXPECT_FALSE(third_written.load());
+    EXPECT_FALSE(third.done());
+    deletion.open();
+    third.wait();
+    EXPECT_TRUE(third_written.load());
+    manager.wait_for_deletes();
+    EXPECT_EQ(removed.load(), 2);
+    auto history = manager.history();
+    ASSERT_EQ(history.size(), 1u);
+    EXPECT_EQ(history[0].index, 2u);
+  }
+  set_memory_faults("async", {});
+}
+
 TEST_F(AsyncSaveTest, TwoSavesMayBePendingWhenConfigured) {
   Gate gate;
   hold_state_writes(gate);

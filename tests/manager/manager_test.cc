@@ -887,6 +887,35 @@ TEST_F(ManagerTest, AReservedIndexIsNeverHandedOutAgainAfterACrash) {
   EXPECT_EQ(m.reserve_next().uri(), uri + "/checkpoint_000001");
 }
 
+// kDeferred takes the index without I/O (an AsyncSaver's save()); the
+// index is persisted by prepare_reserved(), before anything is written.
+TEST_F(ManagerTest, ADeferredReservationIsPersistedWhenPrepared) {
+  using Reservation = CheckpointManager::Reservation;
+  {
+    CheckpointManager m(uri, {}, quiet());
+    EXPECT_EQ(m.reserve_next(Reservation::kDeferred).uri(), uri + "/checkpoint_000000");
+    // Dies before preparing it: nothing was written there.
+  }
+  {
+    CheckpointManager m(uri, {}, quiet());
+    const Checkpoint a = m.reserve_next(Reservation::kDeferred);
+    const Checkpoint b = m.reserve_next(Reservation::kDeferred);
+    EXPECT_EQ(a.uri(), uri + "/checkpoint_000000");  // handed out again
+    EXPECT_EQ(b.uri(), uri + "/checkpoint_000001");
+    m.prepare_reserved(a);  // persists both indices
+    m.prepare_reserved(b);
+    try {
+      m.prepare_reserved(Checkpoint(open_storage(uri)->child("checkpoint_000007")));
+      ADD_FAILURE() << "a location this manager did not reserve was prepared";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kFailedPrecondition);
+      EXPECT_NE(std::string(e.what()).find("checkpoint_000007"), std::string::npos) << e.what();
+    }
+  }
+  CheckpointManager m(uri, {}, quiet());
+  EXPECT_EQ(m.reserve_next().uri(), uri + "/checkpoint_000002");
+}
+
 TEST_F(ManagerTest, TheLastIndexIsAnErrorNotAWrapToZero) {
   {
     CheckpointWriter w(Checkpoint(open_storage(uri)->child(checkpoint_name(UINT64_MAX - 1))));
