@@ -55,6 +55,7 @@ class DirectoryView {
 PYBIND11_MODULE(_cairn, m) {
   m.doc() = "Cairn's C++ core (use the cairn package, which wraps this module).";
   m.attr("__version__") = CAIRN_VERSION_STRING;
+  m.attr("CUDA") = cairn::python::built_with_cuda();
   cairn::python::bind_tensors(m);
 
   py::register_exception_translator([](std::exception_ptr p) {

@@ -162,6 +162,23 @@ void bind_tensors(py::module_& m) {
       py::arg("path"), py::arg("mmap"));
 
   m.def(
+      "load_tensors_into",
+      [](const py::list& tensors, const std::string& where) {
+        // The file's tensors (described from its header by the caller),
+        // each copied into its destination: device tensors through pinned
+        // bounce buffers, each copied to the device while the next is read.
+        StateDict state = state_from(tensors, py::none(), /*writable=*/true);
+        Location at = locate(where);
+        py::gil_scoped_release release;
+        if (at.storage) {
+          load_into(*at.storage, at.key, state);
+        } else {
+          load_into(at.path, state);
+        }
+      },
+      py::arg("tensors"), py::arg("path"));
+
+  m.def(
       "read_tensor_header",
       [](const std::string& where) {
         Location at = locate(where);

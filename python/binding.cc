@@ -4,10 +4,17 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
+
+#ifdef CAIRN_PYTHON_CUDA
+#include "cairn/cuda.h"
+#endif
 
 namespace py = pybind11;
 
@@ -97,8 +104,45 @@ std::string path_arg(py::handle h) {
   return p.cast<std::string>();
 }
 
+namespace {
+
+// The engine's Device for CUDA device `index` whose producer is the stream
+// `stream` (a cudaStream_t, 0 for the legacy default stream): one per pair
+// for a whole state dict.
+std::shared_ptr<const Device> cuda_device(
+    const std::string& tensor, int64_t index, uintptr_t stream,
+    std::map<std::pair<int64_t, uintptr_t>, std::shared_ptr<const Device>>& devices) {
+#ifdef CAIRN_PYTHON_CUDA
+  (void)tensor;  // named only by a build without CUDA
+  auto [at, added] = devices.try_emplace({index, stream});
+  if (added) {
+    at->second =
+        cuda::device(static_cast<int>(index), [stream] { return reinterpret_cast<void*>(stream); });
+  }
+  return at->second;
+#else
+  (void)stream;
+  (void)devices;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("tensor \"{}\": on cuda:{}, and this Cairn was built without CUDA "
+                          "(CAIRN_CUDA); copy it to host memory first",
+                          tensor, index));
+#endif
+}
+
+}  // namespace
+
+bool built_with_cuda() {
+#ifdef CAIRN_PYTHON_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
 StateDict state_from(const py::list& tensors, py::handle metadata, bool writable) {
   StateDict state;
+  std::map<std::pair<int64_t, uintptr_t>, std::shared_ptr<const Device>> devices;
   for (py::handle item : tensors) {
     auto t = item.cast<py::tuple>();
     auto name = t[0].cast<std::string>();
@@ -111,7 +155,12 @@ StateDict state_from(const py::list& tensors, py::handle metadata, bool writable
     Shape shape = t[2].cast<Shape>();
     auto* data = reinterpret_cast<std::byte*>(t[3].cast<uintptr_t>());
     auto nbytes = t[4].cast<uint64_t>();
-    if (writable) {
+    if (t.size() >= 7) {  // (..., CUDA device index, producer stream)
+      std::shared_ptr<const Device> device =
+          cuda_device(name, t[5].cast<int64_t>(), t[6].cast<uintptr_t>(), devices);
+      state.add_device(std::move(name), *dtype, std::move(shape), {data, nbytes}, std::move(device),
+                       nullptr, writable);
+    } else if (writable) {
       state.add_mutable(std::move(name), *dtype, std::move(shape), {data, nbytes});
     } else {
       state.add(std::move(name), *dtype, std::move(shape), {data, nbytes});

@@ -32,7 +32,12 @@ std::string path_arg(pybind11::handle h);
 // memory: read-only for a save, writable for a restore or load. The caller
 // keeps the tensors alive while the StateDict is used. kInvalidArgument
 // naming the tensor for an unknown dtype or a size that does not match.
+// A tuple of 7, (..., CUDA device index, producer stream as an int), is a
+// tensor in that GPU's memory (cairn/cuda.h): its copies follow the work
+// queued on that stream; kInvalidArgument naming it in a build without CUDA.
 StateDict state_from(const pybind11::list& tensors, pybind11::handle metadata, bool writable);
+// Whether this module was built with CAIRN_CUDA (CUDA tensors by address).
+bool built_with_cuda();
 
 // Python's cyclic garbage collector off while this lives, and as it was
 // after: for code that makes many tracked objects (the tuples describing

@@ -23,7 +23,7 @@ while a checkpoint is written or read.
 from __future__ import annotations
 
 from cairn import errors
-from cairn._cairn import __version__
+from cairn._cairn import CUDA, __version__
 from cairn._checkpoint import Checkpoint, VerifyProblem
 from cairn._manager import (
     CheckpointConfig,
@@ -48,6 +48,7 @@ from cairn.errors import (
 
 __all__ = [
     "__version__",
+    "CUDA",
     "errors",
     "Checkpoint",
     "VerifyProblem",

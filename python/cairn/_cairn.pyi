@@ -6,6 +6,7 @@ import os
 from typing import Any, Callable, Optional
 
 __version__: str
+CUDA: bool  # built with CAIRN_CUDA: CUDA tensors cross by device address
 
 class VerifyProblem:
     @property
@@ -128,13 +129,16 @@ class CheckpointManager:
 # (name, safetensors dtype, shape, begin, end): a tensor of a file, its bytes
 # at [begin, end) of the file's data.
 TensorInfo = tuple[str, str, tuple[int, ...], int, int]
+# A tensor handed over by address: (name, dtype, shape, address, nbytes), or
+# with (CUDA device index, producer stream) after them for a CUDA tensor.
+_AnyTensor = tuple[Any, ...]
 
 class FileData:
     """A loaded file's data: a writable byte buffer (buffer protocol)."""
     def __buffer__(self, flags: int) -> memoryview: ...
 
 def save_tensors(
-    tensors: list[tuple[str, str, tuple[int, ...], int, int]],
+    tensors: list[_AnyTensor],
     path: str,
     metadata: dict[str, Any] | None,
     string_metadata: dict[str, str],
@@ -143,11 +147,13 @@ def save_tensors(
 def load_tensors(
     path: str, mmap: bool
 ) -> tuple[list[TensorInfo], FileData, dict[str, Any], dict[str, str]]: ...
+def load_tensors_into(tensors: list[_AnyTensor], path: str) -> None: ...
 def read_tensor_header(path: str) -> tuple[list[TensorInfo], dict[str, Any], dict[str, str]]: ...
 
 # cairn.torch's core (python/_state.cc). Tensors cross as
-# (name, dtype, shape, address, nbytes) tuples; see cairn/torch.py.
-_Tensor = tuple[str, str, tuple[int, ...], int, int]
+# (name, dtype, shape, address, nbytes[, device, stream]) tuples; see
+# cairn/torch.py.
+_Tensor = _AnyTensor
 
 class SaveHandle:
     def done(self) -> bool: ...

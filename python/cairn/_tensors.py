@@ -133,8 +133,12 @@ def _torch_helpers() -> Any:
     return _helpers
 
 
-def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, int, Any]:
-    """(name, file dtype, shape, address, nbytes, keep-alive) of one tensor."""
+def _describe(name: str, value: Any) -> tuple[Any, ...]:
+    """(name, file dtype, shape, address, nbytes, keep-alive) of one tensor.
+
+    A CUDA tensor, in a build with CUDA (``_cairn.CUDA``), has its device
+    index and the address of its device's current stream after those.
+    """
     # The common case first, in as few calls as can be (a state dict may
     # hold 100,000 tensors): a dense, contiguous CPU tensor with an ASCII name.
     torch = sys.modules.get("torch")
@@ -166,7 +170,8 @@ def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, in
             raise InvalidArgumentError(
                 f"tensor {name!r}: a {value.layout} tensor; save its dense form "
                 "(tensor.to_dense())", "invalid_argument")
-        if value.device.type != "cpu":
+        on_cuda = value.device.type == "cuda" and _cairn.CUDA
+        if value.device.type != "cpu" and not on_cuda:
             # The engine reads host memory: one copy off the device.
             value = value.detach().cpu()
         if not value.is_contiguous():
@@ -174,6 +179,12 @@ def _describe(name: str, value: Any) -> tuple[str, str, tuple[int, ...], int, in
                 f"tensor {name!r}: not contiguous (strides {tuple(value.stride())} for shape "
                 f"{tuple(value.shape)}); save tensor.contiguous(), which copies it",
                 "invalid_argument")
+        if on_cuda:
+            # By device address: the engine copies it with the GPU's copy
+            # engines, after the work queued on the current stream.
+            return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
+                    value.numel() * value.element_size(), value, value.device.index,
+                    torch.cuda.current_stream(value.device).cuda_stream)
         return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
                 value.numel() * value.element_size(), value)
     if kind == "numpy":
@@ -207,8 +218,11 @@ def save(state_dict: Mapping[str, Any], path: PathLike, metadata: Mapping[str, A
         state_dict: names to ``torch.Tensor`` or ``numpy.ndarray`` values, in any
             mix; nested dicts are flattened with dots (:func:`flatten_state_dict`).
             Every dtype both sides have is supported, ``bfloat16`` and float8
-            included (torch). Tensors must be contiguous and dense; a CUDA
-            tensor is copied to host memory first.
+            included (torch). Tensors must be contiguous and dense. CUDA
+            tensors are copied to host memory by the engine through pinned
+            staging, after the work queued on their device's current stream,
+            when Cairn was built with CUDA (``cairn.CUDA``); otherwise by
+            ``tensor.cpu()`` first.
         path: a local path, or the URI of a file in a store
             (``s3://bucket/folder/model.safetensors``, ``memory://...``, ``file://...``).
         metadata: JSON-serializable values (epoch, step, loss, ...) stored in the
@@ -259,7 +273,7 @@ def _describe_all(flat: dict[str, Any], describe_one: Callable[[str, Any], tuple
         for i, (name, value) in enumerate(flat.items()):
             if described[i] is None:
                 entry = describe_one(name, value)
-                described[i] = entry[:5]
+                described[i] = entry[:5] + entry[6:]  # a CUDA tensor's device and stream
                 keep = entry[5]
                 kept.append(keep)
                 kinds.add(type(keep).__module__.split(".")[0])
@@ -275,8 +289,12 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
 
     Args:
         path: a local path or a file's URI, as for :func:`save`.
-        device: for ``framework="pt"``, a device to move the tensors to
-            (``"cuda:0"``; a copy); ``None`` keeps them in host memory.
+        device: for ``framework="pt"``, the device the tensors are made on
+            (``"cuda:0"``); ``None`` keeps them in host memory. With a build
+            with CUDA (``cairn.CUDA``), a CUDA device's tensors are allocated
+            there and the file is read into them through pinned bounce
+            buffers (``mmap`` does not apply); otherwise they are loaded to
+            host memory and copied over (``tensor.to(device)``).
         mmap: map the file and return tensors that view the mapping: no read
             until a tensor is touched, no copy. The mapping is private
             (copy-on-write): writing to a tensor changes it in this process
@@ -300,6 +318,12 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
     """
     if framework not in ("pt", "np"):
         raise InvalidArgumentError(f"framework {framework!r}: 'pt' or 'np'", "invalid_argument")
+    if device is not None and framework == "pt" and _cairn.CUDA:
+        import torch
+
+        target = torch.device(device)
+        if target.type == "cuda":
+            return _load_to_cuda(path, target)
     # The read runs with the GIL released and the collector as it is (the
     # description's tuples are made with it paused, in C++); making the
     # tensors pauses it here.
@@ -357,6 +381,31 @@ def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
             t = torch.frombuffer(data, dtype=want, count=(end - begin) // size,
                                  offset=begin).view(shape)
         out[name] = t if device is None else t.to(device)
+    return out
+
+
+def _load_to_cuda(path: PathLike, device: Any) -> dict[str, Any]:
+    """:func:`load` onto a CUDA device: tensors allocated there, read into by the engine."""
+    import torch
+
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    described, _, _ = _cairn.read_tensor_header(_path(path))
+    stream = torch.cuda.current_stream(device).cuda_stream
+    out: dict[str, Any] = {}
+    into = []
+    with _gc_paused():
+        for name, dtype, shape, begin, end in described:
+            want = getattr(torch, _FILE_TO_TORCH.get(dtype, ""), None)
+            if want is None:
+                raise InvalidArgumentError(
+                    f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
+                    f"{torch.__version__} does not have; load it with framework='np'",
+                    "invalid_argument")
+            t = out[name] = torch.empty(shape, dtype=want, device=device)
+            into.append((name, dtype, tuple(shape), t.data_ptr(), end - begin, device.index,
+                         stream))
+    _cairn.load_tensors_into(into, _path(path))
     return out
 
 

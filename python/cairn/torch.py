@@ -264,9 +264,10 @@ def _readable(state: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], str, lis
 
 def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
     if _is_tensor(value):
-        if value.device.type != "cpu":
+        if value.device.type != "cpu" and not (value.device.type == "cuda" and _cairn.CUDA):
             raise _invalid(f"tensor {name!r}: on {value.device}; restore into a CPU tensor "
-                           "and copy it over")
+                           "and copy it over" + (" (this Cairn was built without CUDA)"
+                                                 if value.device.type == "cuda" else ""))
     elif type(value).__module__.split(".")[0] == "numpy":
         # A numpy scalar is read-only too: a copy would take the values.
         if not value.flags.writeable:
@@ -428,7 +429,10 @@ class StateCheckpointManager:
                 metadata: Optional[MutableMapping[str, Any]] = None) -> int:
         """Copies the latest checkpoint (or ``checkpoint``) into ``state``'s tensors in place.
 
-        Every tensor must be contiguous, in host memory and writable. The
+        Every tensor must be contiguous and writable, in host memory or, when
+        Cairn was built with CUDA (``cairn.CUDA``), on a CUDA device (read
+        through pinned bounce buffers, after the work queued on the device's
+        current stream; the copies are complete on return). The
         check is TensorFlow's ``assert_consumed``: every saved tensor must
         have an entry of the same dtype and shape and every entry a saved
         tensor, else :class:`cairn.InvalidArgumentError` listing each
@@ -522,7 +526,11 @@ class AsyncSaver:
 
         Args:
             state: names to tensors (torch or numpy, nested dicts flattened
-                with dots); a CUDA tensor is copied to host memory first.
+                with dots). With a build with CUDA (``cairn.CUDA``), CUDA
+                tensors are copied by the GPU into the saver's pinned staging
+                after the work queued on their device's current stream, and
+                the copy is complete when this returns; otherwise they are
+                copied to host memory (``tensor.cpu()``) first.
             dest: a ``cairn.CheckpointManager`` (its next checkpoint, with
                 retention applied after the commit), or a new checkpoint
                 folder (a path, URI or ``cairn.Checkpoint``, committed with a
@@ -663,8 +671,8 @@ def load_sharded(src: Union[Checkpoint, PathLike], state: Mapping[str, Any], *,
 
     Any world size loads any other's save: a :class:`Shard` entry gets its
     box of the global tensor (read from every saved shard that overlaps it),
-    a plain tensor the whole tensor. Tensors must be contiguous, in host
-    memory and writable. With ``strict`` every entry must be found; a rank
+    a plain tensor the whole tensor. Tensors must be contiguous and writable,
+    in host memory or (a build with CUDA) on a CUDA device. With ``strict`` every entry must be found; a rank
     may load a subset of what was saved. GIL released.
 
     Raises:
