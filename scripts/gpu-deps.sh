@@ -2,7 +2,7 @@
 # Fetches, on a Debian 12 machine with network, the Debian packages that
 # scripts/gpu-check.sh needs on a GPU machine that has no network and no
 # Debian packages: the headers and libraries of Cairn's small dependencies
-# (nlohmann-json, fmt, spdlog, xxHash, GoogleTest). They are unpacked there
+# (nlohmann-json, fmt, spdlog, xxHash, CLI11, GoogleTest). They are unpacked there
 # into a private prefix (dpkg-deb -x), never installed system-wide.
 #
 # It also builds, from Debian's own fio source package, a statically linked
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-.gpu-deps}
-packages=(nlohmann-json3-dev libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 libxxhash-dev
+packages=(nlohmann-json3-dev libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 libxxhash-dev libcli11-dev
           libxxhash0 libgtest-dev libgmock-dev)
 mkdir -p "$dir"
 rm -f "$dir"/*.deb
