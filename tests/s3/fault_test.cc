@@ -290,7 +290,11 @@ TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNot
       if (o.key.find('/') != std::string::npos && parse_checkpoint_name(top)) folders.insert(top);
     }
     for (const auto& f : folders) {
-      EXPECT_TRUE(Checkpoint(storage->child(f)).is_committed()) << "round " << round << ": " << f;
+      if (Checkpoint(storage->child(f)).is_committed()) continue;
+      std::string keys;  // what is there, for the report
+      for (const auto& o : storage->list(f)) keys += " " + o.key;
+      ADD_FAILURE() << "round " << round << ": " << f
+                    << " holds no manifest after the open:" << keys;
     }
   }
   EXPECT_EQ(kills, rounds);
