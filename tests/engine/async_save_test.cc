@@ -232,7 +232,7 @@ TEST_F(AsyncSaveTest, ASaveDoesNotWaitForAPendingDeletionButItsWriteDoes) {
   f.before = [&](std::string_view op, std::string_view key) {
     if (op == "remove" && key.find(".cairn.trash/") != std::string_view::npos &&
         is_state_file(key)) {
-      deletion.wait_for(std::chrono::seconds(10));  // bounded, should save() wait here
+      deletion.wait_for(std::chrono::seconds(60));  // bounded, should save() wait here
       ++removed;
     }
     if (op == "write" && key.find("checkpoint_000002/") != std::string_view::npos &&
