@@ -33,8 +33,8 @@ PyTorch (the same tensors):
   dcp_async_cached       with ``FileSystemWriter(cache_staged_state_dict=True)``
                          (staging allocated pinned once, reused)
   dcp_async_stager       with ``async_stager=DefaultStager(StagingOptions(pinned,
-                         async staging, non-blocking copy))``: ``_return`` until
-                         the call returns, ``_staged`` until its staging is done
+                         async staging, non-blocking copy))``: until the call
+                         returns, and ``_staged`` until its staging is done
                          (when the tensors may change)
   dcp_async_process      the cached writer above with ``AsyncCheckpointerType.PROCESS``
   dcp_save               ``dcp.save`` (FileSystemWriter fsyncs its files)
@@ -219,25 +219,9 @@ def main() -> int:
         return os.path.join(work, f"dcp{counter[0]}")
 
     def async_runs(name: str, config: str, call: Callable[[str], Any]) -> None:
-        runs, last = [], None
-        for _ in range(n):
-            os.sync()
-            where = new_id()
-            seconds, out = timed(lambda: call(where), sync=False)
-            runs.append(seconds)
-            if hasattr(out, "staging_completion"):  # an AsyncSaveResponse
-                out.staging_completion.result(timeout=WAIT_S)
-                out.upload_completion.result(timeout=WAIT_S)
-            else:
-                out.result(timeout=WAIT_S)
-            if last:
-                shutil.rmtree(last, ignore_errors=True)
-            last = where
-        shutil.rmtree(last, ignore_errors=True)
-        record(name, runs, nbytes, config)
-
-    def stager_runs(name: str, config: str, call: Callable[[str], Any]) -> None:
-        """Async saves whose staging may finish after the call returns."""
+        """Async saves, each waited for: `name` until the call returns and,
+        where staging may finish later (an AsyncSaveResponse), `name`_staged
+        until it has (when the tensors may change)."""
         returned, staged, last = [], [], None
         for _ in range(n):
             os.sync()
@@ -249,16 +233,15 @@ def main() -> int:
             if hasattr(out, "staging_completion"):
                 out.staging_completion.result(timeout=WAIT_S)
                 staged.append(time.perf_counter() - t0)
-                out.upload_completion.result(timeout=WAIT_S)
-            else:
-                staged.append(returned[-1])
-                out.result(timeout=WAIT_S)
+                out = out.upload_completion
+            out.result(timeout=WAIT_S)
             if last:
                 shutil.rmtree(last, ignore_errors=True)
             last = where
         shutil.rmtree(last, ignore_errors=True)
-        record(name + "_return", returned, nbytes, config)
-        record(name + "_staged", staged, nbytes, config)
+        record(name, returned, nbytes, config)
+        if staged:
+            record(name + "_staged", staged, nbytes, config)
 
     def attempt(name: str, config: str, body: Callable[[], None]) -> None:
         try:
@@ -287,7 +270,7 @@ def main() -> int:
 
     def with_stager() -> None:
         stager = stager_options()
-        stager_runs("dcp_async_stager", "DefaultStager(pinned, async staging, non-blocking)",
+        async_runs("dcp_async_stager", "DefaultStager(pinned, async staging, non-blocking)",
                     lambda where: dcp.async_save(state, checkpoint_id=where,
                                                  async_stager=stager))
         getattr(stager, "close", lambda: None)()

@@ -332,6 +332,7 @@ void bind_async_saver(py::module_& m) {
         d["skipped"] = st.skipped;
         d["waits"] = st.waits;
         d["staging_bytes"] = st.staging_bytes;
+        d["staging_pinned_bytes"] = st.staging_pinned_bytes;
         d["staging_allocations"] = st.staging_allocations;
         d["last_stall_seconds"] = st.last_stall_seconds;
         d["max_stall_seconds"] = st.max_stall_seconds;

@@ -137,7 +137,8 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
     """(name, file dtype, shape, address, nbytes, keep-alive) of one tensor.
 
     A CUDA tensor, in a build with CUDA (``_cairn.CUDA``), has its device
-    index and the address of its device's current stream after those.
+    index after those (:func:`_describe_all` adds that device's current
+    stream, asked once per device).
     """
     # The common case first, in as few calls as can be (a state dict may
     # hold 100,000 tensors): a dense, contiguous CPU tensor with an ASCII name.
@@ -183,8 +184,7 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
             # By device address: the engine copies it with the GPU's copy
             # engines, after the work queued on the current stream.
             return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
-                    value.numel() * value.element_size(), value, value.device.index,
-                    torch.cuda.current_stream(value.device).cuda_stream)
+                    value.numel() * value.element_size(), value, value.device.index)
         return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
                 value.numel() * value.element_size(), value)
     if kind == "numpy":
@@ -270,10 +270,18 @@ def _describe_all(flat: dict[str, Any], describe_one: Callable[[str, Any], tuple
     fmt = "pt" if not flat or any(d is not None for d in described) else "np"
     if any(d is None for d in described):
         kinds = set()
+        streams: dict[int, int] = {}  # CUDA device -> its current stream
         for i, (name, value) in enumerate(flat.items()):
             if described[i] is None:
                 entry = describe_one(name, value)
-                described[i] = entry[:5] + entry[6:]  # a CUDA tensor's device and stream
+                described[i] = entry[:5]
+                if len(entry) > 6:  # a CUDA tensor: its device and that device's stream
+                    index = entry[6]
+                    if index not in streams:
+                        import torch
+
+                        streams[index] = torch.cuda.current_stream(index).cuda_stream
+                    described[i] += (index, streams[index])
                 keep = entry[5]
                 kept.append(keep)
                 kinds.add(type(keep).__module__.split(".")[0])
@@ -364,12 +372,7 @@ def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
     for name, dtype, shape, begin, end in described:
         found = sizes.get(dtype)
         if found is None:
-            want = getattr(torch, _FILE_TO_TORCH[dtype], None)
-            if want is None:
-                raise InvalidArgumentError(
-                    f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
-                    f"{torch.__version__} does not have; load it with framework='np'",
-                    "invalid_argument")
+            want = _torch_dtype(torch, path, name, dtype)
             found = sizes[dtype] = (want, torch.empty((), dtype=want).element_size())
         want, size = found
         if end == begin:
@@ -384,6 +387,17 @@ def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
     return out
 
 
+def _torch_dtype(torch: Any, path: PathLike, name: str, dtype: str) -> Any:
+    """The torch dtype of file dtype ``dtype`` (tensor ``name`` of ``path``)."""
+    want = getattr(torch, _FILE_TO_TORCH.get(dtype, ""), None)
+    if want is None:
+        raise InvalidArgumentError(
+            f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
+            f"{torch.__version__} does not have; load it with framework='np'",
+            "invalid_argument")
+    return want
+
+
 def _load_to_cuda(path: PathLike, device: Any) -> dict[str, Any]:
     """:func:`load` onto a CUDA device: tensors allocated there, read into by the engine."""
     import torch
@@ -396,12 +410,7 @@ def _load_to_cuda(path: PathLike, device: Any) -> dict[str, Any]:
     into = []
     with _gc_paused():
         for name, dtype, shape, begin, end in described:
-            want = getattr(torch, _FILE_TO_TORCH.get(dtype, ""), None)
-            if want is None:
-                raise InvalidArgumentError(
-                    f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
-                    f"{torch.__version__} does not have; load it with framework='np'",
-                    "invalid_argument")
+            want = _torch_dtype(torch, path, name, dtype)
             t = out[name] = torch.empty(shape, dtype=want, device=device)
             into.append((name, dtype, tuple(shape), t.data_ptr(), end - begin, device.index,
                          stream))

@@ -581,7 +581,8 @@ class AsyncSaver:
         self._impl.close()
 
     def stats(self) -> dict[str, Any]:
-        """Saves, skips, waits, staging bytes and the caller's stall (seconds)."""
+        """Saves, skips, waits, staging bytes (and how many are pinned for a
+        GPU's copies) and the caller's stall (seconds)."""
         return self._impl.stats()
 
     def __enter__(self) -> AsyncSaver:

@@ -39,6 +39,30 @@ def test_a_build_without_cuda_refuses_device_tensors_by_name(tmp_path: pathlib.P
     assert not (tmp_path / "x.safetensors").exists()
 
 
+def test_a_save_asks_each_cuda_device_for_its_current_stream_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cairn import _tensors
+
+    asked = []
+
+    class Stream:
+        def __init__(self, index: int) -> None:
+            self.cuda_stream = 1000 + index
+
+    def current_stream(index: int) -> Stream:
+        asked.append(index)
+        return Stream(index)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    # What _describe gives for CUDA tensors: (..., keep-alive, device index).
+    flat = {f"t{i}": (f"t{i}", "F32", (1,), 4096 * (i + 1), 4, None, i % 2) for i in range(6)}
+    described, _, _ = _tensors._describe_all(flat, lambda name, entry: entry)
+    assert sorted(asked) == [0, 1]
+    assert described[0] == ("t0", "F32", (1,), 4096, 4, 0, 1000)
+    assert described[3] == ("t3", "F32", (1,), 4096 * 4, 4, 1, 1001)
+
+
 def _state(device: str) -> dict[str, Any]:
     g = torch.Generator().manual_seed(3)
     state = {
@@ -122,6 +146,8 @@ def test_an_async_save_of_cuda_tensors_lets_them_change_once_it_returns(
             for name, t in saved.items():
                 assert torch.equal(t, want[name]), (step, name)
             want = {k: v.cpu() for k, v in state.items()}
+        # The GPU copied into the saver's pinned staging (no tensor.cpu()).
+        assert saver.stats()["staging_pinned_bytes"] > 0
     manager.close()
 
 

@@ -14,7 +14,6 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "manager/history.h"
-#include "manager/layout.h"
 
 namespace cairn {
 
