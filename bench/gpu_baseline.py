@@ -4,11 +4,21 @@
 Builds the same CUDA tensors bench/gpu_bench.cc saves (the workload JSON that
 `gpu_bench --workload` prints) and measures, each --runs times:
   d2h_pinned        copy of every tensor into pinned host tensors
-  dcp_async_stall   torch.distributed.checkpoint.async_save(), call to return
+  dcp_async_stall   torch.distributed.checkpoint.async_save() with its defaults
+                    (checkpoint_id= only), call to return
+  dcp_async_cached_stall
+                    the same with FileSystemWriter(cache_staged_state_dict=True):
+                    pinned staging allocated once and reused, DCP's best
+                    documented configuration on the H200 (docs/benchmarks.md,
+                    "GPU state from Python")
   dcp_save          dcp.save() (files fsync'd by its FileSystemWriter)
   torch_save        torch.save() of the CUDA state dict, then fsync
   dcp_load_gpu      dcp.load() into the CUDA tensors, page cache dropped first
-Prints one JSON object ({"tool", "bytes", "results": [{"name", "runs_s"}]}).
+Each async figure makes one call more than --runs and reports it apart
+("first_s"): the first call pays DCP's setup (thread pool, planner, the
+cached writer's allocation), the others are the steady state a training
+loop sees. Prints one JSON object ({"tool", "bytes", "results": [{"name",
+"runs_s", "first_s"?, "config"?}]}).
 Runs in one process with a one-rank gloo process group (DCP's async save
 wants a CPU process group); nothing leaves 127.0.0.1.
 """
@@ -45,32 +55,45 @@ def main():
         state[s["name"]] = torch.rand(s["shape"], device="cuda")
     pinned = {k: torch.empty(v.shape, pin_memory=True) for k, v in state.items()}
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize
+    sync()
     results = []
 
-    def record(name, runs):
-        results.append({"name": name, "bytes": nbytes, "runs_s": runs})
+    def record(name, runs, **extra):
+        results.append({"name": name, "bytes": nbytes, "runs_s": runs, **extra})
 
     runs = []
     for _ in range(args.runs):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for k, v in state.items():
             pinned[k].copy_(v, non_blocking=True)
-        torch.cuda.synchronize()
+        sync()
         runs.append(time.perf_counter() - t0)
     record("d2h_pinned", runs)
 
-    runs = []
-    for i in range(args.runs):
-        path = os.path.join(args.dir, f"dcp_async{i}")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fut = dcp.async_save(state, checkpoint_id=path)
-        runs.append(time.perf_counter() - t0)
-        fut.result()
-        shutil.rmtree(path)
-    record("dcp_async_stall", runs)
+    def async_stalls(name, config, call):
+        """--runs + 1 async saves, each waited for; the first apart."""
+        times = []
+        for i in range(args.runs + 1):
+            path = os.path.join(args.dir, f"{name}{i}")
+            os.sync()
+            sync()
+            t0 = time.perf_counter()
+            fut = call(path)
+            times.append(time.perf_counter() - t0)
+            fut.result()
+            shutil.rmtree(path)
+        record(name, times[1:], first_s=times[0], config=config)
+
+    async_stalls("dcp_async_stall", "async_save(checkpoint_id=...), defaults",
+                 lambda path: dcp.async_save(state, checkpoint_id=path))
+    from torch.distributed.checkpoint import FileSystemWriter
+    # One writer for every call, as its cache lives in it; each call names
+    # its own folder through checkpoint_id.
+    writer = FileSystemWriter(os.path.join(args.dir, "unused"), cache_staged_state_dict=True)
+    async_stalls("dcp_async_cached_stall", "FileSystemWriter(cache_staged_state_dict=True)",
+                 lambda path: dcp.async_save(state, checkpoint_id=path, storage_writer=writer))
 
     runs = []
     last = None
@@ -104,7 +127,7 @@ def main():
         method = drop_caches([os.path.join(last, f) for f in os.listdir(last)])
         t0 = time.perf_counter()
         dcp.load(state, checkpoint_id=last)
-        torch.cuda.synchronize()
+        sync()
         runs.append(time.perf_counter() - t0)
     record("dcp_load_gpu", runs)
     shutil.rmtree(last)

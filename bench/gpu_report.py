@@ -31,7 +31,7 @@ def main():
     rows = [
         ("pinned D2H copy (floor)", c["d2h_pinned"], "s", ""),
         ("Cairn async save stall", c["cairn_async_stall"], "s", ""),
-        ("DCP async_save stall", b["dcp_async_stall"], "s", ""),
+        ("DCP async_save stall, defaults", b["dcp_async_stall"], "s", ""),
         ("Cairn save of GPU state", gb / c["cairn_save_gpu"], "GB/s", ""),
         ("Cairn save of the CPU copy", gb / c["cairn_save_cpu"], "GB/s", ""),
         ("dcp.save", gb / b["dcp_save"], "GB/s", ""),
@@ -40,13 +40,21 @@ def main():
         ("disk O_DIRECT read (4 threads x 16 MiB)", gb / c["disk_read_direct"], "GB/s", ""),
         ("dcp.load into GPU, cold", gb / b["dcp_load_gpu"], "GB/s", ""),
     ]
+    # DCP's stall in its best configuration measured (the cached writer where
+    # the baseline has it): the goal is judged against that one.
+    dcp_stalls = {"defaults": b["dcp_async_stall"]}
+    if "dcp_async_cached_stall" in b:
+        dcp_stalls["cache_staged_state_dict=True"] = b["dcp_async_cached_stall"]
+        rows.insert(3, ("DCP async_save stall, cached staging", b["dcp_async_cached_stall"], "s",
+                        ""))
+    best_config = min(dcp_stalls, key=dcp_stalls.get)
     if "fio_read_direct" in c:
-        rows.insert(9, ("fio O_DIRECT read (libaio, 8 x 1 MiB)", gb / c["fio_read_direct"],
-                        "GB/s", ""))
+        rows.insert(len(rows) - 1, ("fio O_DIRECT read (libaio, 8 x 1 MiB)",
+                                    gb / c["fio_read_direct"], "GB/s", ""))
     checks = [
         ("async stall / pinned D2H copy", c["cairn_async_stall"] / c["d2h_pinned"], "<=", 2.0),
-        ("DCP async stall / Cairn async stall", b["dcp_async_stall"] / c["cairn_async_stall"],
-         ">=", 4.0),
+        (f"DCP async stall ({best_config}, DCP's best here) / Cairn async stall",
+         dcp_stalls[best_config] / c["cairn_async_stall"], ">=", 4.0),
         ("GPU save / CPU save (throughput)", c["cairn_save_cpu"] / c["cairn_save_gpu"], ">=", 0.9),
         ("GPU load / disk O_DIRECT read (throughput)",
          c["disk_read_direct"] / c["cairn_load_gpu"], ">=", 0.9),
@@ -57,6 +65,10 @@ def main():
     checks += [
         ("GPU load / dcp.load (throughput)", b["dcp_load_gpu"] / c["cairn_load_gpu"], ">=", 1.0),
     ]
+    first = {r["name"]: r["first_s"] for r in base["results"] if "first_s" in r}
+    if first:
+        print("DCP first calls, not in the medians: " +
+              ", ".join(f"{k} {v:.3f} s" for k, v in first.items()))
     print(f"state: {cairn['tensors']} float32 tensors, {cairn['bytes'] / 2**30:.3f} GiB; "
           f"GPU: {base.get('gpu', '?')}; torch {base.get('torch', '?')}; "
           f"cache drop: {cairn.get('cache_drop')}; load path: {cairn.get('load_io')}")
