@@ -22,6 +22,12 @@ files, manifest included:
            multipart bookkeeping, which the server pays on completion)
   aws-cli  aws s3 cp --recursive, default transfer settings
   rclone   rclone copy, default settings, remote from RCLONE_CONFIG_* variables
+  rclone-parts
+           the same with --s3-upload-cutoff and --s3-chunk-size at Cairn's
+           16 MiB: every file above 16 MiB sent as a multipart upload of
+           16 MiB parts, as `cairn cp` sends it (at its defaults rclone sends
+           files below 200 MiB in one PUT, which s3rver stores without the
+           copy it makes of a multipart upload's parts on completion)
   cairn    cairn cp --no-progress LOCAL s3://bench/P and back, with the
            endpoint in AWS_ENDPOINT_URL_S3; if the given binary has no working
            `cp`, its row says why, and no figure is printed for it
@@ -66,6 +72,8 @@ from s3_servers import ACCESS_KEY, S3rver, SECRET_KEY  # noqa: E402
 from cache import evict_files  # noqa: E402
 
 MiB = 1 << 20
+# `cairn cp`'s part and ranged-GET size (TransferOptions::chunk_size's default).
+CAIRN_CHUNK = 16 * MiB
 BUCKET = "bench"
 REGION = "us-east-1"
 MANIFEST = os.path.join(".cairn", "manifest.json")
@@ -263,11 +271,30 @@ class Rclone:
             raise Unavailable("{} version failed".format(self.binary))
         return out.stdout.splitlines()[0].strip()
 
+    extra = []
+
     def upload(self, local, prefix):
-        run_tool([self.binary, "copy", local, "benchs3:{}/{}".format(BUCKET, prefix)], self.env)
+        run_tool([self.binary, "copy", local, "benchs3:{}/{}".format(BUCKET, prefix)] + self.extra,
+                 self.env)
 
     def download(self, prefix, local):
-        run_tool([self.binary, "copy", "benchs3:{}/{}".format(BUCKET, prefix), local], self.env)
+        run_tool([self.binary, "copy", "benchs3:{}/{}".format(BUCKET, prefix), local] + self.extra,
+                 self.env)
+
+
+class RcloneParts(Rclone):
+    """rclone cutting every file above CHUNK into CHUNK-sized parts, as
+    `cairn cp` does. At its defaults rclone sends a file below 200 MiB as one
+    PUT, and s3rver completes a multipart upload by copying every part into a
+    new file and hashing it: a second pass over the bytes that S3 itself,
+    whose completion only records the parts, does not make. This row moves
+    the same requests as Cairn's."""
+    name = "rclone-parts"
+
+    def __init__(self, binary, endpoint, scratch, chunk):
+        super().__init__(binary, endpoint, scratch)
+        self.extra = ["--s3-upload-cutoff", "{}M".format(chunk // MiB),
+                      "--s3-chunk-size", "{}M".format(chunk // MiB)]
 
 
 class Cairn:
@@ -457,7 +484,7 @@ def main():
     ap.add_argument("--node", default="node", help="Node.js for s3rver")
     ap.add_argument("--ceiling-threads", type=int, default=16)
     ap.add_argument("--ceiling-piece-mib", type=int, default=16)
-    ap.add_argument("--tools", default="ceiling,aws-cli,rclone,cairn",
+    ap.add_argument("--tools", default="ceiling,aws-cli,rclone,rclone-parts,cairn",
                     help="which rows to measure (default all; aws-cli is the reference)")
     ap.add_argument("--smoke", action="store_true", help="16 MiB, 1 run")
     args = ap.parse_args()
@@ -482,6 +509,7 @@ def main():
             tools = [Ceiling(s3.port, args.ceiling_threads, args.ceiling_piece_mib * MiB),
                      AwsCli(args.aws, s3.endpoint, work),
                      Rclone(args.rclone, s3.endpoint, work),
+                     RcloneParts(args.rclone, s3.endpoint, work, CAIRN_CHUNK),
                      Cairn(args.cairn, s3.endpoint)]
             wanted = set(args.tools.split(","))
             unknown = wanted - {t.name for t in tools}
@@ -543,18 +571,18 @@ def main():
           "on 127.0.0.1, {} of {} run(s), page cache dropped before each step".format(
               nbytes / (1 << 30), len(entries), args.stat, args.runs))
     print()
-    hdr = "{:<9} {:>12} {:>14} {:>11} {:>13}  {}".format(
+    hdr = "{:<12} {:>12} {:>14} {:>11} {:>13}  {}".format(
         "tool", "upload MiB/s", "download MiB/s", "up vs aws", "down vs aws", "version")
     print(hdr)
     print("-" * len(hdr))
-    for name in ("ceiling", "aws-cli", "rclone", "cairn"):
+    for name in ("ceiling", "aws-cli", "rclone", "rclone-parts", "cairn"):
         if name not in results:
             continue
         r = results[name]
         if r["error"]:
-            print("{:<9} {}".format(name + ":", r["error"]))
+            print("{:<12} {}".format(name + ":", r["error"]))
             continue
-        print("{:<9} {:>12} {:>14} {:>11} {:>13}  {}".format(
+        print("{:<12} {:>12} {:>14} {:>11} {:>13}  {}".format(
             name, fmt(r["upload_mibps"]), fmt(r["download_mibps"]),
             fmt(r["upload_vs_aws"], "{:.2f}"), fmt(r["download_vs_aws"], "{:.2f}"),
             r["version"]))
