@@ -13,7 +13,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
+started=$SECONDS
+phase() {  # phase TITLE: a phase's heading, with the minutes spent so far
+  echo "== $1 [at $(((SECONDS - started) / 60)) min $(((SECONDS - started) % 60)) s]"
+}
 
+phase "installing dependencies (scripts/install-deps.sh)"
 bash scripts/install-deps.sh
 
 passed=0
@@ -70,7 +75,7 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 
-echo "== architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes)"
+phase "architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes)"
 if python3 scripts/check_layers.py --self-test && python3 scripts/check_layers.py; then
   passed=$((passed + 1))
 else
@@ -79,15 +84,16 @@ else
   exit 1
 fi
 
-echo "== build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
+phase "build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON \
   "${launcher[@]}" >/dev/null
 ninja -C build -j "$jobs"
+phase "tests of the normal build (ctest)"
 run_ctest build "normal build"
-echo "== Python package tests (pytest)"
+phase "Python package tests (pytest)"
 run_pytest build
 
-echo "== package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb, pip install .)"
+phase "package test (install, find_package, pkg-config, shared libraries, add_subdirectory, .deb, pip install .)"
 if JOBS=$jobs bash tests/package/run.sh; then
   passed=$((passed + 1))
 else
@@ -97,7 +103,7 @@ else
   exit 1
 fi
 
-echo "== build (ASan + UBSan)"
+phase "build (ASan + UBSan)"
 # LibTorch is left out of the sanitizer build: Debian's libtorch is not built
 # with ASan and its tests would be dominated by its own allocations.
 # The Python package too: an ASan extension would need the runtime preloaded
@@ -107,15 +113,17 @@ echo "== build (ASan + UBSan)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF \
   -DCAIRN_PYTHON=OFF -DCAIRN_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
 ninja -C build-asan -j "$jobs"
+phase "tests of the sanitizer build (ctest)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   run_ctest build-asan "sanitizer build" "python|radosgw"
 
 if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
-  echo "== fuzzing (seed corpus, bounded time)"
+  phase "fuzzing (seed corpus, bounded time)"
   bash scripts/fuzz.sh
 fi
 
-echo "== formatting"
+phase "formatting"
 bash scripts/check-format.sh
 
+phase "done"
 echo "$passed passed, $failed failed"
