@@ -9,7 +9,10 @@
 # formatting check; first of all, the architecture check
 # (scripts/check_layers.py). Exits non-zero on the first failure.
 # Usage: scripts/test.sh            (from anywhere in the checkout)
-# Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200).
+# Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200),
+# SANITIZER_KILLS (the kills of each SIGKILL loop in the sanitizer build,
+# default 100: the normal build runs the full loops, the sanitizer build the
+# same paths on a sample, which is what finds a memory error there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
@@ -114,7 +117,9 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -
   -DCAIRN_PYTHON=OFF -DCAIRN_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
 ninja -C build-asan -j "$jobs"
 phase "tests of the sanitizer build (ctest)"
+kills=${SANITIZER_KILLS:-100}
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  CAIRN_CRASH_ITERATIONS=$kills CAIRN_S3_KILL_ITERATIONS=$kills \
   run_ctest build-asan "sanitizer build" "python|radosgw"
 
 if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
