@@ -1,14 +1,35 @@
 #include "util/log.h"
 #include "util/settings.h"
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 namespace cairn::log {
 namespace {
+
+// Held around every message and across fork(): a process forked while
+// another thread logs (the Trainer forks its workers while the memory tier's
+// persister, the background deleter or an S3 lease's heartbeat may be
+// logging) would otherwise start with spdlog's lock held and hang at its
+// first message. The child's copy of this lock is its forking thread's, so
+// it may unlock it.
+std::mutex& fork_guard() {
+  static std::mutex m;
+  return m;
+}
+
+void lock_for_fork() { fork_guard().lock(); }
+void unlock_after_fork() { fork_guard().unlock(); }
+
+// Registered at load time, before any thread of the library exists.
+[[maybe_unused]] const int registered =
+    ::pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
 
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
@@ -21,11 +42,16 @@ spdlog::logger& logger() {
   return *instance;
 }
 
+void write(spdlog::level::level_enum level, std::string_view message) {
+  std::lock_guard<std::mutex> g(fork_guard());
+  logger().log(level, "{}", message);
+}
+
 }  // namespace
 
-void info(std::string_view message) { logger().info("{}", message); }
-void warn(std::string_view message) { logger().warn("{}", message); }
-void error(std::string_view message) { logger().error("{}", message); }
-void debug(std::string_view message) { logger().debug("{}", message); }
+void info(std::string_view message) { write(spdlog::level::info, message); }
+void warn(std::string_view message) { write(spdlog::level::warn, message); }
+void error(std::string_view message) { write(spdlog::level::err, message); }
+void debug(std::string_view message) { write(spdlog::level::debug, message); }
 
 }  // namespace cairn::log
