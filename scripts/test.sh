@@ -71,10 +71,13 @@ run_pytest() {  # run_pytest BUILD_DIR: the Python package's tests, each counted
 }
 
 # ccache (installed by install-deps.sh) serves a rebuild on a machine that
-# built before; on a fresh one it costs next to nothing.
+# built before; on a fresh one it costs next to nothing. Paths under the
+# checkout are made relative and the build folder is left out of the hash,
+# so that the package test's builds (tests/package/run.sh) are served the
+# normal build's objects.
 launcher=()
 if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$PWD
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 

@@ -15,9 +15,11 @@
 #      cairn.CheckpointManager registers it as a checkpoint that verifies and
 #      reads back.
 #
-# The build passes -DCAIRN_WERROR=ON so that its compile lines are those of
-# tests/package/run.sh's static build (Release), whose objects ccache then
-# serves; the install is checked with warnings as errors too.
+# The build folder sits directly in the checkout (build-package-pip.XXXXXX,
+# removed at the exit) and the build passes -DCAIRN_WERROR=ON and
+# RelWithDebInfo, so that its compile lines are those of scripts/test.sh's
+# normal build, whose objects ccache then serves (tests/package/run.sh says
+# how); the install is checked with warnings as errors too.
 # Usage: tests/package/pip.sh     Environment: JOBS (default 2); PYTHON
 # (default /usr/bin/python3). Exits non-zero on the first failure; the
 # temporary folder is removed at the exit.
@@ -25,7 +27,9 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-/usr/bin/python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-pip.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+build=""
+trap 'rm -rf "$work" ${build:+"$build"}' EXIT
+build=$(mktemp -d "$src/build-package-pip.XXXXXX")
 version=$(sed -nE 's/^project\(cairn VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 
 echo "pip: venv over $python (system site-packages)"
@@ -33,13 +37,13 @@ echo "pip: venv over $python (system site-packages)"
 
 echo "pip: pip install --no-index --no-build-isolation $src"
 if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$work  # the build folder's paths made relative, as run.sh's
+  export CCACHE_BASEDIR=$src CCACHE_NOHASHDIR=1  # as run.sh's and test.sh's builds
 fi
 start=$SECONDS
 env -u PYTHONPATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JOBS="${JOBS:-2}" \
-  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON" \
+  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
   "$work/venv/bin/pip" install --no-index --no-build-isolation \
-  --config-settings "build-dir=$work/build" "$src"
+  --config-settings "build-dir=$build" "$src"
 echo "pip: installed in $((SECONDS - start)) s"
 
 mkdir "$work/outside"
