@@ -12,6 +12,8 @@
 // Before the first attempt the driver writes a probe file into the
 // experiment folder and every agent must see it: storage that some rank
 // cannot reach (a node-local path on a multi-node run, memory://) is refused.
+// In an elastic group a process started again for a lost rank passes the
+// same probe before it joins; one that fails it is refused and stays out.
 //
 // This header holds the pure parts (tested alone) and fit_mpi().
 #pragma once

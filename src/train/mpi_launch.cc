@@ -14,6 +14,8 @@
 //   agent  -> driver  {"t":"exit","clean":b,"cause":"...","stderr_tail":"..."}
 //   driver -> agent   {"t":"stop"}  ->  agent {"t":"stopped","stderr_tail":"..."}
 //   driver -> agent   {"t":"end","result":{...}} | {"t":"end","error":{...}}
+//                     | {"t":"end","refused":true,"error":{...}}  (a process
+//                     started again for a lost rank that failed the probe)
 //
 // The worker's own messages (worker.cc) pass through unchanged (except that
 // an agent that received SIGTERM marks its worker's reports "preempted"), so the
@@ -438,25 +440,18 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
   return agents;
 }
 
-// An elastic group between attempts: takes in the processes started again
-// for lost ranks that have connected by now (without waiting), each in its
-// rank's place.
-void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
-                     std::vector<Agent>& agents) {
-  const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };
-  while (std::optional<Agent> a =
-             accept_one(listener, w, token, taken, milliseconds(0), /*hello_host=*/true)) {
-    log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
-    agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);
-  }
-}
+// The storage rule (mpi.h): a probe file every agent must see. Returns, by
+// index of `agents`, whether each saw it and why not where it said.
+struct ProbeAnswers {
+  std::vector<bool> seen;
+  std::vector<std::string> why;
+};
 
-// The storage rule (mpi.h): a probe file every rank must see.
-void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSpec& spec,
-                   const std::string& token) {
+ProbeAnswers probe_agents(std::vector<Agent>& agents, const std::string& host0,
+                          const DriverSpec& spec, const std::string& token) {
   auto storage = open_storage(spec.experiment_uri);
   const std::string key = fmt::format(".cairn-storage-probe-{}", token);
-  storage->put(key, w.hosts.at(0));
+  storage->put(key, host0);
   for (Agent& a : agents) a.send({{"t", "probe"}, {"uri", spec.experiment_uri}, {"key", key}});
   std::vector<nlohmann::json> replies = collect(agents, "probe_result", kProbeLimit);
   try {
@@ -464,21 +459,72 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
   } catch (const Error& e) {
     log::warn(fmt::format("could not remove the storage probe {}: {}", key, e.what()));
   }
+  ProbeAnswers out{std::vector<bool>(agents.size(), false),
+                   std::vector<std::string>(agents.size())};
+  for (size_t i = 0; i < agents.size(); ++i) {
+    if (!replies[i].is_object()) {
+      out.why[i] = "it did not answer";
+      continue;
+    }
+    const nlohmann::json& reply = replies[i];
+    out.seen[i] = reply.contains("seen") && reply["seen"].is_boolean() && reply["seen"].get<bool>();
+    if (reply.contains("why") && reply["why"].is_string()) out.why[i] = reply["why"];
+  }
+  return out;
+}
+
+// The storage probe for the whole group before the first attempt: throws,
+// naming the first rank whose host does not see the storage.
+void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSpec& spec,
+                   const std::string& token) {
+  const ProbeAnswers answers = probe_agents(agents, w.hosts.at(0), spec, token);
   std::vector<bool> seen(static_cast<size_t>(w.size), true);
   std::vector<std::string> why(static_cast<size_t>(w.size));
   for (size_t i = 0; i < agents.size(); ++i) {
     const size_t r = static_cast<size_t>(agents[i].rank);
-    if (!replies[i].is_object()) {
-      seen[r] = false;
-      why[r] = "it did not answer";
-      continue;
-    }
-    const nlohmann::json& reply = replies[i];
-    seen[r] = reply.contains("seen") && reply["seen"].is_boolean() && reply["seen"].get<bool>();
-    why[r] = reply.contains("why") && reply["why"].is_string() ? reply["why"].get<std::string>()
-                                                               : std::string();
+    seen[r] = answers.seen[i];
+    why[r] = answers.why[i];
   }
   check_shared_storage(w.hosts, seen, spec.experiment_path, why);
+}
+
+// An elastic group between attempts: takes in the processes started again
+// for lost ranks that have connected by now (without waiting), each in its
+// rank's place. With `spec`, a process must first pass the storage probe,
+// as the group's did before the first attempt: one whose host does not see
+// the experiment's storage (a node that came back without the shared mount)
+// is told why and stays out, and the group goes on without it.
+void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
+                     std::vector<Agent>& agents, const DriverSpec* spec) {
+  const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };
+  while (std::optional<Agent> a =
+             accept_one(listener, w, token, taken, milliseconds(0), /*hello_host=*/true)) {
+    if (spec != nullptr) {
+      std::vector<Agent> one;
+      one.push_back(std::move(*a));
+      const ProbeAnswers answers = probe_agents(one, w.hosts.at(0), *spec, token);
+      if (!answers.seen[0]) {
+        std::vector<std::string> hosts = w.hosts;
+        hosts.at(static_cast<size_t>(one[0].rank)) = one[0].host;
+        std::vector<bool> seen(hosts.size(), true);
+        std::vector<std::string> why(hosts.size());
+        seen.at(static_cast<size_t>(one[0].rank)) = false;
+        why.at(static_cast<size_t>(one[0].rank)) = answers.why[0];
+        try {
+          check_shared_storage(hosts, seen, spec->experiment_path, why);
+        } catch (const Error& e) {
+          log::warn(
+              fmt::format("{} is back but cannot join the group: {}", one[0].name(), e.what()));
+          one[0].send(
+              {{"t", "end"}, {"refused", true}, {"error", error_to_json(e.code(), e.what())}});
+        }
+        continue;  // its connection closes here
+      }
+      *a = std::move(one[0]);
+    }
+    log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
+    agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);
+  }
 }
 
 Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListener& listener,
@@ -487,7 +533,7 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
   std::vector<Agent> agents = accept_agents(listener, w, token, where, scaling.min_workers);
   auto end_all = [&](const nlohmann::json& m) {
     // Processes started again for lost ranks after the last attempt learn the end too.
-    if (elastic) admit_returning(listener, w, token, agents);
+    if (elastic) admit_returning(listener, w, token, agents, nullptr);
     for (Agent& a : agents) a.send(m);
   };
   try {
@@ -517,7 +563,7 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
       spec.min_world_size = scaling.min_workers;
       spec.stored_num_workers = scaling.num_workers;
       spec.ranks_available = [&] {
-        admit_returning(listener, w, token, agents);
+        admit_returning(listener, w, token, agents, &spec);
         return 1 + static_cast<int>(std::count_if(agents.begin(), agents.end(),
                                                   [](const Agent& a) { return !a.gone; }));
       };
@@ -628,6 +674,10 @@ class AgentLoop {
       driver_.send(reply);
     } else if (t == "end") {
       end_attempt();
+      if (m.contains("error") && m.value("refused", false)) {
+        // A process started again that the driver did not take in.
+        throw error_from_json(m["error"], "the driver did not take this process in: ");
+      }
       if (m.contains("error"))
         throw error_from_json(m["error"], fmt::format("the driver ({} 0) failed: ", w_.label));
       return result_from_json(m.at("result"));

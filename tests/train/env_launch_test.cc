@@ -483,6 +483,51 @@ TEST_F(EnvLauncher, ARankStartedAgainAfterItsLossJoinsTheElasticGroupAtTheNextRe
   EXPECT_EQ(state, testing::elastic_expected_state());
 }
 
+// A process started again on a node that does not see the experiment's
+// storage (here: a mount namespace of its own, with a tmpfs over the results
+// folder, as a node that came back without the shared mount) fails the
+// storage probe the group passed before its first attempt: it is refused,
+// naming its rank and host, and the group goes on without it.
+TEST_F(EnvLauncher, ARankStartedAgainOnAHostThatDoesNotSeeTheStorageIsRefusedAndTheGroupGoesOn) {
+  if (::geteuid() != 0 || std::system("unshare --uts --mount true 2>/dev/null") != 0) {
+    GTEST_SKIP() << "needs root and unshare(1) for UTS and mount namespaces";
+  }
+  const int port = free_port();
+  const pid_t shell = start_and_lose_rank_3("elastic_rejoin", port);
+  ASSERT_TRUE(wait_for(out_ / "ctx-0-1.json")) << slurp(out_ / "launch.log");
+  const fs::path back_log = out_ / "rank-3-again.log";
+  const std::string elsewhere = fmt::format(
+      "unshare --uts --mount sh -c \"hostname cairn-elsewhere && mount -t tmpfs cairn-local "
+      "'{}' && exec env {}\"",
+      results(), rank_command("3", 4, port, "elastic_rejoin"));
+  const pid_t back = start_shell(elsewhere, back_log);
+  ASSERT_TRUE(wait_for_text(back_log, "connected to the driver")) << slurp(back_log);
+  std::ofstream(out_ / "rejoined").close();  // rank 1 fails now: the restart probes rank 3
+  const Launch run = wait_shell(shell, out_ / "launch.log");
+  const Launch again = wait_shell(back, back_log);
+  const nlohmann::json r0 = process_result(0);
+  ASSERT_TRUE(r0.is_object()) << run.log;
+  EXPECT_TRUE(r0.at("error").is_null()) << r0.dump(2) << run.log;
+  EXPECT_NE(run.log.find("rank 3 on host cairn-elsewhere is back but cannot join the group"),
+            std::string::npos)
+      << run.log;
+  const nlohmann::json r3 = process_result(3);
+  ASSERT_TRUE(r3.is_object()) << again.log;
+  EXPECT_EQ(r3.value("code", ""), "invalid_argument") << r3.dump(2);
+  const std::string threw = r3.value("threw", "");
+  EXPECT_NE(threw.find("the driver did not take this process in: storage path"), std::string::npos)
+      << threw;
+  EXPECT_NE(threw.find("rank 3 on host cairn-elsewhere cannot see a file"), std::string::npos)
+      << threw;
+  const nlohmann::json& restores = r0.at("restores");
+  ASSERT_EQ(restores.size(), 2u) << r0.dump(2);
+  EXPECT_EQ(restores[0].at("world_size"), 3);
+  EXPECT_EQ(restores[1].at("world_size"), 3);
+  const auto [state, world] = final_state();
+  EXPECT_EQ(world, 3);
+  EXPECT_EQ(state, testing::elastic_expected_state());
+}
+
 TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProcess) {
   const Launch run = shell_loop("mismatch");
   for (int rank = 0; rank < 2; ++rank) {
