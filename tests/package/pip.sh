@@ -17,9 +17,10 @@
 #
 # The build folder sits directly in the checkout (build-package-pip.XXXXXX,
 # removed at the exit) and the build passes -DCAIRN_WERROR=ON and
-# RelWithDebInfo, so that its compile lines are those of scripts/test.sh's
-# normal build, whose objects ccache then serves (tests/package/run.sh says
-# how); the install is checked with warnings as errors too.
+# RelWithDebInfo with -g1, so that its compile lines are those of
+# scripts/test.sh's normal build, whose objects ccache then serves
+# (tests/package/run.sh says how); the install is checked with warnings as
+# errors too.
 # Usage: tests/package/pip.sh     Environment: JOBS (default 2); PYTHON
 # (default /usr/bin/python3). Exits non-zero on the first failure; the
 # temporary folder is removed at the exit.
@@ -41,7 +42,7 @@ if command -v ccache >/dev/null; then
 fi
 start=$SECONDS
 env -u PYTHONPATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JOBS="${JOBS:-2}" \
-  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
+  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'" \
   "$work/venv/bin/pip" install --no-index --no-build-isolation \
   --config-settings "build-dir=$build" "$src"
 echo "pip: installed in $((SECONDS - start)) s"

@@ -30,11 +30,12 @@
 # Uses ccache when it is installed. Cairn's own builds (static, shared, pip,
 # the consumer's add_subdirectory) are folders directly in the checkout,
 # build-package-*.XXXXXX, and compile with the test command's normal-build
-# flags (RelWithDebInfo, -Werror): with CCACHE_BASEDIR at the checkout and
-# the build folder left out of the hash (CCACHE_NOHASHDIR), their compile
-# lines are those of build/, so that after scripts/test.sh's normal build
-# ccache serves the library instead of compiling it again (on an empty
-# cache it compiled the library twice, 4.6 and 3.3 of this test's 9 minutes).
+# flags (RelWithDebInfo with -g1, -Werror): with CCACHE_BASEDIR at the
+# checkout and the build folder left out of the hash (CCACHE_NOHASHDIR),
+# their compile lines are those of build/, so that after scripts/test.sh's
+# normal build ccache serves the library instead of compiling it again (on
+# an empty cache it compiled the library twice, 4.6 and 3.3 of this test's 9
+# minutes).
 # Usage: tests/package/run.sh       Environment: JOBS (default 2), KEEP=1
 # keeps the temporary directory for inspection.
 set -euo pipefail
@@ -85,7 +86,9 @@ fi
 static_build=$(mktemp -d "$src/build-package-static.XXXXXX")
 shared_build=$(mktemp -d "$src/build-package-shared.XXXXXX")
 subdir_build=$(mktemp -d "$src/build-package-subdir.XXXXXX")
-cairn_options=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=OFF -DCAIRN_PYTHON=OFF
+test_build_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+                  -DCAIRN_WERROR=ON)  # scripts/test.sh's normal build
+cairn_options=("${test_build_flags[@]}" -DCAIRN_TORCH=OFF -DCAIRN_PYTHON=OFF
                -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_EXAMPLES=OFF
                -DCAIRN_BUILD_BENCH=OFF)
 
@@ -228,7 +231,7 @@ subdir_consumer() {
   # ccache (version.h, in the binary folder's include/, differs in its path).
   local b=$subdir_build
   cmake -S "$src/tests/package/consumer" -B "$b" "${cmake_common[@]}" \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_SOURCE_DIR="$src" -DCAIRN_WERROR=ON \
+    "${test_build_flags[@]}" -DCAIRN_SOURCE_DIR="$src" \
     -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
     -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON || return 1
   local opt
