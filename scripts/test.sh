@@ -3,18 +3,32 @@
 # adapter and Python package included) and the Python package's pytest suite,
 # then the package test (Cairn installed and used as a
 # dependency, and the Python package pip-installed offline into a venv:
-# tests/package/run.sh, counted as one test), then the ASan+UBSan
-# build of the tests (without LibTorch, Python, the benchmarks and the
-# radosgw repeats), then the fuzzers on their seed corpus, then the
-# formatting check; first of all, the architecture check
+# tests/package/run.sh, counted as one test), then the fuzzers on their seed
+# corpus, then the formatting check; first of all, the architecture check
 # (scripts/check_layers.py). Exits non-zero on the first failure.
-# Usage: scripts/test.sh            (from anywhere in the checkout)
+#
+# With --sanitize it runs the sanitizer pass instead: the ASan+UBSan build of
+# the tests (without LibTorch, Python, the benchmarks and the radosgw
+# repeats) and its ctest. That pass compiles everything a second time and
+# runs the tests at a sanitizer's speed, which the test command's time budget
+# does not hold (README); it is the pre-submit check a change to the C++ code
+# runs as well (README, under the test command).
+# Usage: scripts/test.sh [--sanitize]      (from anywhere in the checkout)
 # Environment: JOBS (default 2), CAIRN_CRASH_ITERATIONS (default 200),
-# SANITIZER_KILLS (the kills of each SIGKILL loop in the sanitizer build,
+# SANITIZER_KILLS (the kills of each SIGKILL loop in the sanitizer pass,
 # default 100: the normal build runs the full loops, the sanitizer build the
 # same paths on a sample, which is what finds a memory error there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+sanitize=0
+case "${1:-}" in
+  "") ;;
+  --sanitize) sanitize=1 ;;
+  *)
+    echo "usage: scripts/test.sh [--sanitize]" >&2
+    exit 2
+    ;;
+esac
 jobs=${JOBS:-2}
 started=$SECONDS
 phase() {  # phase TITLE: a phase's heading, with the minutes spent so far
@@ -81,6 +95,31 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 
+# The sanitizer pass (--sanitize).
+sanitizer_pass() {
+  phase "build (ASan + UBSan)"
+  # LibTorch is left out of the sanitizer build: Debian's libtorch is not built
+  # with ASan and its tests would be dominated by its own allocations.
+  # The Python package too: an ASan extension would need the runtime preloaded
+  # into the interpreter. The benchmarks' smoke runs and the radosgw repeats of
+  # the S3 tests (what a production server checks, not Cairn's memory) run in
+  # the normal build only.
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF \
+    -DCAIRN_PYTHON=OFF -DCAIRN_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
+  ninja -C build-asan -j "$jobs"
+  phase "tests of the sanitizer build (ctest)"
+  kills=${SANITIZER_KILLS:-100}
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    CAIRN_CRASH_ITERATIONS=$kills CAIRN_S3_KILL_ITERATIONS=$kills \
+    run_ctest build-asan "sanitizer build" "python|radosgw"
+}
+if [ "$sanitize" -eq 1 ]; then
+  sanitizer_pass
+  phase "done"
+  echo "$passed passed, $failed failed"
+  exit 0
+fi
+
 phase "architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes)"
 if python3 scripts/check_layers.py --self-test && python3 scripts/check_layers.py; then
   passed=$((passed + 1))
@@ -91,7 +130,12 @@ else
 fi
 
 phase "build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON \
+# Debug information as line tables only (-g1): a backtrace keeps its files
+# and lines, and a library file compiles in about 0.7 of the time -g takes
+# (measured on two). The package test's builds use the same flags
+# (tests/package/run.sh).
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON \
   "${launcher[@]}" >/dev/null
 ninja -C build -j "$jobs"
 phase "tests of the normal build (ctest)"
@@ -108,22 +152,6 @@ else
   echo "$passed passed, $failed failed"
   exit 1
 fi
-
-phase "build (ASan + UBSan)"
-# LibTorch is left out of the sanitizer build: Debian's libtorch is not built
-# with ASan and its tests would be dominated by its own allocations.
-# The Python package too: an ASan extension would need the runtime preloaded
-# into the interpreter. The benchmarks' smoke runs and the radosgw repeats of
-# the S3 tests (what a production server checks, not Cairn's memory) run in
-# the normal build only.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_TORCH=OFF \
-  -DCAIRN_PYTHON=OFF -DCAIRN_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
-ninja -C build-asan -j "$jobs"
-phase "tests of the sanitizer build (ctest)"
-kills=${SANITIZER_KILLS:-100}
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  CAIRN_CRASH_ITERATIONS=$kills CAIRN_S3_KILL_ITERATIONS=$kills \
-  run_ctest build-asan "sanitizer build" "python|radosgw"
 
 if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
   phase "fuzzing (seed corpus, bounded time)"
