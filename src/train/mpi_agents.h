@@ -1,0 +1,79 @@
+// The driver's side of its connections to the agents of an MPI or
+// torchrun-style launch (mpi_launch.cc has the protocol and the rest):
+// accepting them, collecting their answers, the storage probe, and taking
+// in a process started again for a lost rank of an elastic group.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cairn/error.h"
+#include "train/control/channel.h"
+#include "train/control/driver.h"
+#include "train/control/net.h"
+#include "train/mpi_bootstrap.h"
+
+namespace cairn::train_internal {
+
+// How long the processes of a job may take to find each other, to answer the
+// storage probe and to stop a worker. Generous: they bound failures, not work.
+constexpr std::chrono::milliseconds kConnectLimit{120'000};
+constexpr std::chrono::milliseconds kProbeLimit{120'000};
+constexpr std::chrono::milliseconds kStopLimit{60'000};
+
+// Milliseconds left until `deadline`, 0 once it passed.
+int remaining_ms(std::chrono::steady_clock::time_point deadline);
+
+// One agent: the process serving world rank `rank` (its launcher's rank).
+struct Agent {
+  int rank = 0;
+  std::string host;
+  std::string label = "MPI rank";
+  Channel channel;
+  bool gone = false;
+
+  std::string name() const { return fmt::format("{} {} on host {}", label, rank, host); }
+  void send(const nlohmann::json& m) {
+    if (gone) return;
+    try {
+      channel.send(m);
+    } catch (const Error&) {
+      gone = true;  // ignore-error: reported where the group next needs this agent
+    }
+  }
+};
+
+// Reads from `agents` until every one not gone sent a message of type `type`
+// or `limit` passed; other messages are dropped. Returns the replies, by
+// index (null where none came; such an agent is marked gone).
+std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::string& type,
+                                    std::chrono::milliseconds limit);
+
+// Fills in the hosts `w` does not know yet (a torchrun-style launch learns
+// them from the agents' hellos). An elastic group (`min_workers` > 0) starts
+// without the ranks that did not connect in time when enough did; they are
+// marked gone and may join a later attempt.
+std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
+                                 const std::string& where, int min_workers);
+
+// The storage probe for the whole group before the first attempt: throws,
+// naming the first rank whose host does not see the storage.
+void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSpec& spec,
+                   const std::string& token);
+
+// An elastic group between attempts: takes in the processes started again
+// for lost ranks that have connected by now (without waiting), each in its
+// rank's place. With `spec`, a process must first pass the storage probe,
+// as the group's did before the first attempt: one whose host does not see
+// the experiment's storage (a node that came back without the shared mount)
+// is told why and stays out, and the group goes on without it.
+void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
+                     std::vector<Agent>& agents, const DriverSpec* spec);
+
+}  // namespace cairn::train_internal
