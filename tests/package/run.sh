@@ -37,7 +37,8 @@
 # an empty cache it compiled the library twice, 4.6 and 3.3 of this test's 9
 # minutes).
 # Usage: tests/package/run.sh       Environment: JOBS (default 2), KEEP=1
-# keeps the temporary directory for inspection.
+# keeps the temporary directory for inspection (Cairn's build folders in the
+# checkout are removed all the same).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 jobs=${JOBS:-2}
