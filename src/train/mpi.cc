@@ -69,23 +69,28 @@ ControlAddress choose_control_address(const std::vector<std::string>& hosts,
   return a;
 }
 
-void check_shared_storage(const std::vector<std::string>& hosts,
-                          const std::vector<bool>& probe_seen, std::string_view experiment_uri,
-                          const std::vector<std::string>& why_not) {
+Error storage_not_shared(const std::vector<std::string>& hosts, size_t rank,
+                         std::string_view experiment_uri, std::string_view why_not) {
   std::vector<std::string> distinct;
   for (const auto& h : hosts) {
     if (std::find(distinct.begin(), distinct.end(), h) == distinct.end()) distinct.push_back(h);
   }
+  const std::string detail = why_not.empty() ? "" : fmt::format(" ({})", why_not);
+  return Error(
+      ErrorCode::kInvalidArgument,
+      fmt::format("storage path {} is not shared: rank {} on host {} cannot see a file "
+                  "the driver on host {} wrote there{}; every rank of an MPI run ({} "
+                  "host(s)) must reach the same storage (a shared mount or an object "
+                  "store), not a path local to one node",
+                  experiment_uri, rank, hosts.at(rank), hosts.at(0), detail, distinct.size()));
+}
+
+void check_shared_storage(const std::vector<std::string>& hosts,
+                          const std::vector<bool>& probe_seen, std::string_view experiment_uri,
+                          const std::vector<std::string>& why_not) {
   for (size_t r = 0; r < probe_seen.size(); ++r) {
     if (probe_seen[r]) continue;
-    const std::string detail =
-        r < why_not.size() && !why_not[r].empty() ? fmt::format(" ({})", why_not[r]) : "";
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("storage path {} is not shared: rank {} on host {} cannot see a file "
-                            "the driver on host {} wrote there{}; every rank of an MPI run ({} "
-                            "host(s)) must reach the same storage (a shared mount or an object "
-                            "store), not a path local to one node",
-                            experiment_uri, r, hosts.at(r), hosts.at(0), detail, distinct.size()));
+    throw storage_not_shared(hosts, r, experiment_uri, r < why_not.size() ? why_not[r] : "");
   }
 }
 

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cairn/error.h"
 #include "cairn/train.h"
 #include "train/control/driver.h"
 
@@ -71,5 +72,10 @@ ControlAddress choose_control_address(const std::vector<std::string>& hosts,
 void check_shared_storage(const std::vector<std::string>& hosts,
                           const std::vector<bool>& probe_seen, std::string_view experiment_uri,
                           const std::vector<std::string>& why_not = {});
+
+// The error check_shared_storage throws for `rank`, which did not see the
+// probe (`why_not`: what went wrong looking, or empty).
+Error storage_not_shared(const std::vector<std::string>& hosts, size_t rank,
+                         std::string_view experiment_uri, std::string_view why_not);
 
 }  // namespace cairn::train_internal

@@ -21,7 +21,7 @@ int remaining_ms(Clock::time_point deadline) {
   return left < 0 ? 0 : static_cast<int>(left);
 }
 
-std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::string& type,
+std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& type,
                                     milliseconds limit) {
   std::vector<nlohmann::json> replies(agents.size());
   std::vector<bool> done(agents.size());
@@ -128,8 +128,8 @@ struct ProbeAnswers {
   std::vector<std::string> why;
 };
 
-ProbeAnswers probe_agents(std::vector<Agent>& agents, const std::string& host0,
-                          const DriverSpec& spec, const std::string& token) {
+ProbeAnswers probe_agents(std::span<Agent> agents, const std::string& host0, const DriverSpec& spec,
+                          const std::string& token) {
   auto storage = open_storage(spec.experiment_uri);
   const std::string key = fmt::format(".cairn-storage-probe-{}", token);
   storage->put(key, host0);
@@ -235,27 +235,16 @@ void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string
   while (std::optional<Agent> a =
              accept_one(listener, w, token, taken, milliseconds(0), /*hello_host=*/true)) {
     if (spec != nullptr) {
-      std::vector<Agent> one;
-      one.push_back(std::move(*a));
-      const ProbeAnswers answers = probe_agents(one, w.hosts.at(0), *spec, token);
+      const ProbeAnswers answers = probe_agents({&*a, 1}, w.hosts.at(0), *spec, token);
       if (!answers.seen[0]) {
         std::vector<std::string> hosts = w.hosts;
-        hosts.at(static_cast<size_t>(one[0].rank)) = one[0].host;
-        std::vector<bool> seen(hosts.size(), true);
-        std::vector<std::string> why(hosts.size());
-        seen.at(static_cast<size_t>(one[0].rank)) = false;
-        why.at(static_cast<size_t>(one[0].rank)) = answers.why[0];
-        try {
-          check_shared_storage(hosts, seen, spec->experiment_path, why);
-        } catch (const Error& e) {
-          log::warn(
-              fmt::format("{} is back but cannot join the group: {}", one[0].name(), e.what()));
-          one[0].send(
-              {{"t", "end"}, {"refused", true}, {"error", error_to_json(e.code(), e.what())}});
-        }
+        hosts.at(static_cast<size_t>(a->rank)) = a->host;
+        const Error e = storage_not_shared(hosts, static_cast<size_t>(a->rank),
+                                           spec->experiment_path, answers.why[0]);
+        log::warn(fmt::format("{} is back but cannot join the group: {}", a->name(), e.what()));
+        a->send({{"t", "end"}, {"refused", true}, {"error", error_to_json(e.code(), e.what())}});
         continue;  // its connection closes here
       }
-      *a = std::move(one[0]);
     }
     log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
     agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);

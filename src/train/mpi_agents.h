@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,7 @@ struct Agent {
 // Reads from `agents` until every one not gone sent a message of type `type`
 // or `limit` passed; other messages are dropped. Returns the replies, by
 // index (null where none came; such an agent is marked gone).
-std::vector<nlohmann::json> collect(std::vector<Agent>& agents, const std::string& type,
+std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& type,
                                     std::chrono::milliseconds limit);
 
 // Fills in the hosts `w` does not know yet (a torchrun-style launch learns
