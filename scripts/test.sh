@@ -130,13 +130,9 @@ else
 fi
 
 phase "build (RelWithDebInfo, -Werror, LibTorch adapter on, Python package)"
-# Debug information as line tables only (-g1): a backtrace keeps its files
-# and lines, and a library file compiles in about 0.7 of the time -g takes
-# (measured on two). The package test's builds use the same flags
-# (tests/package/run.sh).
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DCAIRN_WERROR=ON -DCAIRN_TORCH=ON \
-  "${launcher[@]}" >/dev/null
+# shellcheck source=scripts/build-flags.sh
+source scripts/build-flags.sh
+cmake -S . -B build -G Ninja "${normal_build_flags[@]}" -DCAIRN_TORCH=ON "${launcher[@]}" >/dev/null
 ninja -C build -j "$jobs"
 phase "tests of the normal build (ctest)"
 run_ctest build "normal build"

@@ -16,11 +16,11 @@
 #      reads back.
 #
 # The build folder sits directly in the checkout (build-package-pip.XXXXXX,
-# removed at the exit) and the build passes -DCAIRN_WERROR=ON and
-# RelWithDebInfo with -g1, so that its compile lines are those of
-# scripts/test.sh's normal build, whose objects ccache then serves
-# (tests/package/run.sh says how); the install is checked with warnings as
-# errors too.
+# removed at the exit) and the build passes scripts/build-flags.sh's flags
+# (RelWithDebInfo with -g1, -DCAIRN_WERROR=ON), so that its compile lines
+# are those of scripts/test.sh's normal build, whose objects ccache then
+# serves (tests/package/run.sh says how); the install is checked with
+# warnings as errors too.
 # Usage: tests/package/pip.sh     Environment: JOBS (default 2); PYTHON
 # (default /usr/bin/python3). Exits non-zero on the first failure; the
 # temporary folder is removed at the exit.
@@ -31,6 +31,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-pip.XXXXXX")
 build=""
 trap 'rm -rf "$work" ${build:+"$build"}' EXIT
 build=$(mktemp -d "$src/build-package-pip.XXXXXX")
+# shellcheck source=scripts/build-flags.sh
+source "$src/scripts/build-flags.sh"  # normal_build_flags: scripts/test.sh's build/
 version=$(sed -nE 's/^project\(cairn VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 
 echo "pip: venv over $python (system site-packages)"
@@ -42,7 +44,7 @@ if command -v ccache >/dev/null; then
 fi
 start=$SECONDS
 env -u PYTHONPATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 JOBS="${JOBS:-2}" \
-  CAIRN_CMAKE_ARGS="-DCAIRN_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG'" \
+  CAIRN_CMAKE_ARGS="$(printf '%q ' "${normal_build_flags[@]}")" \
   "$work/venv/bin/pip" install --no-index --no-build-isolation \
   --config-settings "build-dir=$build" "$src"
 echo "pip: installed in $((SECONDS - start)) s"

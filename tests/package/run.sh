@@ -87,9 +87,9 @@ fi
 static_build=$(mktemp -d "$src/build-package-static.XXXXXX")
 shared_build=$(mktemp -d "$src/build-package-shared.XXXXXX")
 subdir_build=$(mktemp -d "$src/build-package-subdir.XXXXXX")
-test_build_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
-                  -DCAIRN_WERROR=ON)  # scripts/test.sh's normal build
-cairn_options=("${test_build_flags[@]}" -DCAIRN_TORCH=OFF -DCAIRN_PYTHON=OFF
+# shellcheck source=scripts/build-flags.sh
+source "$src/scripts/build-flags.sh"  # normal_build_flags: scripts/test.sh's build/
+cairn_options=("${normal_build_flags[@]}" -DCAIRN_TORCH=OFF -DCAIRN_PYTHON=OFF
                -DCAIRN_BUILD_TESTS=OFF -DCAIRN_BUILD_EXAMPLES=OFF
                -DCAIRN_BUILD_BENCH=OFF)
 
@@ -232,7 +232,7 @@ subdir_consumer() {
   # ccache (version.h, in the binary folder's include/, differs in its path).
   local b=$subdir_build
   cmake -S "$src/tests/package/consumer" -B "$b" "${cmake_common[@]}" \
-    "${test_build_flags[@]}" -DCAIRN_SOURCE_DIR="$src" \
+    "${normal_build_flags[@]}" -DCAIRN_SOURCE_DIR="$src" \
     -DCMAKE_DISABLE_FIND_PACKAGE_GTest=ON -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
     -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON -DCMAKE_DISABLE_FIND_PACKAGE_CLI11=ON || return 1
   local opt
