@@ -158,6 +158,11 @@ ProbeAnswers probe_agents(std::span<Agent> agents, const std::string& host0, con
 
 std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
                                  const std::string& where, int min_workers) {
+  // One connection per agent, held for the whole run: with the usual soft
+  // limit of 1024, a driver of 1,024 ranks ran out of descriptors in accept().
+  raise_open_file_limit(static_cast<rlim_t>(w.size) + 256,
+                        fmt::format("{} processes of the launch", w.size), "a connection to each",
+                        "raise it (`ulimit -n` where the processes are started)");
   std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
   std::vector<bool> joined(agents.size(), false);
   size_t count = 0;

@@ -2,15 +2,20 @@
 // allows a driver by default (docs/scale.md): the driver raises its own soft
 // limit as far as the group needs, gives the workers the limit it had, and
 // refuses clearly, before starting anything, when the hard limit is too low.
-// Each case runs in a forked child, whose limits the test may lower for good.
+// The driver of an MPI or torchrun-style launch raises it likewise for its
+// connections to the agents. Each case runs in a forked child, whose limits
+// the test may lower for good.
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -18,6 +23,9 @@
 #include "cairn/error.h"
 #include "cairn/train.h"
 #include "support/temp_dir.h"
+#include "train/control/channel.h"
+#include "train/control/net.h"
+#include "train/mpi_agents.h"
 #include "train/train_support.h"
 
 namespace cairn {
@@ -122,6 +130,65 @@ TEST(ManyWorkers, AHardLimitTooLowIsAClearErrorBeforeAnyWorkerStarts) {
     // Nothing was committed, and the experiment can be run again.
     if (fs::exists(dir.path() / "refused" / "checkpoint_000000")) return 3;
     return 0;
+  });
+  EXPECT_EQ(rc, 0);
+}
+
+// The driver of a torchrun-style (or MPI) launch holds a connection to every
+// other process; with 1,024 ranks under the usual soft limit of 1024 its
+// accept() failed with "Too many open files". It now raises the limit for
+// them as the local launcher does for its workers: here 99 agents connect to
+// a driver whose soft limit (64) could not hold them.
+TEST(ManyWorkers, TheDriverOfATorchrunStyleLaunchRaisesItsOpenFileLimitForItsAgents) {
+  using namespace train_internal;
+  constexpr int kRanks = 100;
+  constexpr rlim_t kLow = 64;
+  rlimit now{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &now), 0);
+  if (now.rlim_max != RLIM_INFINITY && now.rlim_max < kRanks + 256) {
+    GTEST_SKIP() << "the hard limit on open files (" << now.rlim_max << ") is too low";
+  }
+  const int rc = in_child_with_limit(kLow, now.rlim_max, [&] {
+    TcpListener listener("127.0.0.1");
+    std::fflush(nullptr);
+    // The other processes of the launch, in one process with a limit of its own.
+    const pid_t others = ::fork();
+    if (others == 0) {
+      const rlimit mine{now.rlim_max, now.rlim_max};
+      ::setrlimit(RLIMIT_NOFILE, &mine);  // ignore-error: the driver then sees fewer hellos
+      std::vector<Channel> held;
+      for (int rank = 1; rank < kRanks; ++rank) {
+        held.emplace_back(tcp_connect({"127.0.0.1"}, listener.port(), std::chrono::seconds(30)),
+                          "the driver");
+        held.back().send({{"t", "hello"}, {"rank", rank}, {"token", "t"}, {"host", "vm"}});
+      }
+      ::pause();  // until the driver's side kills it
+      ::_exit(0);
+    }
+    MpiWorld w;
+    w.size = kRanks;
+    w.label = "rank";
+    w.hosts.resize(kRanks);
+    int result = 0;
+    try {
+      const std::vector<Agent> agents = accept_agents(listener, w, "t", "127.0.0.1", 0);
+      for (const Agent& a : agents) {
+        if (a.gone || !a.channel.open()) result = 3;
+      }
+      rlimit raised{};
+      ::getrlimit(RLIMIT_NOFILE, &raised);
+      if (raised.rlim_cur < kRanks) {
+        std::fprintf(stderr, "the soft limit is still %ju\n",
+                     static_cast<uintmax_t>(raised.rlim_cur));
+        result = 4;
+      }
+    } catch (const Error& e) {
+      std::fprintf(stderr, "accept_agents threw: %s\n", e.what());
+      result = 2;
+    }
+    ::kill(others, SIGKILL);
+    ::waitpid(others, nullptr, 0);
+    return result;
   });
   EXPECT_EQ(rc, 0);
 }

@@ -6,9 +6,12 @@
 // Thread-safety: none; the driver's thread owns the group.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +65,18 @@ std::unique_ptr<Group> start_local_group(const LaunchSpec& spec);
 // The MPI launcher starts its node's one rank this way.
 std::unique_ptr<Group> start_local_ranks(const LaunchSpec& spec,
                                          const std::vector<TrainContext>& places);
+
+// The driver's limit on open files (a local group's workers, a launch's
+// connections to its agents): raises this process's soft limit to `need`
+// when it is lower, as far as the hard limit allows (never lowers it), and
+// returns the limit the process had before its first raise, which workers
+// get back (their own children may use select(), which breaks above 1024).
+// Throws kFailedPrecondition, before anything starts, when the hard limit is
+// below `need`: "<who> need about <need> open files in the driver (<why>),
+// but this process may open at most <hard> (the hard limit, `ulimit -Hn`):
+// <remedy>".
+rlimit raise_open_file_limit(rlim_t need, std::string_view who, std::string_view why,
+                             std::string_view remedy);
 
 // The worker's side: runs train_fn with the session set up for `channel` and
 // returns the process exit status to use (0 on success).

@@ -49,6 +49,8 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -152,31 +154,13 @@ int open_exit_fd(pid_t pid) {
 
 // The usual soft limit on open files (1024) ends a local group at about 330
 // ranks, while the hard limit is usually far higher: raise the soft limit as
-// far as the group needs, as servers that hold many connections do. Returns
-// the limit as it was, which every worker gets back (a worker's own
-// children may use select(), which breaks above 1024). Throws
-// kFailedPrecondition when the hard limit is too low, before anything starts.
+// far as the group needs, as servers that hold many connections do.
 rlimit raise_descriptor_limit(size_t workers) {
-  rlimit was{};
-  if (::getrlimit(RLIMIT_NOFILE, &was) != 0) throw errno_error(errno, "getrlimit", "RLIMIT_NOFILE");
-  const rlim_t need = descriptors_for(workers);
-  if (was.rlim_cur != RLIM_INFINITY && was.rlim_cur >= need) return was;
-  if (was.rlim_cur == RLIM_INFINITY) return was;
-  if (was.rlim_max != RLIM_INFINITY && was.rlim_max < need) {
-    throw Error(
-        ErrorCode::kFailedPrecondition,
-        fmt::format("{} local workers need about {} open files in the driver (a socket, "
-                    "a pipe and a pidfd each), but this process may open at most {} (the hard "
-                    "limit, `ulimit -Hn`): raise it, or start fewer workers per driver "
-                    "(the MPI or torchrun-style launchers spread them over processes)",
-                    workers, need, was.rlim_max));
-  }
-  rlimit raised = was;
-  raised.rlim_cur = need;
-  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    throw errno_error(errno, "setrlimit", fmt::format("RLIMIT_NOFILE to {}", need));
-  }
-  return was;
+  return raise_open_file_limit(
+      descriptors_for(workers), fmt::format("{} local workers", workers),
+      "a socket, a pipe and a pidfd each",
+      "raise it, or start fewer workers per driver (the MPI or torchrun-style launchers "
+      "spread them over processes)");
 }
 
 }  // namespace
@@ -565,6 +549,32 @@ std::unique_ptr<Group> start_local_group(const LaunchSpec& spec) {
 std::unique_ptr<Group> start_local_ranks(const LaunchSpec& spec,
                                          const std::vector<TrainContext>& places) {
   return std::make_unique<LocalGroup>(spec, places);
+}
+
+rlimit raise_open_file_limit(rlim_t need, std::string_view who, std::string_view why,
+                             std::string_view remedy) {
+  // The limit before this process's first raise: a driver of a torchrun-style
+  // launch raises it for its connections before its own worker's group does.
+  static std::mutex mutex;
+  static std::optional<rlimit> before_raise;
+  const std::lock_guard lock(mutex);
+  rlimit now{};
+  if (::getrlimit(RLIMIT_NOFILE, &now) != 0) throw errno_error(errno, "getrlimit", "RLIMIT_NOFILE");
+  const rlimit original = before_raise.value_or(now);
+  if (now.rlim_cur == RLIM_INFINITY || now.rlim_cur >= need) return original;
+  if (now.rlim_max != RLIM_INFINITY && now.rlim_max < need) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{} need about {} open files in the driver ({}), but this process "
+                            "may open at most {} (the hard limit, `ulimit -Hn`): {}",
+                            who, need, why, now.rlim_max, remedy));
+  }
+  rlimit raised = now;
+  raised.rlim_cur = need;
+  if (::setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    throw errno_error(errno, "setrlimit", fmt::format("RLIMIT_NOFILE to {}", need));
+  }
+  if (!before_raise) before_raise = now;
+  return original;
 }
 
 }  // namespace cairn::train_internal
