@@ -23,6 +23,17 @@
 // SIGKILL). As with the Trainer, call fit() from a thread that lives for the
 // whole run, without other threads holding locks.
 //
+// Several hosts. Started on every host by mpirun, srun or a launcher that
+// sets torchrun's variables (ScalingConfig::launcher: kAuto finds the
+// launch, kMpi/kEnv insist on one), every process calls fit(): process 0
+// runs the experiment and trials on its host, every other process runs the
+// trials placed on its host (the least loaded host with room and free GPUs;
+// per-host GPUs and cores). The storage must be shared (kInvalidArgument
+// naming the host that cannot see it, before any trial starts). A host
+// that is lost takes its runners with it and its trials resume elsewhere
+// from their latest checkpoints, not counted as failures. Every process
+// returns the same ResultGrid, or throws the same error.
+//
 // Layout (any storage URI; RunConfig::storage_path/name):
 //   <experiment>/tuner_state.json   the experiment state (below)
 //   <experiment>/.cairn.lock        held by the driver while fit() runs
@@ -256,6 +267,9 @@ class ResultGrid {
   std::size_t num_errors() const;
   std::size_t num_terminated() const;
   const std::string& experiment_path() const { return experiment_path_; }
+  // TuneConfig's metric and mode, get_best_result()'s defaults.
+  const std::string& metric() const { return metric_; }
+  const std::string& mode() const { return mode_; }
   const ExperimentStats& stats() const { return stats_; }
   void set_stats(const ExperimentStats& stats) { stats_ = stats; }
 

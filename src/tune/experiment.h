@@ -26,6 +26,7 @@
 #include "experiment/layout.h"
 #include "train/control/channel.h"
 #include "tune/gpu_pool.h"
+#include "tune/trial_hosts.h"
 
 namespace cairn::tune::tuner_internal {
 
@@ -64,7 +65,9 @@ struct Trial {
   bool searcher_told = false;         // the searcher heard it completed
   int expected_starts = 0;  // its trainer_state's driver_starts once its last runner began
   std::string text;         // its JSON while it has ended (state_text)
-  // While running:
+  // While running: its place (Experiment::places_; -1 while it does not
+  // run); on this process's place its runner's pid and channel.
+  int place = -1;
   pid_t pid = -1;
   std::unique_ptr<train_internal::Channel> channel;
   bool ended = false;  // its "end" arrived
@@ -99,6 +102,9 @@ class Experiment {
     int num_workers = 1;
     std::optional<RestoreOptions> restore;
     nlohmann::json saved;  // the state restore() read
+    // The other processes of a launch, which run trials too (places 1..n);
+    // null: every trial runs on this process's host.
+    TrialHosts* hosts = nullptr;
   };
 
   explicit Experiment(Spec spec) : spec_(std::move(spec)) {}
@@ -145,7 +151,18 @@ class Experiment {
 
   std::string trial_path(const std::string& id) const;
 
+  // Starts the trial's runner on its place (t.place, set by fill_slots).
   void start(Trial& t);
+
+  // The trial's runner is gone: its place and GPUs are free again.
+  void unplace(Trial& t);
+
+  // What a trial host sent, or its loss.
+  void on_host_event(const TrialHosts::Event& e);
+
+  // Trials on a host that was lost resume on another place from their
+  // latest checkpoints; the loss is not their failure.
+  void lost_with_host(Trial& t, const std::string& host);
 
   // Copies the source's latest checkpoint into the staging folder now, so
   // that the source's retention cannot delete it before the clone resumes.
@@ -214,11 +231,20 @@ class Experiment {
   std::shared_ptr<TrialScheduler> scheduler_;
   std::vector<Trial> trials_;
   std::size_t next_index_ = 0;
-  int max_concurrent_ = 1;
+  int max_concurrent_ = 1;  // trials at once, over every place
   bool stop_experiment_ = false;
-  std::unique_ptr<GpuPool> gpus_;  // TuneConfig::resources_per_trial.gpu
-  // Gives back a trial's GPUs once its runner is gone.
-  void release_gpus(Trial& t);
+  // Where trials run: place 0 is this process's host, place i > 0 the
+  // launch's process i (spec_.hosts's i - 1).
+  struct Place {
+    std::string name;
+    int limit = 1;  // trials at once here (INT_MAX: only max_concurrent_ bounds it)
+    int running = 0;
+    bool gone = false;
+    std::unique_ptr<GpuPool> gpus;  // TuneConfig::resources_per_trial.gpu
+  };
+  std::vector<Place> places_;
+  // The places from the offers (open_experiment).
+  void make_places();
   // TuneConfig::time_budget_s: the time earlier fit()s of the experiment
   // ran (from the saved state), and when this one started.
   double time_used_before_ = 0;

@@ -13,8 +13,6 @@
 
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,7 +98,7 @@ void Experiment::loop() {
 
 int Experiment::running_count() const {
   int n = 0;
-  for (const auto& t : trials_) n += t.pid > 0 ? 1 : 0;
+  for (const auto& t : trials_) n += t.place >= 0 ? 1 : 0;
   return n;
 }
 
@@ -120,30 +118,51 @@ void Experiment::fill_slots() {
     if (!have_pending && !searcher_->finished()) add_suggested_trial();
     std::vector<TrialView> candidates;
     for (const auto& t : trials_) {
-      if (t.pid < 0 &&
+      if (t.place < 0 &&
           (t.info.status == TrialStatus::kPending || t.info.status == TrialStatus::kPaused)) {
         candidates.push_back(view_of(t));
       }
     }
     if (candidates.empty()) return;
-    // Every trial asks the same; none starts until its GPUs are free.
+    // The least loaded place with room and, when the trials ask for GPUs,
+    // free GPUs (every trial asks the same).
     const double gpu = spec_.tune.resources_per_trial.gpu;
-    std::optional<std::vector<std::string>> ids = gpus_->acquire(gpu);
-    if (!ids) return;
+    std::vector<int> running;
+    std::vector<int> limit;
+    std::vector<bool> gone;
+    for (const Place& p : places_) {
+      running.push_back(p.running);
+      limit.push_back(p.limit);
+      gone.push_back(p.gone);
+    }
+    std::optional<std::size_t> where;
+    std::vector<std::string> ids;
+    for (std::size_t p : placement_order(running, limit, gone)) {
+      if (gpu > 0) {
+        std::optional<std::vector<std::string>> got = places_[p].gpus->acquire(gpu);
+        if (!got) continue;
+        ids = std::move(*got);
+      }
+      where = p;
+      break;
+    }
+    if (!where) return;
     std::optional<std::string> chosen = scheduler_->choose_trial_to_run(candidates);
     Trial* t = chosen ? find(*chosen) : nullptr;
-    if (!chosen || t == nullptr || t->pid > 0) {
-      gpus_->release(*ids, gpu);
+    if (!chosen || t == nullptr || t->place >= 0) {
+      if (gpu > 0) places_[*where].gpus->release(ids, gpu);
       if (!chosen) return;
       throw Error(ErrorCode::kInternal,
                   fmt::format("the {} scheduler chose \"{}\", which is not a waiting trial",
                               scheduler_->name(), *chosen));
     }
-    t->gpu_ids = std::move(*ids);
+    t->gpu_ids = std::move(ids);
+    t->place = static_cast<int>(*where);
+    ++places_[*where].running;
     try {
       start(*t);
     } catch (...) {
-      release_gpus(*t);
+      unplace(*t);
       throw;
     }
   }
@@ -218,43 +237,17 @@ void Experiment::start(Trial& t) {
   rs.trial_uri = trial_storage->uri();
   rs.trial_path = t.info.path;
 
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
-    throw Error(ErrorCode::kIO,
-                fmt::format("socketpair for trial {}: {}", t.info.trial_id, std::strerror(errno)));
+  if (t.place == 0) {
+    tune_internal::ForkedRunner r = tune_internal::fork_runner(rs, t.gpu_ids, t.info.trial_id);
+    t.pid = r.pid;
+    t.channel = std::make_unique<train_internal::Channel>(std::move(r.channel),
+                                                          fmt::format("trial {}", t.info.trial_id));
+  } else {
+    spec_.hosts->start(static_cast<std::size_t>(t.place - 1), t.info.trial_id,
+                       runner_to_json(rs, t.gpu_ids));
+    log::info(fmt::format("trial {} starts on {}", t.info.trial_id,
+                          places_[static_cast<std::size_t>(t.place)].name));
   }
-  std::fflush(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    ::close(sv[0]);
-    ::close(sv[1]);
-    throw Error(ErrorCode::kIO,
-                fmt::format("fork for trial {}: {}", t.info.trial_id, std::strerror(err)));
-  }
-  if (pid == 0) {
-    // The runner: dies with the driver; keeps only its own channel.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
-    if (tune_internal::runner_started_hook != nullptr) tune_internal::runner_started_hook();
-    // Its GPUs only, for the runner and the workers it forks.
-    if (!t.gpu_ids.empty()) {
-      ::setenv("CUDA_VISIBLE_DEVICES", fmt::format("{}", fmt::join(t.gpu_ids, ",")).c_str(), 1);
-    }
-    // Only its channel (as fd 3) and stdio: no other trial's channel, and
-    // not the experiment's lock (a flock lives while any copy of its
-    // descriptor does), as the Trainer's workers do.
-    if (sv[1] != 3) {
-      ::dup2(sv[1], 3);
-    }
-    ::close_range(4, ~0u, 0);
-    ::_exit(tune_internal::run_trial(rs, 3));
-  }
-  ::close(sv[1]);
-  t.pid = pid;
-  t.channel = std::make_unique<train_internal::Channel>(UniqueFd(sv[0]),
-                                                        fmt::format("trial {}", t.info.trial_id));
   t.ended = false;
   t.end = nullptr;
   t.ending.reset();
@@ -272,6 +265,9 @@ void Experiment::wait_for_runners(int timeout_ms) {
   for (const auto& t : trials_) {
     if (t.channel) fds.push_back({t.channel->fd(), POLLIN, 0});
   }
+  if (spec_.hosts != nullptr) {
+    for (int fd : spec_.hosts->fds()) fds.push_back({fd, POLLIN, 0});
+  }
   if (fds.empty()) return;
   const int n = ::poll(fds.data(), fds.size(), timeout_ms);
   if (n <= 0) return;
@@ -282,6 +278,48 @@ void Experiment::wait_for_runners(int timeout_ms) {
     for (const auto& m : messages) handle_message(t, m);
     if (!open) t.channel.reset();
   }
+  if (spec_.hosts != nullptr) {
+    for (const TrialHosts::Event& e : spec_.hosts->read()) on_host_event(e);
+  }
+}
+
+void Experiment::on_host_event(const TrialHosts::Event& e) {
+  const int place = static_cast<int>(e.host) + 1;
+  if (e.type == TrialHosts::Event::kLost) {
+    Place& p = places_.at(static_cast<std::size_t>(place));
+    p.gone = true;
+    log::warn(fmt::format("Tuner: {} is lost ({}); no trial starts there any more", p.name, e.why));
+    for (auto& t : trials_) {
+      if (t.place == place) lost_with_host(t, p.name);
+    }
+    return;
+  }
+  Trial* t = find(e.trial);
+  // A trial that is not running there any more (killed, or its host was
+  // taken for lost) is past what its runner says.
+  if (t == nullptr || t->place != place) return;
+  if (e.type == TrialHosts::Event::kMessage) {
+    handle_message(*t, e.message);
+    return;
+  }
+  unplace(*t);
+  finish(*t, e.wait_status);
+}
+
+void Experiment::lost_with_host(Trial& t, const std::string& host) {
+  unplace(t);
+  if (t.ended) {
+    finish(t, 0);  // its end arrived; only its exit did not
+    return;
+  }
+  dirty_ = true;
+  refresh_checkpoints(t);
+  apply_deferred_retention(t);
+  log::warn(
+      fmt::format("trial {}: its host ({}) was lost; it resumes on another host from its "
+                  "latest checkpoint (not counted as a failure)",
+                  t.info.trial_id, host));
+  t.info.status = TrialStatus::kPaused;
 }
 
 void Experiment::handle_message(Trial& t, const nlohmann::json& m) {
@@ -311,6 +349,10 @@ void Experiment::handle_message(Trial& t, const nlohmann::json& m) {
 }
 
 void Experiment::reply(Trial& t, const nlohmann::json& message) {
+  if (t.place > 0) {
+    spec_.hosts->send(static_cast<std::size_t>(t.place - 1), t.info.trial_id, message);
+    return;
+  }
   try {
     t.channel->send(message);
   } catch (const Error& e) {
@@ -483,9 +525,7 @@ void Experiment::reap_runners() {
       t.channel->read_available(messages);
       for (const auto& m : messages) handle_message(t, m);
     }
-    t.channel.reset();
-    t.pid = -1;
-    release_gpus(t);
+    unplace(t);
     finish(t, status);
   }
 }
@@ -579,20 +619,25 @@ void Experiment::check_time_budget() {
 
 void Experiment::stop_all_runners() {
   for (auto& t : trials_) {
-    if (t.pid < 0) continue;
-    ::kill(t.pid, SIGKILL);
-    int status = 0;
-    ::waitpid(t.pid, &status, 0);
-    t.pid = -1;
-    t.channel.reset();
-    release_gpus(t);
+    if (t.place > 0) spec_.hosts->kill(static_cast<std::size_t>(t.place - 1), t.info.trial_id);
+    if (t.pid > 0) {
+      ::kill(t.pid, SIGKILL);
+      int status = 0;
+      ::waitpid(t.pid, &status, 0);
+    }
+    if (t.place >= 0) unplace(t);
   }
 }
 
-void Experiment::release_gpus(Trial& t) {
-  if (t.gpu_ids.empty()) return;
-  gpus_->release(t.gpu_ids, spec_.tune.resources_per_trial.gpu);
+void Experiment::unplace(Trial& t) {
+  if (t.place < 0) return;
+  Place& p = places_.at(static_cast<std::size_t>(t.place));
+  if (!t.gpu_ids.empty()) p.gpus->release(t.gpu_ids, spec_.tune.resources_per_trial.gpu);
   t.gpu_ids.clear();
+  --p.running;
+  t.place = -1;
+  t.pid = -1;
+  t.channel.reset();
 }
 
 }  // namespace cairn::tune::tuner_internal

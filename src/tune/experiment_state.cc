@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -124,6 +126,49 @@ Trial trial_from_json(const nlohmann::json& j) {
 
 // ---- opening and the state --------------------------------------------
 
+void Experiment::make_places() {
+  const int configured = spec_.tune.max_concurrent_trials;
+  const TrialResources& want = spec_.tune.resources_per_trial;
+  const bool one_place = spec_.hosts == nullptr || spec_.hosts->size() == 0;
+  auto add = [&](std::string name, const PlaceOffer& offer) {
+    Place p;
+    p.name = std::move(name);
+    const int slots = default_slots(offer.cores, want.cpu, spec_.num_workers);
+    // max_concurrent_trials bounds the whole experiment; on one place that
+    // is the place's bound, as before there were several.
+    p.limit = configured > 0 ? (one_place ? configured : INT_MAX) : slots;
+    p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
+    places_.push_back(std::move(p));
+  };
+  add("this host", own_offer(spec_.tune));
+  if (!one_place) {
+    for (std::size_t i = 0; i < spec_.hosts->size(); ++i) {
+      add(spec_.hosts->name(i), spec_.hosts->offer(i));
+    }
+  }
+  if (configured > 0) {
+    max_concurrent_ = configured;
+  } else {
+    long total = 0;
+    for (const Place& p : places_) total += p.limit;
+    max_concurrent_ = static_cast<int>(std::min<long>(total, INT_MAX));
+  }
+  // A request no place can ever hold is refused before any trial starts.
+  std::optional<Error> refused;
+  for (const Place& p : places_) {
+    try {
+      p.gpus->check_request(want.gpu);
+      return;
+    } catch (const Error& e) {
+      if (!refused) refused = e;
+    }
+  }
+  if (one_place || want.gpu <= 0) throw *refused;
+  throw Error(ErrorCode::kInvalidArgument,
+              fmt::format("{} (on every one of the {} hosts of the launch)", refused->what(),
+                          places_.size()));
+}
+
 void Experiment::open_experiment() {
   experiment::ExperimentLocation loc =
       experiment::locate_experiment(spec_.run.storage_path, spec_.run.name);
@@ -153,19 +198,8 @@ void Experiment::open_experiment() {
   scheduler_ = spec_.tune.scheduler;
   if (!scheduler_) scheduler_ = std::make_shared<FIFOScheduler>();
   scheduler_->set_search_properties(spec_.tune.metric, spec_.tune.mode);
-  max_concurrent_ = spec_.tune.max_concurrent_trials;
-  if (max_concurrent_ <= 0) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-    const double per_trial = spec_.tune.resources_per_trial.cpu > 0
-                                 ? spec_.tune.resources_per_trial.cpu
-                                 : static_cast<double>(std::max(1, spec_.num_workers));
-    max_concurrent_ = std::max(1, static_cast<int>(static_cast<double>(cores) / per_trial));
-  }
+  make_places();
   const Settings settings = Settings::from(Environment::process());
-  gpus_ = std::make_unique<GpuPool>(spec_.tune.gpu_ids.empty()
-                                        ? GpuPool::visible_devices(settings.cuda_visible_devices)
-                                        : spec_.tune.gpu_ids);
-  gpus_->check_request(spec_.tune.resources_per_trial.gpu);
   if (const std::string& env = settings.tune_state_period_s; !env.empty()) {
     char* end = nullptr;
     const double v = std::strtod(env.c_str(), &end);

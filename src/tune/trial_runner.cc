@@ -1,9 +1,17 @@
 #include "tune/trial_runner.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cairn/error.h"
 #include "experiment/layout.h"
@@ -123,6 +131,37 @@ TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_freq
     }
     t->cleanup();
   };
+}
+
+ForkedRunner fork_runner(const RunnerSpec& rs, const std::vector<std::string>& gpu_ids,
+                         const std::string& trial_id) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw Error(ErrorCode::kIO,
+                fmt::format("socketpair for trial {}: {}", trial_id, std::strerror(errno)));
+  }
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(sv[0]);
+    ::close(sv[1]);
+    throw Error(ErrorCode::kIO, fmt::format("fork for trial {}: {}", trial_id, std::strerror(err)));
+  }
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    if (runner_started_hook != nullptr) runner_started_hook();
+    if (!gpu_ids.empty()) {
+      ::setenv("CUDA_VISIBLE_DEVICES", fmt::format("{}", fmt::join(gpu_ids, ",")).c_str(), 1);
+    }
+    if (sv[1] != 3) ::dup2(sv[1], 3);
+    ::close_range(4, ~0u, 0);
+    ::_exit(run_trial(rs, 3));
+  }
+  ::close(sv[1]);
+  return {pid, UniqueFd(sv[0])};
 }
 
 int run_trial(const RunnerSpec& rs, int fd) {

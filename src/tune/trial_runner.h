@@ -17,9 +17,12 @@
 // failed, and Tuner::restore resumes it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +30,7 @@
 #include "cairn/run_config.h"
 #include "cairn/train.h"
 #include "cairn/tuner.h"
+#include "util/fs.h"
 
 namespace cairn::tune_internal {
 
@@ -64,6 +68,19 @@ extern void (*runner_started_hook)();
 // Runs in the forked child; returns its exit status. `fd` is its end of the
 // channel to the Tuner.
 int run_trial(const RunnerSpec& spec, int fd);
+
+// Forks the runner of trial `trial_id`: it dies with this process
+// (PR_SET_PDEATHSIG), sees only `gpu_ids` as CUDA_VISIBLE_DEVICES when
+// given, and keeps only its end of the channel (as fd 3) and stdio: no other
+// trial's channel and no lock of this process (a flock lives while any copy
+// of its descriptor does). Returns its pid and this side's end of the
+// channel; throws kIO naming the trial.
+struct ForkedRunner {
+  pid_t pid = -1;
+  UniqueFd channel;
+};
+ForkedRunner fork_runner(const RunnerSpec& spec, const std::vector<std::string>& gpu_ids,
+                         const std::string& trial_id);
 
 // The train_fn that drives a class trainable (see tuner.h, Trainable).
 TrainFn class_trainable_loop(tune::TrainableFactory factory, int checkpoint_frequency,

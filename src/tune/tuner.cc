@@ -30,9 +30,12 @@
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
 #include "train/control/driver.h"
+#include "train/job_boot.h"
+#include "train/mpi_messages.h"
 #include "tune/domain.h"
 #include "tune/experiment.h"
 #include "tune/gpu_pool.h"
+#include "tune/trial_hosts.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
 #include "util/json.h"
@@ -47,8 +50,12 @@ using internal::check_mode;
 namespace {
 
 using tuner_internal::Experiment;
+using tuner_internal::grid_to_json;
 using tuner_internal::kStateKey;
 using tuner_internal::number_at;
+using tuner_internal::refuse_hosts;
+using tuner_internal::serve_trials;
+using tuner_internal::TrialHosts;
 
 double score_of(const TrialResult& r, const std::string& metric, std::string_view scope) {
   std::vector<double> values;
@@ -224,12 +231,6 @@ void Tuner::check() {
   tune_config_.validate();
   run_config_.validate();
   scaling_.validate();
-  if (scaling_.launcher == Launcher::kMpi || scaling_.launcher == Launcher::kEnv) {
-    throw Error(ErrorCode::kInvalidArgument,
-                fmt::format("Tuner: trials run with the local launcher; ScalingConfig::launcher "
-                            "is {}",
-                            scaling_.launcher == Launcher::kMpi ? "kMpi" : "kEnv"));
-  }
   if (scaling_.min_workers > 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "Tuner: ScalingConfig::min_workers (an elastic group) is for the Trainer; a trial "
@@ -268,8 +269,43 @@ ResultGrid Tuner::fit() {
   spec.num_workers = scaling_.num_workers;
   spec.restore = restore_;
   spec.saved = restored_state_;
-  Experiment e(std::move(spec));
-  return e.run();
+  std::optional<train_internal::JobBoot> boot = train_internal::boot_launch(scaling_.launcher);
+  if (!boot) return Experiment(std::move(spec)).run();
+
+  // A launch: process 0 runs the experiment, every other process is a
+  // trial host (tune/trial_hosts.h).
+  if (boot->world.rank != 0) {
+    tune_internal::RunnerSpec local;
+    local.train_fn = spec.train_fn;
+    local.num_workers = spec.num_workers;
+    local.run = spec.run;
+    return serve_trials(*boot, spec.tune, local);
+  }
+  // The name is fixed now, so that the probe and the experiment agree.
+  experiment::ExperimentLocation loc;
+  try {
+    loc = experiment::locate_experiment(spec.run.storage_path, spec.run.name);
+  } catch (const Error& e) {
+    refuse_hosts(*boot, e);
+    throw;
+  }
+  spec.run.name = loc.name;
+  spec.run.storage_path = loc.storage_path;
+  // Tells the hosts when it fails.
+  auto hosts = std::make_unique<TrialHosts>(*boot, loc.uri, loc.path);
+  spec.hosts = hosts.get();
+  try {
+    ResultGrid grid = Experiment(std::move(spec)).run();
+    hosts->end({{"t", "end"}, {"grid", grid_to_json(grid)}});
+    return grid;
+  } catch (const Error& e) {
+    hosts->end({{"t", "end"}, {"error", train_internal::error_to_json(e.code(), e.what())}});
+    throw;
+  } catch (const std::exception& e) {
+    hosts->end(
+        {{"t", "end"}, {"error", train_internal::error_to_json(ErrorCode::kInternal, e.what())}});
+    throw;
+  }
 }
 
 namespace {
@@ -442,7 +478,7 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);
     run.failure_config.preemption_grace_s = fc.value("preemption_grace_s", 120.0);
     scaling.num_workers = s.at("num_workers").get<int>();
-    scaling.launcher = Launcher::kLocal;
+    scaling.launcher = Launcher::kAuto;  // a launch places trials on its hosts again
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kCorruption,
                 fmt::format("{}: a stored setting is missing or has the wrong type: {}", state_uri,
