@@ -7,8 +7,11 @@ tuner_state.json, in a temporary folder.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import socket
+import subprocess
 import sys
 from typing import Any, Optional, Union
 
@@ -474,3 +477,34 @@ def test_python_callbacks_see_every_event_and_a_failing_one_ends_fit_naming_it(
     with pytest.raises(cairn.InvalidArgumentError, match=r"callbacks\[0\]"):
         tune.Tuner(trainable, run_config=RunConfig(name="c", storage_path=tmp_path,
                                                    callbacks=[object()]))
+
+
+_HOSTS_PROGRAM = os.path.join(os.path.dirname(__file__), "tune_hosts.py")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
+
+
+def test_trials_run_on_every_process_of_a_launch_and_each_gets_the_grid(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Two processes started by hand with torchrun's variables: process 0
+    # runs the experiment, process 1 runs the trials placed on it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
+               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    procs = [subprocess.Popen([sys.executable, _HOSTS_PROGRAM, str(tmp_path)],
+                              env=dict(env, RANK=str(r), CAIRN_TEST_PLACE=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        outputs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    grids = [json.loads((tmp_path / f"grid_{r}.json").read_text()) for r in range(2)]
+    assert grids[0] == grids[1], outputs
+    assert isinstance(grids[0], list) and len(grids[0]) == 4, (grids[0], outputs)
+    assert all(step == 2 for _, step, _ in grids[0]), grids[0]
+    assert {place for _, _, place in grids[0]} == {"0", "1"}, grids[0]
