@@ -157,7 +157,7 @@ ProbeAnswers probe_agents(std::span<Agent> agents, const std::string& host0, con
 }  // namespace
 
 std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
-                                 const std::string& where, int min_workers) {
+                                 const std::string& where, int min_workers, milliseconds limit) {
   // One connection per agent, held for the whole run: with the usual soft
   // limit of 1024, a driver of 1,024 ranks ran out of descriptors in accept().
   raise_open_file_limit(static_cast<rlim_t>(w.size) + 256,
@@ -166,12 +166,16 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
   std::vector<Agent> agents(static_cast<size_t>(w.size - 1));
   std::vector<bool> joined(agents.size(), false);
   size_t count = 0;
-  const auto deadline = Clock::now() + kConnectLimit;
+  // The limit counts from the last connection, not from the start: it bounds
+  // a process that never comes, and a launch's processes start over a time
+  // that grows with their number (1,024 on two cores: about a minute).
+  auto deadline = Clock::now() + limit;
   const auto taken = [&](int rank) { return joined[static_cast<size_t>(rank - 1)]; };
   while (count < agents.size() && remaining_ms(deadline) > 0) {
     std::optional<Agent> a =
         accept_one(listener, w, token, taken, milliseconds(remaining_ms(deadline)));
     if (!a) continue;
+    deadline = Clock::now() + limit;
     const size_t i = static_cast<size_t>(a->rank - 1);
     w.hosts.at(i + 1) = a->host;
     agents[i] = std::move(*a);
@@ -187,9 +191,9 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
       agents[i].gone = true;
     }
     log::warn(
-        fmt::format("driver: {} of {} process(es) connected within {} s; the elastic group "
-                    "starts with them (ScalingConfig::min_workers is {})",
-                    count + 1, w.size, kConnectLimit.count() / 1000, min_workers));
+        fmt::format("driver: {} of {} process(es) connected, none more within {} s; the "
+                    "elastic group starts with them (ScalingConfig::min_workers is {})",
+                    count + 1, w.size, limit.count() / 1000, min_workers));
     return agents;
   }
   if (count < agents.size()) {
@@ -209,9 +213,11 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
       }
     }
     throw Error(ErrorCode::kTimeout,
-                fmt::format("{}(s) {} did not connect to the driver at {} within {} s; "
-                            "the port must be reachable from every node ({})",
-                            w.label, fmt::join(missing, ", "), where, kConnectLimit.count() / 1000,
+                fmt::format("{}(s) {} did not connect to the driver at {} ({} of {} "
+                            "processes did, none more within {} s); the port must be reachable "
+                            "from every node ({})",
+                            w.label, fmt::join(missing, ", "), where, count + 1, w.size,
+                            limit.count() / 1000,
                             w.label == "MPI rank"
                                 ? "set CAIRN_MPI_ADDRESS on the driver's node to an address on a "
                                   "network all nodes share"

@@ -56,12 +56,17 @@ struct Agent {
 std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& type,
                                     std::chrono::milliseconds limit);
 
-// Fills in the hosts `w` does not know yet (a torchrun-style launch learns
-// them from the agents' hellos). An elastic group (`min_workers` > 0) starts
-// without the ranks that did not connect in time when enough did; they are
-// marked gone and may join a later attempt.
+// Accepts the other processes of the launch until all have connected or
+// none has for `limit` (counted from the last connection, so that a launch
+// whose processes start over a long time, as 1,024 of them on a few cores
+// do, is not cut off while they still arrive); throws kTimeout naming the
+// missing ranks. Fills in the hosts `w` does not know yet (a torchrun-style
+// launch learns them from the agents' hellos). An elastic group
+// (`min_workers` > 0) starts without the ranks that did not connect in time
+// when enough did; they are marked gone and may join a later attempt.
 std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::string& token,
-                                 const std::string& where, int min_workers);
+                                 const std::string& where, int min_workers,
+                                 std::chrono::milliseconds limit = kConnectLimit);
 
 // The storage probe for the whole group before the first attempt: throws,
 // naming the first rank whose host does not see the storage.

@@ -3,8 +3,9 @@
 // limit as far as the group needs, gives the workers the limit it had, and
 // refuses clearly, before starting anything, when the hard limit is too low.
 // The driver of an MPI or torchrun-style launch raises it likewise for its
-// connections to the agents. Each case runs in a forked child, whose limits
-// the test may lower for good.
+// connections to the agents, and waits for agents that keep connecting.
+// Each limit case runs in a forked child, whose limits the test may lower
+// for good.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -191,6 +192,52 @@ TEST(ManyWorkers, TheDriverOfATorchrunStyleLaunchRaisesItsOpenFileLimitForItsAge
     return result;
   });
   EXPECT_EQ(rc, 0);
+}
+
+// The driver's wait for the other processes bounds one that never comes,
+// counted from the last that connected: a launch whose processes start
+// over longer than the limit (1,024 of them took about a minute on two
+// cores) is not cut off while they still arrive. Here 5 processes connect
+// 0.5 s apart, 2 s in all, with a limit of 1.5 s; a rank that never
+// connects is named after 1.5 s without one.
+TEST(ManyWorkers, TheDriverWaitsForProcessesThatKeepConnectingPastItsLimit) {
+  using namespace train_internal;
+  constexpr int kRanks = 6;
+  const auto run = [](int connecting) {
+    TcpListener listener("127.0.0.1");
+    std::fflush(nullptr);
+    const pid_t others = ::fork();
+    if (others == 0) {
+      std::vector<Channel> held;
+      for (int rank = 1; rank <= connecting; ++rank) {
+        if (rank > 1) ::usleep(500'000);
+        held.emplace_back(tcp_connect({"127.0.0.1"}, listener.port(), std::chrono::seconds(30)),
+                          "the driver");
+        held.back().send({{"t", "hello"}, {"rank", rank}, {"token", "t"}, {"host", "vm"}});
+      }
+      ::pause();  // until the driver's side kills it
+      ::_exit(0);
+    }
+    MpiWorld w;
+    w.size = kRanks;
+    w.label = "rank";
+    w.hosts.resize(kRanks);
+    std::string outcome;
+    try {
+      const std::vector<Agent> agents =
+          accept_agents(listener, w, "t", "127.0.0.1", 0, std::chrono::milliseconds(1500));
+      outcome = fmt::format("{} agents", agents.size());
+    } catch (const Error& e) {
+      outcome = e.what();
+    }
+    ::kill(others, SIGKILL);
+    ::waitpid(others, nullptr, 0);
+    return outcome;
+  };
+  EXPECT_EQ(run(kRanks - 1), fmt::format("{} agents", kRanks - 1));
+  const std::string missing = run(kRanks - 2);
+  EXPECT_NE(missing.find("rank(s) 5 did not connect"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("5 of 6 processes did"), std::string::npos) << missing;
 }
 
 }  // namespace
