@@ -1,12 +1,23 @@
 // How a report round grows with the number of ranks (docs/scale.md).
 //
-// For each N of --ranks, a run of N local worker processes (each a small
-// state: one file of --file-kib KiB) reports a checkpoint every round for
+// For each N of --ranks, a run of N worker processes (each a small state:
+// one file of --file-kib KiB) reports a checkpoint every round for
 // --rounds rounds into --storage (a file:// folder: a tmpfs such as /dev/shm
 // for the driver's own costs without a disk, a disk folder, or an s3:// URI).
 // One rank is killed with SIGKILL in round --fail-round (0: none), and the
 // group restarts from the latest checkpoint. Each N runs in a process of
 // its own, so its memory figures are its own.
+//
+// --launcher local (the default) forks the N workers from the driver
+// (ScalingConfig's local launcher). --launcher env starts them the way
+// torchrun or a shell loop does: N processes of this program, each with
+// RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT set, running the
+// Trainer's torchrun-style launch (fit_env, train/env_launch.h): rank 0 is
+// the driver and forks its own worker, every other process an agent that
+// connects to it over TCP and forks its rank's worker. The per-rank work is
+// the same; the figures are rank 0's (the driver's), and agent_rss_mib the
+// largest agent's peak, mem_used_mib what the machine's available memory
+// fell by at most while the N processes and their workers ran.
 //
 // Printed for each N (medians over the rounds after the first):
 //   commit_s        the last rank's "uploaded" to the commit returning
@@ -23,13 +34,17 @@
 //   requests        storage requests per checkpoint (S3 only: every HTTP
 //                   request any process sent, divided by the checkpoints)
 //   restart_s       the SIGKILL to the last rank's first step after restoring
-//                   its file from the checkpoint
+//                   its file from the checkpoint (restart_first_s: the first
+//                   rank's, in the JSON)
 //
 // The driver's times come from its own clock (DriverSpec::on_round_timing);
 // the ranks' times from a steady clock that every process on the machine
 // shares, written into memory shared with the workers.
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +56,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +75,8 @@
 #include "storage/s3/http.h"
 #include "train/control/driver.h"
 #include "train/control/group.h"
+#include "train/env_launch.h"
+#include "util/settings.h"
 
 namespace {
 
@@ -74,6 +92,12 @@ struct Args {
   uint64_t file_kib = 64;
   std::string storage;
   std::string json;
+  std::string launcher = "local";
+  // One rank of an env launch (started by --launcher env, not by hand).
+  bool env_process = false;
+  std::string times_file;
+  std::string run_name;
+  bool keep_log = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -92,6 +116,16 @@ Args parse(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--file-kib", a.file_kib, "each rank's file")->capture_default_str();
   app.add_option("--json", a.json, "write the figures here");
+  app.add_option("--launcher", a.launcher,
+                 "local: the driver forks the workers; env: N processes started as torchrun "
+                 "starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+      ->check(CLI::IsMember({"local", "env"}))
+      ->capture_default_str();
+  // Internal: a process of an env launch (rank from RANK).
+  app.add_flag("--env-process", a.env_process)->group("");
+  app.add_option("--times-file", a.times_file)->group("");
+  app.add_option("--run-name", a.run_name)->group("");
+  app.add_flag("--keep-log", a.keep_log, "env: keep the processes' log (in $TMPDIR)");
   cairn::bench::parse_or_exit(app, argc, argv);
   if (a.fail_round > a.rounds) {
     std::fprintf(stderr, "scale_bench: --fail-round must be in 0..rounds\n");
@@ -107,20 +141,37 @@ double cpu_s() {
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-// The ranks' clocks, in memory the forked workers share with the driver.
+// The ranks' clocks, in memory the workers share with the driver: an
+// anonymous mapping the forked workers inherit (local), or a file every
+// process of an env launch maps (its agents' workers inherit that).
 // Per rank and round: entering report() and leaving it (attempt 0's rounds
 // are overwritten by the restarted attempt's), and the S3 requests its
 // process had sent by then; the kill; per rank: the first step after
-// restoring.
+// restoring, and (env) its agent's peak resident memory.
 class SharedTimes {
  public:
-  SharedTimes(int n, int rounds) : n_(n), rounds_(rounds) {
-    bytes_ = sizeof(double) * (1 + static_cast<size_t>(n) * (3 * rounds + 1));
-    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  static size_t bytes_for(int n, int rounds) {
+    return sizeof(double) * (1 + static_cast<size_t>(n) * (3 * rounds + 2));
+  }
+  // `file` empty: anonymous; else that file, created at the size when `create`.
+  SharedTimes(int n, int rounds, const std::string& file = "", bool create = false)
+      : n_(n), rounds_(rounds), bytes_(bytes_for(n, rounds)) {
+    int fd = -1;
+    if (!file.empty()) {
+      fd = ::open(file.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_TRUNC : 0), 0600);
+      if (fd < 0 || (create && ::ftruncate(fd, static_cast<off_t>(bytes_)) != 0)) {
+        throw std::runtime_error("scale_bench: cannot open the shared times " + file);
+      }
+    }
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (fd < 0 ? MAP_ANONYMOUS : 0), fd, 0);
+    if (fd >= 0) ::close(fd);
     if (p == MAP_FAILED) throw std::runtime_error("scale_bench: mmap of the shared times failed");
     base_ = static_cast<double*>(p);
   }
   ~SharedTimes() { munmap(base_, bytes_); }
+  SharedTimes(const SharedTimes&) = delete;
+  SharedTimes& operator=(const SharedTimes&) = delete;
   double& fail_at() { return base_[0]; }
   double& enter(int rank, int round) { return base_[1 + rank * rounds_ + round]; }
   double& leave(int rank, int round) {
@@ -130,6 +181,10 @@ class SharedTimes {
   // The S3 requests the rank's process had sent when it left report().
   double& requests(int rank, int round) {
     return base_[1 + 2 * static_cast<size_t>(n_) * rounds_ + n_ + rank * rounds_ + round];
+  }
+  // The peak resident memory of the agent serving `rank`, in KiB (env).
+  double& agent_hwm_kib(int rank) {
+    return base_[1 + 3 * static_cast<size_t>(n_) * rounds_ + n_ + rank];
   }
 
  private:
@@ -194,11 +249,23 @@ uint64_t history_bytes(cairn::Storage& s) {
   return total;
 }
 
-// One N, in this process (the driver). Returns its figures.
-nlohmann::json measure(const Args& a, int n) {
-  SharedTimes times(n, a.rounds);
-  g_times = &times;
-  namespace ti = cairn::train_internal;
+// This process's peak resident memory (VmHWM), in KiB.
+long peak_rss_kib() {
+  long hwm_kib = 0;
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stol(line.substr(6));
+  }
+  return hwm_kib;
+}
+
+namespace ti = cairn::train_internal;
+
+// Runs the driver of `spec`: the local launcher's, or rank 0's of an env launch.
+using DriveFn = std::function<cairn::Result(const ti::DriverSpec&)>;
+
+// The DriverSpec's part that every process of a run shares.
+ti::DriverSpec base_spec(const Args& a, int n) {
   ti::DriverSpec spec;
   spec.train_fn = train_loop;
   const int fail_rank = n / 2;
@@ -207,11 +274,19 @@ nlohmann::json measure(const Args& a, int n) {
                             {"fail_rank", fail_rank},
                             {"bytes", a.file_kib << 10}};
   spec.world_size = n;
-  spec.run.name = fmt::format("scale-{}-{}", n, getpid());
+  spec.run.name = a.run_name.empty() ? fmt::format("scale-{}-{}", n, getpid()) : a.run_name;
   spec.run.storage_path = a.storage;
   spec.run.checkpoint_config.num_to_keep = 2;
   spec.run.failure_config.max_failures = a.fail_round > 0 ? 1 : 0;
   spec.run.failure_config.report_timeout_s = 600;
+  return spec;
+}
+
+// One N, in this process (the driver), with `times` shared with the
+// workers. Returns its figures.
+nlohmann::json measure(const Args& a, int n, SharedTimes& times, const DriveFn& drive) {
+  g_times = &times;
+  ti::DriverSpec spec = base_spec(a, n);
   auto loc = cairn::experiment::locate_experiment(spec.run.storage_path, spec.run.name);
   // The run's objects go at the end, also when the measurement fails.
   struct RemoveExperiment {
@@ -242,7 +317,7 @@ nlohmann::json measure(const Args& a, int n) {
     cpu_last = c;
   };
   const double t0 = now_seconds();
-  cairn::Result r = ti::run_driver(spec, ti::start_local_group);
+  cairn::Result r = drive(spec);
   const double wall = now_seconds() - t0;
   if (r.error)
     throw std::runtime_error(fmt::format("the run with {} ranks failed: {}", n, *r.error));
@@ -273,11 +348,15 @@ nlohmann::json measure(const Args& a, int n) {
     }
     round.push_back(last_leave - first_enter);
   }
-  double restart = 0;
+  double restart = 0, restart_first = 0;
   if (a.fail_round > 0) {
-    double last = 0;
-    for (int rank = 0; rank < n; ++rank) last = std::max(last, times.restored(rank));
+    double first = 1e300, last = 0;
+    for (int rank = 0; rank < n; ++rank) {
+      first = std::min(first, times.restored(rank));
+      last = std::max(last, times.restored(rank));
+    }
     restart = last - times.fail_at();
+    restart_first = first - times.fail_at();
   }
 
   auto storage = cairn::open_storage(loc.uri);
@@ -300,11 +379,7 @@ nlohmann::json measure(const Args& a, int n) {
   }
 
   // Peak resident memory of this process, the driver.
-  long hwm_kib = 0;
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) hwm_kib = std::stol(line.substr(6));
-  }
+  const long hwm_kib = peak_rss_kib();
   g_times = nullptr;
   return {{"ranks", n},
           {"rounds_measured", commit.size()},
@@ -319,13 +394,176 @@ nlohmann::json measure(const Args& a, int n) {
           {"history_kib", static_cast<double>(history) / 1024},
           {"requests_per_checkpoint", requests},
           {"restart_s", restart},
+          {"restart_first_s", restart_first},
           {"wall_s", wall}};
+}
+
+// ------------------------------------------------------------ --launcher env
+
+// MemAvailable of /proc/meminfo, in MiB.
+double available_mib() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) == 0) return std::stod(line.substr(13)) / 1024;
+  }
+  return 0;
+}
+
+// A free TCP port on 127.0.0.1 for the driver's control port (the kernel's
+// pick, released at once: a shell loop's MASTER_PORT is chosen as freely).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("scale_bench: no free port on 127.0.0.1");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One process of an env launch (--env-process): rank 0 drives and writes
+// the figures to --json; every other rank is an agent.
+int env_process(const Args& a) {
+  const int n = a.ranks.at(0);
+  SharedTimes times(n, a.rounds, a.times_file);
+  g_times = &times;
+  const auto launch = ti::env_launch_from(cairn::Settings::from(cairn::Environment::process()));
+  if (!launch) {
+    std::fprintf(stderr,
+                 "scale_bench: --env-process without RANK, WORLD_SIZE, MASTER_ADDR, "
+                 "MASTER_PORT\n");
+    return 2;
+  }
+  cairn::ScalingConfig scaling;
+  scaling.num_workers = n;
+  scaling.launcher = cairn::Launcher::kEnv;
+  if (launch->rank == 0) {
+    const nlohmann::json j = measure(a, n, times, [&](const ti::DriverSpec& spec) {
+      return ti::fit_env(spec, scaling, *launch);
+    });
+    std::ofstream(a.json) << j.dump() << "\n";
+    return 0;
+  }
+  const cairn::Result r = ti::fit_env(base_spec(a, n), scaling, *launch);
+  times.agent_hwm_kib(launch->rank) = static_cast<double>(peak_rss_kib());
+  return r.error ? 1 : 0;
+}
+
+// One N of --launcher env: starts N processes of this program as a shell
+// loop would, waits for them, and returns rank 0's figures with the agents'
+// and the machine's memory. Stops them all if the machine's available
+// memory falls below 4 GiB.
+nlohmann::json measure_env(const Args& a, const char* self, int n) {
+  const std::string stem = fmt::format("scale-bench-{}-{}", getpid(), n);
+  const std::string times_file = "/dev/shm/" + stem + ".times";
+  const std::string json_file = "/dev/shm/" + stem + ".json";
+  const std::string log_file = (fs::temp_directory_path() / (stem + ".log")).string();
+  struct Remove {
+    std::vector<std::string> files;
+    ~Remove() {
+      for (const auto& f : files) ::unlink(f.c_str());
+    }
+  } remove{{times_file, json_file}};
+  SharedTimes times(n, a.rounds, times_file, /*create=*/true);
+  const int port = free_port();
+  const int log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (log_fd < 0) throw std::runtime_error("scale_bench: cannot write " + log_file);
+  std::vector<std::string> args = {self,           "--env-process",
+                                   "--storage",    a.storage,
+                                   "--ranks",      std::to_string(n),
+                                   "--rounds",     std::to_string(a.rounds),
+                                   "--fail-round", std::to_string(a.fail_round),
+                                   "--file-kib",   std::to_string(a.file_kib),
+                                   "--times-file", times_file,
+                                   "--run-name",   stem,
+                                   "--json",       json_file};
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const double base_mib = available_mib();
+  const double t0 = now_seconds();
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (int rank = 0; rank < n; ++rank) {
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error(fmt::format("scale_bench: fork of rank {}", rank));
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      for (const char* v : {"CAIRN_CONTROL_PORT", "TORCHELASTIC_USE_AGENT_STORE", "CAIRN_WORKER"})
+        ::unsetenv(v);
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      ::execv("/proc/self/exe", argv.data());
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  ::close(log_fd);
+  double least_mib = base_mib;
+  int left = n;
+  bool failed = false, out_of_memory = false;
+  while (left > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      --left;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = true;
+      continue;
+    }
+    least_mib = std::min(least_mib, available_mib());
+    if (least_mib < 4096 && !out_of_memory) {
+      out_of_memory = true;
+      for (pid_t p : pids) ::kill(p, SIGKILL);  // their workers die with their agents
+    }
+    ::usleep(100'000);
+  }
+  const double total = now_seconds() - t0;
+  std::ifstream in(json_file);
+  if (failed || out_of_memory || !in) {
+    std::string tail;
+    std::ifstream log(log_file);
+    for (std::string line; std::getline(log, line);) {
+      tail += line + "\n";
+      if (tail.size() > 8000) tail.erase(0, tail.size() - 4000);
+    }
+    throw std::runtime_error(fmt::format(
+        "{} processes of an env launch {} (log {}):\n{}", n,
+        out_of_memory ? "stopped: the machine's available memory fell below 4 GiB" : "failed",
+        log_file, tail));
+  }
+  if (a.keep_log) {
+    std::fprintf(stderr, "scale_bench: the log of %d ranks: %s\n", n, log_file.c_str());
+  } else {
+    ::unlink(log_file.c_str());
+  }
+  nlohmann::json j = nlohmann::json::parse(in);
+  double agent_kib = 0;
+  for (int rank = 1; rank < n; ++rank) agent_kib = std::max(agent_kib, times.agent_hwm_kib(rank));
+  j["agent_rss_mib"] = agent_kib / 1024;
+  j["mem_used_mib"] = base_mib - least_mib;
+  j["launch_wall_s"] = total;
+  return j;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
+  if (a.env_process) {
+    try {
+      return env_process(a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "scale_bench: rank %s: %s\n", std::getenv("RANK"), e.what());
+      return 1;
+    }
+  }
   nlohmann::json all = nlohmann::json::array();
   std::printf("%7s %9s %9s %9s %9s %9s %10s %9s %9s %9s %9s %9s\n", "ranks", "commit_s",
               "release_s", "round_s", "gather_s", "upload_s", "drv_cpu_s", "drv_MiB", "manif_KiB",
@@ -342,7 +580,14 @@ int main(int argc, char** argv) {
       std::string out;
       int rc = 0;
       try {
-        out = measure(a, n).dump();
+        if (a.launcher == "env") {
+          out = measure_env(a, argv[0], n).dump();
+        } else {
+          SharedTimes times(n, a.rounds);
+          out = measure(a, n, times, [](const ti::DriverSpec& spec) {
+                  return ti::run_driver(spec, ti::start_local_group);
+                }).dump();
+        }
       } catch (const std::exception& e) {
         std::fprintf(stderr, "scale_bench: %d ranks: %s\n", n, e.what());
         rc = 1;
@@ -373,6 +618,13 @@ int main(int argc, char** argv) {
                 j["driver_rss_mib"].get<double>(), j["manifest_kib"].get<double>(),
                 j["history_kib"].get<double>(), j["requests_per_checkpoint"].get<double>(),
                 j["restart_s"].get<double>());
+    if (j.contains("agent_rss_mib")) {
+      std::printf(
+          "        env launch: agents' peak %.1f MiB each, the machine's memory %.0f MiB "
+          "more at most, %.1f s from the first process started to the last ended\n",
+          j["agent_rss_mib"].get<double>(), j["mem_used_mib"].get<double>(),
+          j["launch_wall_s"].get<double>());
+    }
     std::fflush(stdout);
     all.push_back(j);
   }

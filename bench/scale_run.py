@@ -4,10 +4,15 @@
 Storages: "tmpfs" (a folder in /dev/shm: the driver's own costs, no disk;
 Cairn's memory:// store lives inside one process and cannot serve worker
 processes), "disk" (a folder under --dir) and "s3" (one s3rver on 127.0.0.1,
-tests/support/s3rver, started here). Each runs every --ranks count.
+tests/support/s3rver, started here). Each runs every --ranks count, with
+each launcher of --launchers: "local" (the driver forks the N workers) and
+"env" (N processes started as torchrun or a shell loop starts them, with
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; rank 0 drives, the others
+are agents that fork their rank's worker).
 
     /usr/bin/python3 bench/scale_run.py --bench build/bench/scale_bench \\
-        --dir /var/tmp/scale --ranks 8,64,256,1024 --s3-ranks 8,64,256
+        --dir /var/tmp/scale --ranks 8,64,256,1024 --s3-ranks 8,64,256 \\
+        --launchers local,env
 """
 import argparse
 import json
@@ -28,13 +33,17 @@ COLUMNS = [("ranks", "{:d}"), ("commit_s", "{:.4f}"), ("release_s", "{:.4f}"),
            ("driver_cpu_s", "{:.4f}"), ("driver_rss_mib", "{:.1f}"),
            ("manifest_kib", "{:.1f}"), ("history_kib", "{:.1f}"),
            ("requests_per_checkpoint", "{:.1f}"), ("restart_s", "{:.2f}"), ("wall_s", "{:.1f}")]
+# The env launcher's own: the largest agent's peak memory, what the machine's
+# available memory fell by, and the first process's start to the last's end.
+ENV_COLUMNS = [("agent_rss_mib", "{:.1f}"), ("mem_used_mib", "{:.0f}"),
+               ("launch_wall_s", "{:.1f}")]
 
 
-def run(bench, storage, ranks, args, env=None):
+def run(bench, storage, ranks, args, launcher, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [bench, "--storage", storage, "--ranks", ranks, "--rounds", str(args.rounds),
                "--fail-round", str(args.fail_round), "--file-kib", str(args.file_kib),
-               "--json", out.name]
+               "--launcher", launcher, "--json", out.name]
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
         if proc.returncode != 0:
@@ -53,6 +62,8 @@ def main():
     ap.add_argument("--s3-ranks", default="8,64,256",
                     help="rank counts on s3rver (one Node.js process serves every request)")
     ap.add_argument("--storages", default="tmpfs,disk,s3")
+    ap.add_argument("--launchers", default="local",
+                    help="local, env (torchrun-style: one process per rank), or both")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--fail-round", type=int, default=3)
     ap.add_argument("--file-kib", type=int, default=64)
@@ -65,35 +76,44 @@ def main():
           "needs)".format(soft, hard))
     results = {}
     storages = args.storages.split(",")
+    launchers = args.launchers.split(",")
+
+    def each_launcher(storage, ranks, env=None):
+        for launcher in launchers:
+            key = storage if launcher == "local" else "{}/{}".format(storage, launcher)
+            results[key] = run(args.bench, storage_uri, ranks, args, launcher, env)
+
     if "tmpfs" in storages:
-        d = tempfile.mkdtemp(prefix="cairn-scale-", dir="/dev/shm")
+        storage_uri = tempfile.mkdtemp(prefix="cairn-scale-", dir="/dev/shm")
         try:
-            results["tmpfs"] = run(args.bench, d, args.ranks, args)
+            each_launcher("tmpfs", args.ranks)
         finally:
-            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(storage_uri, ignore_errors=True)
     if "disk" in storages:
         os.makedirs(args.dir, exist_ok=True)
-        d = tempfile.mkdtemp(prefix="cairn-scale-", dir=args.dir)
+        storage_uri = tempfile.mkdtemp(prefix="cairn-scale-", dir=args.dir)
         try:
-            results["disk"] = run(args.bench, d, args.ranks, args)
+            each_launcher("disk", args.ranks)
         finally:
-            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(storage_uri, ignore_errors=True)
     if "s3" in storages:
         with S3rver(bucket="scale", node=args.node) as s3:
             env = dict(os.environ, AWS_ENDPOINT_URL_S3=s3.endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY,
                        AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env.pop(k, None)
-            results["s3"] = run(args.bench, "s3://scale/runs", args.s3_ranks, args, env)
+            storage_uri = "s3://scale/runs"
+            each_launcher("s3", args.s3_ranks, env)
 
     print("{} rounds with a checkpoint each, one file of {} KiB per rank, one rank killed in "
           "round {}; medians of the rounds after the restart".format(args.rounds, args.file_kib,
                                                                      args.fail_round))
-    header = ["storage"] + [c for c, _ in COLUMNS]
+    columns = COLUMNS + (ENV_COLUMNS if "env" in launchers else [])
+    header = ["storage"] + [c for c, _ in columns]
     print(" ".join("{:>12}".format(h[:12]) for h in header))
     for storage, rows in results.items():
         for row in rows:
-            cells = [storage] + [fmt.format(row[c]) for c, fmt in COLUMNS]
+            cells = [storage] + [fmt.format(row[c]) if c in row else "-" for c, fmt in columns]
             print(" ".join("{:>12}".format(c) for c in cells))
     if args.json:
         with open(args.json, "w") as f:
