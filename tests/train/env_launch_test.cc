@@ -563,6 +563,34 @@ TEST_F(EnvLauncher, SrunStartsTheRanksOfASlurmStepAndAFailureRestartsTheGroup) {
   EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
 }
 
+// Two Slurm nodes (slurm_cluster.sh's NODES=2: a slurmd per node, each in
+// a UTS namespace with the node's host name): srun places one rank on each
+// node, and a worker's failure restarts the group across both. The node
+// names do not resolve here, so the ranks reach rank 0 at MASTER_ADDR.
+TEST_F(EnvLauncher, SrunAcrossTwoSlurmNodesTrainsAsOneGroupAndAFailureRestartsIt) {
+  const std::string script = fmt::format(
+      "NODES=2 MASTER_ADDR=127.0.0.1 exec '{}' '{}' srun --nodes=2 --ntasks=2 "
+      "--ntasks-per-node=1 --overcommit '{}' restart '{}' '{}'",
+      CAIRN_SLURM_CLUSTER, (dir_ / "slurm").string(), CAIRN_TRAIN_PROGRAM, results(),
+      out_.string());
+  const Launch run = run_shell(script, out_ / "launch.log");
+  if (run.exit_status == 77) GTEST_SKIP() << run.log;
+  const nlohmann::json r = trained(run);
+  ASSERT_TRUE(r.is_object());
+  for (int rank = 0; rank < 2; ++rank) {
+    const nlohmann::json c = worker_context(rank, 0);
+    ASSERT_TRUE(c.is_object()) << run.log;
+    EXPECT_EQ(c.at("world_rank"), rank);
+    EXPECT_EQ(c.at("node_rank"), rank);  // one rank per node
+    EXPECT_EQ(c.at("local_world_size"), 1);
+  }
+  const nlohmann::json again = worker_context(1, 1);
+  ASSERT_TRUE(again.is_object()) << run.log;
+  EXPECT_EQ(again.at("resumed_from_epoch"), 0);
+  EXPECT_EQ(again.at("node_rank"), 1);
+  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
+}
+
 TEST_F(EnvLauncher, TorchrunStartsTheRanksAndHoldsMasterPortForItsOwnStore) {
   if (!fs::exists("/usr/bin/torchrun")) {
     GTEST_SKIP() << "torchrun is not installed (python3-torch: scripts/install-deps.sh)";

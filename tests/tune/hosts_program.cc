@@ -1,6 +1,6 @@
 // A tuning program for the tests of trials on several hosts
 // (tests/tune/hosts_test.cc), started by a shell loop with torchrun's
-// variables or by mpirun. Every process calls Tuner::fit() and writes what
+// variables, by mpirun or by srun. Every process calls Tuner::fit() and writes what
 // it returned or threw to OUT/process-<rank>.json, and its pid to
 // OUT/pid-<rank>. Each process's place is $CAIRN_TEST_PLACE (the test sets
 // it per process); every trial reports the place and host it ran on.
@@ -123,7 +123,8 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   const fs::path out = argv[3];
-  const std::string rank = env_or("RANK", env_or("OMPI_COMM_WORLD_RANK", "0").c_str());
+  const std::string rank =
+      env_or("RANK", env_or("OMPI_COMM_WORLD_RANK", env_or("SLURM_PROCID", "0").c_str()).c_str());
   write_file(out / fmt::format("pid-{}", rank), std::to_string(::getpid()));
   nlohmann::json result;
   try {

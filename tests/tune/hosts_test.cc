@@ -154,6 +154,29 @@ TEST_F(TunerOnHosts, UnderMpirunTrialsRunOnEveryProcess) {
 }
 #endif
 
+// Slurm for real: two nodes of a cluster on this machine (Debian's slurmd,
+// one per node in a UTS namespace named for the node; slurm_cluster.sh),
+// srun starting one process on each.
+TEST_F(TunerOnHosts, UnderSrunOnTwoSlurmNodesTrialsRunOnBothNodes) {
+  const std::string script = fmt::format(
+      "NODES=2 MASTER_ADDR=127.0.0.1 exec '{}' '{}' srun --nodes=2 --ntasks=2 "
+      "--ntasks-per-node=1 --overcommit sh -c 'CAIRN_TEST_PLACE=$SLURM_PROCID exec \"$@\"' sh "
+      "'{}' spread '{}' '{}'",
+      CAIRN_SLURM_CLUSTER, (dir_ / "slurm").string(), CAIRN_TUNE_HOSTS_PROGRAM, results(),
+      out_.string());
+  const testing::ShellRun run =
+      testing::wait_shell(testing::start_shell(script, out_ / "launch.log"), out_ / "launch.log");
+  if (run.exit_status == 77) GTEST_SKIP() << run.log;
+  EXPECT_EQ(run.exit_status, 0) << run.log;
+  const nlohmann::json grid = same_grid_everywhere(run.log);
+  ASSERT_TRUE(grid.is_object());
+  EXPECT_EQ(check_spread(grid, run.log, false), (std::set<std::string>{"0", "1"}));
+  for (const auto& t : grid.at("trials")) {
+    const nlohmann::json& m = t.at("metrics");
+    EXPECT_EQ(m.value("host", ""), "cairn-slurm" + m.value("place", "?")) << t.dump(2);
+  }
+}
+
 // Every host divides its own (fake) GPUs between the trials it runs: two
 // hosts of two GPUs run four one-GPU trials, never two at once on one GPU
 // of one host.
