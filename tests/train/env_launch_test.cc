@@ -22,6 +22,7 @@
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "support/errors.h"
+#include "support/shell.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
 #include "util/settings.h"
@@ -177,24 +178,11 @@ TEST(EnvLaunch, AVariableNoLauncherWouldSetIsRefusedNamingIt) {
   EXPECT_NE(message(held).find("CAIRN_CONTROL_PORT"), std::string::npos);
 }
 
-// Whether 127.0.0.1:`port` can be bound now (0: any); the port bound, or 0.
-int bind_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  int bound = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    socklen_t len = sizeof addr;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-    bound = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  return bound;
-}
-
-int free_port() { return bind_loopback(0); }
+using testing::bind_loopback;
+using testing::free_port;
+using testing::start_shell;
+using testing::wait_shell;
+using Launch = testing::ShellRun;
 
 // A port nobody listens on, with the next one free too (torchrun's static
 // rendezvous holds MASTER_PORT; the driver then takes MASTER_PORT + 1).
@@ -205,46 +193,6 @@ int free_port_pair() {
   }
   ADD_FAILURE() << "no two consecutive free ports";
   return 0;
-}
-
-struct Launch {
-  int exit_status = -1;
-  std::string log;
-};
-
-// Starts `script` with /bin/sh in its own process group, output to `log`.
-pid_t start_shell(const std::string& script, const fs::path& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    FILE* f = std::fopen(log.c_str(), "w");
-    ::dup2(fileno(f), 1);
-    ::dup2(fileno(f), 2);
-    ::execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  return pid;
-}
-
-// Waits for a shell start_shell() started; after 180 s from the call its
-// process group is killed and the test fails.
-Launch wait_shell(pid_t pid, const fs::path& log) {
-  const auto start = std::chrono::steady_clock::now();
-  int status = 0;
-  while (::waitpid(pid, &status, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() - start > 180s) {
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      ADD_FAILURE() << "the launch did not finish within 180 s";
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  Launch r;
-  r.exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.log = slurp(log);
-  return r;
 }
 
 // Runs `script` with /bin/sh in its own process group, output to `log`;
@@ -360,6 +308,36 @@ class EnvLauncher : public ::testing::Test {
       world = f.at("world_size").get<int>();
     }
     return {w, world};
+  }
+
+  // Slurm for real: a cluster of Debian's slurmctld and slurmd
+  // (slurm_cluster.sh) and srun starting the ranks without MPI; a worker's
+  // failure restarts the group from the latest checkpoint. On `nodes` nodes
+  // (more than one: a slurmd per node, each in a UTS namespace with the
+  // node's host name) one rank runs on each; their names do not resolve
+  // here, so the ranks reach rank 0 at MASTER_ADDR.
+  void expect_srun_trains_and_restarts(int nodes) {
+    const std::string placement =
+        nodes > 1 ? fmt::format("--nodes={} --ntasks-per-node=1", nodes) : "";
+    const std::string script = fmt::format(
+        "NODES={} {} exec '{}' '{}' srun --ntasks=2 {} --overcommit '{}' restart '{}' '{}'", nodes,
+        nodes > 1 ? "MASTER_ADDR=127.0.0.1" : "", CAIRN_SLURM_CLUSTER, (dir_ / "slurm").string(),
+        placement, CAIRN_TRAIN_PROGRAM, results(), out_.string());
+    const Launch run = run_shell(script, out_ / "launch.log");
+    if (run.exit_status == 77) GTEST_SKIP() << run.log;
+    const nlohmann::json r = trained(run);
+    ASSERT_TRUE(r.is_object());
+    for (int rank = 0; rank < 2; ++rank) {
+      const nlohmann::json c = worker_context(rank, 0);
+      ASSERT_TRUE(c.is_object()) << run.log;
+      EXPECT_EQ(c.at("world_rank"), rank);
+      EXPECT_EQ(c.at("world_size"), 2);
+      EXPECT_EQ(c.at("node_rank"), nodes > 1 ? rank : 0);
+    }
+    const nlohmann::json again = worker_context(1, 1);
+    ASSERT_TRUE(again.is_object()) << run.log;
+    EXPECT_EQ(again.at("resumed_from_epoch"), 0);
+    EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
   }
 
   TempDir dir_;
@@ -540,55 +518,13 @@ TEST_F(EnvLauncher, NumWorkersThatIsNotTheLaunchersWorldSizeIsRefusedOnEveryProc
   }
 }
 
-// Slurm for real: a one-node cluster of Debian's slurmctld and slurmd
-// (slurm_cluster.sh) and srun starting the ranks without MPI; a worker's
-// failure restarts the group from the latest checkpoint.
+// Slurm for real, on one node and on two (expect_srun_trains_and_restarts).
 TEST_F(EnvLauncher, SrunStartsTheRanksOfASlurmStepAndAFailureRestartsTheGroup) {
-  const std::string script = fmt::format(
-      "exec '{}' '{}' srun --ntasks=2 --overcommit '{}' restart '{}' '{}'", CAIRN_SLURM_CLUSTER,
-      (dir_ / "slurm").string(), CAIRN_TRAIN_PROGRAM, results(), out_.string());
-  const Launch run = run_shell(script, out_ / "launch.log");
-  if (run.exit_status == 77) GTEST_SKIP() << run.log;
-  const nlohmann::json r = trained(run);
-  ASSERT_TRUE(r.is_object());
-  for (int rank = 0; rank < 2; ++rank) {
-    const nlohmann::json c = worker_context(rank, 0);
-    ASSERT_TRUE(c.is_object()) << run.log;
-    EXPECT_EQ(c.at("world_rank"), rank);
-    EXPECT_EQ(c.at("world_size"), 2);
-  }
-  const nlohmann::json again = worker_context(1, 1);
-  ASSERT_TRUE(again.is_object()) << run.log;
-  EXPECT_EQ(again.at("resumed_from_epoch"), 0);
-  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
+  expect_srun_trains_and_restarts(1);
 }
 
-// Two Slurm nodes (slurm_cluster.sh's NODES=2: a slurmd per node, each in
-// a UTS namespace with the node's host name): srun places one rank on each
-// node, and a worker's failure restarts the group across both. The node
-// names do not resolve here, so the ranks reach rank 0 at MASTER_ADDR.
 TEST_F(EnvLauncher, SrunAcrossTwoSlurmNodesTrainsAsOneGroupAndAFailureRestartsIt) {
-  const std::string script = fmt::format(
-      "NODES=2 MASTER_ADDR=127.0.0.1 exec '{}' '{}' srun --nodes=2 --ntasks=2 "
-      "--ntasks-per-node=1 --overcommit '{}' restart '{}' '{}'",
-      CAIRN_SLURM_CLUSTER, (dir_ / "slurm").string(), CAIRN_TRAIN_PROGRAM, results(),
-      out_.string());
-  const Launch run = run_shell(script, out_ / "launch.log");
-  if (run.exit_status == 77) GTEST_SKIP() << run.log;
-  const nlohmann::json r = trained(run);
-  ASSERT_TRUE(r.is_object());
-  for (int rank = 0; rank < 2; ++rank) {
-    const nlohmann::json c = worker_context(rank, 0);
-    ASSERT_TRUE(c.is_object()) << run.log;
-    EXPECT_EQ(c.at("world_rank"), rank);
-    EXPECT_EQ(c.at("node_rank"), rank);  // one rank per node
-    EXPECT_EQ(c.at("local_world_size"), 1);
-  }
-  const nlohmann::json again = worker_context(1, 1);
-  ASSERT_TRUE(again.is_object()) << run.log;
-  EXPECT_EQ(again.at("resumed_from_epoch"), 0);
-  EXPECT_EQ(again.at("node_rank"), 1);
-  EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
+  expect_srun_trains_and_restarts(2);
 }
 
 TEST_F(EnvLauncher, TorchrunStartsTheRanksAndHoldsMasterPortForItsOwnStore) {

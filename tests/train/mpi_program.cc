@@ -34,25 +34,14 @@
 #include "cairn/sharded.h"
 #include "cairn/state.h"
 #include "cairn/train.h"
+#include "support/files.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-void write_file(const fs::path& p, const std::string& text) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-  }
-  fs::rename(tmp, p);
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using cairn::testing::read_file;
+using cairn::testing::write_file_atomically;
 
 void train_fn(const nlohmann::json& config) {
   const cairn::TrainContext& ctx = cairn::train::get_context();
@@ -80,7 +69,7 @@ void train_fn(const nlohmann::json& config) {
     seen["resumed_from_epoch"] = epoch;
     start = epoch + 1;
   }
-  write_file(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
+  write_file_atomically(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
   const int epochs = config.value("epochs", 3);
   for (int epoch = start; epoch < epochs; ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 0)));
@@ -100,9 +89,9 @@ void train_fn(const nlohmann::json& config) {
       continue;
     }
     cairn::train::TemporaryDirectory tmp;
-    write_file(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
-               fmt::format("rank {} epoch {}", rank, epoch));
-    if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    write_file_atomically(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
+                          fmt::format("rank {} epoch {}", rank, epoch));
+    if (rank == 0) write_file_atomically(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
     cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
                          cairn::Checkpoint::from_directory(tmp.path()),
                          {.async = scenario == "async", .max_in_flight = 2});
@@ -151,14 +140,14 @@ void elastic_fn(const nlohmann::json& config) {
     start = std::stoi(read_file(ckpt->as_directory().path() / "epoch.txt")) + 1;
     seen["resumed_from_epoch"] = start - 1;
   }
-  write_file(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
+  write_file_atomically(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
   for (int epoch = start; epoch < 10; ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     for (size_t i = 0; i < w.size(); ++i) {
       w[i] += static_cast<int64_t>((box.offsets[0] + i + 1) * static_cast<uint64_t>(epoch + 1));
     }
     if (ctx.attempt == 0 && rank == 3 && epoch == 3) {
-      write_file(out / "kill-me", "");
+      write_file_atomically(out / "kill-me", "");
       std::this_thread::sleep_for(std::chrono::seconds(120));  // killed meanwhile
     }
     if (scenario == "elastic_rejoin" && ctx.attempt == 1 && rank == 1 && epoch == 6) {
@@ -170,11 +159,11 @@ void elastic_fn(const nlohmann::json& config) {
     state.add<int64_t>("w", {box.shape[0]}, std::span<const int64_t>(w));
     cairn::save_rank_shards(state, {{"w", {{kElasticSize}, box.offsets}}},
                             cairn::Checkpoint::from_directory(tmp.path()), rank);
-    if (rank == 0) write_file(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    if (rank == 0) write_file_atomically(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
     cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
                          cairn::Checkpoint::from_directory(tmp.path()));
   }
-  write_file(
+  write_file_atomically(
       out / fmt::format("final-{}.json", rank),
       nlohmann::json{{"world_size", ctx.world_size}, {"offset", box.offsets[0]}, {"w", w}}.dump());
 }
@@ -193,7 +182,8 @@ int main(int argc, char** argv) {
   if (mpi_rank == nullptr) mpi_rank = std::getenv("RANK");
   if (mpi_rank == nullptr) mpi_rank = std::getenv("SLURM_PROCID");
   const fs::path report = out / fmt::format("process-{}.json", mpi_rank ? mpi_rank : "none");
-  write_file(out / fmt::format("pid-{}", mpi_rank ? mpi_rank : "none"), std::to_string(::getpid()));
+  write_file_atomically(out / fmt::format("pid-{}", mpi_rank ? mpi_rank : "none"),
+                        std::to_string(::getpid()));
   nlohmann::json config = {{"out", out.string()}, {"scenario", scenario}};
   if (scenario == "slow" || scenario == "restore") {
     config["epochs"] = 8;
@@ -253,6 +243,6 @@ int main(int argc, char** argv) {
   } catch (const cairn::Error& e) {
     what = {{"threw", e.what()}, {"code", std::string(cairn::error_code_name(e.code()))}};
   }
-  write_file(report, what.dump(2));
+  write_file_atomically(report, what.dump(2));
   return 0;
 }

@@ -27,6 +27,7 @@
 #include "cairn/error.h"
 #include "cairn/tune_schedulers.h"
 #include "cairn/tuner.h"
+#include "support/files.h"
 
 namespace fs = std::filesystem;
 using namespace cairn;
@@ -34,20 +35,8 @@ using namespace cairn::tune;
 
 namespace {
 
-void write_file(const fs::path& p, const std::string& text) {
-  fs::path tmp = p;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-  }
-  fs::rename(tmp, p);
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using cairn::testing::read_file;
+using cairn::testing::write_file_atomically;
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -75,13 +64,14 @@ void stepping(const nlohmann::json& config) {
   for (int step = start + 1; step <= steps; ++step) {
     if (config.value("hold", false) && step == 2 && place == "1") {
       // The test kills this place's process now.
-      write_file(out / fmt::format("held-{}", train::get_context().experiment_name), place);
+      write_file_atomically(out / fmt::format("held-{}", train::get_context().experiment_name),
+                            place);
       for (int i = 0; i < 600 && !fs::exists(out / "go"); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
     }
     train::TemporaryDirectory tmp;
-    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    write_file_atomically(fs::path(tmp.path()) / "step.txt", std::to_string(step));
     train::report({{"step", step},
                    {"loss", config.at("x").get<double>() / step},
                    {"place", place},
@@ -125,7 +115,7 @@ int main(int argc, char** argv) {
   const fs::path out = argv[3];
   const std::string rank =
       env_or("RANK", env_or("OMPI_COMM_WORLD_RANK", env_or("SLURM_PROCID", "0").c_str()).c_str());
-  write_file(out / fmt::format("pid-{}", rank), std::to_string(::getpid()));
+  write_file_atomically(out / fmt::format("pid-{}", rank), std::to_string(::getpid()));
   nlohmann::json result;
   try {
     RunConfig run;
@@ -161,6 +151,6 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     result = {{"threw", e.what()}, {"code", std::string(error_code_name(e.code()))}};
   }
-  write_file(out / fmt::format("process-{}.json", rank), result.dump(2));
+  write_file_atomically(out / fmt::format("process-{}.json", rank), result.dump(2));
   return result.contains("threw") ? 1 : 0;
 }
