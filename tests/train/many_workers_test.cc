@@ -3,17 +3,22 @@
 // limit as far as the group needs, gives the workers the limit it had, and
 // refuses clearly, before starting anything, when the hard limit is too low.
 // The driver of an MPI or torchrun-style launch raises it likewise for its
-// connections to the agents, and waits for agents that keep connecting.
+// connections to the agents, queues agents that connect at once, and waits
+// for agents that keep connecting.
 // Each limit case runs in a forked child, whose limits the test may lower
 // for good.
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -192,6 +197,37 @@ TEST(ManyWorkers, TheDriverOfATorchrunStyleLaunchRaisesItsOpenFileLimitForItsAge
     return result;
   });
   EXPECT_EQ(rc, 0);
+}
+
+// The processes of an MPI launch learn the driver's address together from
+// its broadcast and connect at once, before the driver accepts them: its
+// listener queues them all (here 300) instead of the 128 it used to, past
+// which TCP drops a connection and retries it after 1, 3, 7... s.
+TEST(ManyWorkers, TheDriversListenerQueuesManyProcessesConnectingAtOnce) {
+  using namespace train_internal;
+  constexpr int kConnecting = 300;
+  std::ifstream somaxconn("/proc/sys/net/core/somaxconn");
+  int queue = 0;
+  if (!(somaxconn >> queue) || queue < kConnecting) {
+    GTEST_SKIP() << "net.core.somaxconn (" << queue << ") holds fewer than " << kConnecting;
+  }
+  TcpListener listener("127.0.0.1");
+  std::vector<UniqueFd> held;
+  for (int i = 0; i < kConnecting; ++i) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_TRUE(fd);
+    // A connection the queue cannot take is not refused but left waiting:
+    // give up after 3 s (the queue takes one at once, or never here).
+    const timeval limit{3, 0};
+    ASSERT_EQ(::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit), 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(listener.port()));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to), sizeof to), 0)
+        << "connection " << i + 1 << " of " << kConnecting << ": " << std::strerror(errno);
+    held.push_back(std::move(fd));
+  }
 }
 
 // The driver's wait for the other processes bounds one that never comes,

@@ -93,7 +93,11 @@ TcpListener::TcpListener(const std::string& address, int port) {
   auto [fd, bound] = bound_socket(address, /*reuse_address=*/port != 0, port);
   fd_ = std::move(fd);
   port_ = bound;
-  if (::listen(fd_.get(), 128) != 0) {
+  // The kernel's most (net.core.somaxconn, 4096 on current kernels), not
+  // 128: the processes of an MPI launch learn the address together from its
+  // broadcast and connect at once, and connections past a full queue are
+  // dropped and retried by TCP after 1, 3, 7... s.
+  if (::listen(fd_.get(), SOMAXCONN) != 0) {
     throw errno_error(errno, "listen", address.empty() ? std::string("every interface") : address);
   }
 }

@@ -20,7 +20,9 @@ class TcpListener {
   // interface) at `port`, or at a port the kernel picks when it is 0. A
   // given port is bound with SO_REUSEADDR, so a previous run's connections
   // in TIME_WAIT do not keep it; one another process listens on is refused
-  // (an error naming the address and port).
+  // (an error naming the address and port). Its queue of connections not
+  // yet accepted is as long as the kernel allows (net.core.somaxconn), so
+  // that a launch's processes connecting at once are not dropped.
   explicit TcpListener(const std::string& address, int port = 0);
   int port() const { return port_; }
   int fd() const { return fd_.get(); }
