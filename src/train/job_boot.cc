@@ -22,6 +22,7 @@ std::string random_token() {
 JobBoot boot_mpi_job() {
   JobBoot b;
   b.world = mpi_join();
+  // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
   nlohmann::json boot = nlohmann::json::object();
   if (b.world.rank == 0) {
     try {
@@ -30,6 +31,7 @@ JobBoot boot_mpi_job() {
       try {
         interfaces = local_addresses();
       } catch (const Error& e) {
+        // ignore-error: the host name is still advertised
         log::warn(fmt::format("driver: cannot list network interfaces: {}", e.what()));
       }
       b.control = choose_control_address(b.world.hosts, forced, interfaces, b.world.hosts.at(0));
@@ -64,6 +66,8 @@ JobBoot boot_env_job(const EnvLaunch& launch) {
   b.world.label = "rank";
   b.world.hosts.resize(static_cast<size_t>(launch.world_size));  // process 0 learns them at hello
   b.world.hosts.at(static_cast<size_t>(launch.rank)) = host_name();
+  // No channel but the control port itself: the token only tells this
+  // job's processes from strays that reach it.
   b.token = fmt::format("env:{}:{}:{}", launch.world_size, launch.master_addr, launch.control_port);
   b.where = fmt::format("{} port {}", launch.master_addr, launch.control_port);
   b.addresses = {launch.master_addr};

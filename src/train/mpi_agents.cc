@@ -240,6 +240,17 @@ void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSp
   check_shared_storage(w.hosts, seen, spec.experiment_path, why);
 }
 
+nlohmann::json answer_probe(const nlohmann::json& probe) {
+  nlohmann::json reply = {{"t", "probe_result"}, {"seen", false}};
+  try {
+    reply["seen"] = open_storage(probe.at("uri").get<std::string>())
+                        ->exists(probe.at("key").get<std::string>());
+  } catch (const Error& e) {
+    reply["why"] = e.what();
+  }
+  return reply;
+}
+
 void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
                      std::vector<Agent>& agents, const DriverSpec* spec) {
   const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };

@@ -40,6 +40,17 @@ struct Agent {
   bool gone = false;
 
   std::string name() const { return fmt::format("{} {} on host {}", label, rank, host); }
+  // Appends what it sent to `messages`, without blocking; false once its
+  // connection is gone or broke (then `broken` says why, if it broke).
+  bool read(std::vector<nlohmann::json>& messages, std::string& broken) {
+    if (gone || !channel.open()) return false;
+    try {
+      return channel.read_available(messages);
+    } catch (const Error& e) {
+      broken = e.what();
+      return false;
+    }
+  }
   void send(const nlohmann::json& m) {
     if (gone) return;
     try {
@@ -72,6 +83,11 @@ std::vector<Agent> accept_agents(TcpListener& listener, MpiWorld& w, const std::
 // naming the first rank whose host does not see the storage.
 void probe_storage(std::vector<Agent>& agents, const MpiWorld& w, const DriverSpec& spec,
                    const std::string& token);
+
+// An agent's answer to the driver's {"t":"probe","uri":...,"key":...}:
+// {"t":"probe_result","seen":bool} and, when looking failed, "why". The
+// Tuner's trial hosts answer the same probe.
+nlohmann::json answer_probe(const nlohmann::json& probe);
 
 // An elastic group between attempts: takes in the processes started again
 // for lost ranks that have connected by now (without waiting), each in its

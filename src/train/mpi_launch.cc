@@ -34,7 +34,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -48,6 +47,7 @@
 #include "train/control/scratch.h"
 #include "train/control/sigterm.h"
 #include "train/env_launch.h"
+#include "train/job_boot.h"
 #include "train/mpi.h"
 #include "train/mpi_agents.h"
 #include "train/mpi_bootstrap.h"
@@ -63,11 +63,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-std::string random_token() {
-  std::random_device rd;
-  return fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
-}
 
 // ---------------------------------------------------------------- driver side
 
@@ -205,14 +200,8 @@ class MpiGroup final : public Group {
   void read_agent(Agent& a, std::vector<GroupEvent>& events) {
     const int rank = world_rank_.at(&a);
     std::vector<nlohmann::json> messages;
-    bool open = !a.gone && a.channel.open();
     std::string broken;
-    try {
-      if (open) open = a.channel.read_available(messages);
-    } catch (const Error& e) {
-      open = false;
-      broken = e.what();
-    }
+    bool open = a.read(messages, broken);
     try {
       for (auto& m : messages) read_agent_message(a, rank, m, events);
     } catch (const nlohmann::json::exception& e) {
@@ -411,14 +400,7 @@ class AgentLoop {
       end_attempt();
       driver_.send({{"t", "stopped"}, {"stderr_tail", tail_}});
     } else if (t == "probe") {
-      nlohmann::json reply = {{"t", "probe_result"}, {"seen", false}};
-      try {
-        reply["seen"] =
-            open_storage(m.at("uri").get<std::string>())->exists(m.at("key").get<std::string>());
-      } catch (const Error& e) {
-        reply["why"] = e.what();
-      }
-      driver_.send(reply);
+      driver_.send(answer_probe(m));
     } else if (t == "end") {
       end_attempt();
       if (m.contains("error") && m.value("refused", false)) {
@@ -494,73 +476,22 @@ Result run_agent(const DriverSpec& spec, const MpiWorld& w,
 }  // namespace
 
 Result fit_mpi(DriverSpec spec, const ScalingConfig& scaling) {
-  const MpiWorld w = mpi_join();
-  launched_world_ranks(scaling, w.size);  // every process refuses a mismatch alike
-
-  // Rank 0 listens and broadcasts where; or broadcasts why it cannot.
-  std::unique_ptr<TcpListener> listener;
-  ControlAddress control;
-  nlohmann::json boot = nlohmann::json::object();
-  if (w.rank == 0) {
-    try {
-      const std::string forced = Settings::from(Environment::process()).mpi_address;
-      std::vector<std::string> interfaces;
-      try {
-        interfaces = local_addresses();
-      } catch (const Error& e) {
-        // ignore-error: the host name is still advertised
-        log::warn(fmt::format("driver: cannot list network interfaces: {}", e.what()));
-      }
-      control = choose_control_address(w.hosts, forced, interfaces, w.hosts.at(0));
-      listener = std::make_unique<TcpListener>(control.bind);
-      boot = {
-          {"addresses", control.advertise}, {"port", listener->port()}, {"token", random_token()}};
-    } catch (const Error& e) {
-      boot = {{"error", error_to_json(e.code(), e.what())}};
-    }
+  JobBoot b = boot_mpi_job();
+  launched_world_ranks(scaling, b.world.size);  // every process refuses a mismatch alike
+  if (b.world.rank == 0) {
+    return drive(std::move(spec), scaling, b.world, *b.listener, b.token, b.where, b.control);
   }
-  const std::string boot_source = "the MPI boot message of MPI rank 0";
-  std::vector<std::string> addresses;
-  int port = 0;
-  std::string token;
-  try {
-    boot = parse_json(mpi_broadcast(w.rank == 0 ? boot.dump() : std::string()), boot_source);
-    if (boot.contains("error")) {
-      throw error_from_json(boot["error"], "the driver (MPI rank 0) could not listen: ");
-    }
-    addresses = boot.at("addresses").get<std::vector<std::string>>();
-    port = boot.at("port").get<int>();
-    token = boot.at("token").get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    throw malformed(boot_source, e);
-  }
-  const std::string where = fmt::format("[{}] port {}", fmt::join(addresses, ", "), port);
-
-  if (w.rank == 0) return drive(std::move(spec), scaling, w, *listener, token, where, control);
-
-  return run_agent(spec, w, addresses, port, token);
+  return run_agent(spec, b.world, b.addresses, b.port, b.token);
 }
 
 Result fit_env(DriverSpec spec, const ScalingConfig& scaling, const EnvLaunch& launch) {
   launched_world_ranks(scaling, launch.world_size, launch.world_size_source);
-  MpiWorld w;
-  w.rank = launch.rank;
-  w.size = launch.world_size;
-  w.label = "rank";
-  w.hosts.resize(static_cast<size_t>(launch.world_size));  // the driver learns them at hello
-  w.hosts.at(static_cast<size_t>(launch.rank)) = host_name();
-  // No channel but the control port itself: the token only tells this
-  // job's processes from strays that reach it.
-  const std::string token =
-      fmt::format("env:{}:{}:{}", launch.world_size, launch.master_addr, launch.control_port);
-  const std::string where = fmt::format("{} port {}", launch.master_addr, launch.control_port);
-  if (launch.rank == 0) {
-    ControlAddress control{launch.bind, {launch.master_addr}};
-    TcpListener listener(control.bind, launch.control_port);
-    return drive(std::move(spec), scaling, std::move(w), listener, token, where, control);
+  JobBoot b = boot_env_job(launch);
+  if (b.world.rank == 0) {
+    return drive(std::move(spec), scaling, std::move(b.world), *b.listener, b.token, b.where,
+                 b.control);
   }
-  w.hosts.at(0) = launch.master_addr;
-  return run_agent(spec, w, {launch.master_addr}, launch.control_port, token);
+  return run_agent(spec, b.world, b.addresses, b.port, b.token);
 }
 
 }  // namespace cairn::train_internal

@@ -12,6 +12,7 @@
 #include "train/control/driver.h"
 #include "train/control/group.h"
 #include "train/env_launch.h"
+#include "train/job_boot.h"
 #include "train/mpi.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -110,17 +111,8 @@ Result Trainer::fit() {
     if (auto env = train_internal::env_launch_from(settings)) {
       return train_internal::fit_env(spec, scaling_config_, *env);
     }
-    if (scaling_config_.launcher == Launcher::kEnv) {
-      const std::string missing = train_internal::missing_env_launch_variables(settings);
-      throw Error(ErrorCode::kInvalidArgument,
-                  missing.empty()
-                      ? std::string("Launcher::kEnv inside a Trainer worker: the worker's "
-                                    "RANK and WORLD_SIZE are its own group's")
-                      : fmt::format("Launcher::kEnv needs the launcher's RANK, WORLD_SIZE, "
-                                    "MASTER_ADDR and MASTER_PORT, or a Slurm job step's "
-                                    "variables (run it under srun); not set: {}",
-                                    missing));
-    }
+    if (scaling_config_.launcher == Launcher::kEnv)
+      throw train_internal::env_launch_missing(settings);
   }
 
   if (scaling_config_.num_workers < 1) {

@@ -232,14 +232,8 @@ std::vector<TrialHosts::Event> TrialHosts::read() {
     Agent& a = agents_[i];
     if (a.gone) continue;
     std::vector<nlohmann::json> messages;
-    bool open = a.channel.open();
     std::string broken;
-    try {
-      if (open) open = a.channel.read_available(messages);
-    } catch (const Error& e) {
-      open = false;
-      broken = e.what();
-    }
+    bool open = a.read(messages, broken);
     try {
       for (const nlohmann::json& m : messages) {
         const std::string t = type_of(m);
@@ -336,14 +330,7 @@ class TrialHost {
       const PlaceOffer mine = own_offer(tune_);
       driver_.send({{"t", "offer"}, {"cores", mine.cores}, {"gpus", mine.gpu_ids}});
     } else if (t == "probe") {
-      nlohmann::json reply = {{"t", "probe_result"}, {"seen", false}};
-      try {
-        reply["seen"] =
-            open_storage(m.at("uri").get<std::string>())->exists(m.at("key").get<std::string>());
-      } catch (const Error& e) {
-        reply["why"] = e.what();
-      }
-      driver_.send(reply);
+      driver_.send(train_internal::answer_probe(m));
     } else if (t == "start") {
       start(m.at("trial").get<std::string>(), m.at("spec"));
     } else if (t == "to") {
