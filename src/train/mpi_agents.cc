@@ -27,6 +27,10 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
   std::vector<bool> done(agents.size());
   for (size_t i = 0; i < agents.size(); ++i) done[i] = agents[i].gone;
   const auto deadline = Clock::now() + limit;
+  // The first pass reads without waiting: a reply may already sit in a
+  // channel's buffer (read with an earlier message), where poll() cannot
+  // see it.
+  bool first = true;
   while (true) {
     std::vector<pollfd> fds;
     std::vector<size_t> who;
@@ -45,9 +49,9 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
       }
       break;
     }
-    ::poll(fds.data(), fds.size(), wait);  // ignore-error: EINTR just means look again
+    if (!first) ::poll(fds.data(), fds.size(), wait);  // ignore-error: EINTR: look again
     for (size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents == 0) continue;
+      if (!first && fds[k].revents == 0) continue;
       Agent& a = agents[who[k]];
       std::vector<nlohmann::json> messages;
       bool open = false;
@@ -67,6 +71,7 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
         done[who[k]] = true;
       }
     }
+    first = false;
   }
   return replies;
 }

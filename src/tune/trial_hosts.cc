@@ -152,8 +152,6 @@ TrialHosts::TrialHosts(train_internal::JobBoot& boot, const std::string& experim
   agents_ = train_internal::accept_agents(*boot.listener, boot.world, boot.token, boot.where,
                                           /*min_workers=*/0);
   try {
-    // Asked, not sent with the hello: a message right behind the hello would
-    // wait in the hello's buffer, unseen by collect()'s poll.
     for (Agent& a : agents_) a.send({{"t", "describe"}});
     std::vector<nlohmann::json> offers =
         train_internal::collect(agents_, "offer", train_internal::kProbeLimit);

@@ -6,11 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
+#include "train/mpi_agents.h"
 
 namespace cairn::train_internal {
 namespace {
@@ -80,6 +82,28 @@ TEST(Channel, OrdinaryMessagesPassBothWays) {
   auto m = p.reader.recv(5000);
   ASSERT_TRUE(m);
   EXPECT_EQ((*m)["metrics"]["loss"], 0.5);
+}
+
+// An agent's reply that arrived together with an earlier message (a peer
+// that sends two at once) waits in the channel's buffer once the first is
+// read; the driver's collect() must find it there, not wait for the socket.
+TEST(Channel, CollectFindsAReplyAlreadyBufferedBehindAnEarlierMessage) {
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  Channel peer(UniqueFd(sv[1]), "peer");
+  peer.send({{"t", "hello"}});
+  peer.send({{"t", "offer"}, {"n", 7}});
+  std::vector<Agent> agents(1);
+  agents[0].channel = Channel(UniqueFd(sv[0]), "agent");
+  ASSERT_EQ(agents[0].channel.recv(5000).value().at("t"), "hello");
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<nlohmann::json> got = collect(agents, "offer", std::chrono::seconds(30));
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].is_object()) << "the buffered reply was not seen";
+  EXPECT_EQ(got[0].at("n"), 7);
+  EXPECT_FALSE(agents[0].gone);
+  // Found at once, not after the limit (a bound, not a timing: 30 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
 }
 
 }  // namespace
