@@ -245,6 +245,12 @@ class Experiment {
   std::vector<Place> places_;
   // The places from the offers (open_experiment).
   void make_places();
+  // What a place with `offer` holds at once (Place::limit).
+  int place_limit(const PlaceOffer& offer) const;
+  // max_concurrent_ from the places' limits.
+  void count_slots();
+  // Hosts that come back get trials again.
+  void take_returning_hosts();
   // TuneConfig::time_budget_s: the time earlier fit()s of the experiment
   // ran (from the saved state), and when this one started.
   double time_used_before_ = 0;

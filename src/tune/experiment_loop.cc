@@ -92,6 +92,7 @@ void Experiment::loop() {
     }
     wait_for_runners(100);
     reap_runners();
+    take_returning_hosts();
     maybe_save_state(monotonic_seconds());
   }
 }
@@ -283,12 +284,27 @@ void Experiment::wait_for_runners(int timeout_ms) {
   }
 }
 
+void Experiment::take_returning_hosts() {
+  if (spec_.hosts == nullptr) return;
+  for (std::size_t i : spec_.hosts->admit_returning()) {
+    Place& p = places_.at(i + 1);
+    p.name = spec_.hosts->name(i);
+    p.limit = place_limit(spec_.hosts->offer(i));
+    p.gpus = std::make_unique<GpuPool>(spec_.hosts->offer(i).gpu_ids);
+    p.running = 0;  // its trials were unplaced when it was lost
+    p.gone = false;
+    count_slots();
+  }
+}
+
 void Experiment::on_host_event(const TrialHosts::Event& e) {
   const int place = static_cast<int>(e.host) + 1;
   if (e.type == TrialHosts::Event::kLost) {
     Place& p = places_.at(static_cast<std::size_t>(place));
     p.gone = true;
-    log::warn(fmt::format("Tuner: {} is lost ({}); no trial starts there any more", p.name, e.why));
+    count_slots();
+    log::warn(fmt::format("Tuner: {} is lost ({}); no trial starts there unless it comes back",
+                          p.name, e.why));
     for (auto& t : trials_) {
       if (t.place == place) lost_with_host(t, p.name);
     }

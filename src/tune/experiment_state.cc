@@ -126,17 +126,32 @@ Trial trial_from_json(const nlohmann::json& j) {
 
 // ---- opening and the state --------------------------------------------
 
-void Experiment::make_places() {
+int Experiment::place_limit(const PlaceOffer& offer) const {
   const int configured = spec_.tune.max_concurrent_trials;
+  const bool one_place = spec_.hosts == nullptr || spec_.hosts->size() == 0;
+  // max_concurrent_trials bounds the whole experiment; on one place that
+  // is the place's bound, as before there were several.
+  if (configured > 0) return one_place ? configured : INT_MAX;
+  return default_slots(offer.cores, spec_.tune.resources_per_trial.cpu, spec_.num_workers);
+}
+
+void Experiment::count_slots() {
+  if (spec_.tune.max_concurrent_trials > 0) {
+    max_concurrent_ = spec_.tune.max_concurrent_trials;
+    return;
+  }
+  long total = 0;
+  for (const Place& p : places_) total += p.gone ? 0 : p.limit;
+  max_concurrent_ = static_cast<int>(std::clamp<long>(total, 1, INT_MAX));
+}
+
+void Experiment::make_places() {
   const TrialResources& want = spec_.tune.resources_per_trial;
   const bool one_place = spec_.hosts == nullptr || spec_.hosts->size() == 0;
   auto add = [&](std::string name, const PlaceOffer& offer) {
     Place p;
     p.name = std::move(name);
-    const int slots = default_slots(offer.cores, want.cpu, spec_.num_workers);
-    // max_concurrent_trials bounds the whole experiment; on one place that
-    // is the place's bound, as before there were several.
-    p.limit = configured > 0 ? (one_place ? configured : INT_MAX) : slots;
+    p.limit = place_limit(offer);
     p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
     places_.push_back(std::move(p));
   };
@@ -146,13 +161,7 @@ void Experiment::make_places() {
       add(spec_.hosts->name(i), spec_.hosts->offer(i));
     }
   }
-  if (configured > 0) {
-    max_concurrent_ = configured;
-  } else {
-    long total = 0;
-    for (const Place& p : places_) total += p.limit;
-    max_concurrent_ = static_cast<int>(std::min<long>(total, INT_MAX));
-  }
+  count_slots();
   // A request no place can ever hold is refused before any trial starts.
   std::optional<Error> refused;
   for (const Place& p : places_) {

@@ -148,31 +148,18 @@ ResultGrid grid_from_json(const nlohmann::json& j) {
 // ------------------------------------------------------------- driver side
 
 TrialHosts::TrialHosts(train_internal::JobBoot& boot, const std::string& experiment_uri,
-                       const std::string& experiment_path) {
+                       const std::string& experiment_path)
+    : boot_(boot) {
+  probe_.experiment_uri = experiment_uri;
+  probe_.experiment_path = experiment_path;
   agents_ = train_internal::accept_agents(*boot.listener, boot.world, boot.token, boot.where,
                                           /*min_workers=*/0);
   try {
-    for (Agent& a : agents_) a.send({{"t", "describe"}});
-    std::vector<nlohmann::json> offers =
-        train_internal::collect(agents_, "offer", train_internal::kProbeLimit);
-    for (std::size_t i = 0; i < agents_.size(); ++i) {
-      if (!offers[i].is_object()) {
-        throw Error(ErrorCode::kUnavailable,
-                    fmt::format("{} did not offer its cores and GPUs for trials", name(i)));
-      }
-      PlaceOffer o;
-      try {
-        o.cores = std::max(1, offers[i].at("cores").get<int>());
-        o.gpu_ids = offers[i].at("gpus").get<std::vector<std::string>>();
-      } catch (const nlohmann::json::exception& e) {
-        throw train_internal::malformed(name(i), e);
-      }
-      offers_.push_back(std::move(o));
-    }
-    train_internal::DriverSpec probe;
-    probe.experiment_uri = experiment_uri;
-    probe.experiment_path = experiment_path;
-    train_internal::probe_storage(agents_, boot.world, probe, boot.token);
+    offers_.resize(agents_.size());
+    std::vector<std::size_t> all(agents_.size());
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    take_offers(all);
+    train_internal::probe_storage(agents_, boot.world, probe_, boot.token);
     for (std::size_t i = 0; i < agents_.size(); ++i) {
       log::info(fmt::format("Tuner: {} offers {} core(s) and {} GPU(s) for trials", name(i),
                             offers_[i].cores, offers_[i].gpu_ids.size()));
@@ -181,6 +168,50 @@ TrialHosts::TrialHosts(train_internal::JobBoot& boot, const std::string& experim
     end({{"t", "end"}, {"error", train_internal::error_to_json(e.code(), e.what())}});
     throw;
   }
+}
+
+void TrialHosts::take_offers(const std::vector<std::size_t>& which) {
+  for (std::size_t i : which) agents_.at(i).send({{"t", "describe"}});
+  for (std::size_t i : which) {
+    // One at a time keeps the indices plain; each answers at once.
+    std::vector<nlohmann::json> offer =
+        train_internal::collect({&agents_.at(i), 1}, "offer", train_internal::kProbeLimit);
+    if (!offer[0].is_object()) {
+      throw Error(ErrorCode::kUnavailable,
+                  fmt::format("{} did not offer its cores and GPUs for trials", name(i)));
+    }
+    PlaceOffer o;
+    try {
+      o.cores = std::max(1, offer[0].at("cores").get<int>());
+      o.gpu_ids = offer[0].at("gpus").get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw train_internal::malformed(name(i), e);
+    }
+    offers_.at(i) = std::move(o);
+  }
+}
+
+std::vector<std::size_t> TrialHosts::admit_returning() {
+  std::vector<bool> was_gone;
+  for (const Agent& a : agents_) was_gone.push_back(a.gone);
+  train_internal::admit_returning(*boot_.listener, boot_.world, boot_.token, agents_, &probe_);
+  std::vector<std::size_t> back;
+  for (std::size_t i = 0; i < agents_.size(); ++i) {
+    if (!was_gone[i] || agents_[i].gone) continue;
+    try {
+      take_offers({i});
+    } catch (const Error& e) {
+      // ignore-error: it stays out, as a host that did not come back
+      log::warn(fmt::format("Tuner: {}: {}", name(i), e.what()));
+      agents_[i].gone = true;
+      agents_[i].channel.close();
+      continue;
+    }
+    log::info(fmt::format("Tuner: {} is back and offers {} core(s) and {} GPU(s) for trials",
+                          name(i), offers_[i].cores, offers_[i].gpu_ids.size()));
+    back.push_back(i);
+  }
+  return back;
 }
 
 void refuse_hosts(train_internal::JobBoot& boot, const Error& e) {
@@ -344,6 +375,10 @@ class TrialHost {
       if (it != runners_.end()) ::kill(it->second.pid, SIGKILL);
     } else if (t == "end") {
       kill_all();
+      if (m.contains("error") && m.value("refused", false)) {
+        throw train_internal::error_from_json(m["error"],
+                                              "the driver did not take this process in: ");
+      }
       if (m.contains("error")) {
         throw train_internal::error_from_json(m["error"], "the Tuner's driver failed: ");
       }

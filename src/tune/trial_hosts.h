@@ -19,7 +19,9 @@
 //   driver -> host   {"t":"end","grid":{...}} | {"t":"end","error":{...}}
 //
 // A host whose connection closes is lost: its trials resume on other places
-// from their latest checkpoints, without counting a failure. A host that
+// from their latest checkpoints, without counting a failure. A process
+// started again with a lost host's rank is taken in (probe, offer) and gets
+// trials again. A host that
 // loses the driver kills its runners and throws kUnavailable.
 //
 // Thread-safety: none; each object belongs to the thread that runs fit().
@@ -98,6 +100,12 @@ class TrialHosts {
   void send(std::size_t i, const std::string& trial, const nlohmann::json& message);
   void kill(std::size_t i, const std::string& trial);
 
+  // Takes in, without waiting, processes started again for lost hosts
+  // (with their rank): each passes the storage probe first (one that fails
+  // is told why and stays out) and offers its cores and GPUs again.
+  // Returns the hosts taken in.
+  std::vector<std::size_t> admit_returning();
+
   // The connections to wait on (those not gone).
   std::vector<int> fds() const;
 
@@ -118,6 +126,12 @@ class TrialHosts {
   void end(const nlohmann::json& message);
 
  private:
+  // Asks the hosts `which` for their offers (kUnavailable naming one that
+  // gives none; kCorruption for a malformed one).
+  void take_offers(const std::vector<std::size_t>& which);
+
+  train_internal::JobBoot& boot_;
+  train_internal::DriverSpec probe_;  // the experiment, for the storage probe
   std::vector<train_internal::Agent> agents_;
   std::vector<PlaceOffer> offers_;
   bool ended_ = false;

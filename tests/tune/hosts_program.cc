@@ -10,9 +10,12 @@
 // Scenarios: spread (6 trials of 3 checkpointed steps), gpus (4 trials of one
 // fake GPU each, 2 per host), lose (2 trials of 4 steps, max_failures 0; a
 // trial on place 1 stops before its step 2 until OUT/go exists, for a test
-// that kills that place's process).
+// that kills that place's process), rejoin (3 trials of 4 steps, one per
+// host at a time; trials on places 0 and 1 stop before step 2 until OUT/go
+// exists, for a test that kills place 1's process and starts another).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -62,7 +65,8 @@ void stepping(const nlohmann::json& config) {
     start = std::stoi(read_file(c->as_directory().path() / "step.txt"));
   const int steps = config.at("steps").get<int>();
   for (int step = start + 1; step <= steps; ++step) {
-    if (config.value("hold", false) && step == 2 && place == "1") {
+    const nlohmann::json hold = config.value("hold", nlohmann::json::array());
+    if (step == 2 && std::find(hold.begin(), hold.end(), place) != hold.end()) {
       // The test kills this place's process now.
       write_file_atomically(out / fmt::format("held-{}", train::get_context().experiment_name),
                             place);
@@ -141,8 +145,15 @@ int main(int argc, char** argv) {
       tc.resources_per_trial.cpu = 0.5;
       run.failure_config.max_failures = 0;
       space["steps"] = 4;
-      space["hold"] = true;
+      space["hold"] = {"1"};
       space["x"] = tune::grid_search({1, 2});
+    } else if (scenario == "rejoin") {
+      // One trial per host at a time: the host's cores per trial.
+      tc.resources_per_trial.cpu = std::max(1u, std::thread::hardware_concurrency());
+      run.failure_config.max_failures = 0;
+      space["steps"] = 4;
+      space["hold"] = {"0", "1"};
+      space["x"] = tune::grid_search({1, 2, 3});
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;

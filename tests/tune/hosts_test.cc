@@ -248,6 +248,51 @@ TEST_F(TunerOnHosts, ATrialOfALostHostResumesOnAnotherFromItsLatestCheckpoint) {
   EXPECT_TRUE(has(run.log, "was lost; it resumes on another host")) << run.log;
 }
 
+// A process started again for a lost host's rank is taken in and gets
+// trials again.
+TEST_F(TunerOnHosts, AProcessStartedAgainForALostHostGetsTrialsAgain) {
+  const int port = testing::free_port();
+  std::string script;
+  for (int r = 0; r < 2; ++r)
+    script += rank_command(r, 2, port, "rejoin", results(), false) + " & ";
+  const pid_t launch = testing::start_shell(script + "wait", out_ / "launch.log");
+  // Both places hold a trial before its step 2 (bounded wait).
+  int held = 0;
+  for (int i = 0; i < 1200 && held < 2; ++i) {
+    held = 0;
+    for (const auto& e : fs::directory_iterator(out_)) {
+      const std::string name = e.path().filename().string();
+      held += name.rfind("held-", 0) == 0 && name.find(".tmp") == std::string::npos ? 1 : 0;
+    }
+    if (held < 2) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(held, 2) << slurp(out_ / "launch.log");
+  ASSERT_EQ(::kill(std::stoi(slurp(out_ / "pid-1")), SIGKILL), 0);
+  // The same rank again, as a launcher restarting a lost node's process.
+  std::string again = rank_command(1, 2, port, "rejoin", results(), false);
+  again.replace(again.find("CAIRN_TEST_PLACE=1"), 18, "CAIRN_TEST_PLACE=1b");
+  const pid_t back = testing::start_shell(again, out_ / "back.log");
+  bool taken = false;
+  for (int i = 0; i < 1200 && !taken; ++i) {
+    taken = has(slurp(out_ / "launch.log"), "is back and offers");
+    if (!taken) std::this_thread::sleep_for(100ms);
+  }
+  std::ofstream(out_ / "go") << "go";
+  const testing::ShellRun run = testing::wait_shell(launch, out_ / "launch.log");
+  const testing::ShellRun run_back = testing::wait_shell(back, out_ / "back.log");
+  ASSERT_TRUE(taken) << run.log << run_back.log;
+  const nlohmann::json grid = process_result(0);
+  ASSERT_TRUE(grid.is_object() && !grid.contains("threw")) << grid.dump(2) << "\n" << run.log;
+  EXPECT_EQ(process_result(1), grid) << run_back.log;  // the new process's
+  std::set<std::string> places;
+  for (const auto& t : grid.at("trials")) {
+    EXPECT_EQ(t.at("status"), "TERMINATED") << t.dump(2) << "\n" << run.log;
+    EXPECT_EQ(t.at("metrics").value("step", 0), 4) << t.dump(2);
+    places.insert(t.at("metrics").value("place", "?"));
+  }
+  EXPECT_TRUE(places.count("1b") == 1) << grid.dump(2) << "\n" << run.log;
+}
+
 // Storage that only one node sees is refused before any trial starts, on
 // every process, naming the host that cannot see it.
 TEST_F(TunerOnHosts, NodeLocalStorageIsRefusedOnEveryProcessNamingTheHost) {
