@@ -257,7 +257,8 @@ nlohmann::json answer_probe(const nlohmann::json& probe) {
 }
 
 void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
-                     std::vector<Agent>& agents, const DriverSpec* spec) {
+                     std::vector<Agent>& agents, const DriverSpec* spec,
+                     std::string_view what_next) {
   const auto taken = [&](int rank) { return !agents.at(static_cast<size_t>(rank - 1)).gone; };
   while (std::optional<Agent> a =
              accept_one(listener, w, token, taken, milliseconds(0), /*hello_host=*/true)) {
@@ -273,7 +274,7 @@ void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string
         continue;  // its connection closes here
       }
     }
-    log::info(fmt::format("{} is back; it joins the next attempt", a->name()));
+    log::info(fmt::format("{} is back; {}", a->name(), what_next));
     agents.at(static_cast<size_t>(a->rank - 1)) = std::move(*a);
   }
 }

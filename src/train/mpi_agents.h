@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -95,7 +96,9 @@ nlohmann::json answer_probe(const nlohmann::json& probe);
 // as the group's did before the first attempt: one whose host does not see
 // the experiment's storage (a node that came back without the shared mount)
 // is told why and stays out, and the group goes on without it.
+// The log says "<rank> is back; <what_next>".
 void admit_returning(TcpListener& listener, const MpiWorld& w, const std::string& token,
-                     std::vector<Agent>& agents, const DriverSpec* spec);
+                     std::vector<Agent>& agents, const DriverSpec* spec,
+                     std::string_view what_next = "it joins the next attempt");
 
 }  // namespace cairn::train_internal

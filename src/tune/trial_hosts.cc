@@ -194,7 +194,8 @@ void TrialHosts::take_offers(const std::vector<std::size_t>& which) {
 std::vector<std::size_t> TrialHosts::admit_returning() {
   std::vector<bool> was_gone;
   for (const Agent& a : agents_) was_gone.push_back(a.gone);
-  train_internal::admit_returning(*boot_.listener, boot_.world, boot_.token, agents_, &probe_);
+  train_internal::admit_returning(*boot_.listener, boot_.world, boot_.token, agents_, &probe_,
+                                  "it runs trials again once it has offered its cores and GPUs");
   std::vector<std::size_t> back;
   for (std::size_t i = 0; i < agents_.size(); ++i) {
     if (!was_gone[i] || agents_[i].gone) continue;
