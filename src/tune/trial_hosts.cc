@@ -210,6 +210,7 @@ std::vector<std::size_t> TrialHosts::admit_returning() {
     }
     log::info(fmt::format("Tuner: {} is back and offers {} core(s) and {} GPU(s) for trials",
                           name(i), offers_[i].cores, offers_[i].gpu_ids.size()));
+    if (i < lost_told_.size()) lost_told_[i] = false;
     back.push_back(i);
   }
   return back;
@@ -258,9 +259,11 @@ std::vector<int> TrialHosts::fds() const {
 
 std::vector<TrialHosts::Event> TrialHosts::read() {
   std::vector<Event> events;
+  lost_told_.resize(agents_.size(), false);
   for (std::size_t i = 0; i < agents_.size(); ++i) {
     Agent& a = agents_[i];
-    if (a.gone) continue;
+    if (lost_told_[i]) continue;
+    // A host a send() found gone (Agent::send) is lost too, readable or not.
     std::vector<nlohmann::json> messages;
     std::string broken;
     bool open = a.read(messages, broken);
@@ -289,6 +292,7 @@ std::vector<TrialHosts::Event> TrialHosts::read() {
     if (!open) {
       a.gone = true;
       a.channel.close();
+      lost_told_[i] = true;
       Event e;
       e.type = Event::kLost;
       e.host = i;

@@ -134,6 +134,7 @@ class TrialHosts {
   train_internal::DriverSpec probe_;  // the experiment, for the storage probe
   std::vector<train_internal::Agent> agents_;
   std::vector<PlaceOffer> offers_;
+  std::vector<bool> lost_told_;  // read() reported the host lost (once)
   bool ended_ = false;
 };
 
