@@ -245,6 +245,8 @@ class Experiment {
   std::vector<Place> places_;
   // The places from the offers (open_experiment).
   void make_places();
+  // Every place's offer, shared out between processes on one host.
+  std::vector<PlaceOffer> place_offers() const;
   // What a place with `offer` holds at once (Place::limit).
   int place_limit(const PlaceOffer& offer) const;
   // max_concurrent_ from the places' limits.

@@ -287,10 +287,11 @@ void Experiment::wait_for_runners(int timeout_ms) {
 void Experiment::take_returning_hosts() {
   if (spec_.hosts == nullptr) return;
   for (std::size_t i : spec_.hosts->admit_returning()) {
+    const PlaceOffer offer = place_offers().at(i + 1);
     Place& p = places_.at(i + 1);
     p.name = spec_.hosts->name(i);
-    p.limit = place_limit(spec_.hosts->offer(i));
-    p.gpus = std::make_unique<GpuPool>(spec_.hosts->offer(i).gpu_ids);
+    p.limit = place_limit(offer);
+    p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
     p.running = 0;  // its trials were unplaced when it was lost
     p.gone = false;
     count_slots();

@@ -31,6 +31,7 @@
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
 #include "train/control/channel.h"
+#include "train/control/net.h"
 #include "train/control/scratch.h"
 #include "tune/domain.h"
 #include "tune/trial_runner.h"
@@ -145,21 +146,28 @@ void Experiment::count_slots() {
   max_concurrent_ = static_cast<int>(std::clamp<long>(total, 1, INT_MAX));
 }
 
+std::vector<PlaceOffer> Experiment::place_offers() const {
+  std::vector<std::string> hosts{train_internal::host_name()};
+  std::vector<PlaceOffer> offers{own_offer(spec_.tune)};
+  if (spec_.hosts != nullptr) {
+    for (std::size_t i = 0; i < spec_.hosts->size(); ++i) {
+      hosts.push_back(spec_.hosts->host(i));
+      offers.push_back(spec_.hosts->offer(i));
+    }
+  }
+  return share_hosts(hosts, std::move(offers));
+}
+
 void Experiment::make_places() {
   const TrialResources& want = spec_.tune.resources_per_trial;
   const bool one_place = spec_.hosts == nullptr || spec_.hosts->size() == 0;
-  auto add = [&](std::string name, const PlaceOffer& offer) {
+  const std::vector<PlaceOffer> offers = place_offers();
+  for (std::size_t i = 0; i < offers.size(); ++i) {
     Place p;
-    p.name = std::move(name);
-    p.limit = place_limit(offer);
-    p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
+    p.name = i == 0 ? "this host" : spec_.hosts->name(i - 1);
+    p.limit = place_limit(offers[i]);
+    p.gpus = std::make_unique<GpuPool>(offers[i].gpu_ids);
     places_.push_back(std::move(p));
-  };
-  add("this host", own_offer(spec_.tune));
-  if (!one_place) {
-    for (std::size_t i = 0; i < spec_.hosts->size(); ++i) {
-      add(spec_.hosts->name(i), spec_.hosts->offer(i));
-    }
   }
   count_slots();
   // A request no place can ever hold is refused before any trial starts.

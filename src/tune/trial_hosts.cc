@@ -45,6 +45,27 @@ int default_slots(int cores, double cpu_per_trial, int num_workers) {
   return std::max(1, static_cast<int>(static_cast<double>(std::max(1, cores)) / per_trial));
 }
 
+std::vector<PlaceOffer> share_hosts(const std::vector<std::string>& hosts,
+                                    std::vector<PlaceOffer> offers) {
+  std::map<std::string, int> count;
+  for (const std::string& h : hosts) ++count[h];
+  std::map<std::string, int> seen;
+  for (std::size_t i = 0; i < offers.size(); ++i) {
+    const int m = count[hosts.at(i)];
+    const int k = seen[hosts.at(i)]++;
+    if (m == 1) continue;
+    PlaceOffer& o = offers[i];
+    o.cores = std::max(1, o.cores / m);
+    std::vector<std::string> mine;
+    for (std::size_t j = static_cast<std::size_t>(k); j < o.gpu_ids.size();
+         j += static_cast<std::size_t>(m)) {
+      mine.push_back(o.gpu_ids[j]);
+    }
+    o.gpu_ids = std::move(mine);
+  }
+  return offers;
+}
+
 std::vector<std::size_t> placement_order(std::span<const int> running, std::span<const int> limit,
                                          const std::vector<bool>& gone) {
   std::vector<std::size_t> order;

@@ -57,6 +57,14 @@ PlaceOffer own_offer(const TuneConfig& tune);
 // workers per trial when that is 0; at least 1.
 int default_slots(int cores, double cpu_per_trial, int num_workers);
 
+// What each process of a launch keeps of its offer when several run on one
+// host (`hosts[i]` names process i's host; they all see the same cores and
+// GPUs): the k-th of m processes on a host keeps cores / m (at least 1)
+// and the GPU ids at positions k, k + m, k + 2m, ... of its list, so no
+// GPU is handed out twice.
+std::vector<PlaceOffer> share_hosts(const std::vector<std::string>& hosts,
+                                    std::vector<PlaceOffer> offers);
+
 // The places a trial may start on now, best first: those below their
 // `limit` and not `gone`, the fewest `running` first, then the lowest index
 // (so trials spread across hosts).
@@ -94,6 +102,7 @@ class TrialHosts {
   std::size_t size() const { return agents_.size(); }
   const PlaceOffer& offer(std::size_t i) const { return offers_.at(i); }
   std::string name(std::size_t i) const { return agents_.at(i).name(); }
+  const std::string& host(std::size_t i) const { return agents_.at(i).host; }
   bool gone(std::size_t i) const { return agents_.at(i).gone; }
 
   void start(std::size_t i, const std::string& trial, const nlohmann::json& spec);

@@ -125,6 +125,42 @@ class TunerOnHosts : public ::testing::Test {
     return places;
   }
 
+  // The gpus scenario's grid (4 one-GPU trials, fake ids "0" and "1" on
+  // every process): every trial ended, both places ran trials, and no GPU
+  // was held by two trials at once, per host (`per_host`: each process a
+  // host of its own) or across both processes (one host). Returns the GPUs
+  // each place handed out.
+  std::map<std::string, std::set<std::string>> check_gpus(const testing::ShellRun& run,
+                                                          bool per_host) const {
+    std::map<std::string, std::set<std::string>> used;
+    const nlohmann::json grid = same_grid_everywhere(run.log);
+    EXPECT_TRUE(grid.is_object());
+    if (!grid.is_object()) return used;
+    struct Span {
+      double start, end;
+      std::string where;  // [place/]gpu
+    };
+    std::vector<Span> spans;
+    for (const auto& t : grid.at("trials")) {
+      EXPECT_EQ(t.at("status"), "TERMINATED") << t.dump(2) << "\n" << run.log;
+      const nlohmann::json& m = t.at("metrics");
+      const std::string gpu = m.value("gpus", "?");
+      const std::string place = m.value("place", "?");
+      EXPECT_TRUE(gpu == "0" || gpu == "1") << gpu;
+      used[place].insert(gpu);
+      spans.push_back(
+          {m.value("start", 0.0), m.value("end", 0.0), per_host ? place + "/" + gpu : gpu});
+    }
+    EXPECT_EQ(used.size(), 2u) << grid.dump(2);
+    for (const Span& a : spans) {
+      for (const Span& b : spans) {
+        if (&a == &b || a.where != b.where) continue;
+        EXPECT_FALSE(b.start <= a.start && a.start < b.end) << "GPU " << a.where << " overbooked";
+      }
+    }
+    return used;
+  }
+
   TempDir dir_;
   fs::path out_ = dir_ / "out";
 };
@@ -177,36 +213,28 @@ TEST_F(TunerOnHosts, UnderSrunOnTwoSlurmNodesTrialsRunOnBothNodes) {
   }
 }
 
-// Every host divides its own (fake) GPUs between the trials it runs: two
-// hosts of two GPUs run four one-GPU trials, never two at once on one GPU
-// of one host.
+// Runs the gpus scenario (4 one-GPU trials, fake ids "0" and "1" on every
+// process) and checks that every trial ends, both places run trials, and
+// no GPU is held by two trials at once: per host when `own_host` (each
+// process a host of its own), across both processes otherwise (one host:
+// its GPUs are shared out between them). Returns each place's GPUs.
+// Two hosts of two GPUs each run four one-GPU trials, two on each host at
+// once, never two on one GPU of one host.
 TEST_F(TunerOnHosts, EachHostDividesItsOwnGpusAndNoneIsOverbooked) {
+  if (auto why = no_namespaces(); !why.empty()) GTEST_SKIP() << why;
+  const testing::ShellRun run = loop("gpus", true);
+  EXPECT_EQ(run.exit_status, 0) << run.log;
+  check_gpus(run, /*per_host=*/true);
+}
+
+// Two processes on one host (as `mpirun -np 2` on one node) see the same
+// two GPUs: each gets one of them, so no GPU is handed out twice.
+TEST_F(TunerOnHosts, ProcessesOnOneHostShareItsGpusOutBetweenThem) {
   const testing::ShellRun run = loop("gpus", false);
   EXPECT_EQ(run.exit_status, 0) << run.log;
-  const nlohmann::json grid = same_grid_everywhere(run.log);
-  ASSERT_TRUE(grid.is_object());
-  struct Span {
-    double start, end;
-    std::string where;  // place/gpu
-  };
-  std::vector<Span> spans;
-  std::set<std::string> places;
-  for (const auto& t : grid.at("trials")) {
-    ASSERT_EQ(t.at("status"), "TERMINATED") << t.dump(2) << "\n" << run.log;
-    const nlohmann::json& m = t.at("metrics");
-    const std::string gpu = m.at("gpus").get<std::string>();
-    EXPECT_TRUE(gpu == "0" || gpu == "1") << gpu;
-    places.insert(m.at("place").get<std::string>());
-    spans.push_back({m.at("start").get<double>(), m.at("end").get<double>(),
-                     m.at("place").get<std::string>() + "/" + gpu});
-  }
-  EXPECT_EQ(places, (std::set<std::string>{"0", "1"}));
-  for (const Span& a : spans) {
-    for (const Span& b : spans) {
-      if (&a == &b || a.where != b.where) continue;
-      EXPECT_FALSE(b.start <= a.start && a.start < b.end) << "GPU " << a.where << " overbooked";
-    }
-  }
+  const std::map<std::string, std::set<std::string>> got = check_gpus(run, /*per_host=*/false);
+  EXPECT_EQ(got.at("0"), (std::set<std::string>{"0"}));
+  EXPECT_EQ(got.at("1"), (std::set<std::string>{"1"}));
 }
 
 // A host whose process dies (its node fails) takes its trials' runners with

@@ -38,6 +38,23 @@ TEST(TrialPlacement, AHostHoldsItsCoresOverWhatATrialAsksAndAtLeastOne) {
   EXPECT_EQ(default_slots(0, 1, 1), 1);
 }
 
+TEST(TrialPlacement, ProcessesOnOneHostShareItsCoresAndGpusOut) {
+  const PlaceOffer four{8, {"0", "1", "2", "3"}};
+  const std::vector<PlaceOffer> got = share_hosts({"a", "b", "a", "a"}, {four, four, four, four});
+  EXPECT_EQ(got[0].cores, 2);  // 8 cores, 3 processes on host a
+  EXPECT_EQ(got[0].gpu_ids, (std::vector<std::string>{"0", "3"}));
+  EXPECT_EQ(got[2].gpu_ids, (std::vector<std::string>{"1"}));
+  EXPECT_EQ(got[3].gpu_ids, (std::vector<std::string>{"2"}));
+  EXPECT_EQ(got[1].cores, 8);  // alone on host b: all of it
+  EXPECT_EQ(got[1].gpu_ids, four.gpu_ids);
+  const std::vector<PlaceOffer> tight =
+      share_hosts({"a", "a", "a"}, {{2, {"0"}}, {2, {"0"}}, {2, {"0"}}});
+  EXPECT_EQ(tight[0].cores, 1);
+  EXPECT_EQ(tight[0].gpu_ids, (std::vector<std::string>{"0"}));
+  EXPECT_TRUE(tight[1].gpu_ids.empty());
+  EXPECT_TRUE(tight[2].gpu_ids.empty());
+}
+
 TEST(TrialHostMessages, ARunnersSpecCrossesWithItsSettingsAndKeepsTheLocalCode) {
   tune_internal::RunnerSpec rs;
   rs.config = {{"lr", 0.1}};
