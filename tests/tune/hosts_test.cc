@@ -296,7 +296,15 @@ TEST_F(TunerOnHosts, AProcessStartedAgainForALostHostGetsTrialsAgain) {
   }
   ASSERT_EQ(held, 2) << slurp(out_ / "launch.log");
   ASSERT_EQ(::kill(std::stoi(slurp(out_ / "pid-1")), SIGKILL), 0);
-  // The same rank again, as a launcher restarting a lost node's process.
+  // Once the driver took it for lost (a process claiming a rank still held
+  // is turned away), the same rank again, as a launcher restarting a lost
+  // node's process would.
+  bool lost = false;
+  for (int i = 0; i < 1200 && !lost; ++i) {
+    lost = has(slurp(out_ / "launch.log"), "is lost");
+    if (!lost) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(lost) << slurp(out_ / "launch.log");
   std::string again = rank_command(1, 2, port, "rejoin", results(), false);
   again.replace(again.find("CAIRN_TEST_PLACE=1"), 18, "CAIRN_TEST_PLACE=1b");
   const pid_t back = testing::start_shell(again, out_ / "back.log");
