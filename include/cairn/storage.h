@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -145,7 +146,16 @@ struct StorageCapabilities {
   // Whether rename() moves an object without copying its bytes (file
   // systems, memory); object stores cannot.
   bool renames = false;
+  // The largest object put_stream() sends in one request, its bytes read from
+  // the source as they leave (S3: one PUT instead of a multipart upload, up to
+  // CAIRN_S3_UPLOAD_CUTOFF); 0 where put_stream() writes through open_writer()
+  // as any write does.
+  uint64_t streamed_put_limit = 0;
 };
+
+// The bytes of an object for Storage::put_stream(): fills `out` with the
+// object's bytes at `offset`.
+using ObjectSource = std::function<void(uint64_t offset, std::span<std::byte> out)>;
 
 class Storage {
  public:
@@ -223,6 +233,26 @@ class Storage {
   // backend reads the one directory, so finding the experiments under a root
   // does not walk every checkpoint.
   virtual std::vector<std::string> list_names(std::string_view prefix);
+
+  // Writes the object `key` of `size` bytes read from `source` and commits it,
+  // replacing any object with that key, durable as a Writer's commit() with
+  // the default WriteOptions. For a caller whose bytes lie elsewhere (a local
+  // file being uploaded): memory stays at one block, not the object.
+  // `source` is called front to back from offset 0 to `size`, in one pass or
+  // more: the first pass ends with `read_through` (when set), before anything
+  // becomes visible, so a caller checking a checksum of the bytes can refuse
+  // them there; where the object goes in one request (size at most
+  // capabilities().streamed_put_limit) each try of that request reads it
+  // again. Every pass must give the same bytes: S3 checks them against the
+  // first pass's MD5 and keeps the object it had; where the server does not,
+  // Cairn compares what it sent and removes the changed object (kCorruption).
+  // What `source` throws in its first pass or `read_through` throws is
+  // rethrown, nothing committed; a source failing in a later pass fails the
+  // request, and what the server keeps of a request cut short is the
+  // server's (S3 keeps the object it had).
+  // Thread-safety: as open_writer().
+  virtual void put_stream(std::string_view key, uint64_t size, const ObjectSource& source,
+                          const std::function<void()>& read_through = {});
 
   // What this backend can do beyond the interface (see StorageCapabilities).
   // Constant for the life of the Storage; cheap to call.

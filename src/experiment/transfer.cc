@@ -12,7 +12,10 @@
 //      those that match are kept (resume).
 //   4. Every other file is copied in ranged chunks by `jobs` threads; the
 //      chunks of a file are hashed in order as they are read and the file is
-//      committed only if its size and XXH3 match the manifest.
+//      committed only if its size and XXH3 match the manifest. A file the
+//      destination takes in one streamed request (Storage::put_stream; S3 up
+//      to CAIRN_S3_UPLOAD_CUTOFF) is one thread's: hashed on a first pass and
+//      checked before anything of it is sent.
 //   5. Every copied file is checked at the destination: read back and
 //      checksummed, or (TransferVerify::kSize, the default where the
 //      destination verifies uploads itself, as S3 does with Content-MD5) its
@@ -22,18 +25,14 @@
 // For an experiment: take the destination's lock, copy each committed
 // checkpoint as above in index order, then the experiment's other files, then
 // the history, last, once every checkpoint it names is committed there.
+// The passes over files (steps 3 to 5) are in file_pass.cc.
 #include "cairn/transfer.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <exception>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -43,6 +42,7 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "checkpoint/manifest_text.h"
+#include "experiment/file_pass.h"
 #include "experiment/layout.h"
 #include "manager/history_store.h"
 #include "util/hash.h"
@@ -52,291 +52,18 @@ namespace cairn {
 
 namespace {
 
+using experiment::Item;
+using experiment::items_of;
+using experiment::Pass;
+using experiment::ProgressSink;
+using experiment::run_pass;
+
 constexpr std::string_view kHistoryKey = experiment::kManagerHistoryKey;
 // Re-reads of a live source's history before giving up; see copy_history().
 constexpr int kHistoryRounds = 4;
 
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Counts for TransferProgress and calls the callback, one call at a time.
-class ProgressSink {
- public:
-  explicit ProgressSink(const TransferOptions& options) : callback_(options.progress) {}
-
-  void add_total(uint64_t bytes, uint64_t files) {
-    std::lock_guard<std::mutex> g(mu_);
-    state_.bytes_total += bytes;
-    state_.files_total += files;
-  }
-  void chunk_done(uint64_t bytes) {
-    std::lock_guard<std::mutex> g(mu_);
-    state_.bytes_done += bytes;
-    state_.file.clear();
-    state_.skipped = false;
-    emit();
-  }
-  // `skipped`: found in place, its bytes were not counted by chunk_done().
-  void file_done(std::string uri, uint64_t size, bool skipped) {
-    std::lock_guard<std::mutex> g(mu_);
-    if (skipped) {
-      state_.bytes_done += size;
-      state_.bytes_skipped += size;
-    }
-    ++state_.files_done;
-    state_.file = std::move(uri);
-    state_.skipped = skipped;
-    emit();
-  }
-  // A planned file that will not be copied after all (its checkpoint left
-  // the source during the copy).
-  void drop(uint64_t bytes, uint64_t files) {
-    std::lock_guard<std::mutex> g(mu_);
-    state_.bytes_total -= std::min(bytes, state_.bytes_total);
-    state_.files_total -= std::min(files, state_.files_total);
-  }
-
- private:
-  void emit() {
-    if (callback_) callback_(state_);
-  }
-  std::function<void(const TransferProgress&)> callback_;
-  std::mutex mu_;
-  TransferProgress state_;
-};
-
-// What one pass over a list of files does with each.
-enum class Pass {
-  kHash,    // read from `from` and record the size and checksum in `want`
-  kProbe,   // read from `from` (the destination): does it match `want`?
-  kCopy,    // read from `from`, write to `to`; must match `want`
-  kVerify,  // read back from `from` (the destination); must match `want`
-};
-
-struct Item {
-  ManifestEntry want;
-  bool matched = false;  // kProbe: found in place with the expected size and checksum
-};
-
-// One file's chunks, shared by the threads that copy them. The chunks are
-// read and written in parallel but hashed in order (XXH3 is a stream), each
-// thread waiting for its predecessor: a thread holds one chunk, so memory
-// stays within jobs x chunk_size.
-struct FileState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool opened = false;
-  bool abandoned = false;  // kProbe: not in place; or the file failed
-  uint64_t chunks = 0;
-  uint64_t next_to_hash = 0;
-  std::unique_ptr<Reader> reader;
-  std::unique_ptr<Writer> writer;
-  Hasher hasher;
-};
-
-class FilePass {
- public:
-  FilePass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
-           const TransferOptions& options, ProgressSink* progress)
-      : pass_(pass),
-        from_(from),
-        to_(to),
-        items_(items),
-        chunk_size_(options.chunk_size),
-        jobs_(static_cast<size_t>(options.jobs)),
-        progress_(progress),
-        states_(items.size()) {}
-
-  void run() {
-    for (size_t i = 0; i < items_.size(); ++i) {
-      const uint64_t size = items_[i].want.size;
-      states_[i].chunks = std::max<uint64_t>(1, (size + chunk_size_ - 1) / chunk_size_);
-      for (uint64_t c = 0; c < states_[i].chunks; ++c) tasks_.push_back({i, c});
-    }
-    const size_t threads = std::min(jobs_, tasks_.size());
-    if (threads == 0) return;
-    std::vector<std::thread> pool;
-    pool.reserve(threads - 1);
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back([this] { work(); });
-    work();
-    for (auto& t : pool) t.join();
-    if (error_) std::rethrow_exception(error_);
-  }
-
- private:
-  struct Task {
-    size_t item;
-    uint64_t chunk;
-  };
-
-  void work() {
-    std::vector<std::byte> buf;
-    try {
-      while (!stop_.load()) {
-        const size_t t = next_.fetch_add(1);
-        if (t >= tasks_.size()) return;
-        step(tasks_[t], buf);
-      }
-    } catch (...) {
-      fail(std::current_exception());
-    }
-  }
-
-  void step(const Task& task, std::vector<std::byte>& buf) {
-    Item& item = items_[task.item];
-    FileState& f = states_[task.item];
-    const uint64_t offset = task.chunk * chunk_size_;
-    const uint64_t length = std::min(chunk_size_, item.want.size - offset);
-    {
-      std::lock_guard<std::mutex> g(f.mu);
-      if (f.abandoned) return;
-      if (!f.opened) {
-        f.opened = true;
-        try {
-          if (!open(item, f)) {
-            abandon(f);
-            return;
-          }
-        } catch (...) {
-          f.abandoned = true;
-          throw;
-        }
-      }
-    }
-    if (buf.size() < length) buf.resize(static_cast<size_t>(length));
-    std::span<std::byte> block(buf.data(), static_cast<size_t>(length));
-    if (length > 0) {
-      f.reader->read_at(offset, block);
-      if (f.writer) f.writer->write_at(offset, block);
-    }
-    std::unique_lock<std::mutex> lk(f.mu);
-    f.cv.wait(lk, [&] { return f.next_to_hash == task.chunk || f.abandoned || stop_.load(); });
-    if (f.next_to_hash != task.chunk || f.abandoned) return;
-    f.hasher.update(block);
-    const bool last = ++f.next_to_hash == f.chunks;
-    lk.unlock();
-    f.cv.notify_all();
-    if (pass_ == Pass::kCopy && progress_ && length > 0) progress_->chunk_done(length);
-    if (last) finish(item, f);
-  }
-
-  // Opens the file's reader (and writer); false when a probed file is not in
-  // place after all. Called once per file, under its mutex.
-  bool open(Item& item, FileState& f) {
-    const std::string where = from_.uri_of(item.want.path);
-    try {
-      f.reader = from_.open_reader(item.want.path);
-    } catch (const Error& e) {
-      if (pass_ == Pass::kProbe && e.code() == ErrorCode::kNotFound) return false;
-      throw;
-    }
-    const uint64_t size = f.reader->size();
-    if (size != item.want.size) {
-      switch (pass_) {
-        case Pass::kProbe:
-          return false;
-        case Pass::kHash:
-          throw Error(ErrorCode::kFailedPrecondition,
-                      fmt::format("{}: changed while being copied (size {}, listed as {}); run "
-                                  "the copy again",
-                                  where, size, item.want.size),
-                      /*retryable=*/true);
-        case Pass::kCopy:
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("{}: size {}, the manifest says {}; the source checkpoint is "
-                                  "damaged, nothing was committed at the destination",
-                                  where, size, item.want.size));
-        case Pass::kVerify:
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("{}: read back after copying: size {}, the manifest says {}",
-                                  where, size, item.want.size));
-      }
-    }
-    if (pass_ == Pass::kCopy) f.writer = to_->open_writer(item.want.path);
-    return true;
-  }
-
-  void finish(Item& item, FileState& f) {
-    const uint64_t got = f.hasher.digest();
-    f.reader.reset();
-    const std::string where = from_.uri_of(item.want.path);
-    switch (pass_) {
-      case Pass::kHash:
-        item.want.xxh3 = got;
-        break;
-      case Pass::kProbe:
-        item.matched = got == item.want.xxh3;
-        if (item.matched && progress_) progress_->file_done(where, item.want.size, true);
-        break;
-      case Pass::kCopy:
-        if (got != item.want.xxh3) {
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("{}: checksum {}, the manifest says {}; the source checkpoint "
-                                  "is damaged (or the file changed), nothing was committed at "
-                                  "the destination",
-                                  where, hash_to_hex(got), hash_to_hex(item.want.xxh3)));
-        }
-        f.writer->commit();
-        f.writer.reset();
-        if (progress_) progress_->file_done(to_->uri_of(item.want.path), item.want.size, false);
-        break;
-      case Pass::kVerify:
-        if (got != item.want.xxh3) {
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("{}: read back after copying: checksum {}, the manifest says {}",
-                                  where, hash_to_hex(got), hash_to_hex(item.want.xxh3)));
-        }
-        break;
-    }
-  }
-
-  void abandon(FileState& f) {
-    // Under f.mu (the caller holds it).
-    f.abandoned = true;
-    f.reader.reset();
-    f.cv.notify_all();
-  }
-
-  void fail(std::exception_ptr e) {
-    {
-      std::lock_guard<std::mutex> g(error_mu_);
-      if (!error_) error_ = e;
-    }
-    stop_.store(true);
-    // Wake threads waiting for a predecessor chunk that will never be hashed.
-    for (auto& f : states_) {
-      std::lock_guard<std::mutex> g(f.mu);
-      f.abandoned = true;
-      f.cv.notify_all();
-    }
-  }
-
-  const Pass pass_;
-  Storage& from_;
-  Storage* to_;
-  std::vector<Item>& items_;
-  const uint64_t chunk_size_;
-  const size_t jobs_;
-  ProgressSink* progress_;
-  std::vector<FileState> states_;
-  std::vector<Task> tasks_;
-  std::atomic<size_t> next_{0};
-  std::atomic<bool> stop_{false};
-  std::mutex error_mu_;
-  std::exception_ptr error_;
-};
-
-void run_pass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
-              const TransferOptions& options, ProgressSink* progress) {
-  FilePass(pass, from, to, items, options, progress).run();
-}
-
-std::vector<Item> items_of(const std::vector<ManifestEntry>& entries) {
-  std::vector<Item> items;
-  items.reserve(entries.size());
-  for (const auto& e : entries) items.push_back({e, false});
-  return items;
 }
 
 struct Context {

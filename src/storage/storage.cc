@@ -3,11 +3,20 @@
 #include "cairn/error.h"
 #include "cairn/storage.h"
 
+#include <algorithm>
 #include <set>
+#include <vector>
 #include "storage/backends.h"
 #include "util/fs.h"
 
 namespace cairn {
+
+namespace {
+
+// The block put_stream() moves at a time when the backend does not stream.
+constexpr uint64_t kStreamBlock = 8ull << 20;
+
+}  // namespace
 
 void validate_key(std::string_view key, bool is_stored) {
   const ErrorCode code = is_stored ? ErrorCode::kCorruption : ErrorCode::kInvalidArgument;
@@ -50,6 +59,23 @@ std::optional<std::filesystem::path> Storage::local_path(std::string_view key) c
 void Storage::put(std::string_view key, std::string_view bytes) {
   auto w = open_writer(key);
   w->append(as_bytes(bytes));
+  w->commit();
+}
+
+void Storage::put_stream(std::string_view key, uint64_t size, const ObjectSource& source,
+                         const std::function<void()>& read_through) {
+  WriteOptions options;
+  options.size = size;
+  auto w = open_writer(key, options);
+  std::vector<std::byte> block(static_cast<size_t>(std::min<uint64_t>(size, kStreamBlock)));
+  for (uint64_t at = 0; at < size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), size - at));
+    std::span<std::byte> piece(block.data(), n);
+    source(at, piece);
+    w->append(piece);
+    at += n;
+  }
+  if (read_through) read_through();
   w->commit();
 }
 

@@ -26,6 +26,8 @@
 #include "checkpoint/copy.h"
 #include "cli/commands.h"
 #include "storage/s3/http.h"
+#include "support/env.h"
+#include "support/errors.h"
 #include "support/s3_server.h"
 #include "support/temp_dir.h"
 
@@ -405,6 +407,47 @@ TEST_F(S3EndToEnd, CpCopiesAnExperimentToS3AndBackAndAReRunCopiesNothing) {
   EXPECT_EQ(down.kind, TransferKind::kCheckpoint);
   EXPECT_EQ(slurp(src.path() / "back" / "model.bin"), std::string(600'002, 'o'));
   EXPECT_TRUE(Checkpoint::from_directory((src.path() / "back").string()).verify().empty());
+}
+
+TEST_F(S3EndToEnd, CpSendsAFileUpToTheUploadCutoffInOnePutCheckedBeforeItIsSent) {
+  // 256 KiB parts (the test server), 200 MiB cutoff: a 2 MB file goes in one
+  // streamed PUT, the same bytes as a multipart upload would have sent.
+  TempDir src;
+  const fs::path dir = src.path() / "ckpt";
+  const std::string big(2'000'000, 'b');
+  write_file(dir / "model.bin", big);
+  write_file(dir / "small.txt", "small");
+  const fs::path exp = src.path() / "exp";
+  const Checkpoint source = CheckpointManager(exp.string(), {})
+                                .register_checkpoint({}, Checkpoint::from_directory(dir.string()))
+                                .checkpoint;
+  TransferOptions o;
+  o.chunk_size = 256 * 1024;
+  const uint64_t before = s3::requests_sent();
+  TransferReport up = transfer(source.uri(), root + "/one", o);
+  const uint64_t used = s3::requests_sent() - before;
+  EXPECT_EQ(up.files_copied, 2u);
+  EXPECT_EQ(open_storage(root + "/one")->get("model.bin"), big);
+  EXPECT_TRUE(Checkpoint::from_directory(root + "/one").verify().empty());
+  {
+    testing::ScopedEnv cutoff("CAIRN_S3_UPLOAD_CUTOFF", "0");
+    const uint64_t start = s3::requests_sent();
+    transfer(source.uri(), root + "/parts", o);
+    // 8 parts of 256 KiB where one PUT did: 7 more, plus the upload's start,
+    // marker, completion and the marker's removal.
+    EXPECT_EQ(s3::requests_sent() - start, used + 7 + 4);
+  }
+
+  // A source file whose bytes no longer match its manifest (same size) is
+  // refused before anything of it is sent: no object, nothing committed.
+  std::string damaged = big;
+  damaged[1'500'000] = 'X';
+  write_file(exp / "checkpoint_000000" / "model.bin", damaged);
+  const std::string message = testing::error_message_of(
+      [&] { transfer(source.uri(), root + "/damaged", o); }, ErrorCode::kCorruption);
+  EXPECT_NE(message.find("model.bin"), std::string::npos) << message;
+  EXPECT_FALSE(open_storage(root + "/damaged")->exists("model.bin"));
+  EXPECT_FALSE(Checkpoint::from_directory(root + "/damaged").is_committed());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "cairn/error.h"
@@ -232,6 +233,69 @@ TEST_P(StorageConformance, RenameMovesAnObjectAtOnceWhereTheBackendCanAndNowhere
   auto c = s->child("deep");
   c->rename("er/folder/2", "moved");
   EXPECT_EQ(s->get("deep/moved"), "two");
+}
+
+// The bytes of a streamed object: a pattern of `size` bytes, read by offset.
+std::string pattern(size_t size) {
+  std::string s(size, '\0');
+  for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>((i * 131 + i / 4099) & 0xff);
+  return s;
+}
+
+TEST_P(StorageConformance, PutStreamReadsTheSourceFrontToBackAndChecksBeforeShowingIt) {
+  // Sizes around the S3 server's 256 KiB parts and put_stream's blocks.
+  for (size_t size : {size_t{0}, size_t{5}, size_t{256 * 1024}, size_t{1'300'007}}) {
+    SCOPED_TRACE(size);
+    const std::string bytes = pattern(size);
+    const std::string key = "streamed/" + std::to_string(size);
+    uint64_t next = 0;  // where the current pass has got to
+    int passes = 0;
+    int checks = 0;
+    auto source = [&](uint64_t offset, std::span<std::byte> out) {
+      if (offset == 0) ++passes;
+      ASSERT_EQ(offset, offset == 0 ? 0 : next) << "read out of order";
+      ASSERT_LE(offset + out.size(), size);
+      std::memcpy(out.data(), bytes.data() + offset, out.size());
+      next = offset + out.size();
+    };
+    auto read_through = [&] {
+      ++checks;
+      EXPECT_EQ(next, size) << "checked before the first pass ended";
+      EXPECT_FALSE(s->exists(key)) << "visible before it was checked";
+    };
+    s->put_stream(key, size, source, read_through);
+    EXPECT_EQ(checks, 1);
+    if (size > 0) {
+      EXPECT_GE(passes, 1);
+    }
+    EXPECT_EQ(s->get(key), bytes);
+  }
+}
+
+TEST_P(StorageConformance, PutStreamCommitsNothingWhenTheCheckOrTheSourceFails) {
+  const size_t size = 1'300'007;
+  const std::string bytes = pattern(size);
+  s->put("kept", "the object before");
+  auto source = [&](uint64_t offset, std::span<std::byte> out) {
+    std::memcpy(out.data(), bytes.data() + offset, out.size());
+  };
+  EXPECT_EQ(code_of([&] {
+              s->put_stream("kept", size, source,
+                            [] { throw Error(ErrorCode::kCorruption, "refused by the check"); });
+            }),
+            ErrorCode::kCorruption);
+  EXPECT_EQ(s->get("kept"), "the object before");
+
+  // A source failing before its first pass ends.
+  auto failing = [&](uint64_t offset, std::span<std::byte> out) {
+    if (offset + out.size() > size / 2) {
+      throw Error(ErrorCode::kIO, "the source broke at byte offset " + std::to_string(offset));
+    }
+    std::memcpy(out.data(), bytes.data() + offset, out.size());
+  };
+  EXPECT_EQ(code_of([&] { s->put_stream("kept", size, failing); }), ErrorCode::kIO);
+  EXPECT_EQ(s->get("kept"), "the object before");
+  EXPECT_TRUE(s->list_incomplete("").empty());
 }
 
 TEST_P(StorageConformance, LocalPathsOnlyWhereTheBackendHasThem) {

@@ -64,6 +64,13 @@ S3Options S3Options::from_environment(const AwsEnvironment& env) {
                             o.part_size, kMaxPartSize, kMaxPartSize));
   }
   o.concurrency = env_number<int>(env, "CAIRN_S3_CONCURRENCY", o.concurrency, 1);
+  o.upload_cutoff = env_number<uint64_t>(env, "CAIRN_S3_UPLOAD_CUTOFF", o.upload_cutoff, 0);
+  if (o.upload_cutoff > kMaxPutSize) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CAIRN_S3_UPLOAD_CUTOFF={}: above the largest object one PUT may "
+                            "carry ({} bytes, 5 GiB); set at most {}",
+                            o.upload_cutoff, kMaxPutSize, kMaxPutSize));
+  }
   o.lock_ttl =
       std::chrono::seconds(env_number<long long>(env, "CAIRN_S3_LOCK_TTL", o.lock_ttl.count(), 2));
   o.retry.max_attempts = env_number<int>(env, "CAIRN_S3_MAX_ATTEMPTS", o.retry.max_attempts, 1);
@@ -200,6 +207,8 @@ HttpResponse S3Client::call(const std::string& bucket, const S3Request& request)
   http.method = request.method;
   http.url = url_for(bucket, request, host, path);
   http.body = request.body;
+  http.body_source = request.body_source;
+  http.body_source_size = request.body_source_size;
   http.response_buffer = request.response_buffer;
   http.timeout = options_.request_timeout;
   std::string payload =

@@ -39,6 +39,8 @@ namespace cairn::s3 {
 inline constexpr uint64_t kMinPartSize = 5ull << 20;
 inline constexpr uint64_t kMaxPartSize = 5ull << 30;
 inline constexpr uint64_t kMaxParts = 10000;
+// The largest object one PUT may carry.
+inline constexpr uint64_t kMaxPutSize = 5ull << 30;
 
 // Tunables, from the environment by default (docs/s3.md). from_environment()
 // refuses a part size outside S3's limits (kInvalidArgument naming
@@ -46,8 +48,12 @@ inline constexpr uint64_t kMaxParts = 10000;
 // CAIRN_S3_MIN_PART_SIZE lowers the floor for servers configured to accept
 // smaller parts (the tests' servers), never below 4 KiB.
 struct S3Options {
-  uint64_t part_size = 16ull << 20;   // CAIRN_S3_PART_SIZE: multipart part and ranged-GET size
-  int concurrency = 8;                // CAIRN_S3_CONCURRENCY: parallel parts / ranges per object
+  uint64_t part_size = 16ull << 20;  // CAIRN_S3_PART_SIZE: multipart part and ranged-GET size
+  int concurrency = 8;               // CAIRN_S3_CONCURRENCY: parallel parts / ranges per object
+  // CAIRN_S3_UPLOAD_CUTOFF: the largest object Storage::put_stream() sends in
+  // one PUT, streamed from its source; larger ones go as multipart uploads
+  // of part_size parts. 0: every object above part_size is a multipart upload.
+  uint64_t upload_cutoff = 200ull << 20;
   std::chrono::seconds lock_ttl{30};  // CAIRN_S3_LOCK_TTL: lease lifetime without heartbeat
   RetryPolicy retry;                  // CAIRN_S3_MAX_ATTEMPTS sets retry.max_attempts
   // CAIRN_S3_CONDITIONAL_WRITES=off: take leases without If-Match /
@@ -65,6 +71,11 @@ struct S3Request {
   std::vector<std::pair<std::string, std::string>> query;  // raw names and values
   Headers headers;
   std::span<const std::byte> body;
+  // A body read as it is sent (HttpRequest::body_source), for objects too
+  // large to hold in memory; every try reads it again from offset 0. Never
+  // signed (UNSIGNED-PAYLOAD): give it a Content-MD5 header.
+  std::function<void(uint64_t offset, std::span<std::byte> out)> body_source;
+  uint64_t body_source_size = 0;
   bool sign_body = false;  // sign the body's SHA-256 (small XML bodies) or send UNSIGNED-PAYLOAD
   std::span<std::byte> response_buffer;
   // Statuses returned to the caller instead of thrown (e.g. 404 for stat).

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstring>
+#include <exception>
 #include <mutex>
 
 #include <curl/curl.h>
@@ -48,25 +49,38 @@ struct Transfer {
   const HttpRequest* request = nullptr;
   HttpResponse* response = nullptr;
   CURL* handle = nullptr;
-  size_t sent = 0;        // request body bytes handed to curl
-  bool overflow = false;  // the response body did not fit response_buffer
+  uint64_t sent = 0;                // request body bytes handed to curl
+  bool overflow = false;            // the response body did not fit response_buffer
+  std::exception_ptr source_error;  // what body_source threw
+
+  uint64_t body_size() const {
+    return request->body_source ? request->body_source_size : request->body.size();
+  }
 };
 
 size_t on_read(char* out, size_t size, size_t count, void* user) {
   auto* t = static_cast<Transfer*>(user);
-  std::span<const std::byte> body = t->request->body;
-  size_t n = std::min(size * count, body.size() - t->sent);
-  std::memcpy(out, body.data() + t->sent, n);
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(size * count, t->body_size() - t->sent));
+  if (t->request->body_source) {
+    try {
+      t->request->body_source(t->sent, std::span<std::byte>(reinterpret_cast<std::byte*>(out), n));
+    } catch (...) {
+      t->source_error = std::current_exception();
+      return CURL_READFUNC_ABORT;
+    }
+  } else {
+    std::memcpy(out, t->request->body.data() + t->sent, n);
+  }
   t->sent += n;
   return n;
 }
 
 int on_seek(void* user, curl_off_t offset, int origin) {
   auto* t = static_cast<Transfer*>(user);
-  if (origin != SEEK_SET || offset < 0 || static_cast<size_t>(offset) > t->request->body.size()) {
+  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->body_size()) {
     return CURL_SEEKFUNC_CANTSEEK;
   }
-  t->sent = static_cast<size_t>(offset);
+  t->sent = static_cast<uint64_t>(offset);
   return CURL_SEEKFUNC_OK;
 }
 
@@ -165,7 +179,10 @@ class CurlClient final : public HttpClient {
 
   static void perform(CURL* h, const HttpRequest& request, HttpResponse& response) {
     curl_easy_reset(h);  // keeps the connection cache
-    Transfer t{&request, &response, h};
+    Transfer t;
+    t.request = &request;
+    t.response = &response;
+    t.handle = h;
     curl_slist* headers = nullptr;
     bool has_content_type = false;
     for (const auto& [k, v] : request.headers) {
@@ -199,7 +216,8 @@ class CurlClient final : public HttpClient {
     const std::string& m = request.method;
     if (m == "HEAD") {
       curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-    } else if ((m == "PUT" || m == "POST") && request.body.size() <= kInlineBody) {
+    } else if ((m == "PUT" || m == "POST") && !request.body_source &&
+               request.body.size() <= kInlineBody) {
       // Small bodies leave in the same send() as the headers: a client
       // killed mid-request then never leaves a server holding the headers of
       // a PUT without its body (which servers that write objects in place,
@@ -214,13 +232,14 @@ class CurlClient final : public HttpClient {
       curl_easy_setopt(h, CURLOPT_READDATA, &t);
       curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, &on_seek);
       curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
-      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(request.body.size()));
+      curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(t.body_size()));
       if (m == "POST") curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "POST");
     } else if (m != "GET") {
       curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, m.c_str());
     }
 
     CURLcode rc = curl_easy_perform(h);
+    if (t.source_error) std::rethrow_exception(t.source_error);
     if (t.overflow) {
       throw Error(ErrorCode::kCorruption,
                   fmt::format("{} {}: the response body is longer than the {} bytes expected", m,

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,6 +37,12 @@ struct HttpRequest {
   Headers headers;
   // The request body (PUT, POST); must outlive send().
   std::span<const std::byte> body;
+  // Or, when set, a body of `body_source_size` bytes read as it is sent:
+  // body_source(offset, out) fills `out` with the bytes at `offset`, front to
+  // back (a send() that libcurl rewinds starts again at an earlier offset).
+  // What it throws ends the request and is rethrown by send() unchanged.
+  std::function<void(uint64_t offset, std::span<std::byte> out)> body_source;
+  uint64_t body_source_size = 0;
   // When non-empty, a successful (2xx) response body is written here instead
   // of into HttpResponse::body; a body longer than the buffer is an error.
   std::span<std::byte> response_buffer;

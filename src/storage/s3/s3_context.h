@@ -228,6 +228,16 @@ struct Context {
   };
   std::optional<Head> head(const std::string& key);
 
+  // DELETE of `key` (a full key); a missing object is no error. Unfenced:
+  // callers that need the fence call fence() first.
+  void remove(const std::string& key) {
+    S3Request r;
+    r.method = "DELETE";
+    r.key = key;
+    r.accept = {404};
+    call(r);
+  }
+
   void abort_upload(const std::string& key, const std::string& upload_id) {
     if (no_abort) return;
     S3Request r;
@@ -258,6 +268,11 @@ inline std::optional<Context::Head> Context::head(const std::string& key) {
 std::unique_ptr<Reader> open_s3_reader(std::shared_ptr<Context> ctx, std::string key, uint64_t size,
                                        std::string etag);
 std::unique_ptr<Writer> open_s3_writer(std::shared_ptr<Context> ctx, std::string key);
+// One PUT of `size` bytes read from `source` as they are sent, with the
+// Content-MD5 of a first pass that ends with `read_through`
+// (Storage::put_stream; `key` is a full key in the bucket).
+void put_s3_stream(Context& ctx, const std::string& key, uint64_t size, const ObjectSource& source,
+                   const std::function<void()>& read_through);
 // Takes the lease on `key` (a full key in the bucket) or throws kLocked
 // naming it (see S3Lock in s3_lease.cc and docs/s3.md).
 std::unique_ptr<Lock> take_lease(const std::shared_ptr<Context>& ctx, const std::string& key);

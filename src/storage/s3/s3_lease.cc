@@ -273,11 +273,7 @@ std::string take_lease_by_listing(Context& ctx, const std::string& key, const st
   // failing) is left as a killed taker's would be, ignored after a lifetime.
   auto remove = [&](const std::string& k) noexcept {
     try {
-      S3Request r;
-      r.method = "DELETE";
-      r.key = k;
-      r.accept = {404};
-      ctx.call(r);
+      ctx.remove(k);
     } catch (const Error& e) {  // ignore-error: see above
       log::warn(e.what());
     }
@@ -500,13 +496,7 @@ class S3Lock final : public Lock {
         guard_->renew(*ctx_);
       }
       LeaseState s = guard_->lost ? LeaseState{} : read_lease(*ctx_, guard_->key);
-      if (s.exists && s.token == guard_->token) {
-        S3Request r;
-        r.method = "DELETE";
-        r.key = guard_->key;
-        r.accept = {404};
-        ctx_->call(r);
-      }
+      if (s.exists && s.token == guard_->token) ctx_->remove(guard_->key);
     } catch (const Error& e) {  // ignore-error: an unreleased lease lapses after its TTL
       log::warn(
           fmt::format("{}: could not release the lock: {}", ctx_->uri(guard_->key), e.what()));

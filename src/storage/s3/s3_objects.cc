@@ -115,6 +115,9 @@ class S3Reader final : public Reader {
   std::string etag_;
 };
 
+// The block the first pass of put_s3_stream() reads at a time.
+constexpr uint64_t kDigestBlock = 4ull << 20;
+
 class S3Writer final : public Writer {
  public:
   S3Writer(std::shared_ptr<Context> ctx, std::string key)
@@ -340,12 +343,8 @@ class S3Writer final : public Writer {
   }
 
   void remove_marker() {
-    S3Request r;
-    r.method = "DELETE";
-    r.key = marker_key(key_, upload_id_);
-    r.accept = {404};
     try {
-      ctx_->call(r);
+      ctx_->remove(marker_key(key_, upload_id_));
     } catch (const Error& e) {  // ignore-error: a stale marker is cleaned up by gc
       log::warn(
           fmt::format("{}: could not remove the upload marker: {}", ctx_->uri(key_), e.what()));
@@ -383,6 +382,60 @@ class S3Writer final : public Writer {
 std::unique_ptr<Reader> open_s3_reader(std::shared_ptr<Context> ctx, std::string key, uint64_t size,
                                        std::string etag) {
   return std::make_unique<S3Reader>(std::move(ctx), std::move(key), size, std::move(etag));
+}
+
+void put_s3_stream(Context& ctx, const std::string& key, uint64_t size, const ObjectSource& source,
+                   const std::function<void()>& read_through) {
+  // S3 checks the body against Content-MD5, which a header sent before the
+  // body must carry: a first pass computes it (and lets the caller check the
+  // bytes) before the PUT reads them again as it sends them.
+  s3::Md5 md5;
+  Hasher first;
+  std::vector<std::byte> block(static_cast<size_t>(std::min<uint64_t>(size, kDigestBlock)));
+  for (uint64_t at = 0; at < size;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), size - at));
+    std::span<std::byte> piece(block.data(), n);
+    source(at, piece);
+    md5.update(piece);
+    first.update(piece);
+    at += n;
+  }
+  if (read_through) read_through();
+  // The bytes each try sends, hashed as they leave: servers that do not check
+  // Content-MD5 (s3rver) store a changed body, which the check after the PUT
+  // then finds.
+  Hasher sent;
+  uint64_t hashed = 0;
+  S3Request r;
+  r.method = "PUT";
+  r.key = key;
+  r.body_source = [&](uint64_t offset, std::span<std::byte> out) {
+    source(offset, out);
+    if (offset == 0) {
+      sent = Hasher();
+      hashed = 0;
+    }
+    if (offset == hashed) {
+      sent.update(out);
+      hashed += out.size();
+    }
+  };
+  r.body_source_size = size;
+  r.headers = {{"content-md5", md5.base64()}};
+  ctx.fence(key, "PUT");
+  ctx.call(r);
+  if (hashed != size || sent.digest() != first.digest()) {
+    try {
+      ctx.remove(key);
+    } catch (const Error& e) {  // ignore-error: the error below says what happened
+      log::warn(fmt::format("{}: could not remove an object sent with changed bytes: {}",
+                            ctx.uri(key), e.what()));
+    }
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: the bytes changed between the checksum pass and the upload; "
+                            "the object was removed",
+                            ctx.uri(key)));
+  }
 }
 
 std::unique_ptr<Writer> open_s3_writer(std::shared_ptr<Context> ctx, std::string key) {

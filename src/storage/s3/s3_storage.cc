@@ -3,7 +3,9 @@
 //   objects        one S3 object per key, under "<prefix>/" in the bucket.
 //   writes         one PUT when the object fits in a part; otherwise a
 //                  multipart upload with parts sent in parallel as they fill,
-//                  completed by commit(). Every body carries Content-MD5.
+//                  completed by commit(). put_stream() sends an object up to
+//                  CAIRN_S3_UPLOAD_CUTOFF in one PUT read from its source as
+//                  it leaves. Every body carries Content-MD5.
 //   incomplete     a multipart upload in progress is announced by a marker
 //                  object next to its key, ".<name>.cairn-upload-<h>" (h: the
 //                  XXH3 of the upload id), holding the key and upload id. It
@@ -74,6 +76,19 @@ class S3Storage final : public Storage {
     return open_s3_writer(ctx_, full(key));
   }
 
+  // Objects above a part and up to the upload cutoff go in one streamed PUT
+  // (fewer requests than a multipart upload, and no server-side assembly of
+  // parts); the rest as open_writer() sends them.
+  void put_stream(std::string_view key, uint64_t size, const ObjectSource& source,
+                  const std::function<void()>& read_through) override {
+    const auto& o = ctx_->client->options();
+    if (size <= o.part_size || size > o.upload_cutoff) {
+      Storage::put_stream(key, size, source, read_through);
+      return;
+    }
+    put_s3_stream(*ctx_, full(key), size, source, read_through);
+  }
+
   std::unique_ptr<Reader> open_reader(std::string_view key) override {
     std::string k = full(key);
     auto h = ctx_->head(k);
@@ -97,12 +112,9 @@ class S3Storage final : public Storage {
   }
 
   void remove(std::string_view key) override {
-    S3Request r;
-    r.method = "DELETE";
-    r.key = full(key);
-    ctx_->fence(r.key, "DELETE");
-    r.accept = {404};
-    ctx_->call(r);
+    const std::string k = full(key);
+    ctx_->fence(k, "DELETE");
+    ctx_->remove(k);
   }
 
   void remove_many(const std::vector<std::string>& keys) override {
@@ -195,6 +207,7 @@ class S3Storage final : public Storage {
     const auto& o = ctx_->client->options();
     StorageCapabilities caps;
     caps.verifies_uploads = true;
+    caps.streamed_put_limit = std::max(o.upload_cutoff, o.part_size);
     caps.preferred_read_size =
         std::min<uint64_t>(o.part_size * static_cast<uint64_t>(o.concurrency), 256ull << 20);
     return caps;

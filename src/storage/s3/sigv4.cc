@@ -101,13 +101,38 @@ std::string sha256_hex(std::span<const std::byte> data) {
 std::string sha256_hex(std::string_view data) { return sha256_hex(bytes_of(data)); }
 
 std::string md5_base64(std::span<const std::byte> data) {
-  const auto md5 = digest<16>(EVP_md5(), data);
+  Md5 md5;
+  md5.update(data);
+  return md5.base64();
+}
+
+std::string md5_base64(std::string_view data) { return md5_base64(bytes_of(data)); }
+
+Md5::Md5() : ctx_(EVP_MD_CTX_new()) {
+  if (ctx_ == nullptr || EVP_DigestInit_ex(ctx_, EVP_md5(), nullptr) != 1) {
+    EVP_MD_CTX_free(ctx_);
+    throw std::runtime_error("OpenSSL MD5 failed");
+  }
+}
+
+Md5::~Md5() { EVP_MD_CTX_free(ctx_); }
+
+void Md5::update(std::span<const std::byte> data) {
+  if (EVP_DigestUpdate(ctx_, data.data(), data.size()) != 1) {
+    throw std::runtime_error("OpenSSL MD5 failed");
+  }
+}
+
+std::string Md5::base64() {
+  std::array<unsigned char, 16> md5{};
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx_, md5.data(), &len) != 1 || len != md5.size()) {
+    throw std::runtime_error("OpenSSL MD5 failed");
+  }
   unsigned char out[4 * ((16 + 2) / 3) + 1];
   const int n = EVP_EncodeBlock(out, md5.data(), static_cast<int>(md5.size()));
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
 }
-
-std::string md5_base64(std::string_view data) { return md5_base64(bytes_of(data)); }
 
 std::string uri_encode(std::string_view s, bool encode_slash) {
   static constexpr char kDigits[] = "0123456789ABCDEF";

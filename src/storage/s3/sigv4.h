@@ -32,6 +32,8 @@
 
 #include "storage/s3/http.h"
 
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of this header
+
 namespace cairn::s3 {
 
 // AWS credentials. Whoever formats a Credentials for people (logs, error
@@ -117,6 +119,21 @@ std::string sha256_hex(std::string_view data);
 // Base64 of the MD5 of `data`, the value of a Content-MD5 header.
 std::string md5_base64(std::span<const std::byte> data);
 std::string md5_base64(std::string_view data);
+
+// The same over bytes fed in pieces, for bodies streamed from a source.
+class Md5 {
+ public:
+  Md5();
+  ~Md5();
+  Md5(const Md5&) = delete;
+  Md5& operator=(const Md5&) = delete;
+  void update(std::span<const std::byte> data);
+  // Base64 of the digest of everything fed; call once.
+  std::string base64();
+
+ private:
+  ::evp_md_ctx_st* ctx_;  // OpenSSL's EVP_MD_CTX
+};
 
 // Lowercase hex of `bytes`.
 std::string hex(std::span<const unsigned char> bytes);

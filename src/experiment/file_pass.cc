@@ -1,0 +1,289 @@
+// The file passes of a copy (file_pass.h).
+#include "experiment/file_pass.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "cairn/error.h"
+#include "util/hash.h"
+
+namespace cairn::experiment {
+
+namespace {
+
+// One file's chunks, shared by the threads that copy them. The chunks are
+// read and written in parallel but hashed in order (XXH3 is a stream), each
+// thread waiting for its predecessor: a thread holds one chunk, so memory
+// stays within jobs x chunk_size.
+struct FileState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool opened = false;
+  bool abandoned = false;  // kProbe: not in place; or the file failed
+  bool streamed = false;   // kCopy: sent whole through Storage::put_stream
+  uint64_t chunks = 0;
+  uint64_t next_to_hash = 0;
+  std::unique_ptr<Reader> reader;
+  std::unique_ptr<Writer> writer;
+  Hasher hasher;
+};
+
+class FilePass {
+ public:
+  FilePass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
+           const TransferOptions& options, ProgressSink* progress)
+      : pass_(pass),
+        from_(from),
+        to_(to),
+        items_(items),
+        chunk_size_(options.chunk_size),
+        jobs_(static_cast<size_t>(options.jobs)),
+        progress_(progress),
+        states_(items.size()) {}
+
+  void run() {
+    // A file the destination takes in one streamed request (S3: one PUT
+    // instead of a multipart upload) is one task: its bytes are read as they
+    // are sent, so the memory is still one block per thread.
+    const uint64_t streamed_limit =
+        pass_ == Pass::kCopy && to_ ? to_->capabilities().streamed_put_limit : 0;
+    for (size_t i = 0; i < items_.size(); ++i) {
+      const uint64_t size = items_[i].want.size;
+      if (size > chunk_size_ && size <= streamed_limit) {
+        states_[i].streamed = true;
+        states_[i].chunks = 1;
+        tasks_.push_back({i, 0});
+        continue;
+      }
+      states_[i].chunks = std::max<uint64_t>(1, (size + chunk_size_ - 1) / chunk_size_);
+      for (uint64_t c = 0; c < states_[i].chunks; ++c) tasks_.push_back({i, c});
+    }
+    const size_t threads = std::min(jobs_, tasks_.size());
+    if (threads == 0) return;
+    std::vector<std::thread> pool;
+    pool.reserve(threads - 1);
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back([this] { work(); });
+    work();
+    for (auto& t : pool) t.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  struct Task {
+    size_t item;
+    uint64_t chunk;
+  };
+
+  void work() {
+    std::vector<std::byte> buf;
+    try {
+      while (!stop_.load()) {
+        const size_t t = next_.fetch_add(1);
+        if (t >= tasks_.size()) return;
+        step(tasks_[t], buf);
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  void step(const Task& task, std::vector<std::byte>& buf) {
+    Item& item = items_[task.item];
+    FileState& f = states_[task.item];
+    const uint64_t offset = task.chunk * chunk_size_;
+    const uint64_t length = std::min(chunk_size_, item.want.size - offset);
+    {
+      std::lock_guard<std::mutex> g(f.mu);
+      if (f.abandoned) return;
+      if (!f.opened) {
+        f.opened = true;
+        try {
+          if (!open(item, f)) {
+            abandon(f);
+            return;
+          }
+        } catch (...) {
+          f.abandoned = true;
+          throw;
+        }
+      }
+    }
+    if (f.streamed) {
+      stream(item, f);
+      return;
+    }
+    if (buf.size() < length) buf.resize(static_cast<size_t>(length));
+    std::span<std::byte> block(buf.data(), static_cast<size_t>(length));
+    if (length > 0) {
+      f.reader->read_at(offset, block);
+      if (f.writer) f.writer->write_at(offset, block);
+    }
+    std::unique_lock<std::mutex> lk(f.mu);
+    f.cv.wait(lk, [&] { return f.next_to_hash == task.chunk || f.abandoned || stop_.load(); });
+    if (f.next_to_hash != task.chunk || f.abandoned) return;
+    f.hasher.update(block);
+    const bool last = ++f.next_to_hash == f.chunks;
+    lk.unlock();
+    f.cv.notify_all();
+    if (pass_ == Pass::kCopy && progress_ && length > 0) progress_->chunk_done(length);
+    if (last) finish(item, f);
+  }
+
+  // Opens the file's reader (and writer); false when a probed file is not in
+  // place after all. Called once per file, under its mutex.
+  bool open(Item& item, FileState& f) {
+    const std::string where = from_.uri_of(item.want.path);
+    try {
+      f.reader = from_.open_reader(item.want.path);
+    } catch (const Error& e) {
+      if (pass_ == Pass::kProbe && e.code() == ErrorCode::kNotFound) return false;
+      throw;
+    }
+    const uint64_t size = f.reader->size();
+    if (size != item.want.size) {
+      switch (pass_) {
+        case Pass::kProbe:
+          return false;
+        case Pass::kHash:
+          throw Error(ErrorCode::kFailedPrecondition,
+                      fmt::format("{}: changed while being copied (size {}, listed as {}); run "
+                                  "the copy again",
+                                  where, size, item.want.size),
+                      /*retryable=*/true);
+        case Pass::kCopy:
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: size {}, the manifest says {}; the source checkpoint is "
+                                  "damaged, nothing was committed at the destination",
+                                  where, size, item.want.size));
+        case Pass::kVerify:
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: read back after copying: size {}, the manifest says {}",
+                                  where, size, item.want.size));
+      }
+    }
+    if (pass_ == Pass::kCopy && !f.streamed) f.writer = to_->open_writer(item.want.path);
+    return true;
+  }
+
+  // Copies a whole file through Storage::put_stream: its first pass is read
+  // front to back and hashed, and the checksum is checked at its end, before
+  // the destination shows anything.
+  void stream(Item& item, FileState& f) {
+    const uint64_t size = item.want.size;
+    uint64_t hashed = 0;
+    auto source = [&](uint64_t offset, std::span<std::byte> out) {
+      // Another file's failure stops the first pass; a request already
+      // sending is left to finish (a server may keep a PUT cut short).
+      if (hashed < size && stop_.load()) {
+        throw Error(ErrorCode::kFailedPrecondition, "the copy stopped: another file failed");
+      }
+      f.reader->read_at(offset, out);
+      if (offset == hashed && hashed < size) {
+        f.hasher.update(out);
+        hashed += out.size();
+      }
+    };
+    auto check = [&] { check_copied(item, f.hasher.digest()); };
+    to_->put_stream(item.want.path, size, source, check);
+    f.reader.reset();
+    if (progress_) {
+      progress_->chunk_done(size);
+      progress_->file_done(to_->uri_of(item.want.path), size, false);
+    }
+  }
+
+  void check_copied(const Item& item, uint64_t got) const {
+    if (got == item.want.xxh3) return;
+    throw Error(
+        ErrorCode::kCorruption,
+        fmt::format("{}: checksum {}, the manifest says {}; the source checkpoint "
+                    "is damaged (or the file changed), nothing was committed at "
+                    "the destination",
+                    from_.uri_of(item.want.path), hash_to_hex(got), hash_to_hex(item.want.xxh3)));
+  }
+
+  void finish(Item& item, FileState& f) {
+    const uint64_t got = f.hasher.digest();
+    f.reader.reset();
+    const std::string where = from_.uri_of(item.want.path);
+    switch (pass_) {
+      case Pass::kHash:
+        item.want.xxh3 = got;
+        break;
+      case Pass::kProbe:
+        item.matched = got == item.want.xxh3;
+        if (item.matched && progress_) progress_->file_done(where, item.want.size, true);
+        break;
+      case Pass::kCopy:
+        check_copied(item, got);
+        f.writer->commit();
+        f.writer.reset();
+        if (progress_) progress_->file_done(to_->uri_of(item.want.path), item.want.size, false);
+        break;
+      case Pass::kVerify:
+        if (got != item.want.xxh3) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: read back after copying: checksum {}, the manifest says {}",
+                                  where, hash_to_hex(got), hash_to_hex(item.want.xxh3)));
+        }
+        break;
+    }
+  }
+
+  void abandon(FileState& f) {
+    // Under f.mu (the caller holds it).
+    f.abandoned = true;
+    f.reader.reset();
+    f.cv.notify_all();
+  }
+
+  void fail(std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> g(error_mu_);
+      if (!error_) error_ = e;
+    }
+    stop_.store(true);
+    // Wake threads waiting for a predecessor chunk that will never be hashed.
+    for (auto& f : states_) {
+      std::lock_guard<std::mutex> g(f.mu);
+      f.abandoned = true;
+      f.cv.notify_all();
+    }
+  }
+
+  const Pass pass_;
+  Storage& from_;
+  Storage* to_;
+  std::vector<Item>& items_;
+  const uint64_t chunk_size_;
+  const size_t jobs_;
+  ProgressSink* progress_;
+  std::vector<FileState> states_;
+  std::vector<Task> tasks_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void run_pass(Pass pass, Storage& from, Storage* to, std::vector<Item>& items,
+              const TransferOptions& options, ProgressSink* progress) {
+  FilePass(pass, from, to, items, options, progress).run();
+}
+
+std::vector<Item> items_of(const std::vector<ManifestEntry>& entries) {
+  std::vector<Item> items;
+  items.reserve(entries.size());
+  for (const auto& e : entries) items.push_back({e, false});
+  return items;
+}
+
+}  // namespace cairn::experiment
