@@ -119,10 +119,17 @@ void S3Server::start_s3rver() {
     port_ = free_port();
     std::string port = std::to_string(port_);
     pid_t parent = ::getpid();
+    const std::string log_file = log_path();
     pid_t pid = ::fork();
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(1);
+      // Its output goes to a log that fresh_uri() shows should it die.
+      const int log = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (log >= 0) {
+        ::dup2(log, STDOUT_FILENO);
+        ::dup2(log, STDERR_FILENO);
+      }
       // s3rver makes continuation tokens with DES, which OpenSSL 3 keeps in
       // its legacy provider.
       ::execlp("node", "node", "--openssl-legacy-provider", entry.c_str(), "-d", dir_.c_str(), "-a",
@@ -194,10 +201,27 @@ S3Server::~S3Server() {
   if (kind_ == Kind::kS3rver && !dir_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
+    std::filesystem::remove(log_path(), ec);
   }
 }
 
+void S3Server::check_alive() {
+  if (kind_ != Kind::kS3rver || pid_ <= 0 || ::getpid() != owner_) return;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) != pid_) return;
+  pid_ = -1;
+  std::ifstream in(log_path());
+  std::string log((std::istreambuf_iterator<char>(in)), {});
+  if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
+  throw std::runtime_error(
+      fmt::format("the test's s3rver on port {} died ({}); its output:\n{}", port_,
+                  WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status))
+                                      : fmt::format("exit status {}", WEXITSTATUS(status)),
+                  log));
+}
+
 std::string S3Server::fresh_uri(const std::string& tag) {
+  check_alive();
   static std::atomic<int> counter{0};
   return fmt::format("s3://{}/{}-{}-{}", bucket_, tag, ::getpid(), counter++);
 }

@@ -33,7 +33,9 @@ class S3Server {
   const std::string& endpoint() const { return endpoint_; }  // http://127.0.0.1:PORT
   const std::string& bucket() const { return bucket_; }
   int port() const { return port_; }
-  // A new, empty root: s3://BUCKET/<unique prefix>.
+  // A new, empty root: s3://BUCKET/<unique prefix>. Throws, with the
+  // server's exit status and its output, if the s3rver this process started
+  // has died (so every test after that says why, not only "cannot connect").
   std::string fresh_uri(const std::string& tag = "t");
 
   ~S3Server();
@@ -43,6 +45,8 @@ class S3Server {
  private:
   S3Server();
   void start_s3rver();
+  void check_alive();
+  std::string log_path() const { return dir_ + ".log"; }
   void start_radosgw();
   Kind kind_ = Kind::kS3rver;
   std::string access_key_ = "S3RVER";
