@@ -90,7 +90,9 @@ enum class TransferVerify {
   // Content-MD5 on every PUT and part, so the server refuses bytes that
   // differ from the ones Cairn checksummed), kChecksum elsewhere.
   kAuto,
-  // Read every copied file back and compare its size and XXH3-64.
+  // Read every copied file back and compare its size and XXH3-64. A file on
+  // a local file system is read with O_DIRECT where it has it: from the
+  // disk, not from the page cache that still holds what the copy wrote.
   kChecksum,
   // Compare every copied file's size as stored (one stat each).
   kSize,

@@ -3,14 +3,22 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/fs.h"
 #include "util/hash.h"
 
 namespace cairn::experiment {
@@ -31,7 +39,36 @@ struct FileState {
   uint64_t next_to_hash = 0;
   std::unique_ptr<Reader> reader;
   std::unique_ptr<Writer> writer;
+  UniqueFd direct;  // kVerify of a local file: the file opened with O_DIRECT
   Hasher hasher;
+};
+
+// The alignment O_DIRECT asks of offsets, lengths and buffers on every common
+// device (as the file backend's direct writes use).
+constexpr size_t kDirectAlign = 4096;
+
+// A thread's chunk buffer, aligned for direct reads.
+class ChunkBuffer {
+ public:
+  std::span<std::byte> get(uint64_t length) {
+    const size_t want =
+        static_cast<size_t>((length + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    if (want > size_) {
+      data_.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, want)));
+      if (!data_) throw std::bad_alloc();
+      size_ = want;
+    }
+    return {data_.get(), static_cast<size_t>(length)};
+  }
+  // The room behind get()'s span up to the next aligned length.
+  size_t capacity() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  size_t size_ = 0;
 };
 
 class FilePass {
@@ -81,7 +118,7 @@ class FilePass {
   };
 
   void work() {
-    std::vector<std::byte> buf;
+    ChunkBuffer buf;
     try {
       while (!stop_.load()) {
         const size_t t = next_.fetch_add(1);
@@ -93,7 +130,7 @@ class FilePass {
     }
   }
 
-  void step(const Task& task, std::vector<std::byte>& buf) {
+  void step(const Task& task, ChunkBuffer& buf) {
     Item& item = items_[task.item];
     FileState& f = states_[task.item];
     const uint64_t offset = task.chunk * chunk_size_;
@@ -118,10 +155,9 @@ class FilePass {
       stream(item, f);
       return;
     }
-    if (buf.size() < length) buf.resize(static_cast<size_t>(length));
-    std::span<std::byte> block(buf.data(), static_cast<size_t>(length));
+    std::span<std::byte> block = buf.get(length);
     if (length > 0) {
-      f.reader->read_at(offset, block);
+      if (!read_direct(f, offset, block, buf.capacity())) f.reader->read_at(offset, block);
       if (f.writer) f.writer->write_at(offset, block);
     }
     std::unique_lock<std::mutex> lk(f.mu);
@@ -168,7 +204,40 @@ class FilePass {
       }
     }
     if (pass_ == Pass::kCopy && !f.streamed) f.writer = to_->open_writer(item.want.path);
+    if (pass_ == Pass::kVerify) open_direct(item, f);
     return true;
+  }
+
+  // A local file is read back from the disk, not from the page cache that
+  // still holds what the copy wrote (and would return it whatever the disk
+  // has): O_DIRECT, where the file system has it.
+  void open_direct(const Item& item, FileState& f) {
+    std::optional<std::filesystem::path> path = from_.local_path(item.want.path);
+    if (!path) return;
+    // ignore-error: a file system without O_DIRECT (tmpfs) refuses it; the
+    // page cache is then what there is to read.
+    const int fd = ::open(path->c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd >= 0) f.direct = UniqueFd(fd);
+  }
+
+  // Reads `out` at `offset` through the file's O_DIRECT descriptor into the
+  // aligned buffer behind it (`room` bytes); false where that cannot serve
+  // (no descriptor, an unaligned chunk, a refused or short read), for the
+  // reader to do it and report what is wrong.
+  static bool read_direct(FileState& f, uint64_t offset, std::span<std::byte> out, size_t room) {
+    if (f.direct.get() < 0 || offset % kDirectAlign != 0) return false;
+    const size_t want =
+        std::min(room, (out.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    size_t got = 0;
+    while (got < out.size()) {
+      const ssize_t n =
+          ::pread(f.direct.get(), out.data() + got, want - got, static_cast<off_t>(offset + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;  // ignore-error: the buffered read reports it
+      got += static_cast<size_t>(n);
+      if (got % kDirectAlign != 0) break;  // the end of the file
+    }
+    return got >= out.size();
   }
 
   // Copies a whole file through Storage::put_stream: its first pass is read
