@@ -39,7 +39,8 @@ struct FileState {
   uint64_t next_to_hash = 0;
   std::unique_ptr<Reader> reader;
   std::unique_ptr<Writer> writer;
-  UniqueFd direct;  // kVerify of a local file: the file opened with O_DIRECT
+  UniqueFd direct;             // kVerify of a local file: the file opened with O_DIRECT
+  bool direct_writes = false;  // kCopy: chunks go through Writer::write_direct
   Hasher hasher;
 };
 
@@ -158,7 +159,7 @@ class FilePass {
     std::span<std::byte> block = buf.get(length);
     if (length > 0) {
       if (!read_direct(f, offset, block, buf.capacity())) f.reader->read_at(offset, block);
-      if (f.writer) f.writer->write_at(offset, block);
+      if (f.writer) write(f, offset, block, buf.capacity());
     }
     std::unique_lock<std::mutex> lk(f.mu);
     f.cv.wait(lk, [&] { return f.next_to_hash == task.chunk || f.abandoned || stop_.load(); });
@@ -203,9 +204,38 @@ class FilePass {
                                   where, size, item.want.size));
       }
     }
-    if (pass_ == Pass::kCopy && !f.streamed) f.writer = to_->open_writer(item.want.path);
+    if (pass_ == Pass::kCopy && !f.streamed) {
+      WriteOptions options;
+      options.size = item.want.size;
+      f.writer = to_->open_writer(item.want.path, options);
+      // Direct writes where the destination has them (a local disk): the
+      // copy's chunks bypass the page cache, which would hold them dirty for
+      // the writeback to flush before the file's fsync. The blocks are
+      // allocated first, so parallel chunks overwrite rather than extend.
+      const size_t a = f.writer->direct_alignment();
+      f.direct_writes = a > 0 && kDirectAlign % a == 0 && chunk_size_ % kDirectAlign == 0;
+      if (f.direct_writes) {
+        f.writer->preallocate((item.want.size + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+      }
+    }
     if (pass_ == Pass::kVerify) open_direct(item, f);
     return true;
+  }
+
+  // Writes one chunk: directly where the file allows it, the last chunk's
+  // padding up to the alignment taken from the aligned buffer behind it
+  // (`room` bytes) and cut off by commit().
+  static void write(FileState& f, uint64_t offset, std::span<std::byte> block, size_t room) {
+    if (!f.direct_writes) {
+      f.writer->write_at(offset, block);
+      return;
+    }
+    const size_t padded = (block.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    if (padded > room) {
+      f.writer->write_at(offset, block);
+      return;
+    }
+    f.writer->write_direct(offset, std::span<std::byte>(block.data(), padded), block.size());
   }
 
   // A local file is read back from the disk, not from the page cache that

@@ -1,6 +1,8 @@
 // The passes over a list of files that a copy makes (cairn/transfer.h):
 // hashing a source, probing a destination, copying, reading back. Each runs
-// on `jobs` threads, large files in ranged chunks hashed in order.
+// on `jobs` threads, large files in ranged chunks hashed in order. Chunks
+// live in buffers aligned for direct I/O: to and from a local disk they are
+// written and read back with O_DIRECT, bypassing the page cache.
 #pragma once
 
 #include <cstdint>

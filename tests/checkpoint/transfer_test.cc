@@ -129,6 +129,30 @@ TEST_F(TransferTest, ALargeFileIsCopiedInParallelRangedChunksByteIdentical) {
   EXPECT_EQ(r.bytes_copied, big.size() + 3000u);
 }
 
+TEST_F(TransferTest, ACopyToALocalDiskIsByteIdenticalWithAlignedAndUnalignedChunks) {
+  // Chunks that are a multiple of 4 KiB go to a local file with direct
+  // writes (the last one padded, the padding cut off) and are read back
+  // with O_DIRECT; others take the buffered path. A size that is no
+  // multiple of 4 KiB, every check on.
+  const std::string big = random_bytes((5u << 20) + 1234, 11);
+  auto src = make_checkpoint((tmp_ / "src").string(), big);
+  int n = 0;
+  for (uint64_t chunk : {uint64_t{1} << 20, (uint64_t{1} << 20) + 1}) {
+    SCOPED_TRACE(chunk);
+    TransferOptions options;
+    options.jobs = 3;
+    options.chunk_size = chunk;
+    options.verify = TransferVerify::kChecksum;
+    const fs::path dst = tmp_ / fmt::format("dst-{}", n++);
+    copy_checkpoint(src.uri(), dst.string(), options);
+    EXPECT_EQ(fs::file_size(dst / "model.bin"), big.size());
+    auto copied = Checkpoint::from_directory(dst.string());
+    EXPECT_EQ(copied.storage().get("model.bin"), big);
+    expect_same_checkpoint(src, copied);
+    EXPECT_TRUE(copied.verify().empty());
+  }
+}
+
 TEST_F(TransferTest, AResumedCopySkipsTheFilesAnInterruptedOneCompleted) {
   auto src = Checkpoint::from_directory("memory://xfer-src/ckpt");
   {
