@@ -300,6 +300,7 @@ void bind_results(py::module_& m) {
       .def_property_readonly("num_errors", &tune::ResultGrid::num_errors)
       .def_property_readonly("num_terminated", &tune::ResultGrid::num_terminated)
       .def_property_readonly("experiment_path", &tune::ResultGrid::experiment_path)
+      .def_property_readonly("preempted", &tune::ResultGrid::preempted)
       .def(
           "get_best_result",
           [](const tune::ResultGrid& g, const std::string& metric, const std::string& mode,

@@ -272,6 +272,11 @@ class ResultGrid {
   const std::string& mode() const { return mode_; }
   const ExperimentStats& stats() const { return stats_; }
   void set_stats(const ExperimentStats& stats) { stats_ = stats; }
+  // Whether fit() ended early on SIGTERM (Tuner::fit): the running trials
+  // were paused with a checkpoint where they made one in time, and
+  // Tuner::restore(experiment_path(), ...).fit() goes on from there.
+  bool preempted() const { return preempted_; }
+  void set_preempted(bool preempted) { preempted_ = preempted; }
 
   // The trial with the best `metric` (TuneConfig's when empty) in `mode`,
   // judged by `scope`: "last" (its last result), "all" (its best result
@@ -288,6 +293,7 @@ class ResultGrid {
   std::string mode_;
   std::string experiment_path_;
   ExperimentStats stats_;
+  bool preempted_ = false;
 };
 
 struct RestoreOptions {
@@ -309,6 +315,12 @@ class Tuner {
         RunConfig run_config = {}, ScalingConfig scaling = {});
 
   // Runs the experiment to its end (see the top of this file).
+  // SIGTERM to the driver while it runs is a preemption notice, not an end
+  // (docs/tune.md, "Preemption"): no trial starts any more, each running
+  // trial is paused at its next result with a checkpoint (a function
+  // trainable sees train::should_checkpoint()), and once none runs, or
+  // FailureConfig::preemption_grace_s after the signal, fit() saves the
+  // experiment state and returns a ResultGrid whose preempted() is true.
   ResultGrid fit();
 
   // True if `path` holds a Tuner experiment (tuner_state.json). kCorruption

@@ -336,6 +336,7 @@ class ResultGrid:
     num_errors: int
     num_terminated: int
     experiment_path: str
+    preempted: bool
     def get_best_result(self, metric: str, mode: str, scope: str) -> TrialResult: ...
 
 class Tuner:

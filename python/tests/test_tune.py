@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -348,6 +349,34 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
         assert after and {row["start"] for row in after} == {tune_driver.HOLD_AT}, r.trial_id
         assert [row["step"] for row in after] == list(range(tune_driver.HOLD_AT,
                                                             tune_driver.STEPS))
+
+
+def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    import tune_preempt
+
+    with driver_process.started(tune_preempt.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, tmp_path / "1.started", tmp_path / "2.started")
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 0
+    with open(tmp_path / "grid.json") as f:
+        got = json.load(f)
+    assert got == {"preempted": True,
+                   "trials": [["trial_00000", "PAUSED"], ["trial_00001", "PAUSED"]]}
+
+    grid = tune.Tuner.restore(tmp_path / "exp", tune_preempt.trainable).fit()
+    assert not grid.preempted
+    assert grid.num_errors == 0, grid.errors
+    assert sorted(r.config["x"] for r in grid) == [1, 2, 3]
+    for r in grid:
+        assert r.status == "TERMINATED"
+        assert r.metrics["step"] == tune_preempt.STEPS - 1
+        starts = {row["start"] for row in r.metrics_history}
+        if r.config["x"] == 3:
+            assert starts == {0}
+        else:  # went on from the checkpoint it made on the notice
+            assert len(starts) == 2 and 0 < max(starts) < tune_preempt.STEPS - 1, starts
 
 
 def test_a_failing_trial_is_an_error_with_its_traceback_and_can_be_resumed(

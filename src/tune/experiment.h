@@ -28,6 +28,10 @@
 #include "tune/gpu_pool.h"
 #include "tune/trial_hosts.h"
 
+namespace cairn::train_internal {
+class SigtermNotice;
+}
+
 namespace cairn::tune::tuner_internal {
 
 inline constexpr std::string_view kStateKey = experiment::kTunerStateKey;
@@ -137,7 +141,8 @@ class Experiment {
 
   void maybe_save_state(double now);
 
-  void loop();
+  // The event loop; SIGTERM (`sigterm`) preempts the experiment.
+  void loop(const train_internal::SigtermNotice& sigterm);
 
   int running_count() const;
 
@@ -233,6 +238,11 @@ class Experiment {
   std::size_t next_index_ = 0;
   int max_concurrent_ = 1;  // trials at once, over every place
   bool stop_experiment_ = false;
+  // SIGTERM (Tuner::fit): every running trial pauses at its next result;
+  // after the grace time what still runs is stopped.
+  bool preempted_ = false;
+  double preempt_deadline_ = 0;
+  void check_preemption(bool notice);
   // Where trials run: place 0 is this process's host, place i > 0 the
   // launch's process i (spec_.hosts's i - 1).
   struct Place {

@@ -35,6 +35,7 @@
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
 #include "train/control/channel.h"
+#include "train/control/sigterm.h"
 #include "tune/domain.h"
 #include "tune/trial_runner.h"
 #include "util/fs.h"
@@ -61,7 +62,8 @@ ResultGrid Experiment::run() {
   }
   std::exception_ptr failure;
   try {
-    loop();
+    train_internal::SigtermNotice sigterm;
+    loop(sigterm);
   } catch (...) {
     failure = std::current_exception();
     stop_all_runners();
@@ -74,11 +76,13 @@ ResultGrid Experiment::run() {
   ResultGrid grid = results();
   stats_.wall_seconds = monotonic_seconds() - started;
   grid.set_stats(stats_);
+  grid.set_preempted(preempted_);
   return grid;
 }
 
-void Experiment::loop() {
+void Experiment::loop(const train_internal::SigtermNotice& sigterm) {
   while (true) {
+    check_preemption(sigterm.received());
     check_time_budget();
     if (!stop_experiment_) fill_slots();
     if (running_count() == 0) {
@@ -465,6 +469,10 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
     a["last"] = v;
   }
 
+  if (preempted_) {
+    t.ending = TrialStatus::kPaused;
+    return {{"save", true}, {"stop", true}};
+  }
   // Stopper::stop_all() ends every running trial at its next result.
   check_time_budget();
   bool stop = stop_experiment_ || meets_stop_criteria(row);
@@ -621,6 +629,31 @@ void Experiment::tell_searcher(Trial& t, bool error) {
 
 double Experiment::time_used() const {
   return time_used_before_ + (monotonic_seconds() - fit_started_);
+}
+
+void Experiment::check_preemption(bool notice) {
+  if (notice && !preempted_) {
+    preempted_ = true;
+    stop_experiment_ = true;
+    dirty_ = true;
+    const double grace = spec_.run.failure_config.preemption_grace_s;
+    preempt_deadline_ = monotonic_seconds() + grace;
+    log::warn(
+        fmt::format("{}: SIGTERM: preempted; no trial starts any more, each running one "
+                    "pauses with a checkpoint at its next result (within {} s, "
+                    "FailureConfig::preemption_grace_s); Tuner::restore goes on from there",
+                    path_, grace));
+  }
+  if (preempted_ && running_count() > 0 && monotonic_seconds() >= preempt_deadline_) {
+    log::warn(
+        fmt::format("{}: the preemption grace time is over; stopping the trials still "
+                    "running (each resumes from its latest checkpoint)",
+                    path_));
+    for (auto& t : trials_) {
+      if (t.place >= 0) t.info.status = TrialStatus::kPaused;
+    }
+    stop_all_runners();
+  }
 }
 
 void Experiment::check_time_budget() {

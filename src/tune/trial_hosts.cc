@@ -18,6 +18,7 @@
 #include "cairn/tune_schedulers.h"
 #include "train/control/channel.h"
 #include "train/control/net.h"
+#include "train/control/sigterm.h"
 #include "train/mpi_messages.h"
 #include "tune/gpu_pool.h"
 #include "util/log.h"
@@ -127,6 +128,7 @@ nlohmann::json grid_to_json(const ResultGrid& grid) {
           {"metric", grid.metric()},
           {"mode", grid.mode()},
           {"path", grid.experiment_path()},
+          {"preempted", grid.preempted()},
           {"stats",
            {{"wall_seconds", s.wall_seconds},
             {"state_saves", s.state_saves},
@@ -163,6 +165,7 @@ ResultGrid grid_from_json(const nlohmann::json& j) {
   stats.trial_starts_timed = s.at("trial_starts_timed").get<std::size_t>();
   stats.results = s.at("results").get<std::size_t>();
   grid.set_stats(stats);
+  grid.set_preempted(j.value("preempted", false));
   return grid;
 }
 
@@ -492,6 +495,10 @@ ResultGrid serve_trials(const train_internal::JobBoot& boot, const TuneConfig& t
   driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", boot.token}, {"host", host}});
   log::info(
       fmt::format("{} {} on host {}: runs trials for the Tuner's driver", w.label, w.rank, host));
+  // SIGTERM here (a scheduler signals every task of the job) is the
+  // driver's to act on: this process stays to relay its runners' last
+  // checkpoints and the end.
+  train_internal::SigtermNotice sigterm;
   TrialHost loop(boot, tune, local, std::move(driver));
   return loop.run();
 }

@@ -494,5 +494,184 @@ TEST(TunerCrash, ARunnerThatSeesItsDriverGoBeforeItsDeathSignalLeavesTheTrialRes
   testing::expect_no_children();
 }
 
+// Counts to config["iters"], a checkpoint every 10th step and whenever
+// should_checkpoint() says so (a preemption notice), logging each start and
+// step to <log>/<trial>.txt.
+void preemptible_counter(const nlohmann::json& config) {
+  const TrainContext& ctx = train::get_context();
+  const fs::path log =
+      fs::path(config.at("log").get<std::string>()) / (ctx.experiment_name + ".txt");
+  int step = 0;
+  if (std::optional<Checkpoint> c = train::get_checkpoint()) {
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  }
+  append_line(log, fmt::format("start {}", step));
+  while (step < config.at("iters").get<int>()) {
+    ++step;
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    append_line(log, fmt::format("step {}", step));
+    const nlohmann::json row = {{"step", step}, {"score", step}};
+    if (train::should_checkpoint() || step % 10 == 0) {
+      train::TemporaryDirectory tmp;
+      write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+      train::report(row, Checkpoint::from_directory(tmp.path()));
+    } else {
+      train::report(row);
+    }
+  }
+}
+
+// The numbers after `word` on the lines of `path` that start with it.
+std::vector<int> logged(const fs::path& path, const std::string& word) {
+  std::vector<int> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(word + " ", 0) == 0) out.push_back(std::stoi(line.substr(word.size() + 1)));
+  }
+  return out;
+}
+
+TEST(TunerPreemption, SigtermPausesTheRunningTrialsWithACheckpointAndRestoreFinishesThem) {
+  TempDir dir;
+  RunConfig run;
+  run.name = "pre";
+  run.storage_path = dir.str();
+  run.failure_config.preemption_grace_s = 60;
+  const std::string experiment = (dir.path() / "pre").string();
+  auto tune_config = [] {
+    TuneConfig tc;
+    tc.metric = "score";
+    tc.mode = "max";
+    tc.max_concurrent_trials = 2;
+    return tc;
+  };
+  const nlohmann::json space = {{"x", grid_search({1, 2, 3})}, {"iters", 25}, {"log", dir.str()}};
+  std::fflush(nullptr);
+  const pid_t driver = ::fork();
+  if (driver == 0) {
+    std::ofstream out(dir.path() / "grid.txt");
+    try {
+      ResultGrid grid = Tuner(preemptible_counter, space, tune_config(), run).fit();
+      out << (grid.preempted() ? "preempted" : "finished") << "\n";
+      for (const auto& r : grid) out << r.trial_id << " " << to_string(r.status) << "\n";
+    } catch (const std::exception& e) {
+      out << "error " << e.what() << "\n";
+    }
+    out.close();
+    ::_exit(0);
+  }
+  // Once both running trials have taken three steps, SIGTERM to the driver.
+  // (The third trial is created when a slot frees: not before the restore.)
+  const fs::path log0 = dir.path() / "trial_00000.txt";
+  const fs::path log1 = dir.path() / "trial_00001.txt";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (logged(log0, "step").size() < 3 || logged(log1, "step").size() < 3)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(logged(log1, "step").size(), 3u) << "the trials made no progress";
+  const int before0 = logged(log0, "step").back();
+  const int before1 = logged(log1, "step").back();
+  ASSERT_EQ(::kill(driver, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(driver, &status, 0), driver);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  EXPECT_EQ(slurp(dir.path() / "grid.txt"), "preempted\ntrial_00000 PAUSED\ntrial_00001 PAUSED\n");
+
+  // Each paused trial checkpointed after the signal: at a step at least as
+  // late as the one it had reached.
+  std::vector<int> paused_at;
+  const std::vector<std::pair<std::string, int>> running = {{"trial_00000", before0},
+                                                            {"trial_00001", before1}};
+  for (const auto& [trial, before] : running) {
+    const ExperimentListing info = read_experiment(experiment + "/" + trial);
+    ASSERT_FALSE(info.checkpoints.empty()) << trial;
+    const int step = std::stoi(info.checkpoints.back().checkpoint.storage().get("step.txt"));
+    EXPECT_GE(step, before) << trial;
+    paused_at.push_back(step);
+  }
+
+  ResultGrid grid = Tuner::restore(experiment, preemptible_counter, {}, tune_config()).fit();
+  EXPECT_FALSE(grid.preempted());
+  ASSERT_EQ(grid.size(), 3u);
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id << r.error.value_or("");
+    EXPECT_EQ(r.metrics.at("step"), 25) << r.trial_id;
+  }
+  // The paused trials went on from their preemption checkpoints.
+  EXPECT_EQ(logged(log0, "start"), (std::vector<int>{0, paused_at[0]}));
+  EXPECT_EQ(logged(log1, "start"), (std::vector<int>{0, paused_at[1]}));
+  EXPECT_EQ(logged(dir.path() / "trial_00002.txt", "start"), (std::vector<int>{0}));
+  testing::expect_no_children();
+}
+
+// Reports step 1 with a checkpoint, then, while <log>/stall exists, takes
+// a minute before its next report: a loop that would not answer a notice in
+// time.
+void stalls_after_its_first_step(const nlohmann::json& config) {
+  const fs::path dir = config.at("log").get<std::string>();
+  int step = 0;
+  if (std::optional<Checkpoint> c = train::get_checkpoint()) {
+    step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
+  }
+  append_line(dir / "stall.txt", fmt::format("start {}", step));
+  while (step < 3) {
+    ++step;
+    if (step == 2 && fs::exists(dir / "stall")) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+    }
+    append_line(dir / "stall.txt", fmt::format("step {}", step));
+    train::TemporaryDirectory tmp;
+    write_file(fs::path(tmp.path()) / "step.txt", std::to_string(step));
+    train::report({{"step", step}, {"score", step}}, Checkpoint::from_directory(tmp.path()));
+  }
+}
+
+TEST(TunerPreemption, ATrialThatDoesNotCheckpointWithinTheGraceIsStoppedAndResumesFromItsLatest) {
+  TempDir dir;
+  RunConfig run;
+  run.name = "grace";
+  run.storage_path = dir.str();
+  run.failure_config.preemption_grace_s = 1;
+  const std::string experiment = (dir.path() / "grace").string();
+  write_file(dir.path() / "stall", "");
+  std::fflush(nullptr);
+  const auto started = std::chrono::steady_clock::now();
+  const pid_t driver = ::fork();
+  if (driver == 0) {
+    std::ofstream out(dir.path() / "grid.txt");
+    try {
+      ResultGrid grid = Tuner(stalls_after_its_first_step, {{"log", dir.str()}}, {}, run).fit();
+      out << (grid.preempted() ? "preempted" : "finished") << " " << to_string(grid[0].status);
+    } catch (const std::exception& e) {
+      out << "error " << e.what();
+    }
+    out.close();
+    ::_exit(0);
+  }
+  const auto deadline = started + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         logged(dir.path() / "stall.txt", "step").empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_FALSE(logged(dir.path() / "stall.txt", "step").empty()) << "the trial never started";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its report of step 1 lands
+  ASSERT_EQ(::kill(driver, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(driver, &status, 0), driver);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  // Stopped after the grace, well before the trial's minute was up.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(45));
+  EXPECT_EQ(slurp(dir.path() / "grid.txt"), "preempted PAUSED");
+
+  fs::remove(dir.path() / "stall");
+  ResultGrid grid = Tuner::restore(experiment, stalls_after_its_first_step).fit();
+  ASSERT_EQ(grid.size(), 1u);
+  EXPECT_EQ(grid[0].status, TrialStatus::kTerminated) << grid[0].error.value_or("");
+  EXPECT_EQ(grid[0].metrics.at("step"), 3);
+  EXPECT_EQ(logged(dir.path() / "stall.txt", "start"), (std::vector<int>{0, 1}));
+  testing::expect_no_children();
+}
+
 }  // namespace
 }  // namespace cairn::tune

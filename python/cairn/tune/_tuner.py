@@ -125,6 +125,13 @@ class ResultGrid:
     def experiment_path(self) -> str:
         return str(self._impl.experiment_path)
 
+    @property
+    def preempted(self) -> bool:
+        """Whether ``fit()`` ended early on SIGTERM: the running trials were
+        paused with a checkpoint where they made one within
+        ``FailureConfig.preemption_grace_s``; ``Tuner.restore`` goes on."""
+        return bool(self._impl.preempted)
+
     def get_best_result(self, metric: Optional[str] = None, mode: Optional[str] = None,
                         scope: str = "last", filter_nan_and_inf: bool = True) -> Result:
         """The trial with the best ``metric`` (TuneConfig's by default).
