@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/align.h"
 #include "util/hash.h"
 #include "util/settings.h"
 
@@ -31,8 +32,6 @@ constexpr uint64_t kMergeGap = uint64_t{1} << 20;
 constexpr unsigned kDirectThreads = 4;
 // Staging buffers kept for reuse after a transfer (each block_size bytes).
 constexpr size_t kMaxPooledBuffers = 8;
-
-uint64_t round_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 // Aligned staging buffers for direct transfers, allocated once and reused:
 // first touch of fresh memory is what makes fresh buffers slow here.

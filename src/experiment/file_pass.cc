@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "util/align.h"
 #include "util/fs.h"
 #include "util/hash.h"
 
@@ -48,12 +49,13 @@ struct FileState {
 // device (as the file backend's direct writes use).
 constexpr size_t kDirectAlign = 4096;
 
-// A thread's chunk buffer, aligned for direct reads.
+// A thread's chunk buffer, aligned for direct I/O. The span get() returns
+// starts aligned and has room behind it up to round_up(length, kDirectAlign)
+// bytes, for a direct transfer's padding.
 class ChunkBuffer {
  public:
   std::span<std::byte> get(uint64_t length) {
-    const size_t want =
-        static_cast<size_t>((length + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    const size_t want = static_cast<size_t>(round_up(length, kDirectAlign));
     if (want > size_) {
       data_.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, want)));
       if (!data_) throw std::bad_alloc();
@@ -61,8 +63,6 @@ class ChunkBuffer {
     }
     return {data_.get(), static_cast<size_t>(length)};
   }
-  // The room behind get()'s span up to the next aligned length.
-  size_t capacity() const { return size_; }
 
  private:
   struct Free {
@@ -158,8 +158,8 @@ class FilePass {
     }
     std::span<std::byte> block = buf.get(length);
     if (length > 0) {
-      if (!read_direct(f, offset, block, buf.capacity())) f.reader->read_at(offset, block);
-      if (f.writer) write(f, offset, block, buf.capacity());
+      if (!read_direct(f, offset, block)) f.reader->read_at(offset, block);
+      if (f.writer) write(f, offset, block);
     }
     std::unique_lock<std::mutex> lk(f.mu);
     f.cv.wait(lk, [&] { return f.next_to_hash == task.chunk || f.abandoned || stop_.load(); });
@@ -215,26 +215,22 @@ class FilePass {
       const size_t a = f.writer->direct_alignment();
       f.direct_writes = a > 0 && kDirectAlign % a == 0 && chunk_size_ % kDirectAlign == 0;
       if (f.direct_writes) {
-        f.writer->preallocate((item.want.size + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+        f.writer->preallocate(round_up(item.want.size, kDirectAlign));
       }
     }
     if (pass_ == Pass::kVerify) open_direct(item, f);
     return true;
   }
 
-  // Writes one chunk: directly where the file allows it, the last chunk's
-  // padding up to the alignment taken from the aligned buffer behind it
-  // (`room` bytes) and cut off by commit().
-  static void write(FileState& f, uint64_t offset, std::span<std::byte> block, size_t room) {
+  // Writes one chunk (a ChunkBuffer's span): directly where the file allows
+  // it, the last chunk's padding up to the alignment taken from the buffer
+  // behind it and cut off by commit().
+  static void write(FileState& f, uint64_t offset, std::span<std::byte> block) {
     if (!f.direct_writes) {
       f.writer->write_at(offset, block);
       return;
     }
-    const size_t padded = (block.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-    if (padded > room) {
-      f.writer->write_at(offset, block);
-      return;
-    }
+    const size_t padded = static_cast<size_t>(round_up(block.size(), kDirectAlign));
     f.writer->write_direct(offset, std::span<std::byte>(block.data(), padded), block.size());
   }
 
@@ -250,14 +246,13 @@ class FilePass {
     if (fd >= 0) f.direct = UniqueFd(fd);
   }
 
-  // Reads `out` at `offset` through the file's O_DIRECT descriptor into the
-  // aligned buffer behind it (`room` bytes); false where that cannot serve
-  // (no descriptor, an unaligned chunk, a refused or short read), for the
-  // reader to do it and report what is wrong.
-  static bool read_direct(FileState& f, uint64_t offset, std::span<std::byte> out, size_t room) {
+  // Reads `out` (a ChunkBuffer's span) at `offset` through the file's
+  // O_DIRECT descriptor, padding into the buffer behind it; false where that
+  // cannot serve (no descriptor, an unaligned chunk, a refused or short
+  // read), for the reader to do it and report what is wrong.
+  static bool read_direct(FileState& f, uint64_t offset, std::span<std::byte> out) {
     if (f.direct.get() < 0 || offset % kDirectAlign != 0) return false;
-    const size_t want =
-        std::min(room, (out.size() + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+    const size_t want = static_cast<size_t>(round_up(out.size(), kDirectAlign));
     size_t got = 0;
     while (got < out.size()) {
       const ssize_t n =
