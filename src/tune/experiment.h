@@ -255,6 +255,8 @@ class Experiment {
   std::vector<Place> places_;
   // The places from the offers (open_experiment).
   void make_places();
+  // Place i as `offer` makes it, empty and not gone.
+  void set_up_place(std::size_t i, const PlaceOffer& offer);
   // Every place's offer, shared out between processes on one host.
   std::vector<PlaceOffer> place_offers() const;
   // What a place with `offer` holds at once (Place::limit).

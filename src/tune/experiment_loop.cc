@@ -290,16 +290,12 @@ void Experiment::wait_for_runners(int timeout_ms) {
 
 void Experiment::take_returning_hosts() {
   if (spec_.hosts == nullptr) return;
-  for (std::size_t i : spec_.hosts->admit_returning()) {
-    const PlaceOffer offer = place_offers().at(i + 1);
-    Place& p = places_.at(i + 1);
-    p.name = spec_.hosts->name(i);
-    p.limit = place_limit(offer);
-    p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
-    p.running = 0;  // its trials were unplaced when it was lost
-    p.gone = false;
-    count_slots();
-  }
+  const std::vector<std::size_t> back = spec_.hosts->admit_returning();
+  if (back.empty()) return;
+  // Its trials were unplaced when it was lost: the place starts empty.
+  const std::vector<PlaceOffer> offers = place_offers();
+  for (std::size_t i : back) set_up_place(i + 1, offers.at(i + 1));
+  count_slots();
 }
 
 void Experiment::on_host_event(const TrialHosts::Event& e) {

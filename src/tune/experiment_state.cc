@@ -158,17 +158,21 @@ std::vector<PlaceOffer> Experiment::place_offers() const {
   return share_hosts(hosts, std::move(offers));
 }
 
+void Experiment::set_up_place(std::size_t i, const PlaceOffer& offer) {
+  Place& p = places_.at(i);
+  p.name = i == 0 ? "this host" : spec_.hosts->name(i - 1);
+  p.limit = place_limit(offer);
+  p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
+  p.running = 0;
+  p.gone = false;
+}
+
 void Experiment::make_places() {
   const TrialResources& want = spec_.tune.resources_per_trial;
   const bool one_place = spec_.hosts == nullptr || spec_.hosts->size() == 0;
   const std::vector<PlaceOffer> offers = place_offers();
-  for (std::size_t i = 0; i < offers.size(); ++i) {
-    Place p;
-    p.name = i == 0 ? "this host" : spec_.hosts->name(i - 1);
-    p.limit = place_limit(offers[i]);
-    p.gpus = std::make_unique<GpuPool>(offers[i].gpu_ids);
-    places_.push_back(std::move(p));
-  }
+  places_.resize(offers.size());
+  for (std::size_t i = 0; i < offers.size(); ++i) set_up_place(i, offers[i]);
   count_slots();
   // A request no place can ever hold is refused before any trial starts.
   std::optional<Error> refused;
