@@ -3,11 +3,13 @@
     python3 tune_preempt.py STORAGE_PATH
 
 Runs ``trainable`` (which test_tune.py imports to restore the experiment)
-over three trials, two at a time: steps 0..STEPS-1, 20 ms each, a
-checkpoint only when ``train.should_checkpoint()`` says so (a preemption
-notice) or at the last step. Each trial touches STORAGE_PATH/<x>.started
-once it is past step 1. Writes what fit() returned to
-STORAGE_PATH/grid.json.
+over three trials, two at a time: steps of 20 ms from 0, a checkpoint only
+when ``train.should_checkpoint()`` says so (a preemption notice) or at the
+last. A trial ends at the first step at or past STEPS - 1 once
+STORAGE_PATH/may_finish exists, so before that none ends on its own however
+the machine's load spreads their starts. Each trial touches
+STORAGE_PATH/<x>.started once it is past step 1. Writes what fit() returned
+to STORAGE_PATH/grid.json.
 """
 
 from __future__ import annotations
@@ -21,19 +23,24 @@ from typing import Any
 from cairn import train, tune
 from cairn.tune import Checkpoint
 
-STEPS = 200
+STEPS = 30
 
 
 def trainable(config: dict[str, Any]) -> None:
     ckpt = tune.get_checkpoint()
     start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
-    for step in range(start, STEPS):
+    step = start
+    while True:
         time.sleep(0.02)
         if step == 2:
             open(os.path.join(config["dir"], f"{config['x']}.started"), "w").close()
-        save = train.should_checkpoint() or step == STEPS - 1
+        last = step >= STEPS - 1 and os.path.exists(os.path.join(config["dir"], "may_finish"))
+        save = train.should_checkpoint() or last
         tune.report({"score": config["x"] * step, "step": step, "start": start},
                     checkpoint=Checkpoint.from_dict({"step": step}) if save else None)
+        if last:
+            return
+        step += 1
 
 
 def main(argv: list[str]) -> int:

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <set>
 #include <thread>
@@ -494,19 +495,21 @@ TEST(TunerCrash, ARunnerThatSeesItsDriverGoBeforeItsDeathSignalLeavesTheTrialRes
   testing::expect_no_children();
 }
 
-// Counts to config["iters"], a checkpoint every 10th step and whenever
+// Counts from 1, a checkpoint every 10th step and whenever
 // should_checkpoint() says so (a preemption notice), logging each start and
-// step to <log>/<trial>.txt.
+// step to <log>/<trial>.txt. It ends at the first step at or past
+// config["iters"] once <log>/may_finish exists: before that no trial ends on
+// its own, however the machine's load spreads the trials' starts.
 void preemptible_counter(const nlohmann::json& config) {
   const TrainContext& ctx = train::get_context();
-  const fs::path log =
-      fs::path(config.at("log").get<std::string>()) / (ctx.experiment_name + ".txt");
+  const fs::path dir = config.at("log").get<std::string>();
+  const fs::path log = dir / (ctx.experiment_name + ".txt");
   int step = 0;
   if (std::optional<Checkpoint> c = train::get_checkpoint()) {
     step = std::stoi(slurp(c->as_directory().path() / "step.txt"));
   }
   append_line(log, fmt::format("start {}", step));
-  while (step < config.at("iters").get<int>()) {
+  while (true) {
     ++step;
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
     append_line(log, fmt::format("step {}", step));
@@ -518,6 +521,7 @@ void preemptible_counter(const nlohmann::json& config) {
     } else {
       train::report(row);
     }
+    if (step >= config.at("iters").get<int>() && fs::exists(dir / "may_finish")) return;
   }
 }
 
@@ -529,6 +533,42 @@ std::vector<int> logged(const fs::path& path, const std::string& word) {
     if (line.rfind(word + " ", 0) == 0) out.push_back(std::stoi(line.substr(word.size() + 1)));
   }
   return out;
+}
+
+// Forks a Tuner driver running `fit`. It writes to <dir>/grid.txt
+// "preempted" or "finished" and a line "<trial> <STATUS>" per trial (or
+// "error <what>") before it exits.
+pid_t fork_driver(const fs::path& dir, const std::function<ResultGrid()>& fit) {
+  std::fflush(nullptr);
+  const pid_t driver = ::fork();
+  if (driver != 0) return driver;
+  std::ofstream out(dir / "grid.txt");
+  try {
+    ResultGrid grid = fit();
+    out << (grid.preempted() ? "preempted" : "finished") << "\n";
+    for (const auto& r : grid) out << r.trial_id << " " << to_string(r.status) << "\n";
+  } catch (const std::exception& e) {
+    out << "error " << e.what() << "\n";
+  }
+  out.close();
+  ::_exit(0);
+}
+
+// Waits, bounded, until `ready` holds.
+bool wait_until(const std::function<bool()>& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// SIGTERM to `driver`; true once it exited on its own with status 0.
+bool sigterm_and_reap(pid_t driver) {
+  int status = 0;
+  return ::kill(driver, SIGTERM) == 0 && ::waitpid(driver, &status, 0) == driver &&
+         WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 TEST(TunerPreemption, SigtermPausesTheRunningTrialsWithACheckpointAndRestoreFinishesThem) {
@@ -545,37 +585,21 @@ TEST(TunerPreemption, SigtermPausesTheRunningTrialsWithACheckpointAndRestoreFini
     tc.max_concurrent_trials = 2;
     return tc;
   };
-  const nlohmann::json space = {{"x", grid_search({1, 2, 3})}, {"iters", 25}, {"log", dir.str()}};
-  std::fflush(nullptr);
-  const pid_t driver = ::fork();
-  if (driver == 0) {
-    std::ofstream out(dir.path() / "grid.txt");
-    try {
-      ResultGrid grid = Tuner(preemptible_counter, space, tune_config(), run).fit();
-      out << (grid.preempted() ? "preempted" : "finished") << "\n";
-      for (const auto& r : grid) out << r.trial_id << " " << to_string(r.status) << "\n";
-    } catch (const std::exception& e) {
-      out << "error " << e.what() << "\n";
-    }
-    out.close();
-    ::_exit(0);
-  }
+  constexpr int kIters = 25;
+  const nlohmann::json space = {
+      {"x", grid_search({1, 2, 3})}, {"iters", kIters}, {"log", dir.str()}};
+  const pid_t driver = fork_driver(
+      dir.path(), [&] { return Tuner(preemptible_counter, space, tune_config(), run).fit(); });
   // Once both running trials have taken three steps, SIGTERM to the driver.
   // (The third trial is created when a slot frees: not before the restore.)
   const fs::path log0 = dir.path() / "trial_00000.txt";
   const fs::path log1 = dir.path() / "trial_00001.txt";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (logged(log0, "step").size() < 3 || logged(log1, "step").size() < 3)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_GE(logged(log1, "step").size(), 3u) << "the trials made no progress";
+  ASSERT_TRUE(wait_until([&] {
+    return logged(log0, "step").size() >= 3 && logged(log1, "step").size() >= 3;
+  })) << "the trials made no progress";
   const int before0 = logged(log0, "step").back();
   const int before1 = logged(log1, "step").back();
-  ASSERT_EQ(::kill(driver, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(driver, &status, 0), driver);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  ASSERT_TRUE(sigterm_and_reap(driver));
   EXPECT_EQ(slurp(dir.path() / "grid.txt"), "preempted\ntrial_00000 PAUSED\ntrial_00001 PAUSED\n");
 
   // Each paused trial checkpointed after the signal: at a step at least as
@@ -591,12 +615,16 @@ TEST(TunerPreemption, SigtermPausesTheRunningTrialsWithACheckpointAndRestoreFini
     paused_at.push_back(step);
   }
 
+  write_file(dir.path() / "may_finish", "");
   ResultGrid grid = Tuner::restore(experiment, preemptible_counter, {}, tune_config()).fit();
   EXPECT_FALSE(grid.preempted());
   ASSERT_EQ(grid.size(), 3u);
-  for (const auto& r : grid) {
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const TrialResult& r = grid[i];
     EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id << r.error.value_or("");
-    EXPECT_EQ(r.metrics.at("step"), 25) << r.trial_id;
+    // It went on from where it paused to its end, not from scratch.
+    const int end = i < paused_at.size() ? std::max(kIters, paused_at[i] + 1) : kIters;
+    EXPECT_EQ(r.metrics.at("step"), end) << r.trial_id;
   }
   // The paused trials went on from their preemption checkpoints.
   EXPECT_EQ(logged(log0, "start"), (std::vector<int>{0, paused_at[0]}));
@@ -635,34 +663,22 @@ TEST(TunerPreemption, ATrialThatDoesNotCheckpointWithinTheGraceIsStoppedAndResum
   run.failure_config.preemption_grace_s = 1;
   const std::string experiment = (dir.path() / "grace").string();
   write_file(dir.path() / "stall", "");
-  std::fflush(nullptr);
-  const auto started = std::chrono::steady_clock::now();
-  const pid_t driver = ::fork();
-  if (driver == 0) {
-    std::ofstream out(dir.path() / "grid.txt");
+  const pid_t driver = fork_driver(dir.path(), [&] {
+    return Tuner(stalls_after_its_first_step, {{"log", dir.str()}}, {}, run).fit();
+  });
+  // SIGTERM once step 1's checkpoint is committed: the trial is then in
+  // (or on its way to) its minute-long stall.
+  ASSERT_TRUE(wait_until([&] {
     try {
-      ResultGrid grid = Tuner(stalls_after_its_first_step, {{"log", dir.str()}}, {}, run).fit();
-      out << (grid.preempted() ? "preempted" : "finished") << " " << to_string(grid[0].status);
-    } catch (const std::exception& e) {
-      out << "error " << e.what();
+      return !read_experiment(experiment + "/trial_00000").checkpoints.empty();
+    } catch (const Error&) {  // not created yet
+      return false;
     }
-    out.close();
-    ::_exit(0);
-  }
-  const auto deadline = started + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline &&
-         logged(dir.path() / "stall.txt", "step").empty()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ASSERT_FALSE(logged(dir.path() / "stall.txt", "step").empty()) << "the trial never started";
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its report of step 1 lands
-  ASSERT_EQ(::kill(driver, SIGTERM), 0);
-  int status = 0;
-  ASSERT_EQ(::waitpid(driver, &status, 0), driver);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  // Stopped after the grace, well before the trial's minute was up.
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(45));
-  EXPECT_EQ(slurp(dir.path() / "grid.txt"), "preempted PAUSED");
+  })) << "the trial never checkpointed";
+  ASSERT_TRUE(sigterm_and_reap(driver));
+  EXPECT_EQ(slurp(dir.path() / "grid.txt"), "preempted\ntrial_00000 PAUSED\n");
+  // Stopped after the grace: it never got past its stall.
+  EXPECT_EQ(logged(dir.path() / "stall.txt", "step"), (std::vector<int>{1}));
 
   fs::remove(dir.path() / "stall");
   ResultGrid grid = Tuner::restore(experiment, stalls_after_its_first_step).fit();
