@@ -1,15 +1,22 @@
 #include "train/control/sigterm.h"
 
+#include <unistd.h>
+
 namespace cairn::train_internal {
 namespace {
 
-volatile sig_atomic_t g_sigterm = 0;
-extern "C" void on_sigterm(int) { g_sigterm = 1; }
+// The pid of the process the handler ran in, 0 for none: a forked child
+// inherits the value, but it names its parent, not the child.
+volatile sig_atomic_t g_sigterm_pid = 0;
+// Notices alive in this process (a forked child inherits its parent's).
+int g_depth = 0;
+
+extern "C" void on_sigterm(int) { g_sigterm_pid = static_cast<sig_atomic_t>(::getpid()); }
 
 }  // namespace
 
 SigtermNotice::SigtermNotice() {
-  g_sigterm = 0;
+  if (g_depth++ == 0) g_sigterm_pid = 0;
   struct sigaction sa {};
   sa.sa_handler = on_sigterm;
   sa.sa_flags = SA_RESTART;
@@ -17,8 +24,13 @@ SigtermNotice::SigtermNotice() {
   ::sigaction(SIGTERM, &sa, &previous_);
 }
 
-SigtermNotice::~SigtermNotice() { ::sigaction(SIGTERM, &previous_, nullptr); }
+SigtermNotice::~SigtermNotice() {
+  ::sigaction(SIGTERM, &previous_, nullptr);
+  --g_depth;
+}
 
-bool SigtermNotice::received() const { return g_sigterm != 0; }
+bool SigtermNotice::received() const {
+  return g_sigterm_pid != 0 && g_sigterm_pid == static_cast<sig_atomic_t>(::getpid());
+}
 
 }  // namespace cairn::train_internal
