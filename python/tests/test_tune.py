@@ -351,19 +351,11 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
                                                             tune_driver.STEPS))
 
 
-def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
-    tmp_path: pathlib.Path,
-) -> None:
+def _restore_tune_preempt_to_the_end(tmp_path: pathlib.Path) -> None:
+    """Restores a tune_preempt.py experiment that was preempted while trials
+    x=1 and x=2 ran: every trial ends, those two from the checkpoint they
+    made on the notice, x=3 from scratch."""
     import tune_preempt
-
-    with driver_process.started(tune_preempt.__file__, str(tmp_path)) as driver:
-        driver_process.wait_for(driver, tmp_path / "1.started", tmp_path / "2.started")
-        driver.send_signal(signal.SIGTERM)
-        assert driver.wait(timeout=120) == 0
-    with open(tmp_path / "grid.json") as f:
-        got = json.load(f)
-    assert got == {"preempted": True,
-                   "trials": [["trial_00000", "PAUSED"], ["trial_00001", "PAUSED"]]}
 
     (tmp_path / "may_finish").touch()
     grid = tune.Tuner.restore(tmp_path / "exp", tune_preempt.trainable).fit()
@@ -379,6 +371,37 @@ def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
             assert starts == {0}
         else:  # went on from the checkpoint it made on the notice
             assert len(starts) == 2 and min(starts) == 0 < max(starts), starts
+
+
+def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    import tune_preempt
+
+    with driver_process.started(tune_preempt.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, tmp_path / "1.started", tmp_path / "2.started")
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 0
+    with open(tmp_path / "grid.json") as f:
+        got = json.load(f)
+    assert got == {"preempted": True,
+                   "trials": [["trial_00000", "PAUSED"], ["trial_00001", "PAUSED"]]}
+    _restore_tune_preempt_to_the_end(tmp_path)
+
+
+def test_ctrl_c_in_tuner_fit_pauses_the_running_trials_then_raises_keyboard_interrupt(
+    tmp_path: pathlib.Path,
+) -> None:
+    import tune_preempt
+
+    with driver_process.started(tune_preempt.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, tmp_path / "1.started", tmp_path / "2.started")
+        driver.send_signal(signal.SIGINT)
+        _, err = driver.communicate(timeout=120)
+    assert driver.returncode != 0
+    assert "KeyboardInterrupt" in err.decode(), err.decode()
+    assert not (tmp_path / "grid.json").exists()  # fit() raised
+    _restore_tune_preempt_to_the_end(tmp_path)
 
 
 def test_a_failing_trial_is_an_error_with_its_traceback_and_can_be_resumed(

@@ -165,9 +165,18 @@ class Experiment {
   // What a trial host sent, or its loss.
   void on_host_event(const TrialHosts::Event& e);
 
-  // Trials on a host that was lost resume on another place from their
-  // latest checkpoints; the loss is not their failure.
-  void lost_with_host(Trial& t, const std::string& host);
+  // A trial whose runner is gone with its host (lost, or past a drained
+  // host's grace: `why`) resumes on another place from its latest
+  // checkpoint; that is not its failure.
+  void resume_elsewhere(Trial& t, const std::string& why);
+
+  // Whether the trial runs on a host that is being drained (it received
+  // SIGTERM alone): it pauses at its next result.
+  bool on_draining_place(const Trial& t) const;
+
+  // Stops the trials still running on a drained host once its grace
+  // (FailureConfig::preemption_grace_s) is over; they resume elsewhere.
+  void check_draining_places();
 
   // Copies the source's latest checkpoint into the staging folder now, so
   // that the source's retention cannot delete it before the clone resumes.
@@ -250,6 +259,10 @@ class Experiment {
     int limit = 1;  // trials at once here (INT_MAX: only max_concurrent_ bounds it)
     int running = 0;
     bool gone = false;
+    // Its process received SIGTERM alone (TrialHosts::Event::kPreempted): no
+    // trial starts there; those running pause, by drain_deadline at the latest.
+    bool draining = false;
+    double drain_deadline = 0;
     std::unique_ptr<GpuPool> gpus;  // TuneConfig::resources_per_trial.gpu
   };
   std::vector<Place> places_;

@@ -83,6 +83,7 @@ ResultGrid Experiment::run() {
 void Experiment::loop(const train_internal::SigtermNotice& sigterm) {
   while (true) {
     check_preemption(sigterm.received());
+    check_draining_places();
     check_time_budget();
     if (!stop_experiment_) fill_slots();
     if (running_count() == 0) {
@@ -138,7 +139,7 @@ void Experiment::fill_slots() {
     for (const Place& p : places_) {
       running.push_back(p.running);
       limit.push_back(p.limit);
-      gone.push_back(p.gone);
+      gone.push_back(p.gone || p.draining);
     }
     std::optional<std::size_t> where;
     std::vector<std::string> ids;
@@ -307,8 +308,22 @@ void Experiment::on_host_event(const TrialHosts::Event& e) {
     log::warn(fmt::format("Tuner: {} is lost ({}); no trial starts there unless it comes back",
                           p.name, e.why));
     for (auto& t : trials_) {
-      if (t.place == place) lost_with_host(t, p.name);
+      if (t.place == place) resume_elsewhere(t, fmt::format("its host ({}) was lost", p.name));
     }
+    return;
+  }
+  if (e.type == TrialHosts::Event::kPreempted) {
+    Place& p = places_.at(static_cast<std::size_t>(place));
+    if (p.gone || p.draining) return;
+    p.draining = true;
+    const double grace = spec_.run.failure_config.preemption_grace_s;
+    p.drain_deadline = monotonic_seconds() + grace;
+    count_slots();
+    log::warn(fmt::format(
+        "Tuner: {} received SIGTERM (its node is being preempted); no trial starts there any "
+        "more, and each trial running there pauses with a checkpoint at its next result "
+        "(within {} s, FailureConfig::preemption_grace_s) and resumes on another host",
+        p.name, grace));
     return;
   }
   Trial* t = find(e.trial);
@@ -323,7 +338,7 @@ void Experiment::on_host_event(const TrialHosts::Event& e) {
   finish(*t, e.wait_status);
 }
 
-void Experiment::lost_with_host(Trial& t, const std::string& host) {
+void Experiment::resume_elsewhere(Trial& t, const std::string& why) {
   unplace(t);
   if (t.ended) {
     finish(t, 0);  // its end arrived; only its exit did not
@@ -333,10 +348,31 @@ void Experiment::lost_with_host(Trial& t, const std::string& host) {
   refresh_checkpoints(t);
   apply_deferred_retention(t);
   log::warn(
-      fmt::format("trial {}: its host ({}) was lost; it resumes on another host from its "
-                  "latest checkpoint (not counted as a failure)",
-                  t.info.trial_id, host));
+      fmt::format("trial {}: {}; it resumes on another host from its latest checkpoint (not "
+                  "counted as a failure)",
+                  t.info.trial_id, why));
   t.info.status = TrialStatus::kPaused;
+}
+
+bool Experiment::on_draining_place(const Trial& t) const {
+  return t.place >= 0 && places_.at(static_cast<std::size_t>(t.place)).draining;
+}
+
+void Experiment::check_draining_places() {
+  const double now = monotonic_seconds();
+  for (std::size_t i = 1; i < places_.size(); ++i) {
+    Place& p = places_[i];
+    if (!p.draining || p.gone || p.running == 0 || now < p.drain_deadline) continue;
+    log::warn(
+        fmt::format("Tuner: the preemption grace time of {} is over; stopping the trials "
+                    "still running there",
+                    p.name));
+    for (auto& t : trials_) {
+      if (t.place != static_cast<int>(i)) continue;
+      spec_.hosts->kill(i - 1, t.info.trial_id);
+      resume_elsewhere(t, fmt::format("its host ({}) was preempted", p.name));
+    }
+  }
 }
 
 void Experiment::handle_message(Trial& t, const nlohmann::json& m) {
@@ -465,7 +501,9 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
     a["last"] = v;
   }
 
-  if (preempted_) {
+  // Preempted, or its host is: it pauses with a checkpoint and resumes
+  // later (Tuner::restore) or on another host.
+  if (preempted_ || on_draining_place(t)) {
     t.ending = TrialStatus::kPaused;
     return {{"save", true}, {"stop", true}};
   }

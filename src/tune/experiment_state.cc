@@ -142,7 +142,7 @@ void Experiment::count_slots() {
     return;
   }
   long total = 0;
-  for (const Place& p : places_) total += p.gone ? 0 : p.limit;
+  for (const Place& p : places_) total += p.gone || p.draining ? 0 : p.limit;
   max_concurrent_ = static_cast<int>(std::clamp<long>(total, 1, INT_MAX));
 }
 
@@ -165,6 +165,7 @@ void Experiment::set_up_place(std::size_t i, const PlaceOffer& offer) {
   p.gpus = std::make_unique<GpuPool>(offer.gpu_ids);
   p.running = 0;
   p.gone = false;
+  p.draining = false;
 }
 
 void Experiment::make_places() {

@@ -304,6 +304,8 @@ std::vector<TrialHosts::Event> TrialHosts::read() {
           e.type = Event::kExited;
           e.trial = m.at("trial").get<std::string>();
           e.wait_status = m.at("status").get<int>();
+        } else if (t == "preempted") {
+          e.type = Event::kPreempted;
         } else {
           continue;
         }
@@ -340,8 +342,9 @@ namespace {
 class TrialHost {
  public:
   TrialHost(const train_internal::JobBoot& boot, const TuneConfig& tune,
-            const tune_internal::RunnerSpec& local, Channel driver)
-      : boot_(boot), tune_(tune), local_(local), driver_(std::move(driver)) {}
+            const tune_internal::RunnerSpec& local, Channel driver,
+            const train_internal::SigtermNotice& sigterm)
+      : boot_(boot), tune_(tune), local_(local), driver_(std::move(driver)), sigterm_(sigterm) {}
 
   ~TrialHost() { kill_all(); }
 
@@ -352,6 +355,7 @@ class TrialHost {
       // A runner's exit is seen within 100 ms (its channel may stay open in
       // its workers for a moment).
       ::poll(fds.data(), fds.size(), 100);  // ignore-error: EINTR just means look again
+      tell_preemption();
       relay_runners();
       std::vector<nlohmann::json> messages;
       const bool open = driver_.read_available(messages);
@@ -376,6 +380,17 @@ class TrialHost {
     pid_t pid = -1;
     Channel channel;
   };
+
+  // SIGTERM to this process alone (its node is being preempted; the driver
+  // acts on its own SIGTERM, if it gets one, as the whole launch's): the
+  // driver is told once, and pauses and moves this host's trials.
+  void tell_preemption() {
+    if (preemption_told_ || !sigterm_.received()) return;
+    preemption_told_ = true;
+    log::warn(
+        fmt::format("{}: SIGTERM; the Tuner's driver moves this host's trials elsewhere", self()));
+    driver_.send({{"t", "preempted"}});
+  }
 
   std::string self() const {
     return fmt::format("{} {} on host {}", boot_.world.label, boot_.world.rank,
@@ -480,6 +495,8 @@ class TrialHost {
   const TuneConfig& tune_;
   const tune_internal::RunnerSpec& local_;
   Channel driver_;
+  const train_internal::SigtermNotice& sigterm_;
+  bool preemption_told_ = false;
   std::map<std::string, Runner> runners_;
 };
 
@@ -495,11 +512,11 @@ ResultGrid serve_trials(const train_internal::JobBoot& boot, const TuneConfig& t
   driver.send({{"t", "hello"}, {"rank", w.rank}, {"token", boot.token}, {"host", host}});
   log::info(
       fmt::format("{} {} on host {}: runs trials for the Tuner's driver", w.label, w.rank, host));
-  // SIGTERM here (a scheduler signals every task of the job) is the
-  // driver's to act on: this process stays to relay its runners' last
-  // checkpoints and the end.
+  // SIGTERM here (a scheduler signals every task of the job, or this node
+  // alone) is the driver's to act on: this process tells it and stays to
+  // relay its runners' last checkpoints and the end.
   train_internal::SigtermNotice sigterm;
-  TrialHost loop(boot, tune, local, std::move(driver));
+  TrialHost loop(boot, tune, local, std::move(driver), sigterm);
   return loop.run();
 }
 

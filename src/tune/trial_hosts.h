@@ -16,10 +16,15 @@
 //   host -> driver   {"t":"exited","trial":id,"status":n}     its wait status; after its
 //                                                             last "from"
 //   driver -> host   {"t":"kill","trial":id}                  SIGKILL (then "exited")
+//   host -> driver   {"t":"preempted"}                        it received SIGTERM
 //   driver -> host   {"t":"end","grid":{...}} | {"t":"end","error":{...}}
 //
 // A host whose connection closes is lost: its trials resume on other places
-// from their latest checkpoints, without counting a failure. A process
+// from their latest checkpoints, without counting a failure. A host that
+// receives SIGTERM (its node is being preempted) says so and stays: no trial
+// starts there any more, and its running trials pause with a checkpoint at
+// their next result and resume on other places; it relays until the end, or
+// until it is killed (then it is lost, with nothing left to resume). A process
 // started again with a lost host's rank is taken in (probe, offer) and gets
 // trials again. A host that
 // loses the driver kills its runners and throws kUnavailable.
@@ -119,7 +124,7 @@ class TrialHosts {
   std::vector<int> fds() const;
 
   struct Event {
-    enum Type { kMessage, kExited, kLost } type = kMessage;
+    enum Type { kMessage, kExited, kLost, kPreempted } type = kMessage;
     std::size_t host = 0;
     std::string trial;       // kMessage, kExited
     nlohmann::json message;  // kMessage

@@ -10,7 +10,8 @@
 // Scenarios: spread (6 trials of 3 checkpointed steps), gpus (4 trials of one
 // fake GPU each, 2 per host), lose (2 trials of 4 steps, max_failures 0; a
 // trial on place 1 stops before its step 2 until OUT/go exists, for a test
-// that kills that place's process), rejoin (3 trials of 4 steps, one per
+// that kills that place's process), drain (the same, for a test that sends
+// SIGTERM to that place's process), rejoin (3 trials of 4 steps, one per
 // host at a time; trials on places 0 and 1 stop before step 2 until OUT/go
 // exists, for a test that kills place 1's process and starts another).
 #include <unistd.h>
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
       tc.gpu_ids = {"0", "1"};
       fn = gpu_recorder;
       space = {{"x", tune::grid_search({1, 2, 3, 4})}};
-    } else if (scenario == "lose") {
+    } else if (scenario == "lose" || scenario == "drain") {
       tc.resources_per_trial.cpu = 0.5;
       run.failure_config.max_failures = 0;
       space["steps"] = 4;

@@ -276,6 +276,46 @@ TEST_F(TunerOnHosts, ATrialOfALostHostResumesOnAnotherFromItsLatestCheckpoint) {
   EXPECT_TRUE(has(run.log, "was lost; it resumes on another host")) << run.log;
 }
 
+// SIGTERM to one host's process alone (its node is being preempted): the
+// driver moves that host's trial with a checkpoint made after the notice,
+// and starts none there; the host stays to the end and gets the grid.
+TEST_F(TunerOnHosts, AHostThatAloneReceivesSigtermHandsItsTrialToAnotherWithAFreshCheckpoint) {
+  const pid_t launch = start_loop("drain", false);
+  std::string trial;
+  for (int i = 0; i < 1200 && trial.empty(); ++i) {
+    for (const auto& e : fs::directory_iterator(out_)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("held-", 0) == 0 && name.find(".tmp") == std::string::npos)
+        trial = name.substr(5);
+    }
+    if (trial.empty()) std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_FALSE(trial.empty()) << slurp(out_ / "launch.log");
+  ASSERT_EQ(::kill(std::stoi(slurp(out_ / "pid-1")), SIGTERM), 0);
+  // The held trial goes on once the driver knows (bounded wait).
+  bool told = false;
+  for (int i = 0; i < 1200 && !told; ++i) {
+    told = has(slurp(out_ / "launch.log"), "received SIGTERM (its node is being preempted)");
+    if (!told) std::this_thread::sleep_for(100ms);
+  }
+  std::ofstream(out_ / "go") << "go";
+  const testing::ShellRun run = testing::wait_shell(launch, out_ / "launch.log");
+  ASSERT_TRUE(told) << run.log;
+  const nlohmann::json grid = same_grid_everywhere(run.log);
+  ASSERT_TRUE(grid.is_object());
+  ASSERT_EQ(grid.at("trials").size(), 2u);
+  for (const auto& t : grid.at("trials")) {
+    EXPECT_EQ(t.at("status"), "TERMINATED") << t.dump(2) << "\n" << run.log;
+    const nlohmann::json& m = t.at("metrics");
+    EXPECT_EQ(m.value("step", 0), 4) << t.dump(2);
+    EXPECT_EQ(m.value("place", "?"), "0") << t.dump(2) << "\n" << run.log;
+    if (t.at("id") == trial) {
+      // Not its step-1 checkpoint: one reported after the notice.
+      EXPECT_GE(m.value("resumed_from", -1), 2) << t.dump(2) << "\n" << run.log;
+    }
+  }
+}
+
 // A process started again for a lost host's rank is taken in and gets
 // trials again.
 TEST_F(TunerOnHosts, AProcessStartedAgainForALostHostGetsTrialsAgain) {
