@@ -18,6 +18,9 @@
 // the same; the figures are rank 0's (the driver's), and agent_rss_mib the
 // largest agent's peak, mem_used_mib what the machine's available memory
 // fell by at most while the N processes and their workers ran.
+// --launcher mpi starts the same N processes with `mpirun -np N
+// --oversubscribe` (fit_mpi: MPI bootstraps, then the same driver, agents
+// and protocol), with the same figures.
 //
 // Printed for each N (medians over the rounds after the first):
 //   commit_s        the last rank's "uploaded" to the commit returning
@@ -58,6 +61,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,6 +80,7 @@
 #include "train/control/driver.h"
 #include "train/control/group.h"
 #include "train/env_launch.h"
+#include "train/mpi.h"
 #include "util/settings.h"
 
 namespace {
@@ -93,11 +98,13 @@ struct Args {
   std::string storage;
   std::string json;
   std::string launcher = "local";
-  // One rank of an env launch (started by --launcher env, not by hand).
+  // One rank of an env or MPI launch (started by --launcher env or mpi).
   bool env_process = false;
+  bool mpi_process = false;
   std::string times_file;
   std::string run_name;
   bool keep_log = false;
+  double time_limit_s = 1800;
 };
 
 Args parse(int argc, char** argv) {
@@ -118,14 +125,20 @@ Args parse(int argc, char** argv) {
   app.add_option("--json", a.json, "write the figures here");
   app.add_option("--launcher", a.launcher,
                  "local: the driver forks the workers; env: N processes started as torchrun "
-                 "starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
-      ->check(CLI::IsMember({"local", "env"}))
+                 "starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); mpi: N processes "
+                 "started by mpirun")
+      ->check(CLI::IsMember({"local", "env", "mpi"}))
       ->capture_default_str();
-  // Internal: a process of an env launch (rank from RANK).
+  app.add_option("--time-limit-s", a.time_limit_s,
+                 "env, mpi: stop the N processes if they have not ended after this long")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  // Internal: a process of an env launch (rank from RANK) or an MPI one.
   app.add_flag("--env-process", a.env_process)->group("");
+  app.add_flag("--mpi-process", a.mpi_process)->group("");
   app.add_option("--times-file", a.times_file)->group("");
   app.add_option("--run-name", a.run_name)->group("");
-  app.add_flag("--keep-log", a.keep_log, "env: keep the processes' log (in $TMPDIR)");
+  app.add_flag("--keep-log", a.keep_log, "env, mpi: keep the processes' log (in $TMPDIR)");
   cairn::bench::parse_or_exit(app, argc, argv);
   if (a.fail_round > a.rounds) {
     std::fprintf(stderr, "scale_bench: --fail-round must be in 0..rounds\n");
@@ -425,39 +438,55 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-// One process of an env launch (--env-process): rank 0 drives and writes
-// the figures to --json; every other rank is an agent.
-int env_process(const Args& a) {
+// One process of an env or MPI launch (--env-process, --mpi-process): rank
+// 0 drives and writes the figures to --json; every other rank is an agent.
+int launched_process(const Args& a) {
   const int n = a.ranks.at(0);
   SharedTimes times(n, a.rounds, a.times_file);
   g_times = &times;
-  const auto launch = ti::env_launch_from(cairn::Settings::from(cairn::Environment::process()));
-  if (!launch) {
-    std::fprintf(stderr,
-                 "scale_bench: --env-process without RANK, WORLD_SIZE, MASTER_ADDR, "
-                 "MASTER_PORT\n");
-    return 2;
-  }
   cairn::ScalingConfig scaling;
   scaling.num_workers = n;
-  scaling.launcher = cairn::Launcher::kEnv;
-  if (launch->rank == 0) {
-    const nlohmann::json j = measure(a, n, times, [&](const ti::DriverSpec& spec) {
-      return ti::fit_env(spec, scaling, *launch);
-    });
+  int rank = 0;
+  DriveFn fit;
+  std::optional<ti::EnvLaunch> launch;
+  if (a.mpi_process) {
+    const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (r == nullptr) {
+      std::fprintf(stderr, "scale_bench: --mpi-process outside mpirun (no OMPI_COMM_WORLD_RANK)\n");
+      return 2;
+    }
+    rank = std::stoi(r);
+    scaling.launcher = cairn::Launcher::kMpi;
+    fit = [&](const ti::DriverSpec& spec) { return ti::fit_mpi(spec, scaling); };
+  } else {
+    launch = ti::env_launch_from(cairn::Settings::from(cairn::Environment::process()));
+    if (!launch) {
+      std::fprintf(stderr,
+                   "scale_bench: --env-process without RANK, WORLD_SIZE, MASTER_ADDR, "
+                   "MASTER_PORT\n");
+      return 2;
+    }
+    rank = launch->rank;
+    scaling.launcher = cairn::Launcher::kEnv;
+    fit = [&](const ti::DriverSpec& spec) { return ti::fit_env(spec, scaling, *launch); };
+  }
+  if (rank == 0) {
+    const nlohmann::json j = measure(a, n, times, fit);
     std::ofstream(a.json) << j.dump() << "\n";
     return 0;
   }
-  const cairn::Result r = ti::fit_env(base_spec(a, n), scaling, *launch);
-  times.agent_hwm_kib(launch->rank) = static_cast<double>(peak_rss_kib());
+  const cairn::Result r = fit(base_spec(a, n));
+  times.agent_hwm_kib(rank) = static_cast<double>(peak_rss_kib());
   return r.error ? 1 : 0;
 }
 
-// One N of --launcher env: starts N processes of this program as a shell
-// loop would, waits for them, and returns rank 0's figures with the agents'
-// and the machine's memory. Stops them all if the machine's available
-// memory falls below 4 GiB.
-nlohmann::json measure_env(const Args& a, const char* self, int n) {
+// One N of --launcher env or mpi: starts N processes of this program as a
+// shell loop would, or one mpirun that starts them, waits for them, and
+// returns rank 0's figures with the agents' and the machine's memory. Stops
+// them all if the machine's available memory falls below 4 GiB, or if they
+// have not ended after --time-limit-s.
+nlohmann::json measure_launched(const Args& a, const char* self, int n) {
+  const bool mpi = a.launcher == "mpi";
   const std::string stem = fmt::format("scale-bench-{}-{}", getpid(), n);
   const std::string times_file = "/dev/shm/" + stem + ".times";
   const std::string json_file = "/dev/shm/" + stem + ".json";
@@ -472,7 +501,7 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
   const int port = free_port();
   const int log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (log_fd < 0) throw std::runtime_error("scale_bench: cannot write " + log_file);
-  std::vector<std::string> args = {self,           "--env-process",
+  std::vector<std::string> args = {self,           mpi ? "--mpi-process" : "--env-process",
                                    "--storage",    a.storage,
                                    "--ranks",      std::to_string(n),
                                    "--rounds",     std::to_string(a.rounds),
@@ -481,6 +510,16 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
                                    "--times-file", times_file,
                                    "--run-name",   stem,
                                    "--json",       json_file};
+  if (mpi) {
+    // Every process on this machine, as tests/support/mpirun.h starts them.
+    std::vector<std::string> mpirun = {
+        "mpirun",    "-np",  std::to_string(n), "--oversubscribe",
+        "--bind-to", "none", "--mca",           "btl_vader_single_copy_mechanism",
+        "none"};
+    if (::geteuid() == 0) mpirun.push_back("--allow-run-as-root");
+    args[0] = fs::canonical("/proc/self/exe").string();
+    args.insert(args.begin(), mpirun.begin(), mpirun.end());
+  }
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -488,9 +527,16 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
   const double t0 = now_seconds();
   std::vector<pid_t> pids;
   std::fflush(nullptr);
-  for (int rank = 0; rank < n; ++rank) {
+  for (int rank = 0; rank < (mpi ? 1 : n); ++rank) {
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(fmt::format("scale_bench: fork of rank {}", rank));
+    if (pid == 0 && mpi) {
+      ::setpgid(0, 0);  // a group of its own, killed as one if it hangs
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      ::execvp("mpirun", argv.data());
+      ::_exit(127);
+    }
     if (pid == 0) {
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
@@ -507,8 +553,9 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
   }
   ::close(log_fd);
   double least_mib = base_mib;
-  int left = n;
-  bool failed = false, out_of_memory = false;
+  int left = static_cast<int>(pids.size());
+  bool failed = false, out_of_memory = false, out_of_time = false;
+  double kill_group_at = 0;  // mpi: when to kill mpirun if SIGTERM did not end it
   while (left > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
@@ -518,15 +565,29 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
       continue;
     }
     least_mib = std::min(least_mib, available_mib());
-    if (least_mib < 4096 && !out_of_memory) {
-      out_of_memory = true;
-      for (pid_t p : pids) ::kill(p, SIGKILL);  // their workers die with their agents
+    const bool stop = (!out_of_time && !out_of_memory) &&
+                      (now_seconds() - t0 > a.time_limit_s || least_mib < 4096);
+    if (stop) {
+      (least_mib < 4096 ? out_of_memory : out_of_time) = true;
+      if (mpi) {
+        // mpirun stops its processes (those it has started end once they
+        // lose it) and removes its shared-memory files; it is killed if it
+        // has not ended 10 s later.
+        ::kill(pids.at(0), SIGTERM);
+        kill_group_at = now_seconds() + 10;
+      } else {
+        for (pid_t p : pids) ::kill(p, SIGKILL);  // their workers die with their agents
+      }
+    }
+    if (kill_group_at > 0 && now_seconds() > kill_group_at) {
+      ::kill(-pids.at(0), SIGKILL);
+      kill_group_at = 0;
     }
     ::usleep(100'000);
   }
   const double total = now_seconds() - t0;
   std::ifstream in(json_file);
-  if (failed || out_of_memory || !in) {
+  if (failed || out_of_memory || out_of_time || !in) {
     std::string tail;
     std::ifstream log(log_file);
     for (std::string line; std::getline(log, line);) {
@@ -534,8 +595,11 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
       if (tail.size() > 8000) tail.erase(0, tail.size() - 4000);
     }
     throw std::runtime_error(fmt::format(
-        "{} processes of an env launch {} (log {}):\n{}", n,
-        out_of_memory ? "stopped: the machine's available memory fell below 4 GiB" : "failed",
+        "{} processes of an {} launch {} (log {}):\n{}", n, a.launcher,
+        out_of_memory ? "stopped: the machine's available memory fell below 4 GiB"
+        : out_of_time
+            ? fmt::format("stopped: not ended after {} s (--time-limit-s)", a.time_limit_s)
+            : std::string("failed"),
         log_file, tail));
   }
   if (a.keep_log) {
@@ -556,11 +620,12 @@ nlohmann::json measure_env(const Args& a, const char* self, int n) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  if (a.env_process) {
+  if (a.env_process || a.mpi_process) {
     try {
-      return env_process(a);
+      return launched_process(a);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "scale_bench: rank %s: %s\n", std::getenv("RANK"), e.what());
+      const char* rank = std::getenv(a.mpi_process ? "OMPI_COMM_WORLD_RANK" : "RANK");
+      std::fprintf(stderr, "scale_bench: rank %s: %s\n", rank != nullptr ? rank : "?", e.what());
       return 1;
     }
   }
@@ -580,8 +645,8 @@ int main(int argc, char** argv) {
       std::string out;
       int rc = 0;
       try {
-        if (a.launcher == "env") {
-          out = measure_env(a, argv[0], n).dump();
+        if (a.launcher != "local") {
+          out = measure_launched(a, argv[0], n).dump();
         } else {
           SharedTimes times(n, a.rounds);
           out = measure(a, n, times, [](const ti::DriverSpec& spec) {
@@ -620,9 +685,9 @@ int main(int argc, char** argv) {
                 j["restart_s"].get<double>());
     if (j.contains("agent_rss_mib")) {
       std::printf(
-          "        env launch: agents' peak %.1f MiB each, the machine's memory %.0f MiB "
+          "        %s launch: agents' peak %.1f MiB each, the machine's memory %.0f MiB "
           "more at most, %.1f s from the first process started to the last ended\n",
-          j["agent_rss_mib"].get<double>(), j["mem_used_mib"].get<double>(),
+          a.launcher.c_str(), j["agent_rss_mib"].get<double>(), j["mem_used_mib"].get<double>(),
           j["launch_wall_s"].get<double>());
     }
     std::fflush(stdout);

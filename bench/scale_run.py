@@ -8,11 +8,12 @@ tests/support/s3rver, started here). Each runs every --ranks count, with
 each launcher of --launchers: "local" (the driver forks the N workers) and
 "env" (N processes started as torchrun or a shell loop starts them, with
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; rank 0 drives, the others
-are agents that fork their rank's worker).
+are agents that fork their rank's worker) and "mpi" (the same N processes
+started by `mpirun -np N --oversubscribe`).
 
     /usr/bin/python3 bench/scale_run.py --bench build/bench/scale_bench \\
         --dir /var/tmp/scale --ranks 8,64,256,1024 --s3-ranks 8,64,256 \\
-        --launchers local,env
+        --launchers local,env,mpi
 """
 import argparse
 import json
@@ -33,7 +34,7 @@ COLUMNS = [("ranks", "{:d}"), ("commit_s", "{:.4f}"), ("release_s", "{:.4f}"),
            ("driver_cpu_s", "{:.4f}"), ("driver_rss_mib", "{:.1f}"),
            ("manifest_kib", "{:.1f}"), ("history_kib", "{:.1f}"),
            ("requests_per_checkpoint", "{:.1f}"), ("restart_s", "{:.2f}"), ("wall_s", "{:.1f}")]
-# The env launcher's own: the largest agent's peak memory, what the machine's
+# The env and mpi launchers' own: the largest agent's peak memory, what the machine's
 # available memory fell by, and the first process's start to the last's end.
 ENV_COLUMNS = [("agent_rss_mib", "{:.1f}"), ("mem_used_mib", "{:.0f}"),
                ("launch_wall_s", "{:.1f}")]
@@ -63,7 +64,8 @@ def main():
                     help="rank counts on s3rver (one Node.js process serves every request)")
     ap.add_argument("--storages", default="tmpfs,disk,s3")
     ap.add_argument("--launchers", default="local",
-                    help="local, env (torchrun-style: one process per rank), or both")
+                    help="comma separated: local, env (torchrun-style: one process per "
+                         "rank), mpi (the same processes started by mpirun)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--fail-round", type=int, default=3)
     ap.add_argument("--file-kib", type=int, default=64)
@@ -108,7 +110,7 @@ def main():
     print("{} rounds with a checkpoint each, one file of {} KiB per rank, one rank killed in "
           "round {}; medians of the rounds after the restart".format(args.rounds, args.file_kib,
                                                                      args.fail_round))
-    columns = COLUMNS + (ENV_COLUMNS if "env" in launchers else [])
+    columns = COLUMNS + (ENV_COLUMNS if set(launchers) & {"env", "mpi"} else [])
     header = ["storage"] + [c for c, _ in columns]
     print(" ".join("{:>12}".format(h[:12]) for h in header))
     for storage, rows in results.items():
