@@ -501,9 +501,7 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
     a["last"] = v;
   }
 
-  // Preempted, or its host is: it pauses with a checkpoint and resumes
-  // later (Tuner::restore) or on another host.
-  if (preempted_ || on_draining_place(t)) {
+  if (preempted_) {
     t.ending = TrialStatus::kPaused;
     return {{"save", true}, {"stop", true}};
   }
@@ -516,6 +514,13 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
       stop_experiment_ = true;
       stop = true;
     }
+  }
+  // Its host is being preempted: unless it ends here, it pauses with a
+  // checkpoint and resumes on another host; the scheduler sees its next
+  // result there.
+  if (!stop && on_draining_place(t)) {
+    t.ending = TrialStatus::kPaused;
+    return {{"save", true}, {"stop", true}};
   }
   SchedulerDecision d;
   if (!stop) d = scheduler_->on_trial_result(view_of(t), row);
