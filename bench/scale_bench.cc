@@ -556,12 +556,14 @@ nlohmann::json measure_launched(const Args& a, const char* self, int n) {
   int left = static_cast<int>(pids.size());
   bool failed = false, out_of_memory = false, out_of_time = false;
   double kill_group_at = 0;  // mpi: when to kill mpirun if SIGTERM did not end it
+  int first_status = 0;      // rank 0's (env) or mpirun's wait status
   while (left > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       --left;
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = true;
+      if (pid == pids.at(0)) first_status = status;
       continue;
     }
     least_mib = std::min(least_mib, available_mib());
@@ -595,11 +597,14 @@ nlohmann::json measure_launched(const Args& a, const char* self, int n) {
       if (tail.size() > 8000) tail.erase(0, tail.size() - 4000);
     }
     throw std::runtime_error(fmt::format(
-        "{} processes of an {} launch {} (log {}):\n{}", n, a.launcher,
+        "{} processes of an {} launch {} ({} {}; log {}):\n{}", n, a.launcher,
         out_of_memory ? "stopped: the machine's available memory fell below 4 GiB"
         : out_of_time
             ? fmt::format("stopped: not ended after {} s (--time-limit-s)", a.time_limit_s)
             : std::string("failed"),
+        mpi ? "mpirun" : "rank 0",
+        WIFSIGNALED(first_status) ? fmt::format("was killed by signal {}", WTERMSIG(first_status))
+                                  : fmt::format("exited with status {}", WEXITSTATUS(first_status)),
         log_file, tail));
   }
   if (a.keep_log) {
