@@ -197,6 +197,26 @@ TEST_F(S3Storage, ParallelPositionalWritesAcrossManyPartsLandWhereAimed) {
   EXPECT_EQ(s->get("par.bin"), data);
 }
 
+// The writer's part buffers grow with what is written (a small object does
+// not hold a whole part): bytes never written, before, between or inside
+// parts, still read back as zeros.
+TEST_F(S3Storage, BytesNeverWrittenReadAsZerosWhereverTheyAre) {
+  auto w = s->open_writer("holes.bin");
+  w->write_at(300'000, as_bytes("tail"));  // part 1 of 256 KiB parts, after a hole
+  w->write_at(10, as_bytes("head"));       // part 0, after 10 bytes never written
+  w->commit();
+  std::string want(300'004, '\0');
+  want.replace(10, 4, "head");
+  want.replace(300'000, 4, "tail");
+  EXPECT_EQ(s->get("holes.bin"), want);
+
+  auto small = s->open_writer("small.bin");
+  small->write_at(5, as_bytes("x"));
+  small->write_at(0, as_bytes("ab"));
+  small->commit();
+  EXPECT_EQ(s->get("small.bin"), std::string("ab\0\0\0x", 6));
+}
+
 TEST_F(S3Storage, AnUploadCutShortByAKillIsAnIncompleteWriteThatDiscardRemoves) {
   pid_t pid = ::fork();
   if (pid == 0) {

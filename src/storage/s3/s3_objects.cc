@@ -158,11 +158,23 @@ class S3Writer final : public Writer {
                                   ctx_->uri(key_), at));
         }
         Slot& slot = slots_[index];
-        if (slot.data.empty()) slot.data.resize(static_cast<size_t>(part_size_));
+        // The part's buffer grows with what is written into it (doubling,
+        // up to the part size): a small object does not cost a whole part
+        // of zeroed memory (16 MiB by default; a thousand ranks uploading
+        // at once held 16 GiB so). Bytes not written yet read as zeros.
+        const size_t need = static_cast<size_t>(in_part) + n;
+        if (slot.data.size() < need) {
+          if (slot.data.capacity() < need) {
+            slot.data.reserve(std::min<size_t>(static_cast<size_t>(part_size_),
+                                               std::max(need, 2 * slot.data.capacity())));
+          }
+          slot.data.resize(need);
+        }
         std::copy(data.begin(), data.begin() + static_cast<std::ptrdiff_t>(n),
                   slot.data.begin() + static_cast<std::ptrdiff_t>(in_part));
         slot.filled += n;
         if (slot.filled >= part_size_) {
+          slot.data.resize(static_cast<size_t>(part_size_));  // a whole part, as counted
           full.emplace_back(static_cast<int>(index) + 1, std::move(slot.data));
           slots_.erase(index);
           sent_.insert(index);
