@@ -381,7 +381,8 @@ def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
     with driver_process.started(tune_preempt.__file__, str(tmp_path)) as driver:
         driver_process.wait_for(driver, tmp_path / "1.started", tmp_path / "2.started")
         driver.send_signal(signal.SIGTERM)
-        assert driver.wait(timeout=120) == 0
+        _, err = driver.communicate(timeout=120)  # reads stderr: a full pipe cannot stall it
+    assert driver.returncode == 0, err.decode()
     with open(tmp_path / "grid.json") as f:
         got = json.load(f)
     assert got == {"preempted": True,

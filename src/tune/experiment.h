@@ -263,6 +263,8 @@ class Experiment {
     // trial starts there; those running pause, by drain_deadline at the latest.
     bool draining = false;
     double drain_deadline = 0;
+    // Whether new trials may start here.
+    bool open() const { return !gone && !draining; }
     std::unique_ptr<GpuPool> gpus;  // TuneConfig::resources_per_trial.gpu
   };
   std::vector<Place> places_;

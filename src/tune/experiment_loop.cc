@@ -139,7 +139,7 @@ void Experiment::fill_slots() {
     for (const Place& p : places_) {
       running.push_back(p.running);
       limit.push_back(p.limit);
-      gone.push_back(p.gone || p.draining);
+      gone.push_back(!p.open());
     }
     std::optional<std::size_t> where;
     std::vector<std::string> ids;
@@ -314,7 +314,7 @@ void Experiment::on_host_event(const TrialHosts::Event& e) {
   }
   if (e.type == TrialHosts::Event::kPreempted) {
     Place& p = places_.at(static_cast<std::size_t>(place));
-    if (p.gone || p.draining) return;
+    if (!p.open()) return;
     p.draining = true;
     const double grace = spec_.run.failure_config.preemption_grace_s;
     p.drain_deadline = monotonic_seconds() + grace;

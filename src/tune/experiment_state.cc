@@ -142,7 +142,7 @@ void Experiment::count_slots() {
     return;
   }
   long total = 0;
-  for (const Place& p : places_) total += p.gone || p.draining ? 0 : p.limit;
+  for (const Place& p : places_) total += p.open() ? p.limit : 0;
   max_concurrent_ = static_cast<int>(std::clamp<long>(total, 1, INT_MAX));
 }
 
