@@ -315,5 +315,19 @@ TEST(S3Client, ConditionalWritesAreOnUnlessTurnedOffAndOtherValuesAreRefused) {
   }
 }
 
+TEST(S3Client, KeyPrefixesAreOneUnlessSetAndOutOfRangeCountsAreRefusedNamingTheVariable) {
+  EXPECT_EQ(options_with({}).prefixes, 1u);
+  EXPECT_EQ(options_with({{"CAIRN_S3_PREFIXES", "16"}}).prefixes, 16u);
+  for (const char* bad : {"0", "4097", "-3", "many"}) {
+    try {
+      options_with({{"CAIRN_S3_PREFIXES", bad}});
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("CAIRN_S3_PREFIXES"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cairn::s3

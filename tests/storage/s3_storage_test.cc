@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -19,6 +20,7 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "storage/s3/client.h"
+#include "storage/s3/key_spread.h"
 #include "storage/s3/lease.h"
 #include "storage/s3/xml.h"
 #include "support/env.h"
@@ -45,10 +47,21 @@ class S3Storage : public ::testing::Test {
   std::shared_ptr<Storage> s = open_storage(uri);
 };
 
-// The key in the bucket of `key` under the test's root `uri`.
-std::string bucket_key(const std::string& uri, const std::string& key) {
+// The keys as this process stores them: spread over prefixes when
+// CAIRN_S3_PREFIXES says so (the "spread." run of these tests).
+s3::KeySpread spread() {
+  return s3::KeySpread(s3::S3Options::from_environment(s3::AwsEnvironment::process()).prefixes);
+}
+
+// The key of `key` under the test's root `uri`, as Cairn names it.
+std::string key_under(const std::string& uri, const std::string& key) {
   std::string prefix = uri.substr(uri.find('/', 5) + 1);
   return prefix + "/" + key;
+}
+
+// The stored name in the bucket of `key` under the test's root `uri`.
+std::string bucket_key(const std::string& uri, const std::string& key) {
+  return spread().stored(key_under(uri, key));
 }
 
 // Raw S3 requests to the test server, for what Storage does not expose.
@@ -58,25 +71,30 @@ s3::S3Client raw_client() {
                       s3::make_http_client(), s3::S3Options::from_environment(env));
 }
 
-// Every key under `prefix` (a key prefix in the bucket), hidden ones too.
-std::vector<std::string> raw_keys(const std::string& prefix) {
-  s3::S3Request r;
-  r.query = {{"list-type", "2"}, {"prefix", prefix}};
-  s3::ListPage page =
-      s3::parse_list_objects_v2(raw_client().call(S3Server::instance().bucket(), r).body);
+// The stored name of every object whose key starts with `prefix` (a key
+// prefix under the test's root `uri`), hidden ones too.
+std::vector<std::string> raw_keys(const std::string& uri, const std::string& prefix) {
   std::vector<std::string> keys;
-  for (const auto& o : page.objects) keys.push_back(o.key);
+  for (const std::string& stored : spread().listing_prefixes(key_under(uri, prefix))) {
+    s3::S3Request r;
+    r.query = {{"list-type", "2"}, {"prefix", stored}};
+    s3::ListPage page =
+        s3::parse_list_objects_v2(raw_client().call(S3Server::instance().bucket(), r).body);
+    for (const auto& o : page.objects) keys.push_back(o.key);
+  }
   return keys;
 }
 
-// ListMultipartUploads under `prefix` (a key prefix in the bucket).
-std::vector<std::string> multipart_uploads(const std::string& prefix) {
-  s3::S3Request r;
-  r.query = {{"uploads", ""}, {"prefix", prefix}};
-  s3::UploadsPage page =
-      s3::parse_list_multipart_uploads(raw_client().call(S3Server::instance().bucket(), r).body);
+// ListMultipartUploads of the keys starting with `prefix` under `uri`.
+std::vector<std::string> multipart_uploads(const std::string& uri, const std::string& prefix) {
   std::vector<std::string> keys;
-  for (const auto& u : page.uploads) keys.push_back(u.key);
+  for (const std::string& stored : spread().listing_prefixes(key_under(uri, prefix))) {
+    s3::S3Request r;
+    r.query = {{"uploads", ""}, {"prefix", stored}};
+    s3::UploadsPage page =
+        s3::parse_list_multipart_uploads(raw_client().call(S3Server::instance().bucket(), r).body);
+    for (const auto& u : page.uploads) keys.push_back(u.key);
+  }
   return keys;
 }
 
@@ -200,6 +218,64 @@ TEST_F(S3Storage, ParallelPositionalWritesAcrossManyPartsLandWhereAimed) {
 // The writer's part buffers grow with what is written (a small object does
 // not hold a whole part): bytes never written, before, between or inside
 // parts, still read back as zeros.
+// CAIRN_S3_PREFIXES: a folder's objects spread evenly over the prefixes,
+// each under the stored name key_spread.h gives it, and read, listed and
+// deleted by their keys; a process with another count sees none of them.
+TEST_F(S3Storage, SpreadKeysLandUnderEveryPrefixAndAreReadListedAndDeletedByTheirKeys) {
+  std::shared_ptr<Storage> spread_storage, plain, other;
+  {
+    ScopedEnv e("CAIRN_S3_PREFIXES", "16");
+    spread_storage = open_storage(uri + "/spread");
+  }
+  {
+    ScopedEnv e("CAIRN_S3_PREFIXES", "1");
+    plain = open_storage(uri + "/spread");
+  }
+  {
+    ScopedEnv e("CAIRN_S3_PREFIXES", "8");
+    other = open_storage(uri + "/spread");
+  }
+  std::vector<std::string> keys;
+  for (int i = 0; i < 256; ++i) keys.push_back(fmt::format("ckpt/rank_{:05}.safetensors", i));
+  for (const std::string& k : keys) spread_storage->put(k, k);
+  std::vector<std::string> listed;
+  for (const ObjectInfo& o : spread_storage->list("ckpt")) listed.push_back(o.key);
+  EXPECT_EQ(listed, keys);
+  EXPECT_EQ(spread_storage->get(keys[7]), keys[7]);
+  ASSERT_TRUE(spread_storage->stat(keys[9]));
+  EXPECT_EQ(spread_storage->stat(keys[9])->size, keys[9].size());
+  EXPECT_TRUE(plain->list("").empty());
+  EXPECT_TRUE(other->list("").empty());
+  EXPECT_FALSE(plain->exists(keys[0]));
+
+  const s3::KeySpread sixteen(16);
+  std::set<std::string> stored_names;
+  std::vector<size_t> per_prefix(16);
+  for (uint32_t i = 0; i < 16; ++i) {
+    s3::S3Request r;
+    r.query = {{"list-type", "2"}, {"prefix", sixteen.prefix(i) + key_under(uri, "spread/")}};
+    for (const auto& o :
+         s3::parse_list_objects_v2(raw_client().call(S3Server::instance().bucket(), r).body)
+             .objects) {
+      stored_names.insert(o.key);
+      ++per_prefix[i];
+    }
+  }
+  std::set<std::string> expected;
+  for (const std::string& k : keys) expected.insert(sixteen.stored(key_under(uri, "spread/" + k)));
+  EXPECT_EQ(stored_names, expected);
+  for (uint32_t i = 0; i < 16; ++i) EXPECT_GT(per_prefix[i], 0u) << sixteen.prefix(i);
+
+  spread_storage->remove_many(keys);
+  EXPECT_TRUE(spread_storage->list("").empty());
+  for (uint32_t i = 0; i < 16; ++i) {
+    s3::S3Request r;
+    r.query = {{"list-type", "2"}, {"prefix", sixteen.prefix(i) + key_under(uri, "spread/")}};
+    EXPECT_TRUE(s3::parse_list_objects_v2(raw_client().call(S3Server::instance().bucket(), r).body)
+                    .objects.empty());
+  }
+}
+
 TEST_F(S3Storage, BytesNeverWrittenReadAsZerosWhereverTheyAre) {
   auto w = s->open_writer("holes.bin");
   w->write_at(300'000, as_bytes("tail"));  // part 1 of 256 KiB parts, after a hole
@@ -449,11 +525,10 @@ TEST_F(S3Storage, GcAndTheNextOpenLeaveNoMultipartUploadEvenUnderALapsedLease) {
   }
   ::waitpid(pid, nullptr, 0);
   s->put("exp/.cairn.lock", foreign_lease(0));
-  std::string prefix = bucket_key(uri, "exp/");
-  ASSERT_EQ(multipart_uploads(prefix).size(), 1u);
+  ASSERT_EQ(multipart_uploads(uri, "exp/").size(), 1u);
   GcReport report = collect_garbage(uri + "/exp");
   EXPECT_TRUE(report.skipped.empty()) << report.skipped.front();
-  EXPECT_TRUE(multipart_uploads(prefix).empty());
+  EXPECT_TRUE(multipart_uploads(uri, "exp/").empty());
   EXPECT_TRUE(s->list_incomplete("").empty());
   // The same left for the next open of the experiment to clean up.
   pid = ::fork();
@@ -465,9 +540,9 @@ TEST_F(S3Storage, GcAndTheNextOpenLeaveNoMultipartUploadEvenUnderALapsedLease) {
   }
   ::waitpid(pid, nullptr, 0);
   s->put("exp/.cairn.lock", foreign_lease(0));
-  ASSERT_EQ(multipart_uploads(prefix).size(), 1u);
+  ASSERT_EQ(multipart_uploads(uri, "exp/").size(), 1u);
   { CheckpointManager reopened(uri + "/exp", CheckpointConfig{}); }
-  EXPECT_TRUE(multipart_uploads(prefix).empty());
+  EXPECT_TRUE(multipart_uploads(uri, "exp/").empty());
 }
 
 TEST_F(S3Storage, BucketNamesTheServerCannotHaveAreRefusedAndMissingOnesNamed) {
@@ -513,7 +588,7 @@ TEST_F(S3Storage, WithoutConditionalWritesRacingTakersOfALapsedLeaseYieldOneHold
   }
   EXPECT_GE(taken, 1);
   // Every lease was released, and no taker left its object behind.
-  EXPECT_TRUE(raw_keys(bucket_key(uri, "")).empty()) << raw_keys(bucket_key(uri, "")).front();
+  EXPECT_TRUE(raw_keys(uri, "").empty()) << raw_keys(uri, "").front();
 }
 
 TEST_F(S3Storage, WithoutConditionalWritesALeaseIsTakenHeldAndReleasedAsWithThem) {
@@ -526,8 +601,7 @@ TEST_F(S3Storage, WithoutConditionalWritesALeaseIsTakenHeldAndReleasedAsWithThem
     plain->put("exp/manifest.json", "written under the lease");
   }
   EXPECT_FALSE(s->exists("exp/.cairn.lock"));
-  EXPECT_EQ(raw_keys(bucket_key(uri, "")),
-            std::vector<std::string>{bucket_key(uri, "exp/manifest.json")});
+  EXPECT_EQ(raw_keys(uri, ""), std::vector<std::string>{bucket_key(uri, "exp/manifest.json")});
 }
 
 // Without conditional writes a holder cannot confirm a lease it has not
@@ -574,7 +648,7 @@ TEST_F(S3Storage, WithoutConditionalWritesATakerKilledMidwayHoldsTheLeaseBackFor
   s3::set_lease_clock_for_testing([] { return std::chrono::steady_clock::time_point(); });
   ScopedEnv ttl("CAIRN_S3_LOCK_TTL", "2");
   EXPECT_NO_THROW(open_storage(uri)->try_lock("exp/.cairn.lock"));
-  EXPECT_TRUE(raw_keys(bucket_key(uri, "")).empty()) << raw_keys(bucket_key(uri, "")).front();
+  EXPECT_TRUE(raw_keys(uri, "").empty()) << raw_keys(uri, "").front();
 }
 
 TEST_F(S3Storage, AMissingBucketIsNotFoundNamingIt) {

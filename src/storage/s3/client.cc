@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "cairn/error.h"
+#include "storage/s3/key_spread.h"
 #include "storage/s3/sigv4.h"
 #include "storage/s3/xml.h"
 #include "util/log.h"
@@ -74,6 +75,12 @@ S3Options S3Options::from_environment(const AwsEnvironment& env) {
   o.lock_ttl =
       std::chrono::seconds(env_number<long long>(env, "CAIRN_S3_LOCK_TTL", o.lock_ttl.count(), 2));
   o.retry.max_attempts = env_number<int>(env, "CAIRN_S3_MAX_ATTEMPTS", o.retry.max_attempts, 1);
+  o.prefixes = env_number<uint32_t>(env, "CAIRN_S3_PREFIXES", o.prefixes, 1);
+  if (o.prefixes > KeySpread::kMaxPrefixes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("CAIRN_S3_PREFIXES={}: at most {} key prefixes", o.prefixes,
+                            KeySpread::kMaxPrefixes));
+  }
   if (std::optional<std::string> v = env.getenv("CAIRN_S3_CONDITIONAL_WRITES"); v && !v->empty()) {
     if (*v == "on" || *v == "1") {
       o.conditional_writes = true;
@@ -155,7 +162,7 @@ Error S3Client::error_for(const std::string& bucket, const S3Request& request,
     e.code = response.status == 404 ? "NotFound" : fmt::format("HTTP{}", response.status);
   }
   if (e.request_id.empty()) e.request_id = response.header("x-amz-request-id").value_or("");
-  std::string subject = object_uri(bucket, request.key);
+  std::string subject = object_uri(bucket, request.named());
   std::string detail = fmt::format("HTTP {} {}", response.status, e.code);
   if (!e.message.empty()) detail += ": " + e.message;
   std::string tail;
@@ -240,7 +247,7 @@ HttpResponse S3Client::call(const std::string& bucket, const S3Request& request)
       auto delay = backoff_delay(policy, attempt, uniform());
       if (!should_retry(policy, attempt, elapsed(), delay)) return false;
       log::debug(fmt::format("{}: {} attempt {} failed ({}), retrying in {} ms",
-                             object_uri(bucket, request.key), request.method, attempt, why,
+                             object_uri(bucket, request.named()), request.method, attempt, why,
                              delay.count()));
       std::this_thread::sleep_for(delay);
       return true;
@@ -252,7 +259,7 @@ HttpResponse S3Client::call(const std::string& bucket, const S3Request& request)
     } catch (const Error& e) {
       if (e.retryable() && retry_after(e.what())) continue;
       throw Error(e.code(),
-                  fmt::format("{}: {}{}", object_uri(bucket, request.key), e.what(),
+                  fmt::format("{}: {}{}", object_uri(bucket, request.named()), e.what(),
                               attempt > 1 ? fmt::format(" ({} attempts)", attempt) : ""),
                   e.retryable());
     }

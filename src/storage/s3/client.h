@@ -61,6 +61,10 @@ struct S3Options {
   // (docs/s3.md, "The experiment lock"). On (the default), a server that
   // refuses them is detected and the same fallback is used.
   bool conditional_writes = true;
+  // CAIRN_S3_PREFIXES: the number of key prefixes objects are spread over
+  // (key_spread.h; docs/s3.md, "Many ranks"). 1 stores keys as they are.
+  // Every process that uses a bucket must use the same number.
+  uint32_t prefixes = 1;
   std::chrono::milliseconds request_timeout{std::chrono::minutes(5)};
   static S3Options from_environment(const AwsEnvironment& env);
 };
@@ -68,6 +72,10 @@ struct S3Options {
 struct S3Request {
   std::string method = "GET";
   std::string key;  // object key in the bucket; empty for bucket-level calls
+  // The key errors and logs name, where the caller knows the object by
+  // another name than `key` (its stored name: key_spread.h); empty: `key`.
+  std::string shown_key;
+  const std::string& named() const { return shown_key.empty() ? key : shown_key; }
   std::vector<std::pair<std::string, std::string>> query;  // raw names and values
   Headers headers;
   std::span<const std::byte> body;

@@ -31,6 +31,7 @@
 #include "cairn/error.h"
 #include "cairn/storage.h"
 #include "storage/s3/client.h"
+#include "storage/s3/key_spread.h"
 #include "storage/s3/lease.h"
 #include "storage/s3/xml.h"
 #include "util/hash.h"
@@ -190,9 +191,15 @@ class TaskPool {
 };
 
 // What every S3 storage handle of one open_storage() call shares.
+//
+// Keys: every key a Context takes or returns is the key callers know; where
+// objects are spread over prefixes (key_spread.h) call(), list_objects() and
+// list_uploads() translate to and from the stored names, and nothing else in
+// the backend sees them.
 struct Context {
   std::shared_ptr<S3Client> client;
   std::string bucket;
+  s3::KeySpread spread;
   // Learned once per process: the server answers ListMultipartUploads /
   // AbortMultipartUpload with "not implemented".
   std::atomic<bool> no_list_uploads{false};
@@ -213,7 +220,22 @@ struct Context {
   void fence(const std::string& key, std::string_view what);
 
   std::string uri(std::string_view key) const { return S3Client::object_uri(bucket, key); }
-  HttpResponse call(const S3Request& r) { return client->call(bucket, r); }
+  // Sends `r`, its key translated to the stored name.
+  HttpResponse call(const S3Request& r) {
+    if (!spread.spread() || r.key.empty()) return client->call(bucket, r);
+    S3Request stored = r;
+    stored.key = spread.stored(r.key);
+    stored.shown_key = r.key;
+    return client->call(bucket, stored);
+  }
+
+  // Every object whose key starts with `prefix` (ListObjectsV2, one series of
+  // pages per spread prefix, in parallel), sorted by key.
+  std::vector<s3::ListedObject> list_objects(const std::string& prefix);
+  // Every multipart upload in progress whose key starts with `prefix`, as
+  // (key, upload id); empty when the server lacks ListMultipartUploads
+  // (no_list_uploads is then set).
+  std::vector<std::pair<std::string, std::string>> list_uploads(const std::string& prefix);
 
   // Leases are written with conditional writes (not turned off by
   // CAIRN_S3_CONDITIONAL_WRITES, not refused by the server).

@@ -300,23 +300,15 @@ std::string take_lease_by_listing(Context& ctx, const std::string& key, const st
       if (!own) {
         throw locked(fmt::format("the server does not show {} after writing it", ctx.uri(mine)));
       }
-      std::string continuation;
-      do {
-        S3Request r;
-        r.query = {{"list-type", "2"}, {"prefix", prefix}, {"encoding-type", "url"}};
-        if (!continuation.empty()) r.query.emplace_back("continuation-token", continuation);
-        s3::ListPage page = s3::parse_list_objects_v2(ctx.call(r).body);
-        for (const auto& o : page.objects) {
-          if (o.key == mine) continue;
-          // Last-Modified has whole seconds: one more for the rounding.
-          if (own->info.modified - o.modified >= static_cast<double>(ttl.count() + 1)) {
-            stale.push_back(o.key);
-          } else {
-            ++rivals;
-          }
+      for (const s3::ListedObject& o : ctx.list_objects(prefix)) {
+        if (o.key == mine) continue;
+        // Last-Modified has whole seconds: one more for the rounding.
+        if (own->info.modified - o.modified >= static_cast<double>(ttl.count() + 1)) {
+          stale.push_back(o.key);
+        } else {
+          ++rivals;
         }
-        continuation = page.truncated ? page.next_token : "";
-      } while (!continuation.empty());
+      }
       if (rivals == 0) {
         LeaseState s = read_lease(ctx, key);
         if (s.exists && s.live) throw locked(s.description);

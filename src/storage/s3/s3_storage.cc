@@ -56,6 +56,75 @@
 
 namespace cairn {
 namespace s3_impl {
+
+std::vector<s3::ListedObject> Context::list_objects(const std::string& prefix) {
+  const std::vector<std::string> stored = spread.listing_prefixes(prefix);
+  std::vector<std::vector<s3::ListedObject>> found(stored.size());
+  auto list_one = [&](size_t i) {
+    std::string token;
+    do {
+      S3Request r;
+      r.query = {{"list-type", "2"}, {"prefix", stored[i]}, {"encoding-type", "url"}};
+      if (!token.empty()) r.query.emplace_back("continuation-token", token);
+      s3::ListPage page = s3::parse_list_objects_v2(client->call(bucket, r).body);
+      for (auto& o : page.objects) {
+        std::optional<std::string> key = spread.key_of(o.key);
+        if (!o.key.starts_with(stored[i]) || !key) {
+          throw Error(ErrorCode::kCorruption,
+                      fmt::format("{}: the listing returned key \"{}\" outside the prefix",
+                                  uri(prefix), o.key));
+        }
+        o.key = std::move(*key);
+        found[i].push_back(std::move(o));
+      }
+      token = page.truncated ? page.next_token : "";
+    } while (!token.empty());
+  };
+  if (stored.size() == 1) {
+    list_one(0);
+  } else {
+    TaskPool pool(std::min<int>(client->options().concurrency, static_cast<int>(stored.size())));
+    for (size_t i = 0; i < stored.size(); ++i) pool.submit([&list_one, i] { list_one(i); });
+    pool.wait();
+  }
+  std::vector<s3::ListedObject> out;
+  for (auto& part : found) {
+    for (auto& o : part) out.push_back(std::move(o));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> Context::list_uploads(const std::string& prefix) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& stored : spread.listing_prefixes(prefix)) {
+    std::string key_marker, id_marker;
+    for (;;) {
+      S3Request r;
+      r.query = {{"uploads", ""}, {"prefix", stored}, {"encoding-type", "url"}};
+      if (!key_marker.empty()) r.query.emplace_back("key-marker", key_marker);
+      if (!id_marker.empty()) r.query.emplace_back("upload-id-marker", id_marker);
+      r.accept = {405, 501};
+      HttpResponse resp = client->call(bucket, r);
+      if (resp.status == 405 || resp.status == 501) {
+        no_list_uploads = true;
+        return {};
+      }
+      s3::UploadsPage page = s3::parse_list_multipart_uploads(resp.body);
+      for (auto& u : page.uploads) {
+        // An upload under another spread prefix (or none) is not one of ours.
+        if (std::optional<std::string> key = spread.key_of(u.key)) {
+          out.emplace_back(std::move(*key), std::move(u.upload_id));
+        }
+      }
+      if (!page.truncated) break;
+      key_marker = page.next_key_marker;
+      id_marker = page.next_upload_id_marker;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 class S3Storage final : public Storage {
@@ -124,7 +193,9 @@ class S3Storage final : public Storage {
       for (size_t i = at; i < std::min(keys.size(), at + kBatch); ++i)
         batch.push_back(full(keys[i]));
       for (const std::string& k : batch) ctx_->fence(k, "DeleteObjects");
-      std::string body = s3::delete_objects_body(batch);
+      std::vector<std::string> stored;
+      for (const std::string& k : batch) stored.push_back(ctx_->spread.stored(k));
+      std::string body = s3::delete_objects_body(stored);
       S3Request r;
       r.method = "POST";
       r.query = {{"delete", ""}};
@@ -134,10 +205,10 @@ class S3Storage final : public Storage {
       auto failures = s3::parse_delete_result(ctx_->call(r).body);
       if (!failures.empty()) {
         const auto& f = failures.front();
-        throw Error(
-            ErrorCode::kIO,
-            fmt::format("{}: delete failed: {}: {} ({} of {} keys not deleted)", ctx_->uri(f.key),
-                        f.code, f.message, failures.size(), batch.size()));
+        const std::string key = ctx_->spread.key_of(f.key).value_or(f.key);
+        throw Error(ErrorCode::kIO,
+                    fmt::format("{}: delete failed: {}: {} ({} of {} keys not deleted)",
+                                ctx_->uri(key), f.code, f.message, failures.size(), batch.size()));
       }
     }
   }
@@ -226,54 +297,21 @@ class S3Storage final : public Storage {
   // Every object under `prefix` (markers included), keys relative to the root.
   std::vector<ObjectInfo> list_raw(std::string_view prefix) {
     std::string p = prefix.empty() ? prefix_ : full(prefix);
-    std::string dir = p.empty() ? "" : p + "/";
     std::vector<ObjectInfo> out;
-    std::string token;
-    do {
-      S3Request r;
-      r.query = {{"list-type", "2"}, {"prefix", dir}, {"encoding-type", "url"}};
-      if (!token.empty()) r.query.emplace_back("continuation-token", token);
-      s3::ListPage page = s3::parse_list_objects_v2(ctx_->call(r).body);
-      for (auto& o : page.objects) {
-        if (!o.key.starts_with(dir)) {
-          throw Error(ErrorCode::kCorruption,
-                      fmt::format("{}: the listing returned key \"{}\" outside the prefix",
-                                  ctx_->uri(p), o.key));
-        }
-        std::string rel = relative(o.key);
-        try {
-          validate_key(rel, /*is_stored=*/true);
-        } catch (const Error&) {  // ignore-error: not a key Cairn wrote; never reachable
-          continue;
-        }
-        out.push_back({std::move(rel), o.size, o.modified});
+    for (s3::ListedObject& o : ctx_->list_objects(p.empty() ? "" : p + "/")) {
+      std::string rel = relative(o.key);
+      try {
+        validate_key(rel, /*is_stored=*/true);
+      } catch (const Error&) {  // ignore-error: not a key Cairn wrote; never reachable
+        continue;
       }
-      token = page.truncated ? page.next_token : "";
-    } while (!token.empty());
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+      out.push_back({std::move(rel), o.size, o.modified});
+    }
     return out;
   }
 
   std::vector<std::pair<std::string, std::string>> list_uploads(const std::string& prefix) {
-    std::vector<std::pair<std::string, std::string>> out;
-    std::string key_marker, id_marker;
-    for (;;) {
-      S3Request r;
-      r.query = {{"uploads", ""}, {"prefix", prefix}, {"encoding-type", "url"}};
-      if (!key_marker.empty()) r.query.emplace_back("key-marker", key_marker);
-      if (!id_marker.empty()) r.query.emplace_back("upload-id-marker", id_marker);
-      r.accept = {405, 501};
-      HttpResponse resp = ctx_->call(r);
-      if (resp.status == 405 || resp.status == 501) {
-        ctx_->no_list_uploads = true;
-        return out;
-      }
-      s3::UploadsPage page = s3::parse_list_multipart_uploads(resp.body);
-      for (auto& u : page.uploads) out.emplace_back(std::move(u.key), std::move(u.upload_id));
-      if (!page.truncated) return out;
-      key_marker = page.next_key_marker;
-      id_marker = page.next_upload_id_marker;
-    }
+    return ctx_->list_uploads(prefix);
   }
 
   std::shared_ptr<Context> ctx_;
@@ -306,6 +344,7 @@ std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_vi
   ctx->bucket = std::string(bucket);
   s3::S3Options options = s3::S3Options::from_environment(env);
   static std::shared_ptr<s3::HttpClient> http = s3::make_http_client();
+  ctx->spread = s3::KeySpread(options.prefixes);
   ctx->client = std::make_shared<s3::S3Client>(s3::resolve_s3_settings(env),
                                                s3::default_credentials(env), http, options);
   return std::make_shared<s3_impl::S3Storage>(ctx, std::string(prefix));
