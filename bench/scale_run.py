@@ -62,6 +62,9 @@ def main():
     ap.add_argument("--ranks", default="8,64,256,1024")
     ap.add_argument("--s3-ranks", default="8,64,256",
                     help="rank counts on s3rver (one Node.js process serves every request)")
+    ap.add_argument("--s3-prefixes", default="1",
+                    help="comma separated CAIRN_S3_PREFIXES values to run s3 with "
+                         "(docs/s3.md, \"Many ranks\")")
     ap.add_argument("--storages", default="tmpfs,disk,s3")
     ap.add_argument("--launchers", default="local",
                     help="comma separated: local, env (torchrun-style: one process per "
@@ -104,8 +107,10 @@ def main():
                        AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION="us-east-1")
             for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                 env.pop(k, None)
-            storage_uri = "s3://scale/runs"
-            each_launcher("s3", args.s3_ranks, env)
+            for prefixes in args.s3_prefixes.split(","):
+                storage_uri = "s3://scale/runs{}".format(prefixes)
+                env["CAIRN_S3_PREFIXES"] = prefixes
+                each_launcher("s3" if prefixes == "1" else "s3/p" + prefixes, args.s3_ranks, env)
 
     print("{} rounds with a checkpoint each, one file of {} KiB per rank, one rank killed in "
           "round {}; medians of the rounds after the restart".format(args.rounds, args.file_kib,
