@@ -291,6 +291,15 @@ void RunResults::record(const nlohmann::json& metrics,
   row["training_iteration"] = iteration ? *iteration : static_cast<int64_t>(rows_.size()) + 1;
   row["timestamp"] = static_cast<int64_t>(std::floor(now));
   row["time_total_s"] = time_before_ + std::max(0.0, now - opened_at_);
+  // As Ray's: the time since the previous row (or since this driver
+  // started), and the rows since the last (re)start from a checkpoint.
+  if (attempt != attempt_) {
+    attempt_ = attempt;
+    since_restore_ = 0;
+  }
+  row["time_this_iter_s"] = std::max(0.0, now - (last_row_at_ ? *last_row_at_ : opened_at_));
+  row["iterations_since_restore"] = ++since_restore_;
+  last_row_at_ = now;
   row["checkpoint_dir_name"] =
       checkpoint_dir_name ? nlohmann::json(*checkpoint_dir_name) : nlohmann::json(nullptr);
   row["attempt"] = attempt;

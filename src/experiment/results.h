@@ -86,7 +86,10 @@ class RunResults {
 
   // Appends one reported round: `metrics` (rank 0's) with training_iteration
   // (`iteration` when given, else the row's number: 1, 2, ...), timestamp,
-  // time_total_s, checkpoint_dir_name (or null) and attempt.
+  // time_total_s, time_this_iter_s (since the previous row of this object, or
+  // since it was made), iterations_since_restore (rows of this object since
+  // `attempt` last changed: 1, 2, ...), checkpoint_dir_name (or null) and
+  // attempt.
   // Throws cairn::Error naming the file that could not be written; the next
   // record() then rewrites that file whole.
   void record(const nlohmann::json& metrics, const std::optional<std::string>& checkpoint_dir_name,
@@ -104,7 +107,10 @@ class RunResults {
   std::shared_ptr<Storage> storage_;
   Clock clock_;
   double opened_at_ = 0.0;
-  double time_before_ = 0.0;  // time_total_s of the last row of earlier drivers
+  double time_before_ = 0.0;           // time_total_s of the last row of earlier drivers
+  std::optional<double> last_row_at_;  // when this object recorded its last row
+  int attempt_ = -1;                   // the attempt of the last row
+  int64_t since_restore_ = 0;
   std::vector<nlohmann::json> rows_;
   std::vector<std::string> header_;
   std::string events_;  // the event file's bytes (kept where it cannot be appended to)

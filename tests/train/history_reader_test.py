@@ -180,6 +180,7 @@ def main():
             want = {k: f32(float(v)) for k, v in flatten(line).items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)
                     and k not in ("training_iteration", "timestamp", "time_total_s",
+                                  "time_this_iter_s", "iterations_since_restore",
                                   "attempt")}
             assert event["values"] == want, (event["values"], want)
             assert "eval/inner/n" in event["values"] and "note" not in event["values"]

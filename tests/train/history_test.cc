@@ -150,12 +150,21 @@ TEST(ExperimentHistory, RunHistoryAppendsAndContinuesAfterReopening) {
   EXPECT_EQ(rows[2]["training_iteration"], 3);
   EXPECT_EQ(rows[2]["time_total_s"], 5.0);
   EXPECT_EQ(rows[2]["attempt"], 1);
+  // Ray's per-row keys: the time since the previous row (or the driver's
+  // start), and the rows since the last (re)start.
+  EXPECT_EQ(rows[0]["time_this_iter_s"], 2.5);
+  EXPECT_EQ(rows[1]["time_this_iter_s"], 1.5);
+  EXPECT_EQ(rows[2]["time_this_iter_s"], 1.0);
+  EXPECT_EQ(rows[0]["iterations_since_restore"], 1);
+  EXPECT_EQ(rows[1]["iterations_since_restore"], 2);
+  EXPECT_EQ(rows[2]["iterations_since_restore"], 1);
   // progress.csv widened for eval/acc: every row has the column.
   EXPECT_EQ(read_text(dir / "progress.csv"),
-            "attempt,checkpoint_dir_name,loss,time_total_s,timestamp,training_iteration,eval/acc\n"
-            "0,,1.0,2.5,1002,1,\n"
-            "0,checkpoint_000000,0.5,4.0,1004,2,0.9\n"
-            "1,,0.25,5.0,2001,3,\n");
+            "attempt,checkpoint_dir_name,iterations_since_restore,loss,time_this_iter_s,"
+            "time_total_s,timestamp,training_iteration,eval/acc\n"
+            "0,,1,1.0,2.5,2.5,1002,1,\n"
+            "0,checkpoint_000000,2,0.5,1.5,4.0,1004,2,0.9\n"
+            "1,,1,0.25,1.0,5.0,2001,3,\n");
   // One event file per driver.
   int events = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
@@ -184,9 +193,10 @@ TEST(ExperimentHistory, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine
   EXPECT_EQ(rows[1]["x"], 3);
   EXPECT_EQ(rows[1]["training_iteration"], 2);
   EXPECT_EQ(read_text(dir / "progress.csv"),
-            "attempt,checkpoint_dir_name,time_total_s,timestamp,training_iteration,x\n"
-            "0,,0.0,1000,1,1\n"
-            "0,,0.0,1000,2,3\n");
+            "attempt,checkpoint_dir_name,iterations_since_restore,time_this_iter_s,time_total_s,"
+            "timestamp,training_iteration,x\n"
+            "0,,1,0.0,0.0,1000,1,1\n"
+            "0,,1,0.0,0.0,1000,2,3\n");
 }
 
 TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {

@@ -287,14 +287,20 @@ TEST(Trainer, EveryRoundIsInTheHistoryAcrossRestartsAndRestore) {
   auto lines = csv_lines(exp);
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_EQ(lines[0],
-            "attempt,checkpoint_dir_name,epoch,loss,rank,time_total_s,timestamp,"
-            "training_iteration");
+            "attempt,checkpoint_dir_name,epoch,iterations_since_restore,loss,rank,"
+            "time_this_iter_s,time_total_s,timestamp,training_iteration");
+  // Rows since the last (re)start: the group restart after epoch 1, then
+  // the restore's driver.
+  const std::vector<int> since_restore = {1, 2, 1, 1, 2};
   for (size_t i = 1; i < lines.size(); ++i) {
     const auto& row = rows[i - 1];
-    EXPECT_EQ(lines[i], fmt::format("{},{},{},{},0,{},{},{}", row["attempt"].dump(),
-                                    row["checkpoint_dir_name"].get<std::string>(),
-                                    row["epoch"].dump(), row["loss"].dump(),
-                                    row["time_total_s"].dump(), row["timestamp"].dump(), i));
+    EXPECT_EQ(row["iterations_since_restore"], since_restore[i - 1]) << i;
+    EXPECT_EQ(lines[i],
+              fmt::format("{},{},{},{},{},0,{},{},{},{}", row["attempt"].dump(),
+                          row["checkpoint_dir_name"].get<std::string>(), row["epoch"].dump(),
+                          row["iterations_since_restore"].dump(), row["loss"].dump(),
+                          row["time_this_iter_s"].dump(), row["time_total_s"].dump(),
+                          row["timestamp"].dump(), i));
   }
   // One TensorBoard event file per driver.
   int event_files = 0;
