@@ -255,7 +255,8 @@ void bind_schedulers(py::module_& m) {
                        const std::string& mode, double perturbation_interval,
                        py::handle hyperparam_mutations, double quantile_fraction,
                        double resample_probability, std::uint64_t seed,
-                       const py::dict& sample_functions) {
+                       const py::dict& sample_functions, double burn_in_period,
+                       double perturbation_factor_up, double perturbation_factor_down) {
              tune::PBTOptions o;
              set_common(o, time_attr, metric, mode);
              o.perturbation_interval = perturbation_interval;
@@ -264,12 +265,16 @@ void bind_schedulers(py::module_& m) {
              o.resample_probability = resample_probability;
              o.seed = seed;
              o.sample_functions = sample_functions_arg(sample_functions);
+             o.burn_in_period = burn_in_period;
+             o.perturbation_factor_up = perturbation_factor_up;
+             o.perturbation_factor_down = perturbation_factor_down;
              return std::make_shared<tune::PopulationBasedTraining>(o);
            }),
            py::arg("time_attr"), py::arg("metric"), py::arg("mode"),
            py::arg("perturbation_interval"), py::arg("hyperparam_mutations"),
            py::arg("quantile_fraction"), py::arg("resample_probability"), py::arg("seed"),
-           py::arg("sample_functions"))
+           py::arg("sample_functions"), py::arg("burn_in_period") = 0.0,
+           py::arg("perturbation_factor_up") = 1.2, py::arg("perturbation_factor_down") = 0.8)
       .def(
           "explore",
           [](tune::PopulationBasedTraining& pbt, py::handle config) {

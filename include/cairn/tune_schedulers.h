@@ -227,6 +227,12 @@ struct PBTOptions {
   nlohmann::json hyperparam_mutations = nlohmann::json::object();
   double quantile_fraction = 0.25;     // in (0, 0.5]
   double resample_probability = 0.25;  // in [0, 1]
+  // No perturbation while time_attr is below this (Ray's burn_in_period).
+  double burn_in_period = 0;  // finite, >= 0
+  // A perturbed number is multiplied by one of these (Ray's
+  // perturbation_factors): draw 1 takes the first, draw 0 the second.
+  double perturbation_factor_up = 1.2;    // finite, > 0
+  double perturbation_factor_down = 0.8;  // finite, > 0
   std::uint64_t seed = 0;
   // The functions of sample_from leaves of hyperparam_mutations, by name
   // (Ray's callables as mutations); each must return a value. Code: given

@@ -240,7 +240,7 @@ class Counter(tune.Trainable):
 def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
     tmp_path: pathlib.Path,
 ) -> None:
-    pbt = PopulationBasedTraining(perturbation_interval=2, seed=5,
+    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, seed=5,
                                   hyperparam_mutations={"inc": [1.0, 2.0, 3.0, 4.0]})
     grid = tune.Tuner(
         Counter, param_space={"inc": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
@@ -286,7 +286,8 @@ def test_restore_goes_on_with_the_saved_asha_or_pbt_scheduler(tmp_path: pathlib.
     assert again.num_errors == 0 and len(again) == 3
     assert all(r.metrics["training_iteration"] <= 6 for r in again)
 
-    pbt = PopulationBasedTraining(perturbation_interval=1, hyperparam_mutations={"x": lambda: 1.0})
+    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
+                                  hyperparam_mutations={"x": lambda: 1.0})
     tune.Tuner(trainable, param_space={"x": 1.0},
                tune_config=TuneConfig(metric="loss", mode="min", scheduler=pbt),
                run_config=RunConfig(name="pbt", storage_path=tmp_path)).fit()
@@ -317,6 +318,17 @@ def test_pbt_mutations_may_be_functions_as_in_ray() -> None:
                                     hyperparam_mutations=mutations)
     c = never.explore({"inc": 1.0, "label": "initial"})
     assert c["inc"] in (0.8, 1.2) and c["label"] == "explored"
+    # Ray's perturbation_factors: a perturbed number is multiplied by one of them.
+    factors = PopulationBasedTraining(seed=5, resample_probability=0.0,
+                                      perturbation_factors=(2.0, 0.5),
+                                      hyperparam_mutations={"inc": tune.uniform(0.0, 10.0)})
+    assert {factors.explore({"inc": 3.0})["inc"] for _ in range(20)} == {6.0, 1.5}
+    with pytest.raises(cairn.InvalidArgumentError, match="perturbation_factor"):
+        PopulationBasedTraining(perturbation_factors=(0.0, 1.0), hyperparam_mutations=mutations)
+    with pytest.raises(cairn.InvalidArgumentError, match="burn_in_period"):
+        PopulationBasedTraining(burn_in_period=-1, hyperparam_mutations=mutations)
+    with pytest.raises(cairn.InvalidArgumentError, match="custom_explore_fn"):
+        PopulationBasedTraining(custom_explore_fn=lambda c: c, hyperparam_mutations=mutations)
     with pytest.raises(cairn.InvalidArgumentError, match="the spec or no argument"):
         PopulationBasedTraining(hyperparam_mutations={"lr": lambda a, b: a})
 

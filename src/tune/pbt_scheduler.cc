@@ -101,6 +101,17 @@ PopulationBasedTraining::PopulationBasedTraining(PBTOptions options)
     invalid(fmt::format("PBTOptions::perturbation_interval must be a finite number > 0, got {}",
                         o.perturbation_interval));
   }
+  if (!(o.burn_in_period >= 0) || !std::isfinite(o.burn_in_period)) {
+    invalid(fmt::format("PBTOptions::burn_in_period must be a finite number >= 0, got {}",
+                        o.burn_in_period));
+  }
+  for (const auto& [name, f] :
+       {std::pair{"perturbation_factor_up", o.perturbation_factor_up},
+        std::pair{"perturbation_factor_down", o.perturbation_factor_down}}) {
+    if (!(f > 0) || !std::isfinite(f)) {
+      invalid(fmt::format("PBTOptions::{} must be a finite number > 0, got {}", name, f));
+    }
+  }
   if (!(o.quantile_fraction > 0 && o.quantile_fraction <= 0.5)) {
     invalid(fmt::format("PBTOptions::quantile_fraction must be in (0, 0.5], got {}",
                         o.quantile_fraction));
@@ -145,7 +156,10 @@ SchedulerDecision PopulationBasedTraining::on_trial_result(const TrialView& tria
   TrialState& st = found->second;
   st.has_checkpoint = trial.has_checkpoint;
   SchedulerDecision decision;
-  if (st.done || t - st.last_perturbation_time < options_.perturbation_interval) return decision;
+  if (st.done || t < options_.burn_in_period ||
+      t - st.last_perturbation_time < options_.perturbation_interval) {
+    return decision;
+  }
   std::optional<double> score = score_of(result, options_.metric, options_.mode);
   if (!score) return decision;  // no score: as if the result had not come (as in Ray)
   st.last_score = *score;
@@ -244,7 +258,8 @@ json PopulationBasedTraining::explore(const json& config) {
           target[key] = m[kDomainTag] == "sample_from" ? call_mutation(m, path_of(pointer / key))
                                                        : internal::sample_domain(m, rng_);
         } else {
-          target[key] = scale(*current, draw_below(rng_, 2) == 0 ? 0.8 : 1.2);
+          target[key] = scale(*current, draw_below(rng_, 2) == 0 ? options_.perturbation_factor_down
+                                                                 : options_.perturbation_factor_up);
         }
       } else if (m.is_array()) {
         target[key] = leaf_list(current, m);
@@ -299,6 +314,9 @@ json PopulationBasedTraining::save() const {
                         {"hyperparam_mutations", options_.hyperparam_mutations},
                         {"quantile_fraction", options_.quantile_fraction},
                         {"resample_probability", options_.resample_probability},
+                        {"burn_in_period", options_.burn_in_period},
+                        {"perturbation_factor_up", options_.perturbation_factor_up},
+                        {"perturbation_factor_down", options_.perturbation_factor_down},
                         {"seed", std::to_string(options_.seed)}};
   return json{{"scheduler", name()},
               {"version", kStateVersion},

@@ -401,6 +401,10 @@ std::shared_ptr<TrialScheduler> rebuild_scheduler(const nlohmann::json& saved,
       p.hyperparam_mutations = o.at("hyperparam_mutations");
       p.quantile_fraction = o.at("quantile_fraction").get<double>();
       p.resample_probability = o.at("resample_probability").get<double>();
+      // Saved by newer versions; an older state has the defaults.
+      p.burn_in_period = o.value("burn_in_period", p.burn_in_period);
+      p.perturbation_factor_up = o.value("perturbation_factor_up", p.perturbation_factor_up);
+      p.perturbation_factor_down = o.value("perturbation_factor_down", p.perturbation_factor_down);
       const std::optional<std::uint64_t> seed = parse_decimal(o.at("seed").get<std::string>());
       if (!seed) {
         throw Error(ErrorCode::kCorruption,

@@ -560,6 +560,36 @@ TEST(PopulationBasedTraining, BottomQuantileClonesATopTrialWithAPerturbedConfig)
   EXPECT_FALSE(pbt.on_trial_result(view("trial_1", configs[1], true), result(2, 2)).clone_from);
 }
 
+// Ray's burn_in_period: no perturbation before time_attr reaches it; and its
+// perturbation_factors replace x0.8 and x1.2.
+TEST(PopulationBasedTraining, NothingIsPerturbedWithinTheBurnInAndTheFactorsAreTheOnesGiven) {
+  PBTOptions o = pbt_options(/*resample_probability=*/0);
+  o.burn_in_period = 3;
+  o.perturbation_factor_up = 2.0;
+  o.perturbation_factor_down = 0.5;
+  PopulationBasedTraining pbt(o);
+  pbt.set_search_properties("", "");
+  for (int i = 0; i < 4; ++i) pbt.on_trial_add(view("trial_" + std::to_string(i), base_config()));
+  EXPECT_FALSE(report_all(pbt, {1, 2, 3, 4}, 1).clone_from);
+  EXPECT_FALSE(report_all(pbt, {1, 2, 3, 4}, 2.5).clone_from);
+  EXPECT_EQ(pbt.save()["num_perturbations"], 0);
+  report_all(pbt, {4, 3, 2, 1}, 3);  // past the burn-in: the worst are exploited
+  EXPECT_GE(pbt.save()["num_perturbations"], 1);
+  std::set<json> lr;
+  for (int i = 0; i < 50; ++i) lr.insert(pbt.explore(base_config())["lr"]);
+  EXPECT_EQ(lr, (std::set<json>{0.01 * 0.5, 0.01 * 2.0}));
+  // The options survive a save, for a restore given no scheduler.
+  const json options = pbt.save()["options"];
+  EXPECT_EQ(options["burn_in_period"], 3.0);
+  EXPECT_EQ(options["perturbation_factor_up"], 2.0);
+  EXPECT_EQ(options["perturbation_factor_down"], 0.5);
+  o.burn_in_period = -1;
+  testing::expect_invalid_argument([&] { PopulationBasedTraining{o}; }, "burn_in_period");
+  o.burn_in_period = 0;
+  o.perturbation_factor_up = 0;
+  testing::expect_invalid_argument([&] { PopulationBasedTraining{o}; }, "perturbation_factor_up");
+}
+
 TEST(PopulationBasedTraining, NoCloneWhenNoTopTrialHasACheckpoint) {
   PopulationBasedTraining pbt(pbt_options());
   for (int i = 0; i < 4; ++i) pbt.on_trial_add(view("trial_" + std::to_string(i), base_config()));
