@@ -92,6 +92,29 @@ PYBIND11_MODULE(_cairn, m) {
       .def_static(
           "from_dict", [](py::handle d) { return cairn::Checkpoint::from_dict(to_json(d)); },
           py::arg("data"))
+      .def_static(
+          "from_files",
+          [](const py::dict& files) {
+            cairn::Checkpoint c = cairn::Checkpoint::in_memory();
+            for (const auto& [name, data] : files) {
+              const std::string key = py::cast<std::string>(name);
+              const std::string bytes = py::cast<py::bytes>(data);
+              c.storage().put(key, bytes);
+            }
+            return c;
+          },
+          py::arg("files"))
+      .def(
+          "read_file",
+          [](const cairn::Checkpoint& c, const std::string& name) {
+            std::string bytes;
+            {
+              py::gil_scoped_release release;
+              bytes = c.storage().get(name);
+            }
+            return py::bytes(bytes);
+          },
+          py::arg("name"))
       .def("to_dict",
            [](const cairn::Checkpoint& c) {
              json j;

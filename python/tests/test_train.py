@@ -43,6 +43,17 @@ def _run(tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2,
                         run_config=RunConfig(name="exp", storage_path=tmp_path, **run)).fit()
 
 
+def _run_failing(tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2,
+                 **run: Any) -> train.Result:
+    """A run that fails: fit() raises, as Ray's; returns the error's Result."""
+    with pytest.raises(train.TrainingFailedError) as failed:
+        _run(tmp_path, fn, config, workers, **run)
+    result = failed.value.result
+    assert result is not None and result.error is not None
+    assert str(result.error) in str(failed.value)
+    return result
+
+
 def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -63,7 +74,15 @@ def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
                                                      checkpoint_score_order="min"))
     assert result.error is None
     assert result.metrics["step"] == 3 and result.metrics["rank"] == 0  # rank 0's metrics
-    assert [m["score"] for _, m in result.best_checkpoints] == [0.1, 0.3]
+    # Ray's order: the worst kept first, the best last.
+    assert [m["score"] for _, m in result.best_checkpoints] == [0.3, 0.1]
+    best = result.get_best_checkpoint("score", "min")
+    assert best is not None and best == result.best_checkpoints[-1][0]
+    assert result.get_best_checkpoint("score", "max") == result.best_checkpoints[0][0]
+    assert result.get_best_checkpoint("no such metric", "max") is None
+    with pytest.raises(ValueError):
+        result.get_best_checkpoint("score", "best")
+    assert result.config == {"train_loop_config": {"steps": 4}}
     assert result.checkpoint is not None and result.checkpoint.verify() == []
     with result.checkpoint.as_directory() as d:
         assert sorted(os.listdir(d)) == [".cairn", "rank0.txt", "rank1.txt"]
@@ -72,7 +91,7 @@ def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
     assert result.path == str(tmp_path / "exp")
     again = train.Result.from_path(tmp_path / "exp")
     assert again.metrics["step"] == 3
-    assert [m["score"] for _, m in again.best_checkpoints] == [0.1, 0.3]
+    assert [m["score"] for _, m in again.best_checkpoints] == [0.3, 0.1]
 
 
 def test_the_context_names_each_rank_and_torch_distributed_is_initialised(
@@ -136,7 +155,7 @@ def test_a_worker_exception_ends_the_run_with_its_traceback_in_result_error(
             raise ValueError("bad batch in shard 7")
         train.report({"step": 1})
 
-    result = _run(tmp_path, loop, {})
+    result = _run_failing(tmp_path, loop, {})
     assert isinstance(result.error, train.TrainingFailedError)
     message = str(result.error)
     assert "rank 1" in message and "ValueError" in message, message
@@ -216,7 +235,7 @@ def test_a_worker_killed_mid_run_restarts_from_the_latest_checkpoint_bit_for_bit
 
     # Without a restart allowed, the kill is the run's error, naming the signal.
     config = {"epochs": 4, "kill_at": 1, "scratch": str(tmp_path / "c")}
-    dead = _run(tmp_path / "dead", _ddp_loop, config)
+    dead = _run_failing(tmp_path / "dead", _ddp_loop, config)
     assert dead.error is not None and "rank 1" in str(dead.error), dead.error
     assert dead.checkpoint is not None  # epoch 0's stays
 
@@ -233,7 +252,7 @@ def test_restore_goes_on_from_the_latest_checkpoint_with_the_saved_config(
             train.report({"step": step, "resumed": ckpt is not None},
                          checkpoint=Checkpoint.from_dict({"step": step}))
 
-    first = _run(tmp_path, loop, {"steps": 4, "fail_at": 2})
+    first = _run_failing(tmp_path, loop, {"steps": 4, "fail_at": 2})
     assert first.error is not None
     path = tmp_path / "exp"
     assert TorchTrainer.can_restore(path)
@@ -422,7 +441,7 @@ def test_worker_calls_outside_a_run_and_bad_arguments_are_clear_errors(
     def loop() -> None:
         train.report({"not json": object()})
 
-    result = _run(tmp_path, loop, workers=1)
+    result = _run_failing(tmp_path, loop, workers=1)
     assert result.error is not None and "TypeError" in str(result.error), result.error
 
 

@@ -166,6 +166,11 @@ ForkedRunner fork_runner(const RunnerSpec& rs, const std::vector<std::string>& g
 
 int run_trial(const RunnerSpec& rs, int fd) {
   train_internal::Channel channel(UniqueFd(fd), "the tuner");
+  // Who this process runs, for the trial's code (Python's get_context():
+  // get_trial_id(), get_trial_name(), get_experiment_name()); its workers
+  // are forks and inherit it.
+  ::setenv("CAIRN_TRIAL_ID", rs.run.name.c_str(), 1);
+  ::setenv("CAIRN_TUNE_EXPERIMENT", rs.run.storage_path.c_str(), 1);
   try {
     train_internal::DriverSpec spec;
     spec.train_fn = rs.train_fn;

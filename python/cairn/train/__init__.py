@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointConfig, MemoryTierConfig
-from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
+from cairn.train._config import FailureConfig, RunConfig, ScalingConfig, SyncConfig
 from cairn.train._result import Result, TrainingFailedError
 from cairn.train._session import (
     TrainContext,
@@ -48,6 +48,7 @@ __all__ = [
     "Result",
     "RunConfig",
     "ScalingConfig",
+    "SyncConfig",
     "TrainContext",
     "TrainingFailedError",
     "get_checkpoint",

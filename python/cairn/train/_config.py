@@ -35,9 +35,9 @@ class ScalingConfig:
             started by ``torchrun``, a Kubernetes job or a shell loop; under
             MPI or ``"env"``, ``num_workers`` is the launcher's world size or
             0).
-        resources_per_worker, trainer_resources, placement_strategy: accepted
-            for Ray compatibility and ignored (Cairn places one worker per
-            process, not per Ray resource).
+        resources_per_worker, trainer_resources, placement_strategy,
+            accelerator_type: accepted for Ray compatibility and ignored
+            (Cairn places one worker per process, not per Ray resource).
     """
 
     num_workers: int | tuple[int, int] = 1
@@ -46,6 +46,7 @@ class ScalingConfig:
     resources_per_worker: Optional[dict[str, Any]] = None
     trainer_resources: Optional[dict[str, Any]] = None
     placement_strategy: str = "PACK"
+    accelerator_type: Optional[str] = None
 
 
 def worker_range(scaling: ScalingConfig) -> tuple[int, int]:
@@ -100,8 +101,13 @@ class RunConfig:
         resume_existing: run again in an experiment folder that already
             holds a finished run (otherwise that is an error, so that two
             runs never mix their checkpoints by accident).
-        verbose, callbacks, stop, sync_config: accepted for Ray compatibility
-            and ignored by the trainer.
+        storage_filesystem: Ray's pyarrow filesystem for ``storage_path``;
+            only None is taken (give an ``s3://`` URI as ``storage_path``:
+            Cairn has its own S3 client, docs/s3.md).
+        verbose, callbacks, stop, sync_config, log_to_file,
+            progress_reporter: accepted for Ray compatibility and ignored by
+            the trainer (Cairn writes straight to ``storage_path``: there
+            is nothing to sync).
     """
 
     name: Optional[str] = None
@@ -113,6 +119,16 @@ class RunConfig:
     callbacks: Optional[list[Any]] = None
     stop: Optional[Any] = None
     sync_config: Optional[Any] = None
+    storage_filesystem: Optional[Any] = None
+    log_to_file: Any = False
+    progress_reporter: Optional[Any] = None
+
+    def __post_init__(self) -> None:
+        if self.storage_filesystem is not None:
+            raise InvalidArgumentError(
+                "RunConfig.storage_filesystem: a pyarrow filesystem is not taken; give "
+                "storage_path as a local path or an s3://bucket/prefix URI (configured as "
+                "aws-cli is)", "invalid_argument")
 
     def _native(self) -> dict[str, Any]:
         """The C++ RunConfig's fields (python/_train.cc)."""
@@ -126,3 +142,16 @@ class RunConfig:
             "report_timeout_s": float(failure.report_timeout_s),
             "preemption_grace_s": float(failure.preemption_grace_s),
         }
+
+
+@dataclass
+class SyncConfig:
+    """Ray's upload settings for results: accepted and ignored. Cairn's
+    workers and driver write checkpoints and results straight to
+    ``RunConfig.storage_path`` (local or ``s3://``), so nothing is synced
+    afterwards."""
+
+    sync_period: int = 300
+    sync_timeout: int = 1800
+    sync_artifacts: bool = False
+    sync_artifacts_on_checkpoint: bool = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Optional
 
@@ -11,7 +12,16 @@ from cairn._checkpoint import Checkpoint
 
 class TrainingFailedError(RuntimeError):
     """A run that failed: the rank, the cause and the tail of its stderr
-    (a Python worker's traceback included), as the C++ Trainer words it."""
+    (a Python worker's traceback included), as the C++ Trainer words it.
+
+    ``fit()`` raises it, as Ray's does, once the restarts ``FailureConfig``
+    allows are spent; ``result`` is the run's :class:`Result` (what was
+    committed before the failure stays: ``result.checkpoint``).
+    """
+
+    def __init__(self, message: str, result: Optional["Result"] = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class Result:
@@ -22,12 +32,18 @@ class Result:
             the runtime adds to each round's row (``training_iteration``,
             ``time_total_s``, ``timestamp``, ...).
         checkpoint: the latest committed checkpoint, or None.
-        best_checkpoints: the kept checkpoints as (checkpoint, metrics),
-            best first by ``CheckpointConfig.checkpoint_score_attribute``
-            (newest first without one).
+        best_checkpoints: the kept checkpoints as (checkpoint, metrics), in
+            Ray's order: by ``CheckpointConfig.checkpoint_score_attribute``
+            from the worst kept to the best (``best_checkpoints[-1]`` is the
+            best), oldest first without one.
+        config: the run's configuration, ``{"train_loop_config": ...}`` for
+            a Trainer's run (``{}`` without one); a trial's config in a
+            ``ResultGrid``.
         path: the experiment's folder (a path or URI).
         error: a :class:`TrainingFailedError` when the run failed or was
-            preempted, else None. ``fit()`` does not raise it.
+            preempted, else None. ``fit()`` raises it when the run failed
+            (not when it was preempted: that run ends with its emergency
+            checkpoint, to be restored).
         preempted: the run ended on SIGTERM after its emergency checkpoint.
         metrics_history: every report round's row (``result.json``'s lines).
         restores: what each attempt of this ``fit()`` started from, in order:
@@ -47,8 +63,10 @@ class Result:
                                         **(impl.metrics or {})}
         self.checkpoint: Optional[Checkpoint] = (
             None if impl.checkpoint is None else Checkpoint(impl.checkpoint))
+        # The C++ Result lists the best first; Ray's ends with it.
         self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = [
-            (Checkpoint(b.checkpoint), b.metrics) for b in impl.best_checkpoints]
+            (Checkpoint(b.checkpoint), b.metrics) for b in reversed(impl.best_checkpoints)]
+        self.config: dict[str, Any] = {}
         self.path: str = impl.path
         self.error: Optional[TrainingFailedError] = (
             None if impl.error is None else TrainingFailedError(impl.error))
@@ -65,6 +83,28 @@ class Result:
         """
         return cls(_cairn.TrainResult.from_path(path))
 
+    def get_best_checkpoint(self, metric: str, mode: str) -> Optional[Checkpoint]:
+        """The kept checkpoint whose reported ``metric`` is the best (``mode``
+        "max" or "min"), as Ray's; checkpoints reported without it, or with
+        NaN, are left out. None when no kept checkpoint has it.
+
+        Raises:
+            ValueError: ``mode`` is neither "max" nor "min".
+        """
+        if mode not in ("max", "min"):
+            raise ValueError(f'mode must be "max" or "min", not {mode!r}')
+        best: Optional[tuple[float, Checkpoint]] = None
+        for checkpoint, metrics in self.best_checkpoints:
+            value = _flat(metrics).get(metric)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if math.isnan(value):
+                continue
+            score = value if mode == "max" else -value
+            if best is None or score > best[0]:
+                best = (score, checkpoint)
+        return None if best is None else best[1]
+
     @property
     def metrics_dataframe(self) -> Any:
         """``metrics_history`` as a ``pandas.DataFrame`` (needs pandas)."""
@@ -79,3 +119,14 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result(metrics={self.metrics!r}, path={self.path!r}, "
                 f"checkpoint={self.checkpoint!r}, error={self.error!r})")
+
+
+def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested metrics as "a/b" keys, as Ray names a nested metric."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        out[name] = value
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "/"))
+    return out

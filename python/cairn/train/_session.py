@@ -8,6 +8,11 @@ from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 
 
+# The Trainer's ``metadata`` argument, set in each worker (a fork) before
+# the training function runs.
+_metadata: dict[str, Any] = {}
+
+
 class TrainContext:
     """This worker's place in the run (``train.get_context()``), as Ray's.
 
@@ -35,7 +40,34 @@ class TrainContext:
         return int(self._values["node_rank"])
 
     def get_experiment_name(self) -> str:
+        """The experiment's name: the Tuner's experiment in a trial (as
+        Ray's), else the run's ``RunConfig.name``."""
+        tune_experiment = _cairn.train_environment_value("CAIRN_TUNE_EXPERIMENT")
+        if tune_experiment:
+            return tune_experiment.rstrip("/").rsplit("/", 1)[-1]
         return str(self._values["experiment_name"])
+
+    def get_trial_id(self) -> str:
+        """The trial's id in a Tuner (``trial_00003``, as in ``ResultGrid``);
+        outside one, the run's name (Ray runs a Trainer as one trial)."""
+        return _cairn.train_environment_value("CAIRN_TRIAL_ID") or str(
+            self._values["experiment_name"])
+
+    def get_trial_name(self) -> str:
+        """The trial's name: its id (its folder's name), as :meth:`get_trial_id`."""
+        return self.get_trial_id()
+
+    def get_trial_resources(self) -> dict[str, float]:
+        """What this worker may use, as Ray's resource dict: one CPU, and the
+        GPUs ``CUDA_VISIBLE_DEVICES`` gives it (the Tuner's per-trial GPUs,
+        or the node's)."""
+        visible = _cairn.train_environment_value("CUDA_VISIBLE_DEVICES")
+        gpus = [g for g in (visible or "").split(",") if g.strip()]
+        return {"CPU": 1.0, "GPU": float(len(gpus))}
+
+    def get_metadata(self) -> dict[str, Any]:
+        """The ``metadata`` dict given to the Trainer (``{}`` without one)."""
+        return dict(_metadata)
 
     def get_storage(self) -> str:
         """The run's storage path (as resolved: absolute, or a URI)."""

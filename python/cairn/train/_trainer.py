@@ -12,7 +12,8 @@ from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn.errors import InvalidArgumentError
 from cairn.train._config import RunConfig, ScalingConfig, worker_range
-from cairn.train._result import Result
+from cairn.train._result import Result, TrainingFailedError
+from cairn.train import _session
 from cairn.train._session import TrainContext, get_context
 
 # Setup for a framework's process group, run in each worker before the
@@ -70,7 +71,7 @@ def _sync_environ() -> None:
 
 
 def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
-                 setup: Optional[BackendSetup]) -> None:
+                 setup: Optional[BackendSetup], metadata: Optional[dict[str, Any]] = None) -> None:
     """What each worker process runs: the rendezvous, then ``fn``.
 
     A worker is a fork of the driver; ``os.environ`` is told first of the
@@ -79,6 +80,7 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     driver puts in ``Result.error``, and ends the worker as failed.
     """
     _std_streams_on_fds_1_and_2()
+    _session._metadata = dict(metadata or {})
     try:
         context = get_context()
         _sync_environ()
@@ -127,6 +129,7 @@ class DataParallelTrainer:
                  run_config: Optional[RunConfig] = None,
                  resume_from_checkpoint: Optional[Checkpoint] = None,
                  datasets: Optional[dict[str, Any]] = None,
+                 dataset_config: Optional[Any] = None,
                  metadata: Optional[dict[str, Any]] = None) -> None:
         if not callable(train_loop_per_worker):
             raise InvalidArgumentError(
@@ -137,7 +140,8 @@ class DataParallelTrainer:
                 "datasets: Ray Data datasets are not supported; load data in "
                 "train_loop_per_worker (prepare_data_loader shards a DataLoader)",
                 "invalid_argument")
-        del metadata  # accepted for Ray compatibility
+        del dataset_config  # accepted for Ray compatibility (no Ray Data here)
+        self._metadata = dict(metadata or {})
         self._fn = train_loop_per_worker
         self._config = train_loop_config
         self._scaling = scaling_config or ScalingConfig()
@@ -149,21 +153,42 @@ class DataParallelTrainer:
             None if resume_from_checkpoint is None else resume_from_checkpoint._impl,
             min_workers)
 
+    def _setup_fn(self) -> Optional[BackendSetup]:
+        """What each worker runs before the function (the backend's set-up)."""
+        return type(self)._backend_setup
+
     def _worker(self) -> Callable[[Any], None]:
-        return _worker_of(self._fn, self._config, self._scaling, type(self)._backend_setup)
+        return _worker_of(self._fn, self._config, self._scaling, self._setup_fn(),
+                          getattr(self, "_metadata", None))
 
     def fit(self) -> Result:
         """Runs the training to its end and returns its Result.
 
-        Worker failures do not raise: they end in ``Result.error`` (after the
-        restarts ``FailureConfig`` allows). The GIL is released meanwhile.
+        A worker failure restarts the group from the latest committed
+        checkpoint as often as ``FailureConfig.max_failures`` allows; after
+        that the run has failed and, as Ray's, ``fit()`` raises. A run ended
+        by SIGTERM (preemption) returns its Result with ``preempted`` set.
+        The GIL is released meanwhile.
 
         Raises:
+            TrainingFailedError: the run failed: its message names the rank
+                and the cause (a Python worker's traceback included);
+                ``error.result`` is the run's Result, whose checkpoint is
+                the latest committed before the failure.
             cairn.Error: the run could not start (the experiment folder is
                 locked by another run, or holds a finished run and
                 ``resume_existing`` is False, a bad configuration).
         """
-        return Result(self._impl.fit())
+        result = Result(self._impl.fit())
+        if self._config is not None:
+            result.config = {"train_loop_config": self._config}
+        if result.error is not None and not result.preempted:
+            raise TrainingFailedError(
+                f"{result.error}\n(the run is at {result.path}: "
+                f"{type(self).__name__}.restore(path, train_loop_per_worker) goes on from its "
+                "latest checkpoint; FailureConfig(max_failures=...) restarts it by itself)",
+                result)
+        return result
 
     @classmethod
     def can_restore(cls, path: str | os.PathLike[str]) -> bool:
@@ -201,7 +226,8 @@ class DataParallelTrainer:
 
 
 def _worker_of(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
-               setup: Optional[BackendSetup]) -> Callable[[Any], None]:
+               setup: Optional[BackendSetup],
+               metadata: Optional[dict[str, Any]] = None) -> Callable[[Any], None]:
     """The callable the C++ worker calls with the run's JSON configuration.
 
     The Python object given to the trainer is used when there is one (it
@@ -209,7 +235,7 @@ def _worker_of(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     run's saved configuration).
     """
     def worker(saved: Any) -> None:
-        _worker_main(fn, config if config is not None else saved, scaling, setup)
+        _worker_main(fn, config if config is not None else saved, scaling, setup, metadata)
 
     return worker
 

@@ -8,9 +8,14 @@ reserves for each start of the group, and torn down after it.
 
 from __future__ import annotations
 
+import collections
 import datetime
+import os
+import random
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from cairn import _checkpoint
 from cairn.train._config import ScalingConfig
 from cairn.train._session import TrainContext, get_context
 from cairn.train._trainer import DataParallelTrainer
@@ -18,33 +23,108 @@ from cairn.train._trainer import DataParallelTrainer
 _use_gpu = False  # this worker's ScalingConfig.use_gpu
 
 
-def _setup_torch(context: TrainContext, scaling: ScalingConfig) -> Optional[Callable[[], None]]:
+@dataclass
+class TorchConfig:
+    """How the workers' ``torch.distributed`` group is set up, as Ray's.
+
+    Args:
+        backend: "gloo" or "nccl"; None for NCCL with GPUs
+            (``ScalingConfig(use_gpu=True)`` and CUDA present), else Gloo.
+        init_method: "env" or "tcp"; both rendezvous at the address and
+            port the runtime reserves for each start of the group.
+        timeout_s: how long collective operations wait.
+    """
+
+    backend: Optional[str] = None
+    init_method: str = "env"
+    timeout_s: int = 1800
+
+
+def _setup_torch(context: TrainContext, scaling: ScalingConfig,
+                 torch_config: Optional[TorchConfig] = None) -> Optional[Callable[[], None]]:
     import torch
     import torch.distributed as dist
 
+    config = torch_config or TorchConfig()
     global _use_gpu
     _use_gpu = bool(scaling.use_gpu) and torch.cuda.is_available()
     if _use_gpu:
         torch.cuda.set_device(context.get_local_rank())
     values = context._values
     dist.init_process_group(
-        backend="nccl" if _use_gpu else "gloo",
+        backend=config.backend or ("nccl" if _use_gpu else "gloo"),
         init_method=f"tcp://{values['master_addr']}:{values['master_port']}",
         rank=context.get_world_rank(), world_size=context.get_world_size(),
-        timeout=datetime.timedelta(seconds=1800))
+        timeout=datetime.timedelta(seconds=config.timeout_s))
+
+    _checkpoint._dict_encoders.append(_unwrap_ddp)
 
     def teardown() -> None:
+        if _unwrap_ddp in _checkpoint._dict_encoders:
+            _checkpoint._dict_encoders.remove(_unwrap_ddp)
         if dist.is_initialized():
             dist.destroy_process_group()
 
     return teardown
 
 
+def _unwrap_ddp(data: dict[Any, Any]) -> dict[Any, Any]:
+    """``data`` with what DDP adds taken off its first-level values, as Ray's
+    TorchTrainer does for dict checkpoints: a DistributedDataParallel model
+    becomes its module, and a state dict whose keys all start with
+    "module." (``prepare_model(m).state_dict()``) loses that prefix."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    out = dict(data)
+    for key, value in data.items():
+        if isinstance(value, DistributedDataParallel):
+            out[key] = value.module
+        elif (isinstance(value, dict) and value
+              and all(isinstance(k, str) and k.startswith("module.") for k in value)):
+            stripped = type(value)() if isinstance(value, collections.OrderedDict) else {}
+            for k, v in value.items():
+                stripped[k[len("module."):]] = v
+            if hasattr(value, "_metadata"):  # a state dict's version info, as torch keeps it
+                stripped._metadata = type(value._metadata)(  # type: ignore[attr-defined]
+                    (k[len("module."):] if k.startswith("module.") else k, v)
+                    for k, v in value._metadata.items())
+            out[key] = stripped
+    return out
+
+
 class TorchTrainer(DataParallelTrainer):
     """Ray's ``TorchTrainer``: a :class:`~cairn.train.DataParallelTrainer`
-    whose workers join one ``torch.distributed`` process group."""
+    whose workers join one ``torch.distributed`` process group, set up as
+    ``torch_config`` says (:class:`TorchConfig`)."""
 
     _backend_setup = staticmethod(_setup_torch)
+
+    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
+                 train_loop_config: Optional[dict[str, Any]] = None,
+                 torch_config: Optional[TorchConfig] = None,
+                 scaling_config: Optional[ScalingConfig] = None,
+                 run_config: Optional[Any] = None,
+                 resume_from_checkpoint: Optional[Any] = None,
+                 datasets: Optional[dict[str, Any]] = None,
+                 dataset_config: Optional[Any] = None,
+                 metadata: Optional[dict[str, Any]] = None) -> None:
+        if torch_config is not None and not isinstance(torch_config, TorchConfig):
+            raise TypeError(f"torch_config: a TorchConfig, not a {type(torch_config).__name__}")
+        if torch_config is not None and torch_config.backend not in (None, "gloo", "nccl"):
+            raise ValueError(f"TorchConfig.backend {torch_config.backend!r}: 'gloo' or 'nccl'")
+        self._torch_config = torch_config
+        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
+                         scaling_config=scaling_config, run_config=run_config,
+                         resume_from_checkpoint=resume_from_checkpoint, datasets=datasets,
+                         dataset_config=dataset_config, metadata=metadata)
+
+    def _setup_fn(self) -> Callable[[TrainContext, ScalingConfig], Optional[Callable[[], None]]]:
+        torch_config = getattr(self, "_torch_config", None)
+
+        def setup(context: TrainContext, scaling: ScalingConfig) -> Optional[Callable[[], None]]:
+            return _setup_torch(context, scaling, torch_config)
+
+        return setup
 
 
 def get_device() -> Any:
@@ -54,6 +134,41 @@ def get_device() -> Any:
     if _use_gpu:
         return torch.device("cuda", get_context().get_local_rank())
     return torch.device("cpu")
+
+
+def get_devices() -> list[Any]:
+    """This worker's devices, as Ray's: ``[get_device()]``."""
+    return [get_device()]
+
+
+def prepare_optimizer(optimizer: Any) -> Any:
+    """``optimizer`` as it is: DDP needs nothing more (Ray's is the same
+    without automatic mixed precision)."""
+    return optimizer
+
+
+def backward(tensor: Any) -> None:
+    """``tensor.backward()``, as Ray's without automatic mixed precision."""
+    tensor.backward()
+
+
+def enable_reproducibility(seed: int = 0) -> None:
+    """Seeds Python, NumPy and torch with ``seed`` and asks torch for
+    deterministic algorithms (as Ray's: slower, and some operations then
+    raise). Call it at the top of ``train_loop_per_worker``."""
+    import torch
+
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:  # numpy is optional
+        pass
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
 
 def prepare_model(model: Any, move_to_device: bool = True,
@@ -135,4 +250,5 @@ def _to(batch: Any, device: Any) -> Any:
     return batch
 
 
-__all__ = ["TorchTrainer", "get_device", "prepare_model", "prepare_data_loader"]
+__all__ = ["TorchConfig", "TorchTrainer", "backward", "enable_reproducibility", "get_device",
+           "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer"]

@@ -24,18 +24,25 @@ a crash of the driver (docs/python.md, "Tuning").
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable
 
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointConfig
-from cairn.train._config import FailureConfig, RunConfig, ScalingConfig
+from cairn.errors import Error as TuneError
+from cairn.train._config import FailureConfig, RunConfig, ScalingConfig, SyncConfig
 from cairn.train._result import Result
 from cairn.train._session import get_checkpoint, get_context, report
 from cairn.tune._callback import Callback
 from cairn.tune._space import SampleFrom
 from cairn.tune._trainable import Trainable
 from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner, with_resources
+
+# As after ``from ray import tune``: tune.result.SHOULD_CHECKPOINT,
+# tune.schedulers.ASHAScheduler.
+from cairn.tune import result, schedulers  # noqa: E402,F401  (after what they import)
 
 
 def grid_search(values: list[Any]) -> dict[str, Any]:
@@ -85,9 +92,40 @@ def sample_from(func: Callable[..., Any]) -> SampleFrom:
     return SampleFrom(func)
 
 
+def with_parameters(trainable: Any, **kwargs: Any) -> Any:
+    """``trainable`` with extra arguments, as Ray's ``tune.with_parameters``.
+
+    A function trainable is called as ``trainable(config, **kwargs)``; a
+    :class:`Trainable` subclass gets them in ``setup(config, **kwargs)``.
+    The objects are passed as they are: trials are forks of this process,
+    so nothing is copied into an object store or pickled.
+    """
+    if inspect.isclass(trainable):
+        if not issubclass(trainable, Trainable):
+            raise TypeError(f"with_parameters: {trainable.__name__} does not subclass "
+                            "cairn.tune.Trainable")
+        base = trainable
+
+        def setup(self: Any, config: dict[str, Any], **more: Any) -> Any:
+            return base.setup(self, config, **{**kwargs, **more})
+
+        return type(base.__name__, (base,), {"setup": setup, "__module__": base.__module__,
+                                             "__qualname__": base.__qualname__})
+    if not callable(trainable):
+        raise TypeError(f"with_parameters: a function or a Trainable subclass, not a "
+                        f"{type(trainable).__name__}")
+
+    @functools.wraps(trainable)
+    def inner(config: dict[str, Any]) -> Any:
+        return trainable(config, **kwargs)
+
+    return inner
+
+
 __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
     "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
-    "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "sample_from",
-    "uniform", "with_resources",
+    "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "result",
+    "sample_from", "schedulers", "SyncConfig", "TuneError", "uniform", "with_parameters",
+    "with_resources",
 ]

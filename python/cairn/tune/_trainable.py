@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import tempfile
 from typing import Any, Optional, Union
 
 _DICT_CHECKPOINT = "_dict_checkpoint.json"
+# A dict that is not all JSON (arrays, tensors), pickled as Ray's was.
+_PICKLED_CHECKPOINT = "_dict_checkpoint.pkl"
 
 
 class Trainable:
@@ -23,8 +27,14 @@ class Trainable:
     """
 
     def __init__(self, config: Optional[dict[str, Any]] = None) -> None:
+        """As Ray's: ``MyTrainable(config)`` calls :meth:`setup` with it, so a
+        trainable can be driven by hand (``train()``, ``save()``,
+        ``restore()``). The Tuner makes its own with no config and calls
+        :meth:`setup` itself."""
         self.config: dict[str, Any] = dict(config or {})
         self._iterations = 0
+        if config is not None:
+            self.setup(dict(self.config))
 
     # ---- what a subclass overrides ----------------------------------------
 
@@ -57,6 +67,57 @@ class Trainable:
         counts across restarts)."""
         return self._iterations
 
+    @property
+    def training_iteration(self) -> int:
+        """As :attr:`iteration` (Ray's other name for it)."""
+        return self._iterations
+
+    @property
+    def trial_id(self) -> str:
+        """The trial's id in a Tuner ("default" when driven by hand)."""
+        from cairn import _cairn
+
+        return _cairn.train_environment_value("CAIRN_TRIAL_ID") or "default"
+
+    @property
+    def trial_name(self) -> str:
+        """The trial's name: its id."""
+        return self.trial_id
+
+    @property
+    def logdir(self) -> str:
+        """The working directory of this process (Ray's per-trial log folder)."""
+        return os.getcwd()
+
+    def get_config(self) -> dict[str, Any]:
+        """The trial's current config."""
+        return self.config
+
+    # ---- driving it by hand, as Ray's Trainable ---------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Runs one :meth:`step`; returns its result with ``training_iteration``."""
+        result = dict(self._cairn_step())
+        result.setdefault("training_iteration", self._iterations)
+        return result
+
+    def save(self, checkpoint_dir: Optional[str] = None) -> str:
+        """Saves a checkpoint into ``checkpoint_dir`` (a new temporary folder
+        when None) through :meth:`save_checkpoint`; returns the folder."""
+        folder = checkpoint_dir or tempfile.mkdtemp(prefix="cairn-trainable-")
+        os.makedirs(folder, exist_ok=True)
+        self._cairn_save_checkpoint(folder)
+        return folder
+
+    def restore(self, checkpoint: Any) -> None:
+        """Loads what :meth:`save` saved: its folder, or a
+        :class:`~cairn.Checkpoint`."""
+        if hasattr(checkpoint, "as_directory"):
+            with checkpoint.as_directory() as folder:
+                self._cairn_load_checkpoint(folder)
+        else:
+            self._cairn_load_checkpoint(os.fspath(checkpoint))
+
     # ---- called by the C++ runtime (python/_tune.cc) ------------------------
 
     def _cairn_setup(self, config: dict[str, Any]) -> None:
@@ -76,14 +137,24 @@ class Trainable:
     def _cairn_save_checkpoint(self, checkpoint_dir: str) -> None:
         state = self.save_checkpoint(checkpoint_dir)
         if isinstance(state, dict):  # else None or the folder itself, as Ray allows
-            with open(os.path.join(checkpoint_dir, _DICT_CHECKPOINT), "w") as f:
-                json.dump(state, f)
+            try:
+                text = json.dumps(state)
+            except (TypeError, ValueError):  # arrays, tensors: pickled, as Ray does
+                with open(os.path.join(checkpoint_dir, _PICKLED_CHECKPOINT), "wb") as f:
+                    pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+            else:
+                with open(os.path.join(checkpoint_dir, _DICT_CHECKPOINT), "w") as f:
+                    f.write(text)
 
     def _cairn_load_checkpoint(self, checkpoint_dir: str) -> None:
         path = os.path.join(checkpoint_dir, _DICT_CHECKPOINT)
+        pickled = os.path.join(checkpoint_dir, _PICKLED_CHECKPOINT)
         if os.path.exists(path):
             with open(path) as f:
                 self.load_checkpoint(json.load(f))
+        elif os.path.exists(pickled):
+            with open(pickled, "rb") as f:
+                self.load_checkpoint(pickle.load(f))
         else:
             self.load_checkpoint(checkpoint_dir)
 

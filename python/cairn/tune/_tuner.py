@@ -36,8 +36,9 @@ class TuneConfig:
             fit() of it counted, restores included): no trial starts after
             that and each running trial stops at its next result.
         search_alg, reuse_actors, trial_name_creator,
-        trial_dirname_creator: search_alg is refused (only the basic variant
-            generator exists); the others are accepted and ignored.
+        trial_dirname_creator, chdir_to_trial_dir: search_alg is refused
+            (only the basic variant generator exists); the others are
+            accepted and ignored.
     """
 
     metric: Optional[str] = None
@@ -51,6 +52,7 @@ class TuneConfig:
     time_budget_s: Optional[float] = None
     trial_name_creator: Optional[Callable[..., str]] = None
     trial_dirname_creator: Optional[Callable[..., str]] = None
+    chdir_to_trial_dir: Optional[bool] = None
 
     def _native(self, stop: Any, callbacks: Optional[list[Any]] = None,
                 sample_functions: Optional[dict[str, Any]] = None,
@@ -204,18 +206,22 @@ def _unwrap(trainable: Any) -> tuple[Any, Optional[dict[str, float]]]:
     return trainable, None
 
 
-def _parts(trainable: Any, run: RunConfig) -> tuple[Any, Any, ScalingConfig, RunConfig]:
-    """(function, class, scaling, run config) for the C++ Tuner."""
+def _parts(trainable: Any, run: Optional[RunConfig]) -> tuple[Any, Any, ScalingConfig, RunConfig]:
+    """(function, class, scaling, run config) for the C++ Tuner. ``run`` is
+    the Tuner's RunConfig, None when none was given: as in Ray, a given one
+    replaces a TorchTrainer's own, which is used otherwise."""
     if isinstance(trainable, DataParallelTrainer):
         trainer = trainable
-        setup = type(trainer)._backend_setup
+        setup = trainer._setup_fn()
+        metadata = getattr(trainer, "_metadata", None)
         base = dict(trainer._config or {})
 
         def fn(config: Any) -> None:
             merged = {**base, **dict((config or {}).get("train_loop_config", {}))}
-            _worker_main(trainer._fn, merged, trainer._scaling, setup)
+            _worker_main(trainer._fn, merged, trainer._scaling, setup, metadata)
 
-        return fn, None, trainer._scaling, run if run.name or run.storage_path else trainer._run
+        return fn, None, trainer._scaling, run if run is not None else trainer._run
+    run = run if run is not None else RunConfig()
     if inspect.isclass(trainable):
         if not issubclass(trainable, Trainable):
             raise InvalidArgumentError(
@@ -251,9 +257,8 @@ class Tuner:
                  tune_config: Optional[TuneConfig] = None,
                  run_config: Optional[RunConfig] = None) -> None:
         self._tune = tune_config or TuneConfig()
-        run = run_config or RunConfig()
         trainable, resources = _unwrap(trainable)
-        fn, cls, scaling, run = _parts(trainable, run)
+        fn, cls, scaling, run = _parts(trainable, run_config)
         space, functions = split_space(param_space or {})
         min_workers, num_workers = worker_range(scaling)
         if min_workers:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from cairn._checkpoint import Checkpoint
 
 
 class Trial:
@@ -27,6 +30,30 @@ class Trial:
         self.num_failures: int = 0
         self.error: Optional[str] = None
         self.latest_checkpoint: Optional[str] = None
+
+    @property
+    def trial_name(self) -> str:
+        """The trial's name: its id, as its folder is named."""
+        return self.trial_id
+
+    @property
+    def local_path(self) -> Optional[str]:
+        """The trial's folder when it is local (None on ``s3://``)."""
+        if "://" not in self.path:
+            return self.path
+        return self.path[len("file://"):] if self.path.startswith("file://") else None
+
+    @property
+    def checkpoint(self) -> Optional["Checkpoint"]:
+        """The trial's latest committed checkpoint, or None."""
+        if not self.latest_checkpoint:
+            return None
+        from cairn._checkpoint import Checkpoint
+
+        return Checkpoint.from_directory(self.path.rstrip("/") + "/" + self.latest_checkpoint)
+
+    def __str__(self) -> str:
+        return self.trial_id
 
     def _update(self, info: dict[str, Any]) -> "Trial":
         self.config = info["config"]

@@ -1,0 +1,261 @@
+"""Ray scripts with only their imports changed: the API details they rely on.
+
+The reference guides' examples run whole in test_examples.py; this file
+covers what else Ray's documented API promises and scripts use: the legacy
+dict checkpoints of the PyTorch guide, ``Checkpoint(path, filesystem)``,
+``fit()`` raising on failure, the context's trial methods, Ray's keyword
+arguments, ``with_parameters``, a Trainable driven by hand, callbacks'
+arguments, and the result rows' keys.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+from typing import Any
+
+import pytest
+
+import cairn
+from cairn import train, tune
+from cairn.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
+
+torch = pytest.importorskip("torch")
+import numpy  # noqa: E402
+
+from cairn.train.torch import TorchConfig, TorchTrainer  # noqa: E402
+
+
+def _legacy_train_func(config: dict[str, Any]) -> None:
+    # The PyTorch guide's "restore" example (Checkpoint.from_dict with a
+    # state_dict), as published but for its imports.
+    import cairn.train.torch
+
+    torch.manual_seed(0)
+    X = torch.randn(16, 4)
+    Y = torch.rand(16, 1)
+    model = torch.nn.Linear(4, 1)
+    criterion = torch.nn.MSELoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
+    start_epoch = 0
+    checkpoint = train.get_checkpoint()
+    if checkpoint:
+        checkpoint_dict = checkpoint.to_dict()
+        model.load_state_dict(checkpoint_dict.get("model_weights"))
+        start_epoch = checkpoint_dict.get("epoch", -1) + 1
+    model = cairn.train.torch.prepare_model(model)
+    for epoch in range(start_epoch, config["num_epochs"]):
+        loss = criterion(model(X), Y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        state_dict = model.state_dict()
+        checkpoint = Checkpoint.from_dict(dict(epoch=epoch, model_weights=state_dict))
+        train.report({}, checkpoint=checkpoint)
+
+
+def test_the_guides_legacy_dict_checkpoint_holds_tensors_and_resumes(
+    tmp_path: pathlib.Path,
+) -> None:
+    run = RunConfig(storage_path=tmp_path)
+    result = TorchTrainer(_legacy_train_func, train_loop_config={"num_epochs": 2},
+                          scaling_config=ScalingConfig(num_workers=2), run_config=run).fit()
+    first = result.checkpoint.to_dict()
+    # As Ray's TorchTrainer: the DDP model's state dict without "module.".
+    assert first["epoch"] == 1 and sorted(first["model_weights"]) == ["bias", "weight"]
+    assert isinstance(first["model_weights"]["weight"], torch.Tensor)
+    result = TorchTrainer(_legacy_train_func, train_loop_config={"num_epochs": 4},
+                          scaling_config=ScalingConfig(num_workers=2), run_config=run,
+                          resume_from_checkpoint=result.checkpoint).fit()
+    last = result.checkpoint.to_dict()
+    assert last["epoch"] == 3
+    # Resumed, not started over: two more epochs, from epoch 1's weights.
+    assert [row["training_iteration"] for row in result.metrics_history] == [1, 2]
+
+
+def test_from_dict_keeps_json_readable_and_pickles_the_rest(tmp_path: pathlib.Path) -> None:
+    plain = Checkpoint.from_dict({"epoch": 3, "name": "x"})
+    assert plain.to_dict() == {"epoch": 3, "name": "x"}
+    assert [name for name, _ in plain.files()] == ["dict.json"]
+    arrays = Checkpoint.from_dict({"w": numpy.arange(4), 1: "int key"})
+    got = arrays.to_dict()
+    assert numpy.array_equal(got["w"], numpy.arange(4)) and got[1] == "int key"
+    assert [name for name, _ in arrays.files()] == ["dict.pkl"]
+    # Copied to a folder and read back from it, as a stored checkpoint is.
+    copied = Checkpoint.from_directory(arrays.to_directory(tmp_path / "copy"))
+    assert numpy.array_equal(copied.to_dict()["w"], numpy.arange(4))
+    with pytest.raises(TypeError):
+        Checkpoint.from_dict([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="neither JSON nor picklable"):
+        Checkpoint.from_dict({"f": lambda: None})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(cairn.NotFoundError, match="holds no dict"):
+        Checkpoint.from_directory(tmp_path / "empty").to_dict()
+
+
+class LocalFileSystem:  # named as pyarrow.fs's: only the kind is used
+    pass
+
+
+class S3FileSystem:
+    pass
+
+
+def test_checkpoint_takes_a_path_and_a_filesystem_and_pickles(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.txt").write_text("a")
+    assert Checkpoint(str(tmp_path / "c")).path == str(tmp_path / "c")
+    assert Checkpoint(path=tmp_path / "c", filesystem=LocalFileSystem()).path == str(
+        tmp_path / "c")
+    assert Checkpoint(filesystem=S3FileSystem(), path="bucket/run/c").uri == "s3://bucket/run/c"
+    with pytest.raises(TypeError, match="LocalFileSystem or S3FileSystem"):
+        Checkpoint(str(tmp_path), filesystem=object())
+    with pytest.raises(TypeError, match="local path or URI"):
+        Checkpoint(42)
+    local = Checkpoint(tmp_path / "c")
+    assert pickle.loads(pickle.dumps(local)) == local
+    in_memory = pickle.loads(pickle.dumps(Checkpoint.from_dict({"w": numpy.ones(2)})))
+    assert numpy.array_equal(in_memory.to_dict()["w"], numpy.ones(2))
+
+
+def test_to_directory_copies_into_a_folder_that_already_holds_files(
+    tmp_path: pathlib.Path,
+) -> None:
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.bin").write_text("new")
+    (source / "sub" / "opt.bin").write_text("opt")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "model.bin").write_text("old")
+    (dest / "notes.txt").write_text("mine")
+    assert Checkpoint.from_directory(source).to_directory(dest) == str(dest)
+    assert (dest / "model.bin").read_text() == "new"
+    assert (dest / "sub" / "opt.bin").read_text() == "opt"
+    assert (dest / "notes.txt").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["dest", "src"]  # no staging folder left
+
+
+def _context_loop(config: dict[str, Any]) -> None:
+    ctx = train.get_context()
+    train.report({"trial_id": ctx.get_trial_id(), "trial_name": ctx.get_trial_name(),
+                  "experiment": ctx.get_experiment_name(), "metadata": ctx.get_metadata(),
+                  "cpus": ctx.get_trial_resources()["CPU"]})
+
+
+def test_a_failed_run_raises_and_the_context_names_the_run(tmp_path: pathlib.Path) -> None:
+    result = TorchTrainer(_context_loop, metadata={"team": "a"},
+                          torch_config=TorchConfig(backend="gloo", timeout_s=60),
+                          scaling_config=ScalingConfig(num_workers=1, accelerator_type="A100"),
+                          run_config=RunConfig(name="ctx", storage_path=tmp_path,
+                                               log_to_file=True,
+                                               sync_config=train.SyncConfig())).fit()
+    assert result.metrics["trial_id"] == "ctx" and result.metrics["trial_name"] == "ctx"
+    assert result.metrics["experiment"] == "ctx"
+    assert result.metrics["metadata"] == {"team": "a"} and result.metrics["cpus"] == 1.0
+    # Ray's row keys.
+    assert result.metrics["iterations_since_restore"] == 1
+    assert result.metrics["time_this_iter_s"] >= 0
+
+    def failing() -> None:
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(train.TrainingFailedError, match="disk on fire") as failed:
+        TorchTrainer(failing, run_config=RunConfig(name="f", storage_path=tmp_path)).fit()
+    assert failed.value.result is not None and failed.value.result.path == str(tmp_path / "f")
+    with pytest.raises(ValueError, match="backend"):
+        TorchTrainer(failing, torch_config=TorchConfig(backend="mpi"))
+    with pytest.raises(cairn.InvalidArgumentError, match="storage_filesystem"):
+        RunConfig(storage_filesystem=object())
+
+
+class _Counter(tune.Trainable):
+    def setup(self, config: dict[str, Any], offset: int = 0) -> None:
+        self.total = offset
+        self.weights = numpy.zeros(2)
+
+    def step(self) -> dict[str, Any]:
+        self.total += 1
+        self.weights += 1
+        return {"total": self.total, "trial": self.trial_id}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        return {"total": self.total, "weights": self.weights}  # not JSON: pickled
+
+    def load_checkpoint(self, state: dict[str, Any]) -> None:
+        self.total = state["total"]
+        self.weights = state["weights"]
+
+
+def test_trainables_take_parameters_and_work_by_hand_as_in_ray(tmp_path: pathlib.Path) -> None:
+    by_hand = tune.with_parameters(_Counter, offset=10)(config={"x": 1})
+    assert by_hand.train()["total"] == 11 and by_hand.training_iteration == 1
+    saved = by_hand.save(str(tmp_path / "saved"))
+    again = _Counter(config={})
+    again.restore(saved)
+    assert again.total == 11 and numpy.array_equal(again.weights, numpy.ones(2))
+
+    grid = tune.Tuner(tune.with_parameters(_Counter, offset=100),
+                      tune_config=tune.TuneConfig(chdir_to_trial_dir=False),
+                      run_config=RunConfig(name="cls", storage_path=tmp_path,
+                                           stop={"training_iteration": 3},
+                                           checkpoint_config=CheckpointConfig(
+                                               checkpoint_frequency=1))).fit()
+    assert grid[0].metrics["total"] == 103 and grid[0].metrics["trial"] == "trial_00000"
+
+    def fn(config: dict[str, Any], data: list[int]) -> None:
+        ctx = tune.get_context()
+        tune.report({"sum": sum(data) + config["x"], "trial": ctx.get_trial_id(),
+                     "experiment": ctx.get_experiment_name()})
+
+    grid = tune.Tuner(tune.with_parameters(fn, data=[1, 2, 3]), param_space={"x": 4},
+                      run_config=RunConfig(name="fn", storage_path=tmp_path)).fit()
+    assert grid[0].metrics["sum"] == 10
+    assert (grid[0].metrics["trial"], grid[0].metrics["experiment"]) == ("trial_00000", "fn")
+    assert tune.result.SHOULD_CHECKPOINT == "should_checkpoint"
+    assert issubclass(cairn.NotFoundError, tune.TuneError)
+    with pytest.raises(cairn.InvalidArgumentError, match="stop_last_trials"):
+        tune.schedulers.ASHAScheduler(stop_last_trials=False)
+
+
+class _Seen(tune.Callback):
+    def __init__(self) -> None:
+        self.setups = 0
+        self.results: list[tuple[str, Any]] = []
+        self.checkpoints: list[Checkpoint] = []
+
+    def setup(self, **info: Any) -> None:
+        self.setups += 1
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any,
+                        result: dict[str, Any], **info: Any) -> None:
+        self.results.append((result["trial_id"], result["config"]))
+
+    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any,
+                      checkpoint: Checkpoint, **info: Any) -> None:
+        self.checkpoints.append(checkpoint)
+
+
+def test_callbacks_get_rays_arguments_and_a_tuners_run_config_replaces_the_trainers(
+    tmp_path: pathlib.Path,
+) -> None:
+    def loop(config: dict[str, Any]) -> None:
+        for step in range(3):
+            train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
+
+    seen = _Seen()
+    trainer = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1),
+                           run_config=RunConfig(name="trainer", storage_path=tmp_path))
+    grid = tune.Tuner(trainer, param_space={"train_loop_config": {"lr": 0.1}},
+                      run_config=RunConfig(storage_path=tmp_path / "tuner", callbacks=[seen],
+                                           checkpoint_config=CheckpointConfig(
+                                               num_to_keep=1))).fit()
+    assert grid.num_errors == 0, grid.errors
+    # The Tuner's RunConfig, though it names no experiment, replaced the trainer's.
+    assert grid.experiment_path.startswith(str(tmp_path / "tuner"))
+    assert len(grid[0].best_checkpoints) == 1
+    assert seen.setups == 1
+    assert seen.results == [("trial_00000", {"train_loop_config": {"lr": 0.1}})] * 3
+    assert len(seen.checkpoints) == 3 and all(isinstance(c, Checkpoint) for c in seen.checkpoints)
+    assert seen.checkpoints[-1].to_dict() == {"step": 2}
