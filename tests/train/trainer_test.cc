@@ -295,12 +295,11 @@ TEST(Trainer, EveryRoundIsInTheHistoryAcrossRestartsAndRestore) {
   for (size_t i = 1; i < lines.size(); ++i) {
     const auto& row = rows[i - 1];
     EXPECT_EQ(row["iterations_since_restore"], since_restore[i - 1]) << i;
-    EXPECT_EQ(lines[i],
-              fmt::format("{},{},{},{},{},0,{},{},{},{}", row["attempt"].dump(),
-                          row["checkpoint_dir_name"].get<std::string>(), row["epoch"].dump(),
-                          row["iterations_since_restore"].dump(), row["loss"].dump(),
-                          row["time_this_iter_s"].dump(), row["time_total_s"].dump(),
-                          row["timestamp"].dump(), i));
+    EXPECT_EQ(lines[i], fmt::format("{},{},{},{},{},0,{},{},{},{}", row["attempt"].dump(),
+                                    row["checkpoint_dir_name"].get<std::string>(),
+                                    row["epoch"].dump(), row["iterations_since_restore"].dump(),
+                                    row["loss"].dump(), row["time_this_iter_s"].dump(),
+                                    row["time_total_s"].dump(), row["timestamp"].dump(), i));
   }
   // One TensorBoard event file per driver.
   int event_files = 0;
