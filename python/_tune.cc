@@ -224,6 +224,19 @@ void bind_search_space(py::module_& m) {
         [](std::int64_t lo, std::int64_t hi) { return from_json(tune::randint(lo, hi)); });
   m.def("tune_quniform",
         [](double lo, double hi, double q) { return from_json(tune::quniform(lo, hi, q)); });
+  m.def("tune_qloguniform",
+        [](double lo, double hi, double q) { return from_json(tune::qloguniform(lo, hi, q)); });
+  m.def("tune_qrandint", [](std::int64_t lo, std::int64_t hi, std::int64_t q) {
+    return from_json(tune::qrandint(lo, hi, q));
+  });
+  m.def("tune_lograndint",
+        [](std::int64_t lo, std::int64_t hi) { return from_json(tune::lograndint(lo, hi)); });
+  m.def("tune_qlograndint", [](std::int64_t lo, std::int64_t hi, std::int64_t q) {
+    return from_json(tune::qlograndint(lo, hi, q));
+  });
+  m.def("tune_randn", [](double mean, double sd) { return from_json(tune::randn(mean, sd)); });
+  m.def("tune_qrandn",
+        [](double mean, double sd, double q) { return from_json(tune::qrandn(mean, sd, q)); });
   m.def("tune_sample_from",
         [](const std::string& name) { return from_json(tune::sample_from(name)); });
 }

@@ -23,6 +23,17 @@
 //   randint(lo, hi)      an integer in [lo, hi) (hi exclusive, like Ray)
 //   quniform(lo, hi, q)  round(uniform(lo, hi) / q) * q, kept within [lo, hi];
 //                        at least one multiple of q must lie in [lo, hi]
+//   qloguniform(lo, hi, q)  round(loguniform(lo, hi) / q) * q, kept within
+//                        [lo, hi]; lo > 0
+//   qrandint(lo, hi, q)  a multiple of q in [lo, hi] (hi inclusive, like
+//                        Ray's), uniformly
+//   lograndint(lo, hi)   an integer in [lo, hi) whose logarithm is uniform
+//                        (floor of loguniform(lo, hi)); lo > 0
+//   qlograndint(lo, hi, q)  round(loguniform(lo, hi) / q) * q, kept within
+//                        [lo, hi] (hi inclusive); lo > 0
+//   randn(mean, sd)      a double from the normal distribution (Box-Muller
+//                        over two draw_unit draws); sd > 0
+//   qrandn(mean, sd, q)  round(randn(mean, sd) / q) * q
 //   sample_from(name)    the value a function computes from the rest of the
 //                        trial's configuration (see SampleFunction)
 //
@@ -34,9 +45,10 @@
 // std::mt19937_64, whose output sequence the C++ standard fixes, and every
 // draw is derived from its raw 64-bit outputs by code in Cairn (no
 // std::*_distribution, whose algorithms differ between standard libraries).
-// So grid order, choice, randint, uniform and quniform are bit-identical on
-// every platform with IEEE-754 doubles; loguniform goes through std::log and
-// std::exp, whose last bit may differ between math libraries.
+// So grid order, choice, randint, qrandint, uniform and quniform are
+// bit-identical on every platform with IEEE-754 doubles; the log and normal
+// domains go through std::log, std::exp, std::sqrt and std::cos, whose last
+// bit may differ between math libraries.
 //
 // Failure: a malformed space (bad bounds, an empty choice, an unknown domain,
 // a grid too large to count) is kInvalidArgument naming the key path.
@@ -91,6 +103,12 @@ nlohmann::json uniform(double lo, double hi);
 nlohmann::json loguniform(double lo, double hi);
 nlohmann::json randint(std::int64_t lo, std::int64_t hi);
 nlohmann::json quniform(double lo, double hi, double q);
+nlohmann::json qloguniform(double lo, double hi, double q);
+nlohmann::json qrandint(std::int64_t lo, std::int64_t hi, std::int64_t q = 1);
+nlohmann::json lograndint(std::int64_t lo, std::int64_t hi);
+nlohmann::json qlograndint(std::int64_t lo, std::int64_t hi, std::int64_t q);
+nlohmann::json randn(double mean = 0.0, double sd = 1.0);
+nlohmann::json qrandn(double mean, double sd, double q);
 // `name` (not empty) is the key of its function in the SampleFunctions.
 nlohmann::json sample_from(std::string name);
 

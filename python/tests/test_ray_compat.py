@@ -259,3 +259,22 @@ def test_callbacks_get_rays_arguments_and_a_tuners_run_config_replaces_the_train
     assert seen.results == [("trial_00000", {"train_loop_config": {"lr": 0.1}})] * 3
     assert len(seen.checkpoints) == 3 and all(isinstance(c, Checkpoint) for c in seen.checkpoints)
     assert seen.checkpoints[-1].to_dict() == {"step": 2}
+
+
+def test_rays_other_search_spaces_draw_within_their_domains() -> None:
+    space = {"qlog": tune.qloguniform(1e-4, 1e-1, 5e-5), "qint": tune.qrandint(-21, 12, 3),
+             "logint": tune.lograndint(1, 100), "qlogint": tune.qlograndint(1, 100, 10),
+             "normal": tune.randn(5, 2), "qnormal": tune.qrandn(0, 1, 0.5)}
+    # PBT's explore resamples every key it is not given: the domains' draws.
+    sampler = tune.schedulers.PopulationBasedTraining(resample_probability=1.0, seed=3,
+                                                      hyperparam_mutations=space)
+    for _ in range(200):
+        c = sampler.explore({})
+        assert 5e-5 <= c["qlog"] <= 1e-1
+        assert c["qint"] in range(-21, 13, 3)
+        assert 1 <= c["logint"] < 100 and isinstance(c["logint"], int)
+        assert c["qlogint"] in range(10, 101, 10)
+        assert isinstance(c["normal"], float)
+        assert c["qnormal"] / 0.5 == round(c["qnormal"] / 0.5)
+    with pytest.raises(cairn.InvalidArgumentError, match="no multiple of 5"):
+        tune.Tuner(lambda config: None, param_space={"x": tune.qrandint(1, 2, 5)})

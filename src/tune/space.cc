@@ -3,6 +3,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <numbers>
 #include <stdexcept>
 #include <string_view>
 #include <utility>
@@ -97,6 +98,16 @@ std::int64_t integer(const json& domain, const char* field, const std::string& p
   return v.get<std::int64_t>();
 }
 
+// The first and last k with k * q in [lo, hi] (q > 0); first > last when
+// there is none.
+std::pair<std::int64_t, std::int64_t> multiples_in(std::int64_t lo, std::int64_t hi,
+                                                   std::int64_t q) {
+  auto floor_div = [](std::int64_t a, std::int64_t b) {
+    return a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
+  };
+  return {-floor_div(-lo, q), floor_div(hi, q)};
+}
+
 double sample_double(double lo, double hi, double u) {
   double v = lo + (hi - lo) * u;
   if (v < lo) v = lo;
@@ -167,6 +178,62 @@ bool validate_domain(const json& domain, const std::string& path) {
     }
     return false;
   }
+  if (kind == "qloguniform") {
+    check_fields(domain, path, {"lo", "hi", "q"});
+    double lo = finite_number(domain, "lo", path);
+    double hi = finite_number(domain, "hi", path);
+    double q = finite_number(domain, "q", path);
+    if (!(lo > 0)) invalid(path, fmt::format("qloguniform needs lo > 0, got {}", lo));
+    if (!(lo < hi)) invalid(path, fmt::format("qloguniform needs lo < hi, got [{}, {}]", lo, hi));
+    if (!(q > 0)) invalid(path, fmt::format("qloguniform needs q > 0, got {}", q));
+    if (std::ceil(lo / q) > std::floor(hi / q)) {
+      invalid(path, fmt::format("qloguniform: no multiple of {} lies in [{}, {}]", q, lo, hi));
+    }
+    return false;
+  }
+  if (kind == "qrandint" || kind == "qlograndint") {
+    check_fields(domain, path, {"lo", "hi", "q"});
+    std::int64_t lo = integer(domain, "lo", path);
+    std::int64_t hi = integer(domain, "hi", path);
+    std::int64_t q = integer(domain, "q", path);
+    if (!(lo <= hi)) {
+      invalid(path, fmt::format("{} needs lo <= hi (hi is inclusive), got [{}, {}]", kind, lo, hi));
+    }
+    if (!(q > 0)) invalid(path, fmt::format("{} needs q > 0, got {}", kind, q));
+    if (kind == "qlograndint" && !(lo > 0)) {
+      invalid(path, fmt::format("qlograndint needs lo > 0, got {}", lo));
+    }
+    if (multiples_in(lo, hi, q).first > multiples_in(lo, hi, q).second) {
+      invalid(path, fmt::format("{}: no multiple of {} lies in [{}, {}]", kind, q, lo, hi));
+    }
+    return false;
+  }
+  if (kind == "lograndint") {
+    check_fields(domain, path, {"lo", "hi"});
+    std::int64_t lo = integer(domain, "lo", path);
+    std::int64_t hi = integer(domain, "hi", path);
+    if (!(lo > 0)) invalid(path, fmt::format("lograndint needs lo > 0, got {}", lo));
+    if (!(lo < hi)) {
+      invalid(path,
+              fmt::format("lograndint needs lo < hi (hi is exclusive), got [{}, {})", lo, hi));
+    }
+    return false;
+  }
+  if (kind == "randn" || kind == "qrandn") {
+    const bool quantized = kind == "qrandn";
+    if (quantized) {
+      check_fields(domain, path, {"mean", "sd", "q"});
+    } else {
+      check_fields(domain, path, {"mean", "sd"});
+    }
+    finite_number(domain, "mean", path);
+    double sd = finite_number(domain, "sd", path);
+    if (!(sd > 0)) invalid(path, fmt::format("{} needs sd > 0, got {}", kind, sd));
+    if (quantized && !(finite_number(domain, "q", path) > 0)) {
+      invalid(path, fmt::format("qrandn needs q > 0, got {}", domain["q"].dump()));
+    }
+    return false;
+  }
   invalid(path, fmt::format("unknown domain '{}'", kind));
 }
 
@@ -188,6 +255,40 @@ json sample_domain(const json& domain, Rng& rng) {
     std::uint64_t span = static_cast<std::uint64_t>(hi) - static_cast<std::uint64_t>(lo);
     return static_cast<std::int64_t>(static_cast<std::uint64_t>(lo) + draw_below(rng, span));
   }
+  if (kind == "qrandint" || kind == "qlograndint" || kind == "lograndint") {
+    const auto lo = domain["lo"].get<std::int64_t>();
+    const auto hi = domain["hi"].get<std::int64_t>();
+    if (kind == "qrandint") {
+      // A multiple of q in [lo, hi], uniformly.
+      const auto q = domain["q"].get<std::int64_t>();
+      const auto [first, last] = multiples_in(lo, hi, q);
+      const auto span = static_cast<std::uint64_t>(last - first) + 1;
+      return (first + static_cast<std::int64_t>(draw_below(rng, span))) * q;
+    }
+    // Log-uniform in [lo, hi): lograndint floors it (hi exclusive);
+    // qlograndint rounds it to a multiple of q within [lo, hi].
+    const double v = std::exp(
+        std::log(static_cast<double>(lo)) +
+        (std::log(static_cast<double>(hi)) - std::log(static_cast<double>(lo))) * draw_unit(rng));
+    if (kind == "lograndint") {
+      return std::clamp(static_cast<std::int64_t>(std::floor(v)), lo, hi - 1);
+    }
+    const auto q = domain["q"].get<std::int64_t>();
+    const auto [first, last] = multiples_in(lo, hi, q);
+    const auto k = std::clamp(static_cast<std::int64_t>(std::llround(v / static_cast<double>(q))),
+                              first, last);
+    return k * q;
+  }
+  if (kind == "randn" || kind == "qrandn") {
+    // Box-Muller from two draws, the first kept away from 0.
+    const double u1 = 1.0 - draw_unit(rng);
+    const double u2 = draw_unit(rng);
+    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+    const double v = domain["mean"].get<double>() + domain["sd"].get<double>() * z;
+    if (kind == "randn") return v;
+    const double q = domain["q"].get<double>();
+    return std::round(v / q) * q;
+  }
   double lo = domain["lo"].get<double>();
   double hi = domain["hi"].get<double>();
   if (kind == "uniform") return sample_double(lo, hi, draw_unit(rng));
@@ -197,9 +298,13 @@ json sample_domain(const json& domain, Rng& rng) {
     if (v >= hi) v = std::nextafter(hi, lo);
     return v;
   }
-  // quniform: round a uniform draw to a multiple of q, kept within [lo, hi].
+  // quniform and qloguniform: round a draw to a multiple of q, kept within
+  // [lo, hi].
   double q = domain["q"].get<double>();
-  double k = std::round(sample_double(lo, hi, draw_unit(rng)) / q);
+  const double drawn = kind == "qloguniform"
+                           ? std::exp(std::log(lo) + (std::log(hi) - std::log(lo)) * draw_unit(rng))
+                           : sample_double(lo, hi, draw_unit(rng));
+  double k = std::round(drawn / q);
   k = std::min(std::max(k, std::ceil(lo / q)), std::floor(hi / q));
   return std::min(std::max(k * q, lo), hi);
 }
@@ -248,6 +353,52 @@ json quniform(double lo, double hi, double q) {
   json d = tagged("quniform");
   d["lo"] = lo;
   d["hi"] = hi;
+  d["q"] = q;
+  return d;
+}
+
+json qloguniform(double lo, double hi, double q) {
+  json d = tagged("qloguniform");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  d["q"] = q;
+  return d;
+}
+
+json qrandint(std::int64_t lo, std::int64_t hi, std::int64_t q) {
+  json d = tagged("qrandint");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  d["q"] = q;
+  return d;
+}
+
+json lograndint(std::int64_t lo, std::int64_t hi) {
+  json d = tagged("lograndint");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  return d;
+}
+
+json qlograndint(std::int64_t lo, std::int64_t hi, std::int64_t q) {
+  json d = tagged("qlograndint");
+  d["lo"] = lo;
+  d["hi"] = hi;
+  d["q"] = q;
+  return d;
+}
+
+json randn(double mean, double sd) {
+  json d = tagged("randn");
+  d["mean"] = mean;
+  d["sd"] = sd;
+  return d;
+}
+
+json qrandn(double mean, double sd, double q) {
+  json d = tagged("qrandn");
+  d["mean"] = mean;
+  d["sd"] = sd;
   d["q"] = q;
   return d;
 }

@@ -145,6 +145,55 @@ TEST(TuneDomains, QuniformGivesMultiplesOfQWithinBounds) {
   EXPECT_EQ(steps, (std::set<long>{1, 2, 3, 4}));
 }
 
+// Ray's other domains: quantized and logarithmic ones, and the normal.
+TEST(TuneDomains, RaysQuantizedLogAndNormalDomainsDrawWhatTheySay) {
+  std::set<double> qlog;
+  for (const json& v : draws(qloguniform(1, 1000, 5), 3000)) {
+    const double x = v.get<double>();
+    ASSERT_GE(x, 5);  // the first multiple of 5 in [1, 1000]
+    ASSERT_LE(x, 1000);
+    ASSERT_NEAR(x / 5, std::round(x / 5), 1e-9) << x;
+    qlog.insert(x);
+  }
+  EXPECT_TRUE(qlog.count(5) && qlog.count(1000)) << "both ends are reachable";
+
+  std::set<std::int64_t> qint;
+  for (const json& v : draws(qrandint(-21, 12, 3), 3000)) {
+    ASSERT_TRUE(v.is_number_integer());
+    qint.insert(v.get<std::int64_t>());
+  }
+  std::set<std::int64_t> want;
+  for (std::int64_t k = -21; k <= 12; k += 3) want.insert(k);
+  EXPECT_EQ(qint, want) << "every multiple of 3, 12 included";
+
+  // Log-uniform integers: as many below 10 as from 10 to 99.
+  int low = 0, high = 0;
+  for (const json& v : draws(lograndint(1, 100), 4000)) {
+    const auto x = v.get<std::int64_t>();
+    ASSERT_GE(x, 1);
+    ASSERT_LT(x, 100);
+    (x < 10 ? low : high) += 1;
+  }
+  EXPECT_NEAR(static_cast<double>(low) / (low + high), 0.5, 0.05);
+  for (const json& v : draws(qlograndint(1, 100, 10), 1000)) {
+    const auto x = v.get<std::int64_t>();
+    ASSERT_TRUE(x >= 10 && x <= 100 && x % 10 == 0) << x;
+  }
+
+  double sum = 0, squares = 0;
+  const std::vector<json> normal = draws(randn(5, 2), 20000);
+  for (const json& v : normal) {
+    sum += v.get<double>();
+    squares += v.get<double>() * v.get<double>();
+  }
+  const double mean = sum / normal.size();
+  EXPECT_NEAR(mean, 5, 0.05);
+  EXPECT_NEAR(std::sqrt(squares / normal.size() - mean * mean), 2, 0.05);
+  for (const json& v : draws(qrandn(0, 10, 0.5), 500)) {
+    ASSERT_NEAR(v.get<double>() / 0.5, std::round(v.get<double>() / 0.5), 1e-9);
+  }
+}
+
 TEST(TuneDomains, ChoiceCoversEveryValueAndKeepsTheirTypes) {
   json values = {1, "two", json{{"three", 3}}, json::array({4}), nullptr};
   std::vector<int> seen(values.size(), 0);
@@ -230,6 +279,12 @@ TEST(TuneSpace, BadSpacesNameTheKeyPath) {
   expect_invalid({{"n", randint(3, 3)}}, "n", "hi is exclusive");
   expect_invalid({{"layers", {1, randint(5, 2)}}}, "layers/1", "lo < hi");
   expect_invalid({{"q", quniform(0, 1, 0)}}, "q", "q > 0");
+  expect_invalid({{"a", qloguniform(0, 1, 0.1)}}, "a", "lo > 0");
+  expect_invalid({{"b", qrandint(5, 1, 1)}}, "b", "lo <= hi");
+  expect_invalid({{"c", qrandint(1, 2, 5)}}, "c", "no multiple of 5");
+  expect_invalid({{"d", lograndint(0, 10)}}, "d", "lo > 0");
+  expect_invalid({{"e", randn(0, 0)}}, "e", "sd > 0");
+  expect_invalid({{"f", qrandn(0, 1, -1)}}, "f", "q > 0");
   expect_invalid({{"q", quniform(0.1, 0.2, 0.25)}}, "q", "no multiple");
   expect_invalid({{"x", {{"$cairn.domain", "normal"}, {"mu", 0}}}}, "x", "unknown domain 'normal'");
   expect_invalid({{"x", {{"$cairn.domain", 3}}}}, "x", "must be a string");

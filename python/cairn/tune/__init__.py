@@ -75,6 +75,40 @@ def quniform(lower: float, upper: float, q: float) -> dict[str, Any]:
     return _cairn.tune_quniform(float(lower), float(upper), float(q))
 
 
+def qloguniform(lower: float, upper: float, q: float, base: float = 10) -> dict[str, Any]:
+    """A float drawn log-uniformly from [lower, upper], rounded to a multiple
+    of q (``base`` changes nothing: the draw is uniform in any log)."""
+    del base
+    return _cairn.tune_qloguniform(float(lower), float(upper), float(q))
+
+
+def qrandint(lower: int, upper: int, q: int = 1) -> dict[str, Any]:
+    """A multiple of q in [lower, upper] (upper included, as Ray's)."""
+    return _cairn.tune_qrandint(int(lower), int(upper), int(q))
+
+
+def lograndint(lower: int, upper: int, base: float = 10) -> dict[str, Any]:
+    """An int drawn log-uniformly from [lower, upper) (``base`` changes nothing)."""
+    del base
+    return _cairn.tune_lograndint(int(lower), int(upper))
+
+
+def qlograndint(lower: int, upper: int, q: int, base: float = 10) -> dict[str, Any]:
+    """An int drawn log-uniformly from [lower, upper], rounded to a multiple of q."""
+    del base
+    return _cairn.tune_qlograndint(int(lower), int(upper), int(q))
+
+
+def randn(mean: float = 0.0, sd: float = 1.0) -> dict[str, Any]:
+    """A float from the normal distribution N(mean, sd**2)."""
+    return _cairn.tune_randn(float(mean), float(sd))
+
+
+def qrandn(mean: float, sd: float, q: float) -> dict[str, Any]:
+    """A normal draw rounded to a multiple of q."""
+    return _cairn.tune_qrandn(float(mean), float(sd), float(q))
+
+
 def sample_from(func: Callable[..., Any]) -> SampleFrom:
     """A value computed per trial by ``func``, as Ray's ``tune.sample_from``.
 
@@ -125,7 +159,8 @@ def with_parameters(trainable: Any, **kwargs: Any) -> Any:
 __all__ = [
     "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
     "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
-    "get_context", "grid_search", "loguniform", "quniform", "randint", "report", "result",
+    "get_context", "grid_search", "loguniform", "lograndint", "qloguniform", "qlograndint",
+    "qrandint", "qrandn", "quniform", "randint", "randn", "report", "result",
     "sample_from", "schedulers", "SyncConfig", "TuneError", "uniform", "with_parameters",
     "with_resources",
 ]
