@@ -278,3 +278,24 @@ def test_rays_other_search_spaces_draw_within_their_domains() -> None:
         assert c["qnormal"] / 0.5 == round(c["qnormal"] / 0.5)
     with pytest.raises(cairn.InvalidArgumentError, match="no multiple of 5"):
         tune.Tuner(lambda config: None, param_space={"x": tune.qrandint(1, 2, 5)})
+
+
+def test_the_results_dataframe_takes_each_trials_last_or_best_row_with_its_config(
+    tmp_path: pathlib.Path,
+) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        for loss in config["losses"]:
+            tune.report({"loss": loss})
+
+    grid = tune.Tuner(trainable,
+                      param_space={"losses": tune.grid_search([[3.0, 1.0, 2.0], [5.0, 4.0]])},
+                      run_config=RunConfig(name="df", storage_path=tmp_path)).fit()
+    last = grid._rows(None, None)
+    assert [(r["trial_id"], r["loss"]) for r in last] == [("trial_00000", 2.0),
+                                                         ("trial_00001", 4.0)]
+    assert last[0]["config"] == {"losses": [3.0, 1.0, 2.0]}
+    best = grid._rows("loss", "min")
+    assert [r["loss"] for r in best] == [1.0, 4.0]
+    assert [r["loss"] for r in grid._rows("loss", "max")] == [3.0, 5.0]
+    with pytest.raises(ValueError):
+        grid._rows("loss", None)

@@ -146,12 +146,36 @@ class ResultGrid:
         best = self._impl.get_best_result(metric or "", mode or "", scope)
         return next(r for r in self._results if r.trial_id == best.trial_id)
 
-    def get_dataframe(self) -> Any:
-        """The trials' last results as a ``pandas.DataFrame`` (needs pandas)."""
+    def get_dataframe(self, filter_metric: Optional[str] = None,
+                      filter_mode: Optional[str] = None) -> Any:
+        """One row per trial as a ``pandas.DataFrame`` (needs pandas), as Ray's:
+        its last result, or with ``filter_metric`` and ``filter_mode``
+        ("max"/"min") its best result by that metric; with ``trial_id`` and
+        the trial's config as ``config/<key>`` columns."""
         import pandas
 
-        return pandas.json_normalize([{**r.metrics, "trial_id": r.trial_id}
-                                      for r in self._results], sep="/")
+        return pandas.json_normalize(self._rows(filter_metric, filter_mode), sep="/")
+
+    def _rows(self, filter_metric: Optional[str],
+              filter_mode: Optional[str]) -> list[dict[str, Any]]:
+        """get_dataframe's rows, before pandas."""
+        if (filter_metric is None) != (filter_mode is None):
+            raise ValueError("get_dataframe: give filter_metric and filter_mode together")
+        if filter_mode not in (None, "max", "min"):
+            raise ValueError(f'filter_mode must be "max" or "min", not {filter_mode!r}')
+        rows = []
+        for r in self._results:
+            row = r.metrics
+            if filter_metric is not None:
+                scored = [h for h in r.metrics_history
+                          if isinstance(h.get(filter_metric), (int, float))
+                          and not isinstance(h.get(filter_metric), bool)
+                          and h[filter_metric] == h[filter_metric]]  # NaN never best
+                if scored:
+                    pick = max if filter_mode == "max" else min
+                    row = pick(scored, key=lambda h: h[filter_metric])
+            rows.append({**row, "trial_id": r.trial_id, "config": dict(r.config)})
+        return rows
 
 
 def _trial_result(impl: Any) -> Result:
