@@ -139,6 +139,38 @@ class PyCallback final : public tune::Callback {
   std::shared_ptr<PyRef> ref_;
 };
 
+// A Ray stopper (cairn.tune.Stopper, or a FunctionStopper around a
+// function) behind the C++ interface: called on the Tuner's thread, with the
+// GIL. A Python exception ends fit() with an Error naming the stopper.
+class PyStopper final : public tune::Stopper {
+ public:
+  explicit PyStopper(py::object obj) : ref_(std::make_shared<PyRef>(std::move(obj))) {}
+  bool operator()(const std::string& trial_id, const nlohmann::json& result) override {
+    py::gil_scoped_acquire gil;
+    return guarded("__call__", [&] { return ref_->object(trial_id, from_json(result)); });
+  }
+  bool stop_all() override {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(ref_->object, "stop_all")) return false;
+    return guarded("stop_all", [&] { return ref_->object.attr("stop_all")(); });
+  }
+
+ private:
+  template <typename F>
+  bool guarded(const char* what, F&& f) {
+    try {
+      return py::bool_(f());
+    } catch (py::error_already_set& e) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("the Tune stopper ") +
+                      std::string(py::str(py::type::of(ref_->object).attr("__name__"))) +
+                      " failed in " + what + ": " + python_error_text(e));
+    }
+  }
+
+  std::shared_ptr<PyRef> ref_;
+};
+
 tune::TrainableFactory factory_of(py::object cls) {
   auto hold = std::make_shared<PyRef>(std::move(cls));
   return [hold]() -> std::unique_ptr<tune::Trainable> {
@@ -182,6 +214,9 @@ tune::TuneConfig tune_config_arg(const py::dict& d) {
   }
   c.seed = d["seed"].cast<std::uint64_t>();
   c.stop = to_json(d["stop"]);
+  if (!d["stopper"].is_none()) {
+    c.stopper = std::make_shared<PyStopper>(py::reinterpret_borrow<py::object>(d["stopper"]));
+  }
   c.time_budget_s = d["time_budget_s"].cast<double>();
   const py::dict resources = d["resources_per_trial"].cast<py::dict>();
   c.resources_per_trial.cpu = resources["cpu"].cast<double>();
@@ -362,7 +397,7 @@ void bind_tuner(py::module_& m) {
           "restore",
           [](py::handle path, py::object fn, py::object cls, bool resume_unfinished,
              bool resume_errored, bool restart_errored, py::object scheduler,
-             const py::list& callbacks, const py::dict& sample_functions) {
+             const py::list& callbacks, const py::dict& sample_functions, py::object stopper) {
             std::string p = path_arg(path);
             Trainables t = trainables_of(std::move(fn), std::move(cls));
             tune::RestoreOptions options{.resume_unfinished = resume_unfinished,
@@ -377,13 +412,14 @@ void bind_tuner(py::module_& m) {
                   std::make_shared<PyCallback>(py::reinterpret_borrow<py::object>(cb)));
             }
             code.sample_functions = sample_functions_arg(sample_functions);
+            if (!stopper.is_none()) code.stopper = std::make_shared<PyStopper>(std::move(stopper));
             py::gil_scoped_release release;
             if (t.cls) return tune::Tuner::restore(p, std::move(t.cls), options, code);
             return tune::Tuner::restore(p, std::move(t.fn), options, code);
           },
           py::arg("path"), py::arg("fn"), py::arg("cls"), py::arg("resume_unfinished"),
           py::arg("resume_errored"), py::arg("restart_errored"), py::arg("scheduler"),
-          py::arg("callbacks"), py::arg("sample_functions"));
+          py::arg("callbacks"), py::arg("sample_functions"), py::arg("stopper") = py::none());
 }
 
 }  // namespace

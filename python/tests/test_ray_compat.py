@@ -299,3 +299,58 @@ def test_the_results_dataframe_takes_each_trials_last_or_best_row_with_its_confi
     assert [r["loss"] for r in grid._rows("loss", "max")] == [3.0, 5.0]
     with pytest.raises(ValueError):
         grid._rows("loss", None)
+
+
+def _steps(config: dict[str, Any]) -> None:
+    for step in range(1, 50):
+        tune.report({"loss": 1.0 / step if config["x"] else 1.0})
+
+
+def test_stop_takes_rays_stoppers_and_functions(tmp_path: pathlib.Path) -> None:
+    from cairn.tune.stopper import (CombinedStopper, MaximumIterationStopper,
+                                    TrialPlateauStopper)
+
+    def at_three(trial_id: str, result: dict[str, Any]) -> bool:
+        return result["training_iteration"] >= 3
+
+    grid = tune.Tuner(_steps, param_space={"x": 1},
+                      run_config=RunConfig(name="fn", storage_path=tmp_path, stop=at_three)).fit()
+    assert grid[0].metrics["training_iteration"] == 3 and grid[0].status == "TERMINATED"
+
+    # A flat loss plateaus after 3 results; a falling one runs to the cap.
+    both = CombinedStopper(MaximumIterationStopper(6),
+                           TrialPlateauStopper("loss", std=0.0, num_results=3, grace_period=3))
+    grid = tune.Tuner(_steps, param_space={"x": tune.grid_search([0, 1])},
+                      run_config=RunConfig(name="both", storage_path=tmp_path, stop=both)).fit()
+    assert {r.config["x"]: r.metrics["training_iteration"] for r in grid} == {0: 3, 1: 6}
+
+    class AfterTwoResults(tune.Stopper):
+        def __init__(self) -> None:
+            self.results = 0
+
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            self.results += 1
+            return False
+
+        def stop_all(self) -> bool:
+            return self.results >= 2
+
+    grid = tune.Tuner(_steps, param_space={"x": tune.grid_search([1, 1, 1])},
+                      tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                      run_config=RunConfig(name="all", storage_path=tmp_path,
+                                           stop=AfterTwoResults())).fit()
+    assert sum(r.metrics.get("training_iteration", 0) for r in grid) == 2
+
+    class Broken(tune.Stopper):
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            raise RuntimeError("stopper bug")
+
+    with pytest.raises(cairn.InvalidArgumentError, match="Broken.*stopper bug"):
+        tune.Tuner(_steps, param_space={"x": 1},
+                   run_config=RunConfig(name="broken", storage_path=tmp_path,
+                                        stop=Broken())).fit()
+    with pytest.raises(cairn.InvalidArgumentError, match="RunConfig.stop"):
+        tune.Tuner(_steps, run_config=RunConfig(name="bad", storage_path=tmp_path, stop=42))
+    with pytest.raises(cairn.InvalidArgumentError, match="saved with it"):
+        tune.Tuner.restore(tmp_path / "fn", _steps, stop={"training_iteration": 2})
+    assert len(tune.Tuner.restore(tmp_path / "fn", _steps, stop=at_three).fit()) == 1

@@ -42,7 +42,8 @@ from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner, with_resources
 
 # As after ``from ray import tune``: tune.result.SHOULD_CHECKPOINT,
 # tune.schedulers.ASHAScheduler.
-from cairn.tune import result, schedulers  # noqa: E402,F401  (after what they import)
+from cairn.tune import result, schedulers, stopper  # noqa: E402,F401  (after what they import)
+from cairn.tune.stopper import Stopper  # noqa: E402
 
 
 def grid_search(values: list[Any]) -> dict[str, Any]:
@@ -161,6 +162,6 @@ __all__ = [
     "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
     "get_context", "grid_search", "loguniform", "lograndint", "qloguniform", "qlograndint",
     "qrandint", "qrandn", "quniform", "randint", "randn", "report", "result",
-    "sample_from", "schedulers", "SyncConfig", "TuneError", "uniform", "with_parameters",
+    "sample_from", "schedulers", "Stopper", "stopper", "SyncConfig", "TuneError", "uniform", "with_parameters",
     "with_resources",
 ]

@@ -13,6 +13,7 @@ from cairn.train._config import RunConfig, ScalingConfig, worker_range
 from cairn.train._result import Result
 from cairn.train._trainer import DataParallelTrainer, _worker_main
 from cairn.tune._callback import Callback
+from cairn.tune.stopper import FunctionStopper, Stopper
 from cairn.tune._space import split_space
 from cairn.tune._trainable import Trainable
 
@@ -61,10 +62,7 @@ class TuneConfig:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
                 "param space) is supported", "invalid_argument")
-        if stop is not None and not isinstance(stop, dict):
-            raise InvalidArgumentError(
-                "RunConfig.stop: a dict of metric thresholds ({'training_iteration': 10}); "
-                "stopper objects and functions are not supported", "invalid_argument")
+        thresholds, stopper = _stop_parts(stop)
         return {
             "metric": self.metric or "",
             "mode": self.mode or "",
@@ -72,12 +70,31 @@ class TuneConfig:
             "max_concurrent_trials": int(self.max_concurrent_trials or 0),
             "scheduler": self.scheduler,
             "seed": int(self.seed),
-            "stop": stop or {},
+            "stop": thresholds,
+            "stopper": stopper,
             "time_budget_s": float(self.time_budget_s or 0.0),
             "resources_per_trial": resources or {"cpu": 0.0, "gpu": 0.0},
             "callbacks": _callbacks(callbacks),
             "sample_functions": sample_functions or {},
         }
+
+
+def _stop_parts(stop: Any) -> tuple[dict[str, Any], Optional[Stopper]]:
+    """RunConfig.stop as (thresholds, stopper): a dict of metric thresholds
+    (saved with the experiment), or a Stopper or a function
+    ``(trial_id, result) -> bool`` (code)."""
+    if stop is None:
+        return {}, None
+    if isinstance(stop, dict):
+        return dict(stop), None
+    if isinstance(stop, Stopper):
+        return {}, stop
+    if callable(stop):
+        return {}, FunctionStopper(stop)
+    raise InvalidArgumentError(
+        "RunConfig.stop: a dict of metric thresholds ({'training_iteration': 10}), a "
+        f"cairn.tune.Stopper or a function (trial_id, result) -> bool, not a "
+        f"{type(stop).__name__}", "invalid_argument")
 
 
 def _callbacks(callbacks: Optional[list[Any]]) -> list[Callback]:
@@ -313,7 +330,8 @@ class Tuner:
                 restart_errored: bool = False,
                 param_space: Optional[dict[str, Any]] = None,
                 callbacks: Optional[list[Any]] = None,
-                scheduler: Optional[Any] = None) -> "Tuner":
+                scheduler: Optional[Any] = None,
+                stop: Optional[Any] = None) -> "Tuner":
         """The experiment at ``path``, to :meth:`fit` again.
 
         Finished trials stay finished; unfinished ones resume from their
@@ -326,13 +344,20 @@ class Tuner:
         to be created: give the space the experiment started with.
         ``scheduler`` (Cairn's; Ray pickles it) is needed only for a PBT
         whose ``hyperparam_mutations`` hold functions: the same scheduler
-        again, into which the saved state is restored.
+        again, into which the saved state is restored. ``stop``: a
+        :class:`Stopper` or function the experiment started with (code, not
+        saved); a dict of thresholds is saved and needs nothing.
         """
         _, functions = split_space(param_space or {})
         fn, klass, _, _ = _parts(_unwrap(trainable)[0], RunConfig())  # resources: the saved
         self = cls.__new__(cls)
         self._tune = TuneConfig()
+        thresholds, stopper = _stop_parts(stop)
+        if thresholds:
+            raise InvalidArgumentError(
+                "Tuner.restore(stop=...): the experiment's dict of thresholds is saved with it; "
+                "give only a Stopper or a function here", "invalid_argument")
         self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
                                           restart_errored, scheduler, _callbacks(callbacks),
-                                          functions)
+                                          functions, stopper)
         return self
