@@ -195,6 +195,7 @@ def test_trainables_take_parameters_and_work_by_hand_as_in_ray(tmp_path: pathlib
     again = _Counter(config={})
     again.restore(saved)
     assert again.total == 11 and numpy.array_equal(again.weights, numpy.ones(2))
+    assert again.iteration == 1  # restored with the checkpoint, as Ray's
 
     grid = tune.Tuner(tune.with_parameters(_Counter, offset=100),
                       tune_config=tune.TuneConfig(chdir_to_trial_dir=False),

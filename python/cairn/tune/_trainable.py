@@ -11,6 +11,9 @@ from typing import Any, Optional, Union
 _DICT_CHECKPOINT = "_dict_checkpoint.json"
 # A dict that is not all JSON (arrays, tensors), pickled as Ray's was.
 _PICKLED_CHECKPOINT = "_dict_checkpoint.pkl"
+# The Trainable's own state beside the user's: its iteration, which Ray's
+# restores with a checkpoint.
+_TRAINABLE_STATE = "_trainable_state.json"
 
 
 class Trainable:
@@ -63,8 +66,9 @@ class Trainable:
 
     @property
     def iteration(self) -> int:
-        """Steps run in this process (the result's ``training_iteration``
-        counts across restarts)."""
+        """Steps run, as Ray's: restored with a checkpoint (a resumed or
+        cloned trial goes on from the checkpoint's), else counted in this
+        process."""
         return self._iterations
 
     @property
@@ -136,6 +140,8 @@ class Trainable:
 
     def _cairn_save_checkpoint(self, checkpoint_dir: str) -> None:
         state = self.save_checkpoint(checkpoint_dir)
+        with open(os.path.join(checkpoint_dir, _TRAINABLE_STATE), "w") as f:
+            json.dump({"iteration": self._iterations}, f)
         if isinstance(state, dict):  # else None or the folder itself, as Ray allows
             try:
                 text = json.dumps(state)
@@ -147,6 +153,10 @@ class Trainable:
                     f.write(text)
 
     def _cairn_load_checkpoint(self, checkpoint_dir: str) -> None:
+        own = os.path.join(checkpoint_dir, _TRAINABLE_STATE)
+        if os.path.exists(own):
+            with open(own) as f:
+                self._iterations = int(json.load(f).get("iteration", self._iterations))
         path = os.path.join(checkpoint_dir, _DICT_CHECKPOINT)
         pickled = os.path.join(checkpoint_dir, _PICKLED_CHECKPOINT)
         if os.path.exists(path):
