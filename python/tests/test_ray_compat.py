@@ -154,6 +154,10 @@ def test_a_failed_run_raises_and_the_context_names_the_run(tmp_path: pathlib.Pat
     assert result.metrics["trial_id"] == "ctx" and result.metrics["trial_name"] == "ctx"
     assert result.metrics["experiment"] == "ctx"
     assert result.metrics["metadata"] == {"team": "a"} and result.metrics["cpus"] == 1.0
+    # In a trial: what with_resources asked for.
+    grid = tune.Tuner(tune.with_resources(_context_loop, {"cpu": 2}),
+                      run_config=RunConfig(name="res", storage_path=tmp_path)).fit()
+    assert grid[0].metrics["cpus"] == 2.0 and grid[0].metrics["experiment"] == "res"
     # Ray's row keys.
     assert result.metrics["iterations_since_restore"] == 1
     assert result.metrics["time_this_iter_s"] >= 0

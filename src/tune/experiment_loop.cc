@@ -242,6 +242,7 @@ void Experiment::start(Trial& t) {
   rs.run.checkpoint_config.checkpoint_at_end = false;
   rs.trial_uri = trial_storage->uri();
   rs.trial_path = t.info.path;
+  rs.resources = spec_.tune.resources_per_trial;
 
   if (t.place == 0) {
     tune_internal::ForkedRunner r = tune_internal::fork_runner(rs, t.gpu_ids, t.info.trial_id);

@@ -91,6 +91,7 @@ nlohmann::json runner_to_json(const tune_internal::RunnerSpec& rs,
           {"checkpoint_config", rs.run.checkpoint_config.to_json()},
           {"trial_uri", rs.trial_uri},
           {"trial_path", rs.trial_path},
+          {"resources", {{"cpu", rs.resources.cpu}, {"gpu", rs.resources.gpu}}},
           {"gpu_ids", gpu_ids}};
 }
 
@@ -111,6 +112,8 @@ tune_internal::RunnerSpec runner_from_json(const nlohmann::json& j,
   rs.run.checkpoint_config.checkpoint_at_end = false;
   rs.trial_uri = j.at("trial_uri").get<std::string>();
   rs.trial_path = j.at("trial_path").get<std::string>();
+  rs.resources.cpu = j.at("resources").at("cpu").get<double>();
+  rs.resources.gpu = j.at("resources").at("gpu").get<double>();
   gpu_ids = j.at("gpu_ids").get<std::vector<std::string>>();
   return rs;
 }

@@ -171,6 +171,11 @@ int run_trial(const RunnerSpec& rs, int fd) {
   // are forks and inherit it.
   ::setenv("CAIRN_TRIAL_ID", rs.run.name.c_str(), 1);
   ::setenv("CAIRN_TUNE_EXPERIMENT", rs.run.storage_path.c_str(), 1);
+  // Ray's trial resources: the CPUs asked for (else one per worker) and
+  // the GPUs.
+  const double cpus = rs.resources.cpu > 0 ? rs.resources.cpu : rs.num_workers;
+  ::setenv("CAIRN_TRIAL_RESOURCES",
+           nlohmann::json{{"CPU", cpus}, {"GPU", rs.resources.gpu}}.dump().c_str(), 1);
   try {
     train_internal::DriverSpec spec;
     spec.train_fn = rs.train_fn;

@@ -41,6 +41,9 @@ struct RunnerSpec {
   RunConfig run;  // name = the trial id, storage_path = the experiment's URI
   std::string trial_uri;
   std::string trial_path;  // as shown to users
+  // What the trial asked for (TuneConfig::resources_per_trial; 0: not
+  // given), exported to its processes as CAIRN_TRIAL_RESOURCES.
+  tune::TrialResources resources;
 };
 
 // Runs `open` (something that takes a trial's lock) again while it throws

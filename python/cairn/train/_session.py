@@ -8,9 +8,11 @@ from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 
 
-# The Trainer's ``metadata`` argument, set in each worker (a fork) before
-# the training function runs.
+# The Trainer's ``metadata`` argument and the run's resources (Ray's
+# trial resources), set in each worker (a fork) before the training
+# function runs.
 _metadata: dict[str, Any] = {}
+_resources: dict[str, float] = {"CPU": 1.0, "GPU": 0.0}
 
 
 class TrainContext:
@@ -58,12 +60,16 @@ class TrainContext:
         return self.get_trial_id()
 
     def get_trial_resources(self) -> dict[str, float]:
-        """What this worker may use, as Ray's resource dict: one CPU, and the
-        GPUs ``CUDA_VISIBLE_DEVICES`` gives it (the Tuner's per-trial GPUs,
-        or the node's)."""
-        visible = _cairn.train_environment_value("CUDA_VISIBLE_DEVICES")
-        gpus = [g for g in (visible or "").split(",") if g.strip()]
-        return {"CPU": 1.0, "GPU": float(len(gpus))}
+        """The trial's resources, as Ray's dict: in a Tuner what
+        ``with_resources`` asked for (CPUs, else one per worker; GPUs); in a
+        Trainer's run one CPU per worker, and one GPU per worker with
+        ``ScalingConfig(use_gpu=True)``."""
+        tuned = _cairn.train_environment_value("CAIRN_TRIAL_RESOURCES")
+        if tuned:
+            import json
+
+            return {k: float(v) for k, v in json.loads(tuned).items()}
+        return dict(_resources)
 
     def get_metadata(self) -> dict[str, Any]:
         """The ``metadata`` dict given to the Trainer (``{}`` without one)."""

@@ -83,6 +83,8 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     _session._metadata = dict(metadata or {})
     try:
         context = get_context()
+        workers = float(context.get_world_size())
+        _session._resources = {"CPU": workers, "GPU": workers if scaling.use_gpu else 0.0}
         _sync_environ()
         teardown = setup(context, scaling) if setup is not None else None
         try:
