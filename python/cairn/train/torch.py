@@ -71,8 +71,9 @@ def _setup_torch(context: TrainContext, scaling: ScalingConfig,
 def _unwrap_ddp(data: dict[Any, Any]) -> dict[Any, Any]:
     """``data`` with what DDP adds taken off its first-level values, as Ray's
     TorchTrainer does for dict checkpoints: a DistributedDataParallel model
-    becomes its module, and a state dict whose keys all start with
-    "module." (``prepare_model(m).state_dict()``) loses that prefix."""
+    becomes its module, and a state dict (tensors) whose keys all start
+    with "module." (``prepare_model(m).state_dict()``) loses that prefix."""
+    import torch
     from torch.nn.parallel import DistributedDataParallel
 
     out = dict(data)
@@ -80,7 +81,8 @@ def _unwrap_ddp(data: dict[Any, Any]) -> dict[Any, Any]:
         if isinstance(value, DistributedDataParallel):
             out[key] = value.module
         elif (isinstance(value, dict) and value
-              and all(isinstance(k, str) and k.startswith("module.") for k in value)):
+              and all(isinstance(k, str) and k.startswith("module.") for k in value)
+              and any(isinstance(v, torch.Tensor) for v in value.values())):
             stripped = type(value)() if isinstance(value, collections.OrderedDict) else {}
             for k, v in value.items():
                 stripped[k[len("module."):]] = v
