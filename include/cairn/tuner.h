@@ -150,8 +150,9 @@ class Stopper {
   virtual ~Stopper() = default;
   // True ends this trial (TERMINATED).
   virtual bool operator()(const std::string& trial_id, const nlohmann::json& result) = 0;
-  // True ends the whole experiment: running trials are stopped, pending
-  // ones never start.
+  // True ends the whole experiment: running trials are stopped at their next
+  // result, pending ones never start. Asked after every result and between
+  // results (the driver's loop, about every 100 ms), on the driver's thread.
   virtual bool stop_all() { return false; }
 };
 

@@ -359,3 +359,46 @@ def test_stop_takes_rays_stoppers_and_functions(tmp_path: pathlib.Path) -> None:
     with pytest.raises(cairn.InvalidArgumentError, match="saved with it"):
         tune.Tuner.restore(tmp_path / "fn", _steps, stop={"training_iteration": 2})
     assert len(tune.Tuner.restore(tmp_path / "fn", _steps, stop=at_three).fit()) == 1
+
+
+def test_nested_metrics_are_named_as_ray_flattens_them(tmp_path: pathlib.Path) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        for i in range(1, 9):
+            tune.report({"eval": {"loss": config["x"] / i, "acc": i}})
+
+    asha = tune.schedulers.ASHAScheduler(max_t=8, grace_period=2, reduction_factor=2)
+    grid = tune.Tuner(trainable, param_space={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+                      tune_config=tune.TuneConfig(metric="eval/loss", mode="min",
+                                                  max_concurrent_trials=2, scheduler=asha),
+                      run_config=RunConfig(name="nested", storage_path=tmp_path,
+                                           stop={"eval/acc": 6})).fit()
+    iterations = {r.config["x"]: r.metrics["training_iteration"] for r in grid}
+    assert max(iterations.values()) == 6, iterations  # the nested stop threshold
+    assert min(iterations.values()) < 6, iterations  # ASHA stopped the worse early
+    assert grid.get_best_result().config["x"] == 1.0
+    assert grid.get_best_result("eval/acc", "max", scope="all").metrics["eval"]["acc"] == 6
+
+
+def test_fail_fast_ends_a_tuner_at_the_first_error(tmp_path: pathlib.Path) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        if config["x"] == 0:
+            raise ValueError("trial zero fails")
+        for i in range(3):
+            tune.report({"i": i})
+
+    def run(name: str, fail_fast: Any) -> Any:
+        return tune.Tuner(trainable, param_space={"x": tune.grid_search([0, 1, 2])},
+                          tune_config=tune.TuneConfig(max_concurrent_trials=1),
+                          run_config=RunConfig(name=name, storage_path=tmp_path,
+                                               failure_config=train.FailureConfig(
+                                                   fail_fast=fail_fast))).fit()
+
+    assert [r.status for r in run("slow", False)] == ["ERROR", "TERMINATED", "TERMINATED"]
+    fast = run("fast", True)
+    assert fast[0].status == "ERROR"
+    assert all(r.status != "TERMINATED" or not r.metrics for r in fast[1:]), [
+        (r.status, r.metrics) for r in fast]
+    with pytest.raises(train.TrainingFailedError, match="trial zero fails"):
+        run("raise", "raise")
+    with pytest.raises(cairn.InvalidArgumentError, match="fail_fast"):
+        run("bad", "sometimes")

@@ -45,7 +45,13 @@ double wall_seconds();
 
 std::string trial_id_for(std::size_t index);
 
+// result[key] as a number (not NaN), or nothing; a key "a/b" not found as
+// it is reaches result["a"]["b"] (Ray's flattened name of a nested metric).
 std::optional<double> number_at(const nlohmann::json& result, const std::string& key);
+// `result` with every nested number also under its flattened name ("eval":
+// {"loss": 1} adds "eval/loss": 1), as Ray's schedulers see results; keys
+// already there are kept.
+nlohmann::json with_flat_keys(const nlohmann::json& result);
 
 nlohmann::json failure_config_json(const FailureConfig& f);
 

@@ -85,6 +85,14 @@ void Experiment::loop(const train_internal::SigtermNotice& sigterm) {
     check_preemption(sigterm.received());
     check_draining_places();
     check_time_budget();
+    // A stopper may end the experiment between results too (a time out, a
+    // trial's error seen by a callback): no trial starts after that.
+    if (!stop_experiment_ && spec_.tune.stopper && spec_.tune.stopper->stop_all()) {
+      stop_experiment_ = true;
+      dirty_ = true;
+      log::info(fmt::format("{}: the stopper ended the experiment; no trial starts any more",
+                            path_));
+    }
     if (!stop_experiment_) fill_slots();
     if (running_count() == 0) {
       if (stop_experiment_ || !has_runnable()) break;
@@ -524,7 +532,7 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
     return {{"save", true}, {"stop", true}};
   }
   SchedulerDecision d;
-  if (!stop) d = scheduler_->on_trial_result(view_of(t), row);
+  if (!stop) d = scheduler_->on_trial_result(view_of(t), with_flat_keys(row));
   if (stop || d.action == SchedulerDecision::kStop) {
     t.ending = TrialStatus::kTerminated;
     const bool save = spec_.class_trainable && spec_.run.checkpoint_config.checkpoint_at_end;
@@ -655,7 +663,7 @@ void Experiment::complete(Trial& t) {
     drop_clone(t);
   }
   t.info.status = TrialStatus::kTerminated;
-  scheduler_->on_trial_complete(view_of(t), t.info.last_result);
+  scheduler_->on_trial_complete(view_of(t), with_flat_keys(t.info.last_result));
   tell_searcher(t, false);
   for (auto& cb : spec_.tune.callbacks) cb->on_trial_complete(t.info);
 }

@@ -56,11 +56,51 @@ std::string trial_id_for(std::size_t index) { return fmt::format("trial_{:05d}",
 
 std::optional<double> number_at(const nlohmann::json& result, const std::string& key) {
   if (!result.is_object()) return std::nullopt;
-  auto it = result.find(key);
-  if (it == result.end() || !it->is_number()) return std::nullopt;
-  const double v = it->get<double>();
+  const nlohmann::json* found = nullptr;
+  if (auto it = result.find(key); it != result.end()) {
+    found = &*it;
+  } else {
+    // Ray's flattened name of a nested metric: "eval/loss" is
+    // result["eval"]["loss"].
+    const nlohmann::json* node = &result;
+    size_t at = 0;
+    while (true) {
+      if (node == nullptr || !node->is_object()) {
+        node = nullptr;  // a part of the name is missing, or not an object
+        break;
+      }
+      const size_t slash = key.find('/', at);
+      auto it =
+          node->find(key.substr(at, slash == std::string::npos ? std::string::npos : slash - at));
+      node = it == node->end() ? nullptr : &*it;
+      if (slash == std::string::npos) break;
+      at = slash + 1;
+    }
+    found = node;
+  }
+  if (found == nullptr || !found->is_number()) return std::nullopt;
+  const double v = found->get<double>();
   if (std::isnan(v)) return std::nullopt;
   return v;
+}
+
+nlohmann::json with_flat_keys(const nlohmann::json& result) {
+  if (!result.is_object()) return result;
+  nlohmann::json out = result;
+  auto add = [&](auto&& self, const nlohmann::json& node, const std::string& prefix) -> void {
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const std::string name = prefix + it.key();
+      if (it->is_object()) {
+        self(self, *it, name + "/");
+      } else if (it->is_number() && !out.contains(name)) {
+        out[name] = *it;
+      }
+    }
+  };
+  for (auto it = result.begin(); it != result.end(); ++it) {
+    if (it->is_object()) add(add, *it, it.key() + "/");
+  }
+  return out;
 }
 
 nlohmann::json failure_config_json(const FailureConfig& f) {

@@ -82,7 +82,10 @@ class FailureConfig:
     max_failures: int = 0
     report_timeout_s: float = 1800.0
     preemption_grace_s: float = 120.0
-    fail_fast: bool = False  # accepted for Ray compatibility; Cairn stops the group at once
+    # A Tuner's: True ends the experiment at the first trial error (no trial
+    # starts after it, running ones stop at their next result), "raise" also
+    # raises that error from fit(). A Trainer stops its group at once anyway.
+    fail_fast: Any = False
 
 
 @dataclass

@@ -79,6 +79,35 @@ class TuneConfig:
         }
 
 
+class _FailFast(Stopper):
+    """FailureConfig(fail_fast=...): ends the experiment at the first trial
+    error (a callback sees it, this stopper's stop_all() says so), after
+    asking the user's own stop (a dict of thresholds, a Stopper or a
+    function) as usual."""
+
+    def __init__(self, stop: Any) -> None:
+        self._thresholds, self._stopper = _stop_parts(stop)
+        self.failed = False
+        outer = self
+
+        class Watch(Callback):
+            def on_trial_error(self, iteration: int, trials: list[Any], trial: Any,
+                               **info: Any) -> None:
+                outer.failed = True
+
+        self.callback = Watch()
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        for key, limit in self._thresholds.items():
+            value = result.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= limit:
+                return True
+        return bool(self._stopper(trial_id, result)) if self._stopper is not None else False
+
+    def stop_all(self) -> bool:
+        return self.failed or (self._stopper is not None and self._stopper.stop_all())
+
+
 def _stop_parts(stop: Any) -> tuple[dict[str, Any], Optional[Stopper]]:
     """RunConfig.stop as (thresholds, stopper): a dict of metric thresholds
     (saved with the experiment), or a Stopper or a function
@@ -169,8 +198,12 @@ class ResultGrid:
         its last result, or with ``filter_metric`` and ``filter_mode``
         ("max"/"min") its best result by that metric; with ``trial_id`` and
         the trial's config as ``config/<key>`` columns."""
-        import pandas
-
+        try:
+            import pandas
+        except ImportError as e:
+            raise ImportError("ResultGrid.get_dataframe needs pandas (apt-get install "
+                              "python3-pandas); each result's metrics_history has the rows"
+                              ) from e
         return pandas.json_normalize(self._rows(filter_metric, filter_mode), sep="/")
 
     def _rows(self, filter_metric: Optional[str],
@@ -300,6 +333,16 @@ class Tuner:
         self._tune = tune_config or TuneConfig()
         trainable, resources = _unwrap(trainable)
         fn, cls, scaling, run = _parts(trainable, run_config)
+        fail_fast = (run.failure_config.fail_fast if run.failure_config is not None else False)
+        if fail_fast not in (False, True, "raise"):
+            raise InvalidArgumentError(
+                f'FailureConfig.fail_fast: False, True or "raise", not {fail_fast!r}',
+                "invalid_argument")
+        self._fail_fast = fail_fast
+        stop, callbacks = run.stop, list(run.callbacks or [])
+        if fail_fast:
+            watch = _FailFast(stop)
+            stop, callbacks = watch, callbacks + [watch.callback]
         space, functions = split_space(param_space or {})
         min_workers, num_workers = worker_range(scaling)
         if min_workers:
@@ -307,8 +350,7 @@ class Tuner:
                 "Tuner: ScalingConfig.num_workers as a (min, max) range is for the Trainer; "
                 "a trial runs with a fixed number of workers", "invalid_argument")
         self._impl: Any = _cairn.Tuner(fn, cls, space,
-                                       self._tune._native(run.stop, run.callbacks, functions,
-                                                          resources),
+                                       self._tune._native(stop, callbacks, functions, resources),
                                        run._native(), num_workers, scaling.launcher)
 
     def fit(self) -> ResultGrid:
@@ -317,7 +359,10 @@ class Tuner:
         The GIL is released meanwhile; Ctrl-C (main thread) stops the trials
         with their checkpoints, then raises KeyboardInterrupt (restorable).
         """
-        return ResultGrid(self._impl.fit(), self._tune.metric, self._tune.mode)
+        grid = ResultGrid(self._impl.fit(), self._tune.metric, self._tune.mode)
+        if getattr(self, "_fail_fast", False) == "raise" and grid.errors:
+            raise grid.errors[0]
+        return grid
 
     @classmethod
     def can_restore(cls, path: str | os.PathLike[str]) -> bool:
