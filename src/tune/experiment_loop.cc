@@ -90,8 +90,8 @@ void Experiment::loop(const train_internal::SigtermNotice& sigterm) {
     if (!stop_experiment_ && spec_.tune.stopper && spec_.tune.stopper->stop_all()) {
       stop_experiment_ = true;
       dirty_ = true;
-      log::info(fmt::format("{}: the stopper ended the experiment; no trial starts any more",
-                            path_));
+      log::info(
+          fmt::format("{}: the stopper ended the experiment; no trial starts any more", path_));
     }
     if (!stop_experiment_) fill_slots();
     if (running_count() == 0) {
