@@ -154,10 +154,18 @@ def test_a_failed_run_raises_and_the_context_names_the_run(tmp_path: pathlib.Pat
     assert result.metrics["trial_id"] == "ctx" and result.metrics["trial_name"] == "ctx"
     assert result.metrics["experiment"] == "ctx"
     assert result.metrics["metadata"] == {"team": "a"} and result.metrics["cpus"] == 1.0
+    # The configuration comes back with the stored results, as Ray's.
+    assert train.Result.from_path(tmp_path / "ctx").config == {}  # none was given
+    with_config = TorchTrainer(_context_loop, train_loop_config={"lr": 0.5},
+                               run_config=RunConfig(name="cfg", storage_path=tmp_path)).fit()
+    assert train.Result.from_path(with_config.path).config == {"train_loop_config": {"lr": 0.5}}
+    again = TorchTrainer.restore(with_config.path, _context_loop).fit()
+    assert again.config == {"train_loop_config": {"lr": 0.5}}
     # In a trial: what with_resources asked for.
     grid = tune.Tuner(tune.with_resources(_context_loop, {"cpu": 2}),
                       run_config=RunConfig(name="res", storage_path=tmp_path)).fit()
     assert grid[0].metrics["cpus"] == 2.0 and grid[0].metrics["experiment"] == "res"
+    assert train.Result.from_path(grid[0].path).config == grid[0].config
     # Ray's row keys.
     assert result.metrics["iterations_since_restore"] == 1
     assert result.metrics["time_this_iter_s"] >= 0
@@ -218,6 +226,7 @@ def test_trainables_take_parameters_and_work_by_hand_as_in_ray(tmp_path: pathlib
                       run_config=RunConfig(name="fn", storage_path=tmp_path)).fit()
     assert grid[0].metrics["sum"] == 10
     assert (grid[0].metrics["trial"], grid[0].metrics["experiment"]) == ("trial_00000", "fn")
+    assert train.Result.from_path(grid[0].path).config == {"x": 4}
     assert tune.result.SHOULD_CHECKPOINT == "should_checkpoint"
     assert issubclass(cairn.NotFoundError, tune.TuneError)
     with pytest.raises(cairn.InvalidArgumentError, match="stop_last_trials"):

@@ -81,7 +81,9 @@ class Result:
         Raises:
             cairn.NotFoundError: nothing was run there.
         """
-        return cls(_cairn.TrainResult.from_path(path))
+        result = cls(_cairn.TrainResult.from_path(path))
+        result.config = _saved_config(result.path)
+        return result
 
     def get_best_checkpoint(self, metric: str, mode: str) -> Optional[Checkpoint]:
         """The kept checkpoint whose reported ``metric`` is the best (``mode``
@@ -130,3 +132,26 @@ def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         if isinstance(value, dict):
             out.update(_flat(value, name + "/"))
     return out
+
+
+def _saved_config(path: str) -> dict[str, Any]:
+    """The configuration stored with the run at ``path``: a Tuner trial's
+    ``params.json``, or a Trainer run's ``train_loop_config`` (as
+    ``{"train_loop_config": ...}``); ``{}`` when neither was stored (a
+    configuration that is not JSON is not)."""
+    import json
+
+    from cairn.errors import Error
+
+    folder = _cairn.Checkpoint.from_directory(path)
+    try:
+        params = json.loads(folder.read_file("params.json"))
+        return params if isinstance(params, dict) else {}
+    except (Error, ValueError):
+        pass  # not a trial
+    try:
+        state = json.loads(folder.read_file("trainer_state.json"))
+    except (Error, ValueError):
+        return {}
+    config = state.get("train_loop_config") if isinstance(state, dict) else None
+    return {} if config is None else {"train_loop_config": config}

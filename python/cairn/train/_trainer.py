@@ -12,7 +12,7 @@ from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn.errors import InvalidArgumentError
 from cairn.train._config import RunConfig, ScalingConfig, worker_range
-from cairn.train._result import Result, TrainingFailedError
+from cairn.train._result import Result, TrainingFailedError, _saved_config
 from cairn.train import _session
 from cairn.train._session import TrainContext, get_context
 
@@ -184,6 +184,8 @@ class DataParallelTrainer:
         result = Result(self._impl.fit())
         if self._config is not None:
             result.config = {"train_loop_config": self._config}
+        else:  # a restore given no config goes on with the saved one
+            result.config = _saved_config(result.path)
         if result.error is not None and not result.preempted:
             raise TrainingFailedError(
                 f"{result.error}\n(the run is at {result.path}: "
