@@ -379,6 +379,11 @@ void bind_tuner(py::module_& m) {
            }),
            py::arg("fn"), py::arg("cls"), py::arg("param_space"), py::arg("tune_config"),
            py::arg("run"), py::arg("num_workers"), py::arg("launcher"))
+      .def("get_results",
+           [](const tune::Tuner& tuner) {
+             py::gil_scoped_release release;
+             return tuner.get_results();
+           })
       .def("fit",
            [](tune::Tuner& tuner) {
              std::optional<tune::ResultGrid> grid;

@@ -323,6 +323,12 @@ class Tuner {
   // FailureConfig::preemption_grace_s after the signal, fit() saves the
   // experiment state and returns a ResultGrid whose preempted() is true.
   ResultGrid fit();
+  // The results of a restored experiment as its state stands, without
+  // running anything (Ray's Tuner.get_results() after Tuner.restore): each
+  // trial's status, config and error as last saved, its metrics, history
+  // and checkpoints read from its folder. kFailedPrecondition for a Tuner
+  // that was not restored (fit() returns its results).
+  ResultGrid get_results() const;
 
   // True if `path` holds a Tuner experiment (tuner_state.json). kCorruption
   // naming the file if that state is damaged.

@@ -411,3 +411,25 @@ def test_fail_fast_ends_a_tuner_at_the_first_error(tmp_path: pathlib.Path) -> No
         run("raise", "raise")
     with pytest.raises(cairn.InvalidArgumentError, match="fail_fast"):
         run("bad", "sometimes")
+
+
+def test_get_results_reads_a_restored_experiment_without_running_it(
+    tmp_path: pathlib.Path,
+) -> None:
+    def trainable(config: dict[str, Any]) -> None:
+        for i in range(3):
+            tune.report({"loss": config["x"] * (3 - i)}, checkpoint=Checkpoint.from_dict({"i": i}))
+
+    tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
+                       tune_config=tune.TuneConfig(metric="loss", mode="min"),
+                       run_config=RunConfig(name="res", storage_path=tmp_path))
+    grid = tuner.fit()
+    assert tuner.get_results() is grid
+    again = tune.Tuner.restore(tmp_path / "res", trainable).get_results()
+    assert [(r.trial_id, r.status, r.config) for r in again] == [
+        (r.trial_id, r.status, r.config) for r in grid]
+    assert again.get_best_result().config == {"x": 1}
+    assert again[0].checkpoint is not None and again[0].checkpoint.to_dict() == {"i": 2}
+    assert [len(r.metrics_history) for r in again] == [3, 3]  # nothing ran again
+    with pytest.raises(cairn.FailedPreconditionError, match="not restored"):
+        tune.Tuner(trainable, run_config=RunConfig(name="new", storage_path=tmp_path)).get_results()

@@ -45,6 +45,15 @@ double wall_seconds();
 
 std::string trial_id_for(std::size_t index);
 
+// The ResultGrid of `trials` (their folders under `storage`, the
+// experiment shown as `path`), as fit() returns it.
+ResultGrid results_of(const std::vector<TrialInfo>& trials, Storage& storage,
+                      const std::string& metric, const std::string& mode, const std::string& path);
+// The results of the experiment whose saved state is `saved`, at `uri`
+// (shown as `path`), without running it (Tuner::get_results).
+ResultGrid saved_results(const nlohmann::json& saved, const std::string& uri,
+                         const std::string& path);
+
 // result[key] as a number (not NaN), or nothing; a key "a/b" not found as
 // it is reaches result["a"]["b"] (Ray's flattened name of a nested metric).
 std::optional<double> number_at(const nlohmann::json& result, const std::string& key);

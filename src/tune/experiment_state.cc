@@ -447,20 +447,27 @@ void Experiment::maybe_save_state(double now) {
 }
 
 ResultGrid Experiment::results() {
+  std::vector<TrialInfo> infos;
+  for (const auto& t : trials_) infos.push_back(t.info);
+  return results_of(infos, *storage_, spec_.tune.metric, spec_.tune.mode, path_);
+}
+
+ResultGrid results_of(const std::vector<TrialInfo>& trials, Storage& storage,
+                      const std::string& metric, const std::string& mode, const std::string& path) {
   std::vector<TrialResult> out;
-  for (const auto& t : trials_) {
+  for (const auto& info : trials) {
     TrialResult r;
     try {
-      static_cast<Result&>(r) = Result::from_path(storage_->child(t.info.trial_id)->uri());
+      static_cast<Result&>(r) = Result::from_path(storage.child(info.trial_id)->uri());
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kNotFound) throw;  // a trial that never ran
     }
-    r.path = t.info.path;
-    r.trial_id = t.info.trial_id;
-    r.config = t.info.config;
-    r.status = t.info.status;
-    if (t.info.status == TrialStatus::kError) r.error = t.info.error;
-    if (t.info.status == TrialStatus::kTerminated) {
+    r.path = info.path;
+    r.trial_id = info.trial_id;
+    r.config = info.config;
+    r.status = info.status;
+    if (info.status == TrialStatus::kError) r.error = info.error;
+    if (info.status == TrialStatus::kTerminated) {
       // Ended as the Tuner asked (a stop criterion, a scheduler, a final
       // checkpoint through the preemption path): not a failure, whatever
       // the trial's own run recorded when its workers were stopped.
@@ -468,11 +475,32 @@ ResultGrid Experiment::results() {
       r.preempted = false;
     }
     if (r.metrics.is_null() || r.metrics.empty()) {
-      r.metrics = t.info.last_result.is_object() ? t.info.last_result : nlohmann::json::object();
+      r.metrics = info.last_result.is_object() ? info.last_result : nlohmann::json::object();
     }
     out.push_back(std::move(r));
   }
-  return ResultGrid(std::move(out), spec_.tune.metric, spec_.tune.mode, path_);
+  return ResultGrid(std::move(out), metric, mode, path);
+}
+
+ResultGrid saved_results(const nlohmann::json& saved, const std::string& uri,
+                         const std::string& path) {
+  auto storage = open_storage(uri);
+  std::vector<TrialInfo> infos;
+  std::string metric, mode;
+  try {
+    metric = saved.at("metric").get<std::string>();
+    mode = saved.at("mode").get<std::string>();
+    for (const auto& j : saved.at("trials")) {
+      TrialInfo info = trial_from_json(j).info;
+      // A plain path for local storage (as the Trainer shows it), else the URI.
+      info.path = path == uri ? storage->child(info.trial_id)->uri() : path + "/" + info.trial_id;
+      infos.push_back(std::move(info));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: {}", storage->uri_of(kStateKey), e.what()));
+  }
+  return results_of(infos, *storage, metric, mode, path);
 }
 
 }  // namespace cairn::tune::tuner_internal

@@ -431,6 +431,16 @@ std::shared_ptr<TrialScheduler> rebuild_scheduler(const nlohmann::json& saved,
 
 }  // namespace
 
+ResultGrid Tuner::get_results() const {
+  if (!restored_state_.is_object()) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "Tuner::get_results: this Tuner was not restored; fit() returns its results");
+  }
+  const experiment::ExperimentLocation loc =
+      experiment::locate_experiment(run_config_.storage_path, run_config_.name);
+  return tuner_internal::saved_results(restored_state_, loc.uri, loc.path);
+}
+
 Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cls,
                           RestoreOptions options, TuneConfig code) {
   const experiment::ExperimentParts where = experiment::split_experiment_path(path);

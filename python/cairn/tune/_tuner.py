@@ -360,9 +360,24 @@ class Tuner:
         with their checkpoints, then raises KeyboardInterrupt (restorable).
         """
         grid = ResultGrid(self._impl.fit(), self._tune.metric, self._tune.mode)
+        self._grid = grid
         if getattr(self, "_fail_fast", False) == "raise" and grid.errors:
             raise grid.errors[0]
         return grid
+
+    def get_results(self) -> ResultGrid:
+        """The results, as Ray's: those of the last :meth:`fit`, or for a
+        Tuner from :meth:`restore` not yet fit, the experiment's as its
+        saved state stands (nothing runs: each trial's status, config and
+        error as last saved, its metrics and checkpoints from its folder).
+
+        Raises:
+            cairn.FailedPreconditionError: neither fit nor restored.
+        """
+        grid = getattr(self, "_grid", None)
+        if grid is not None:
+            return grid
+        return ResultGrid(self._impl.get_results(), self._tune.metric, self._tune.mode)
 
     @classmethod
     def can_restore(cls, path: str | os.PathLike[str]) -> bool:
