@@ -411,6 +411,17 @@ def test_fail_fast_ends_a_tuner_at_the_first_error(tmp_path: pathlib.Path) -> No
         run("raise", "raise")
     with pytest.raises(cairn.InvalidArgumentError, match="fail_fast"):
         run("bad", "sometimes")
+    # The stop thresholds still apply (and are the experiment's, saved).
+    kept = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
+                      run_config=RunConfig(name="kept", storage_path=tmp_path,
+                                           stop={"training_iteration": 2},
+                                           failure_config=train.FailureConfig(
+                                               fail_fast=True))).fit()
+    assert [r.metrics["training_iteration"] for r in kept] == [2, 2]
+    import json
+
+    state = json.loads((tmp_path / "kept" / "tuner_state.json").read_text())
+    assert state["stop"] == {"training_iteration": 2}  # what a restore goes on with
 
 
 def test_get_results_reads_a_restored_experiment_without_running_it(

@@ -57,12 +57,17 @@ class TuneConfig:
 
     def _native(self, stop: Any, callbacks: Optional[list[Any]] = None,
                 sample_functions: Optional[dict[str, Any]] = None,
-                resources: Optional[dict[str, float]] = None) -> dict[str, Any]:
+                resources: Optional[dict[str, float]] = None,
+                fail_fast: Optional["_FailFast"] = None) -> dict[str, Any]:
         if self.search_alg is not None:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
                 "param space) is supported", "invalid_argument")
         thresholds, stopper = _stop_parts(stop)
+        if fail_fast is not None:  # asked after the user's stopper, if any
+            fail_fast.inner = stopper
+            stopper = fail_fast
+            callbacks = list(callbacks or []) + [fail_fast.callback]
         return {
             "metric": self.metric or "",
             "mode": self.mode or "",
@@ -81,12 +86,12 @@ class TuneConfig:
 
 class _FailFast(Stopper):
     """FailureConfig(fail_fast=...): ends the experiment at the first trial
-    error (a callback sees it, this stopper's stop_all() says so), after
-    asking the user's own stop (a dict of thresholds, a Stopper or a
-    function) as usual."""
+    error (a callback sees it, this stopper's stop_all() says so). The
+    user's own stopper, if any, is ``inner`` and asked as usual; a dict of
+    thresholds stays the C++ Tuner's (saved with the experiment)."""
 
-    def __init__(self, stop: Any) -> None:
-        self._thresholds, self._stopper = _stop_parts(stop)
+    def __init__(self) -> None:
+        self.inner: Optional[Stopper] = None
         self.failed = False
         outer = self
 
@@ -98,14 +103,10 @@ class _FailFast(Stopper):
         self.callback = Watch()
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        for key, limit in self._thresholds.items():
-            value = result.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= limit:
-                return True
-        return bool(self._stopper(trial_id, result)) if self._stopper is not None else False
+        return self.inner is not None and bool(self.inner(trial_id, result))
 
     def stop_all(self) -> bool:
-        return self.failed or (self._stopper is not None and self._stopper.stop_all())
+        return self.failed or (self.inner is not None and self.inner.stop_all())
 
 
 def _stop_parts(stop: Any) -> tuple[dict[str, Any], Optional[Stopper]]:
@@ -339,10 +340,6 @@ class Tuner:
                 f'FailureConfig.fail_fast: False, True or "raise", not {fail_fast!r}',
                 "invalid_argument")
         self._fail_fast = fail_fast
-        stop, callbacks = run.stop, list(run.callbacks or [])
-        if fail_fast:
-            watch = _FailFast(stop)
-            stop, callbacks = watch, callbacks + [watch.callback]
         space, functions = split_space(param_space or {})
         min_workers, num_workers = worker_range(scaling)
         if min_workers:
@@ -350,7 +347,9 @@ class Tuner:
                 "Tuner: ScalingConfig.num_workers as a (min, max) range is for the Trainer; "
                 "a trial runs with a fixed number of workers", "invalid_argument")
         self._impl: Any = _cairn.Tuner(fn, cls, space,
-                                       self._tune._native(stop, callbacks, functions, resources),
+                                       self._tune._native(run.stop, run.callbacks, functions,
+                                                          resources,
+                                                          _FailFast() if fail_fast else None),
                                        run._native(), num_workers, scaling.launcher)
 
     def fit(self) -> ResultGrid:
