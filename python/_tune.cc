@@ -88,6 +88,21 @@ py::dict info_dict(const tune::TrialInfo& t) {
   return d;
 }
 
+// Calls `f` (Python code of a Tune hook: a callback or a stopper, `obj`),
+// turning a Python exception into an Error naming the hook's kind, its class
+// and `what` it was doing. The GIL is held.
+template <typename F>
+py::object call_hook(const char* kind, const py::object& obj, const char* what, F&& f) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("the Tune ") + kind + " " +
+                    std::string(py::str(py::type::of(obj).attr("__name__"))) + " failed in " +
+                    what + ": " + python_error_text(e));
+  }
+}
+
 // A cairn.tune.Callback behind the C++ interface: called on the Tuner's
 // thread, with the GIL. A Python exception ends fit() with an Error naming
 // the callback and the exception.
@@ -126,14 +141,7 @@ class PyCallback final : public tune::Callback {
   }
   template <typename F>
   py::object guarded(const char* what, F&& f) {
-    try {
-      return f();
-    } catch (py::error_already_set& e) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("the Tune callback ") +
-                      std::string(py::str(py::type::of(ref_->object).attr("__name__"))) +
-                      " failed in " + what + ": " + python_error_text(e));
-    }
+    return call_hook("callback", ref_->object, what, std::forward<F>(f));
   }
 
   std::shared_ptr<PyRef> ref_;
@@ -158,14 +166,7 @@ class PyStopper final : public tune::Stopper {
  private:
   template <typename F>
   bool guarded(const char* what, F&& f) {
-    try {
-      return py::bool_(f());
-    } catch (py::error_already_set& e) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("the Tune stopper ") +
-                      std::string(py::str(py::type::of(ref_->object).attr("__name__"))) +
-                      " failed in " + what + ": " + python_error_text(e));
-    }
+    return py::bool_(call_hook("stopper", ref_->object, what, std::forward<F>(f)));
   }
 
   std::shared_ptr<PyRef> ref_;
