@@ -48,6 +48,11 @@ class CheckpointWriter {
   // listing that lags behind a write is no false alarm. Throws as above,
   // naming the first file at fault; nothing is recorded then.
   void add_written(const std::vector<ManifestEntry>& entries);
+  // Records files that other hosts hold in their own copies of the
+  // destination, unchecked: whoever wrote and moved them checked their
+  // sizes and checksums (the memory tier across hosts, docs/memory-tier.md).
+  // kInvalidArgument naming a path a manifest cannot hold.
+  void add_held_elsewhere(const std::vector<ManifestEntry>& entries);
 
   // Sets Manifest::layout for the commit (a sharded save's global layout).
   void set_layout(nlohmann::json layout);

@@ -67,6 +67,10 @@
 
 namespace cairn {
 
+namespace manager_internal {
+struct TierAccess;  // src/manager/tier_access.h: the Trainer's multi-host memory tier
+}  // namespace manager_internal
+
 // The memory tier (docs/memory-tier.md): checkpoints kept in this host's RAM,
 // on a RAM-backed file system (tmpfs) whose files outlive the processes that
 // wrote them, so that a restart after a crash of the training processes reads
@@ -75,11 +79,13 @@ namespace cairn {
 // storage on a background thread. Both tiers commit manifest-last: a
 // checkpoint is in a tier once its manifest is there, whole.
 //
-// The tier lives on one host: it serves saves made on the host that runs the
-// manager (CheckpointManager, StateCheckpointManager, the Trainer's local
-// launcher and a launch whose ranks all run on one host). A Trainer whose
-// ranks span several hosts saves to persistent storage only, with a warning
-// (replication to peers' memory is not built yet: docs/memory-tier.md).
+// A manager's tier lives on its host: it serves saves made there
+// (CheckpointManager, StateCheckpointManager, the Trainer's local launcher
+// and a launch whose ranks all run on one host). A Trainer under mpirun
+// whose ranks span several hosts keeps a copy of the tier on every host and
+// replicates each host's files to another host's memory (docs/memory-tier.md,
+// "Across hosts"); under the torchrun-style launcher or an elastic group
+// such a Trainer saves to persistent storage only, with a warning.
 struct MemoryTierConfig {
   bool enabled = false;
   // A folder on a RAM-backed file system. Empty: $CAIRN_MEMORY_TIER_DIR,
@@ -201,6 +207,8 @@ std::string checkpoint_name(uint64_t index);
 std::optional<uint64_t> parse_checkpoint_name(std::string_view name);
 
 class CheckpointManager {
+  friend struct manager_internal::TierAccess;
+
  public:
   // Opens (creating if needed) the experiment at `experiment_uri`.
   CheckpointManager(std::string_view experiment_uri, CheckpointConfig config,
@@ -311,8 +319,11 @@ class CheckpointManager {
   // Whether `reserved` is the tier's (ready when taken). Call with mu_.
   bool reserved_in_memory_locked(const Checkpoint& reserved) const;
   // Copies tier checkpoint `source` into this experiment at `index` and
-  // records it (the persister's work).
-  void persist(uint64_t index, const Checkpoint& source);
+  // records it (the persister's work). With `written`, the files are there
+  // already (the hosts of a memory tier across hosts wrote them) and are
+  // only checked to exist with their sizes.
+  void persist(uint64_t index, const Checkpoint& source,
+               const std::vector<ManifestEntry>* written = nullptr);
   // The records of both tiers, one per index (under mu_).
   std::vector<CheckpointRecord> merged_records() const;
   uint64_t take_index();
@@ -377,6 +388,10 @@ class CheckpointManager {
     void operator()(MemoryTier* tier) const;
   };
   std::unique_ptr<MemoryTier, MemoryTierDeleter> tier_;
+  // commit_reserved() records the entries unchecked: their files live on
+  // other hosts' copies of the location (the tier manager of a memory tier
+  // across hosts; manager_internal::TierAccess).
+  bool files_elsewhere_ = false;
 };
 
 // The experiment as stored, read without taking the lock or changing

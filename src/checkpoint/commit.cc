@@ -141,6 +141,11 @@ void CheckpointWriter::add_written(const std::vector<ManifestEntry>& entries) {
   for (const auto& e : entries) record(e);
 }
 
+void CheckpointWriter::add_held_elsewhere(const std::vector<ManifestEntry>& entries) {
+  for (const auto& e : entries) check_user_path(e.path);
+  for (const auto& e : entries) record(e);
+}
+
 void CheckpointWriter::set_layout(nlohmann::json layout) {
   std::lock_guard<std::mutex> g(mu_);
   layout_ = std::move(layout);

@@ -41,6 +41,7 @@
 #include "manager/history.h"
 #include "manager/layout.h"
 #include "manager/memory_tier.h"
+#include "manager/tier_access.h"
 #include "manager/tier_policy.h"
 #include "util/log.h"
 #include "util/settings.h"
@@ -123,6 +124,10 @@ struct CheckpointManager::MemoryTier {
   fs::path folder;
   std::unique_ptr<CheckpointManager> store;
   std::set<std::string> reserved;  // URIs of tier reservations (outer.mu_)
+  // Across hosts (manager_internal::TierAccess): persistence is the hosts',
+  // and the free memory is the least any host has.
+  std::function<void(uint64_t)> external_due;
+  std::function<uint64_t()> free_space;
   uint64_t saves_since_persisted = 0;
   double last_persisted_at = 0;
   bool warned_full = false;
@@ -222,7 +227,8 @@ struct CheckpointManager::MemoryTier {
   // Whether the tier takes a checkpoint of about `estimate` bytes; false
   // (after a warning) when it falls back to persistent storage.
   bool admit(uint64_t estimate) {
-    tier_policy::Space space{held_bytes(), free_bytes(folder), config.max_bytes};
+    tier_policy::Space space{held_bytes(), free_space ? free_space() : free_bytes(folder),
+                             config.max_bytes};
     auto why = tier_policy::shortfall(estimate, config.num_to_keep, space);
     if (!why) {
       if (warned_full)
@@ -263,6 +269,10 @@ struct CheckpointManager::MemoryTier {
     }
     saves_since_persisted = 0;
     last_persisted_at = now;
+    if (external_due) {
+      external_due(r.index);
+      return;
+    }
     schedule({r.index, r.checkpoint});
   }
 
@@ -384,13 +394,18 @@ bool CheckpointManager::abandon_in_memory(const Checkpoint& reserved) {
   return true;
 }
 
-void CheckpointManager::persist(uint64_t index, const Checkpoint& source) {
+void CheckpointManager::persist(uint64_t index, const Checkpoint& source,
+                                const std::vector<ManifestEntry>* written) {
   Checkpoint dest(storage_->child(checkpoint_name(index)));
   Manifest manifest;
   try {
     const Manifest from = source.manifest();
     CheckpointWriter writer(dest);
-    writer.copy_from(source);
+    if (written) {
+      writer.add_written(*written);
+    } else {
+      writer.copy_from(source);
+    }
     if (!from.layout.is_null()) writer.set_layout(from.layout);
     if (!from.ranks.is_null()) writer.set_ranks(from.ranks);
     std::optional<nlohmann::json> metadata;
@@ -452,9 +467,17 @@ std::vector<CheckpointRecord> CheckpointManager::merged_records() const {
   return out;
 }
 
+fs::path memory_tier_folder(std::string_view experiment_uri, std::string_view root) {
+  return tier_base(root) / tier_policy::tier_folder_name(experiment_uri);
+}
+
+fs::path memory_tier_checkpoints(const fs::path& tier) { return tier / kCheckpointsFolder; }
+
+fs::path memory_tier_owner(const fs::path& tier) { return tier / kOwnerFile; }
+
 std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
                                             std::string_view root) {
-  const fs::path folder = tier_base(root) / tier_policy::tier_folder_name(experiment_uri);
+  const fs::path folder = memory_tier_folder(experiment_uri, root);
   if (owner_experiment(folder) != experiment_uri) return std::nullopt;
   const fs::path checkpoints = folder / kCheckpointsFolder;
   std::error_code ec;
@@ -483,6 +506,74 @@ std::set<uint64_t> merge_memory_tier(std::string_view experiment_uri, Experiment
       [](const CheckpointRecord& a, const CheckpointRecord& b) { return a.index < b.index; });
   return held;
 }
+
+namespace manager_internal {
+
+void TierAccess::spread(CheckpointManager& m, std::function<void(uint64_t)> due,
+                        std::function<uint64_t()> free_space) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  if (!m.tier_) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("{}: has no memory tier to spread across hosts", m.uri()));
+  }
+  m.tier_->store->files_elsewhere_ = true;
+  m.tier_->external_due = std::move(due);
+  m.tier_->free_space = std::move(free_space);
+}
+
+std::optional<fs::path> TierAccess::folder(const CheckpointManager& m) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  if (!m.tier_) return std::nullopt;
+  return m.tier_->folder;
+}
+
+std::optional<Checkpoint> TierAccess::in_memory(const CheckpointManager& m, uint64_t index) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  if (!m.tier_) return std::nullopt;
+  for (const auto& r : m.tier_->store->history()) {
+    if (r.index == index) return r.checkpoint;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> TierAccess::kept(const CheckpointManager& m) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  std::vector<std::string> out;
+  if (!m.tier_) return out;
+  for (const auto& r : m.tier_->store->history()) out.push_back(checkpoint_name(r.index));
+  return out;
+}
+
+void TierAccess::persisting(CheckpointManager& m, std::optional<uint64_t> index) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  if (!m.tier_) return;
+  {
+    std::lock_guard<std::mutex> t(m.tier_->mu);
+    m.tier_->in_flight = index;
+  }
+  m.tier_->cv.notify_all();
+}
+
+Checkpoint TierAccess::persistent_location(const CheckpointManager& m, uint64_t index) {
+  return Checkpoint(m.storage_->child(checkpoint_name(index)));
+}
+
+void TierAccess::commit_persisted(CheckpointManager& m, uint64_t index, const Checkpoint& source,
+                                  const std::vector<ManifestEntry>& files) {
+  m.persist(index, source, &files);
+}
+
+std::optional<CheckpointRecord> TierAccess::unpersisted_newest(const CheckpointManager& m) {
+  std::lock_guard<std::mutex> g(m.mu_);
+  if (!m.tier_) return std::nullopt;
+  std::optional<CheckpointRecord> newest = m.tier_->store->latest();
+  if (!newest || (!m.records_.empty() && m.records_.back().index >= newest->index)) {
+    return std::nullopt;
+  }
+  return newest;
+}
+
+}  // namespace manager_internal
 
 GcReport collect_memory_tiers(std::string_view root, bool dry_run) {
   GcReport report;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -34,6 +35,14 @@ std::optional<std::string> find_memory_tier(std::string_view experiment_uri,
 // holds (persisted ones included). Nothing when the listing's config has no
 // memory tier or this host holds none for it. kCorruption naming the tier
 // when it cannot be read; `listing` is then unchanged.
+// The folder of the memory tier of the experiment at `experiment_uri` under
+// `root` ("": $CAIRN_MEMORY_TIER_DIR, else /dev/shm), whether or not it exists.
+std::filesystem::path memory_tier_folder(std::string_view experiment_uri, std::string_view root);
+// A tier folder's parts: its checkpoints (an experiment of its own) and the
+// owner.json naming its experiment.
+std::filesystem::path memory_tier_checkpoints(const std::filesystem::path& tier);
+std::filesystem::path memory_tier_owner(const std::filesystem::path& tier);
+
 std::set<uint64_t> merge_memory_tier(std::string_view experiment_uri, ExperimentListing& listing);
 
 }  // namespace cairn

@@ -84,7 +84,11 @@ CheckpointRecord CheckpointManager::commit_reserved(const Checkpoint& reserved,
   Manifest manifest;
   try {
     CheckpointWriter writer(reserved);
-    writer.add_written(files);
+    if (files_elsewhere_) {
+      writer.add_held_elsewhere(files);
+    } else {
+      writer.add_written(files);
+    }
     if (!layout.is_null()) writer.set_layout(layout);
     if (!ranks.is_null()) writer.set_ranks(ranks);
     manifest = writer.commit(metrics, now(), metadata);
