@@ -194,6 +194,7 @@ void bind_train(py::module_& m) {
                                  d["checkpoint"] = x.checkpoint;
                                  d["tier"] = x.tier;
                                  d["world_size"] = x.world_size;
+                                 d["rank_tiers"] = x.rank_tiers;
                                  out.append(d);
                                }
                                return out;

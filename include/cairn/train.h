@@ -255,11 +255,16 @@ struct Result {
   // served every rank: "memory" (CheckpointConfig::memory_tier),
   // "persistent", or "external" (resume_from_checkpoint outside the
   // experiment). An attempt that started from nothing is not listed.
+  // With the memory tier across hosts, `rank_tiers` says, by rank, where its
+  // files came from: "memory" (its own host's memory) or "peer" (a peer
+  // host's replica, copied to its host first); empty otherwise (every rank
+  // was served by `tier`).
   struct Restore {
     int attempt = 0;
     std::string checkpoint;
     std::string tier;
     int world_size = 0;  // the ranks this attempt ran with (elastic: ScalingConfig::min_workers)
+    std::vector<std::string> rank_tiers;
   };
   std::vector<Restore> restores;
 

@@ -25,7 +25,20 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
                                     milliseconds limit) {
   std::vector<nlohmann::json> replies(agents.size());
   std::vector<bool> done(agents.size());
-  for (size_t i = 0; i < agents.size(); ++i) done[i] = agents[i].gone;
+  for (size_t i = 0; i < agents.size(); ++i) {
+    done[i] = agents[i].gone;
+    // The backlog first: what was kept there came before the channel's.
+    std::deque<nlohmann::json> kept;
+    for (auto& m : agents[i].backlog) {
+      if (!done[i] && type_of(m) == type) {
+        replies[i] = std::move(m);
+        done[i] = true;
+      } else if (type_of(m).rfind("tier_", 0) == 0) {
+        kept.push_back(std::move(m));
+      }
+    }
+    agents[i].backlog = std::move(kept);
+  }
   const auto deadline = Clock::now() + limit;
   // The first pass reads without waiting: a reply may already sit in a
   // channel's buffer (read with an earlier message), where poll() cannot
@@ -64,6 +77,8 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
         if (type_of(m) == type && !done[who[k]]) {
           replies[who[k]] = std::move(m);
           done[who[k]] = true;
+        } else if (type_of(m).rfind("tier_", 0) == 0) {
+          a.backlog.push_back(std::move(m));
         }
       }
       if (!open && !done[who[k]]) {
@@ -72,6 +87,51 @@ std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& 
       }
     }
     first = false;
+  }
+  return replies;
+}
+
+std::vector<nlohmann::json> collect_kept(std::vector<Agent>& agents, const std::vector<int>& ranks,
+                                         const std::string& type, milliseconds limit) {
+  std::vector<nlohmann::json> replies(ranks.size());
+  const auto deadline = Clock::now() + limit;
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    Agent& a = agents.at(static_cast<size_t>(ranks[k] - 1));
+    auto it = std::find_if(a.backlog.begin(), a.backlog.end(),
+                           [&](const nlohmann::json& m) { return type_of(m) == type; });
+    if (it != a.backlog.end()) {
+      replies[k] = std::move(*it);
+      a.backlog.erase(it);
+      continue;
+    }
+    while (replies[k].is_null()) {
+      if (a.gone || !a.channel.open()) {
+        throw Error(ErrorCode::kUnavailable,
+                    fmt::format("{} is gone; it did not answer \"{}\"", a.name(), type));
+      }
+      const int wait = remaining_ms(deadline);
+      if (wait == 0) {
+        throw Error(ErrorCode::kTimeout, fmt::format("{} did not answer \"{}\" within {} s",
+                                                     a.name(), type, limit.count() / 1000));
+      }
+      pollfd fd{a.channel.fd(), POLLIN, 0};
+      ::poll(&fd, 1, std::min(wait, 1000));  // ignore-error: EINTR: look again
+      std::vector<nlohmann::json> messages;
+      bool open = false;
+      try {
+        open = a.channel.read_available(messages);
+      } catch (const Error&) {
+        open = false;  // ignore-error: reported as gone just below
+      }
+      for (auto& m : messages) {
+        if (replies[k].is_null() && type_of(m) == type) {
+          replies[k] = std::move(m);
+        } else {
+          a.backlog.push_back(std::move(m));
+        }
+      }
+      if (!open) a.gone = true;
+    }
   }
   return replies;
 }

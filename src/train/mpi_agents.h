@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -39,11 +40,18 @@ struct Agent {
   std::string label = "MPI rank";
   Channel channel;
   bool gone = false;
+  // Messages read while waiting for another (collect_kept), for their
+  // reader: the group running, or the memory tier across hosts.
+  std::deque<nlohmann::json> backlog;
 
   std::string name() const { return fmt::format("{} {} on host {}", label, rank, host); }
   // Appends what it sent to `messages`, without blocking; false once its
   // connection is gone or broke (then `broken` says why, if it broke).
   bool read(std::vector<nlohmann::json>& messages, std::string& broken) {
+    while (!backlog.empty()) {
+      messages.push_back(std::move(backlog.front()));
+      backlog.pop_front();
+    }
     if (gone || !channel.open()) return false;
     try {
       return channel.read_available(messages);
@@ -63,10 +71,18 @@ struct Agent {
 };
 
 // Reads from `agents` until every one not gone sent a message of type `type`
-// or `limit` passed; other messages are dropped. Returns the replies, by
+// or `limit` passed; other messages are dropped, except the memory tier's
+// ("tier_..."), which stay in the agent's backlog. Returns the replies, by
 // index (null where none came; such an agent is marked gone).
 std::vector<nlohmann::json> collect(std::span<Agent> agents, const std::string& type,
                                     std::chrono::milliseconds limit);
+
+// Reads from the agents of MPI ranks `ranks` until each sent a message of
+// type `type`, keeping every other message in its backlog (a group may be
+// running); returns the replies in the order of `ranks`. kUnavailable naming
+// the agent when one is gone or does not answer within `limit`.
+std::vector<nlohmann::json> collect_kept(std::vector<Agent>& agents, const std::vector<int>& ranks,
+                                         const std::string& type, std::chrono::milliseconds limit);
 
 // Accepts the other processes of the launch until all have connected or
 // none has for `limit` (counted from the last connection, so that a launch

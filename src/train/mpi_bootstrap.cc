@@ -6,6 +6,7 @@
 
 #include "cairn/error.h"
 #include "train/control/net.h"
+#include "train/mpi_peer.h"
 
 #if CAIRN_HAVE_MPI
 // The C API only: the deprecated C++ bindings would need libmpi_cxx.
@@ -18,17 +19,19 @@ namespace cairn::train_internal {
 
 #if CAIRN_HAVE_MPI
 
-namespace {
-
-constexpr int kHostChars = 256;
-
-void check(int rc, const char* call) {
+void check_mpi(int rc, const char* call) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   MPI_Error_string(rc, text, &len);
   throw Error(ErrorCode::kUnavailable, fmt::format("{} failed: {}", call, text));
 }
+
+namespace {
+
+constexpr int kHostChars = 256;
+
+void check(int rc, const char* call) { check_mpi(rc, call); }
 
 void finalize_at_exit() {
   int finalized = 0;
@@ -48,7 +51,11 @@ void ensure_initialized() {
     }
     return;
   }
-  check(MPI_Init(nullptr, nullptr), "MPI_Init");
+  // Funneled: the driver and the agents call MPI from the thread that
+  // called fit() only; their other threads (persistence, storage clients)
+  // never do.
+  int provided = 0;
+  check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
   std::atexit(finalize_at_exit);
 }
 
@@ -68,6 +75,7 @@ MpiWorld mpi_join() {
   for (int r = 0; r < w.size; ++r) {
     w.hosts.emplace_back(all.c_str() + static_cast<size_t>(r) * kHostChars);
   }
+  init_peer_transport();
   return w;
 }
 

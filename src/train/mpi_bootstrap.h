@@ -1,6 +1,7 @@
-// The only use of the MPI library: join the MPI job, learn every process's
-// host name, and broadcast one string from rank 0. Everything after the
-// bootstrap goes over TCP (mpi.h).
+// Joining the MPI job: learn every process's host name, and broadcast one
+// string from rank 0. After the bootstrap the launch's control goes over TCP
+// (mpi.h); MPI itself carries only the memory tier's files between hosts
+// (mpi_peer.h, on a communicator of its own made here).
 //
 // MPI is initialized on first use if the program has not done so (and
 // finalized at exit); a program that initialized MPI itself keeps it.
@@ -25,5 +26,9 @@ MpiWorld mpi_join();
 
 // Rank 0's `value` on every process.
 std::string mpi_broadcast(const std::string& value);
+
+// Throws kUnavailable naming `call` and MPI's message unless `rc` is
+// MPI_SUCCESS (only where Cairn is built with MPI).
+void check_mpi(int rc, const char* call);
 
 }  // namespace cairn::train_internal

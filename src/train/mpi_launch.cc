@@ -23,6 +23,7 @@
 // with "stop", and the driver reads up to the agent's "stopped", so nothing
 // of one attempt is mistaken for the next. The token, sent only through MPI,
 // keeps a stray connection from being taken for an agent.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -34,6 +35,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,17 +45,21 @@
 #include "cairn/error.h"
 #include "cairn/storage.h"
 #include "experiment/location.h"
+#include "manager/layout.h"
 #include "train/control/channel.h"
 #include "train/control/group.h"
 #include "train/control/net.h"
 #include "train/control/scratch.h"
 #include "train/control/sigterm.h"
 #include "train/env_launch.h"
+#include "train/host_tier.h"
 #include "train/job_boot.h"
 #include "train/mpi.h"
 #include "train/mpi_agents.h"
 #include "train/mpi_bootstrap.h"
 #include "train/mpi_messages.h"
+#include "train/mpi_peer.h"
+#include "train/peer_tier.h"
 #include "util/fs.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -72,8 +80,9 @@ using std::chrono::milliseconds;
 class MpiGroup final : public Group {
  public:
   MpiGroup(const LaunchSpec& spec, std::vector<Agent>& agents, std::vector<Agent*> members,
-           const std::vector<TrainContext>& places)
-      : agents_(agents),
+           const std::vector<TrainContext>& places, PeerTier* tier)
+      : tier_(tier),
+        agents_(agents),
         members_(std::move(members)),
         exited_(places.size(), false),
         tails_(places.size()),
@@ -111,19 +120,31 @@ class MpiGroup final : public Group {
 
   std::vector<GroupEvent> poll(int timeout_ms) override {
     ready_.resize(members_.size() + 8);
+    // Messages kept while the memory tier waited for an answer (collect_kept)
+    // are already read: no waiting for them.
+    const bool kept = std::any_of(members_.begin(), members_.end(),
+                                  [](const Agent* a) { return !a->backlog.empty(); });
     // ignore-error: EINTR (-1) just means look again
-    const int n =
-        ::epoll_wait(epoll_.get(), ready_.data(), static_cast<int>(ready_.size()), timeout_ms);
+    const int n = ::epoll_wait(epoll_.get(), ready_.data(), static_cast<int>(ready_.size()),
+                               kept    ? 0
+                               : tier_ ? std::min(timeout_ms, 100)
+                                       : timeout_ms);
     std::vector<GroupEvent> events = local_->poll(0);
+    std::set<const Agent*> read;
     for (int k = 0; k < n; ++k) {
       const uint64_t who = ready_[static_cast<size_t>(k)].data.u64;
-      if (who != kLocalGroup) read_agent(*members_.at(who), events);
+      if (who != kLocalGroup) {
+        read_agent(*members_.at(who), events);
+        read.insert(members_.at(who));
+      }
     }
     // An agent a send() found gone (Agent::send) is lost even if its
-    // connection never became readable.
+    // connection never became readable; kept messages are read too.
     for (Agent* a : members_) {
-      if (a->gone && !exited_[world_rank_.at(a)]) read_agent(*a, events);
+      if (read.count(a)) continue;
+      if ((a->gone && !exited_[world_rank_.at(a)]) || !a->backlog.empty()) read_agent(*a, events);
     }
+    if (tier_) tier_->progress();
     return events;
   }
 
@@ -232,8 +253,12 @@ class MpiGroup final : public Group {
   // the agent as lost.
   void read_agent_message(const Agent& a, int rank, const nlohmann::json& m,
                           std::vector<GroupEvent>& events) {
-    if (exited_[rank]) return;
     const std::string t = type_of(m);
+    if (t.rfind("tier_", 0) == 0) {
+      if (tier_) tier_->on_message(a, m);
+      return;
+    }
+    if (exited_[rank]) return;
     if (t == "worker") {
       GroupEvent e;
       e.rank = rank;
@@ -251,6 +276,7 @@ class MpiGroup final : public Group {
     }
   }
 
+  PeerTier* tier_;  // the memory tier across hosts, or null
   std::vector<Agent>& agents_;
   std::vector<Agent*> members_;
   std::map<const Agent*, int> world_rank_;  // members_' world ranks in this attempt
@@ -267,6 +293,7 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
              const std::string& token, const std::string& where, const ControlAddress& control) {
   const bool elastic = scaling.min_workers > 0;
   std::vector<Agent> agents = accept_agents(listener, w, token, where, scaling.min_workers);
+  std::unique_ptr<PeerTier> peer;  // the memory tier across hosts, if the run has one
   auto end_all = [&](const nlohmann::json& m) {
     // Processes started again for lost ranks after the last attempt learn the end too.
     if (elastic) admit_returning(listener, w, token, agents, nullptr);
@@ -287,13 +314,23 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
     MemoryTierConfig& tier = spec.run.checkpoint_config.memory_tier;
     if (tier.enabled && std::any_of(w.hosts.begin(), w.hosts.end(),
                                     [&](const auto& h) { return h != w.hosts[0]; })) {
-      // Ranks on other hosts cannot write into this host's memory, and
-      // replicas in peers' memory are not built yet (docs/memory-tier.md).
-      log::warn(
-          fmt::format("{}: the ranks run on several hosts; the memory tier serves one host, "
-                      "so checkpoints go to persistent storage only",
-                      spec.experiment_path));
-      tier.enabled = false;
+      if (w.label == "MPI rank" && !elastic && peer_transport_ready()) {
+        // Each host keeps its ranks' files and a replica of the previous
+        // host's (peer_tier.h).
+        peer = std::make_unique<PeerTier>(agents, w.hosts, spec.experiment_uri, tier);
+        if (spec.restoring) peer->prepare_launch();
+        spec.tier_hosts = peer.get();
+      } else {
+        // Replicas move over MPI between a launch's fixed processes.
+        log::warn(fmt::format(
+            "{}: the ranks run on several hosts and the memory tier across hosts needs an MPI "
+            "launch of fixed size (this one is {}), so checkpoints go to persistent storage only",
+            spec.experiment_path,
+            w.label != "MPI rank" ? "torchrun-style"
+            : elastic             ? "elastic"
+                                  : "without MPI"));
+        tier.enabled = false;
+      }
     }
     if (elastic) {
       spec.min_world_size = scaling.min_workers;
@@ -313,7 +350,8 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
         members.push_back(&a);
         hosts.push_back(a.host);
       }
-      return std::make_unique<MpiGroup>(launch, agents, std::move(members), plan_places(hosts));
+      return std::make_unique<MpiGroup>(launch, agents, std::move(members), plan_places(hosts),
+                                        peer.get());
     };
     Result result = run_driver(spec, start);
     end_all({{"t", "end"}, {"result", result_to_json(result)}});
@@ -329,10 +367,38 @@ Result drive(DriverSpec spec, const ScalingConfig& scaling, MpiWorld w, TcpListe
 
 // ----------------------------------------------------------------- agent side
 
+// A pipe a thread writes a byte into to wake a poll() loop.
+class WakeUp {
+ public:
+  WakeUp() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+      throw errno_error(errno, "pipe2", "an agent's wake-up pipe");
+    }
+    read_ = UniqueFd(fds[0]);
+    write_ = UniqueFd(fds[1]);
+  }
+  int read_end() const { return read_.get(); }
+  void notify() {
+    const char c = 1;
+    (void)!::write(write_.get(), &c, 1);  // ignore-error: full means a wake-up is pending
+  }
+  void drain() {
+    char buf[64];
+    while (::read(read_.get(), buf, sizeof buf) > 0) {
+    }
+  }
+
+ private:
+  UniqueFd read_;
+  UniqueFd write_;
+};
+
 class AgentLoop {
  public:
   AgentLoop(const DriverSpec& spec, const MpiWorld& w, Channel driver)
-      : spec_(spec), w_(w), driver_(std::move(driver)) {}
+      : spec_(spec), w_(w), driver_(std::move(driver)), layout_(layout_hosts(w.hosts)) {}
+  ~AgentLoop() { join_persisting(); }
 
   Result run() {
     // SIGTERM to this process (Slurm signals the job step's tasks, which
@@ -346,8 +412,10 @@ class AgentLoop {
       if (group_) {
         for (int fd : group_->wait_fds()) fds.push_back({fd, POLLIN, 0});
       }
+      if (persisting_.joinable()) fds.push_back({persisted_.read_end(), POLLIN, 0});
       ::poll(fds.data(), fds.size(), 1000);  // ignore-error: EINTR just means look again
       if (group_) relay_worker();
+      send_persisted();
       std::vector<nlohmann::json> messages;
       const bool open = driver_.read_available(messages);
       for (const auto& m : messages) {
@@ -401,8 +469,11 @@ class AgentLoop {
       driver_.send({{"t", "stopped"}, {"stderr_tail", tail_}});
     } else if (t == "probe") {
       driver_.send(answer_probe(m));
+    } else if (t.rfind("tier_", 0) == 0) {
+      tier_operation(m);
     } else if (t == "end") {
       end_attempt();
+      join_persisting();
       if (m.contains("error") && m.value("refused", false)) {
         // A process started again that the driver did not take in.
         throw error_from_json(m["error"], "the driver did not take this process in: ");
@@ -435,6 +506,83 @@ class AgentLoop {
     }
   }
 
+  // An operation of the memory tier across hosts for this host, whose
+  // leader this process is (host_tier.h). Persisting runs on a thread, the
+  // rest here: the operations that move files are collective over MPI with
+  // the other hosts' leaders and the driver.
+  void tier_operation(const nlohmann::json& op) {
+    const int host = layout_.host_of.at(static_cast<size_t>(w_.rank));
+    if (!tier_lock_) {
+      // Held for the launch, as the driver's manager holds its host's: `cairn
+      // gc --memory-tier` on this host leaves the tier alone meanwhile, and a
+      // tier folder shared between hosts is refused instead of mixed.
+      try {
+        const std::string root = op.at("root").get<std::string>();
+        std::filesystem::create_directories(root);
+        tier_lock_ = open_storage(root)->try_lock(manager_layout::kLockKey);
+      } catch (const Error& e) {
+        nlohmann::json answer = {{"error", fmt::format("host {}: the memory tier's folder must be "
+                                                       "this host's own (RAM): {}",
+                                                       layout_.names.at(host), e.what())}};
+        answer["t"] = answer_to(type_of(op));
+        if (op.contains("index")) answer["index"] = op["index"];
+        if (answer["t"] == "") {
+          log::warn(answer["error"].get<std::string>());  // an operation without an answer
+        } else {
+          driver_.send(answer);
+        }
+        return;
+      }
+    }
+    if (type_of(op) == "tier_release") {
+      join_persisting();
+      tier_lock_.reset();
+    }
+    if (type_of(op) == "tier_persist") {
+      join_persisting();
+      persisting_ = std::thread([this, op, host] {
+        nlohmann::json answer;
+        try {
+          answer = carry_out(op, layout_, host);
+        } catch (const std::exception& e) {
+          answer = {{"t", "tier_persisted"}, {"index", op.value("index", 0)}, {"error", e.what()}};
+        }
+        {
+          std::lock_guard<std::mutex> g(persisted_mu_);
+          persisted_answer_ = std::move(answer);
+        }
+        persisted_.notify();
+      });
+      return;
+    }
+    try {
+      nlohmann::json answer = carry_out(op, layout_, host);
+      if (!answer.is_null()) driver_.send(answer);
+    } catch (const Error& e) {
+      // ignore-error: the operations without an answer only tidy up; the
+      // next inventory of the tier sees what they left
+      log::warn(
+          fmt::format("{} {} on host {}: {}", w_.label, w_.rank, w_.hosts.at(w_.rank), e.what()));
+    }
+  }
+
+  // Sends a finished persistence's answer.
+  void send_persisted() {
+    nlohmann::json answer;
+    {
+      std::lock_guard<std::mutex> g(persisted_mu_);
+      answer.swap(persisted_answer_);
+    }
+    if (answer.is_null()) return;
+    persisted_.drain();
+    join_persisting();
+    driver_.send(answer);
+  }
+
+  void join_persisting() {
+    if (persisting_.joinable()) persisting_.join();
+  }
+
   void end_attempt() {
     if (group_) {
       group_->stop();
@@ -449,6 +597,12 @@ class AgentLoop {
   const DriverSpec& spec_;
   const MpiWorld& w_;
   Channel driver_;
+  HostLayout layout_;
+  std::unique_ptr<Lock> tier_lock_;  // this host's memory tier, while it serves the launch
+  std::thread persisting_;           // a persistence of this host's files
+  std::mutex persisted_mu_;
+  nlohmann::json persisted_answer_;    // its answer, once it finished (persisted_mu_)
+  WakeUp persisted_;                   // wakes the loop when it did
   BackgroundRemover scratch_remover_;  // outlives scratch_
   std::unique_ptr<Group> group_;
   std::unique_ptr<ScratchDir> scratch_;

@@ -43,7 +43,8 @@ nlohmann::json result_to_json(const Result& r) {
     restores.push_back({{"attempt", x.attempt},
                         {"checkpoint", x.checkpoint},
                         {"tier", x.tier},
-                        {"world_size", x.world_size}});
+                        {"world_size", x.world_size},
+                        {"rank_tiers", x.rank_tiers}});
   }
   return {{"metrics", r.metrics},
           {"restores", restores},
@@ -70,8 +71,10 @@ Result result_from_json(const nlohmann::json& j) {
   r.preempted = j.value("preempted", false);
   if (j.contains("history")) r.metrics_history = j["history"].get<std::vector<nlohmann::json>>();
   for (const auto& x : j.value("restores", nlohmann::json::array())) {
-    r.restores.push_back({x.at("attempt").get<int>(), x.at("checkpoint").get<std::string>(),
-                          x.at("tier").get<std::string>(), x.value("world_size", 0)});
+    r.restores.push_back(
+        {x.at("attempt").get<int>(), x.at("checkpoint").get<std::string>(),
+         x.at("tier").get<std::string>(), x.value("world_size", 0),
+         x.value("rank_tiers", nlohmann::json::array()).get<std::vector<std::string>>()});
   }
   return r;
 }

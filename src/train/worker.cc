@@ -47,6 +47,7 @@
 #include "cairn/storage.h"
 #include "checkpoint/copy.h"
 #include "train/control/channel.h"
+#include "train/control/entry_message.h"
 #include "train/control/group.h"
 #include "train/control/sigterm.h"
 #include "train/snapshot.h"
@@ -102,10 +103,6 @@ Session& session(const char* what) {
                             what));
   }
   return *g_session;
-}
-
-nlohmann::json entry_to_json(const ManifestEntry& e) {
-  return {{"path", e.path}, {"size", e.size}, {"xxh3", e.xxh3}};
 }
 
 // Copies the rank's checkpoint files into `dest_uri`; returns their entries.
@@ -219,7 +216,7 @@ void run_round(Session& s, const RoundJob& job, bool background) {
         throw failed;
       }
       nlohmann::json list = nlohmann::json::array();
-      for (const auto& f : files) list.push_back(entry_to_json(f));
+      for (const auto& f : files) list.push_back(train_internal::entry_message(f));
       send(s, {{"t", "uploaded"}, {"round", job.round}, {"files", list}, {"metadata", metadata}});
       continue;
     }

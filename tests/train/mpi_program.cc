@@ -16,6 +16,19 @@
 // ms, checkpointing only when train::should_checkpoint() says so, then
 // returning: for a test that sends SIGTERM to an MPI process), elastic and
 // elastic_rejoin (an elastic group of 2 to 4 ranks losing one: elastic_fn).
+// The hosts_tier scenarios run 8 epochs with the memory tier at OUT/tiers
+// (each host's own, mounted there by the test), every 2nd checkpoint
+// persisted: hosts_tier_restart (rank 1 throws at epoch 1 once;
+// max_failures=1), hosts_tier_crash (at epoch 5 of its first run, rank 1's
+// worker writes OUT/crashed and waits for the test to SIGKILL the job),
+// hosts_tier_restore
+// (Trainer::restore of the experiment, then fit), hosts_tier_soak (epochs
+// of 5 ms with shards of 1 MiB, every 2nd checkpoint persisted, restoring
+// the experiment when it exists, until killed: for a test that SIGKILLs the
+// job at random moments) and hosts_tier_soak_end (the same, restored, for
+// 20 epochs more), and hosts_tier_small (8 epochs with shards of 1 MiB,
+// falling back to persistent storage when a host's memory cannot hold the
+// next checkpoint).
 #include <signal.h>
 #include <unistd.h>
 
@@ -43,6 +56,17 @@ namespace {
 using cairn::testing::read_file;
 using cairn::testing::write_file_atomically;
 
+// Rank `rank`'s shard at `epoch`: its text, repeated to `bytes` when given.
+std::string shard(int rank, int epoch, size_t bytes) {
+  const std::string text = fmt::format("rank {} epoch {}", rank, epoch);
+  if (bytes == 0) return text;
+  std::string out;
+  out.reserve(bytes);
+  while (out.size() < bytes) out += text;
+  out.resize(bytes);
+  return out;
+}
+
 void train_fn(const nlohmann::json& config) {
   const cairn::TrainContext& ctx = cairn::train::get_context();
   const fs::path out = config.at("out").get<std::string>();
@@ -63,18 +87,19 @@ void train_fn(const nlohmann::json& config) {
     auto dir = ckpt->as_directory();
     const int epoch = std::stoi(read_file(dir.path() / "epoch.txt"));
     if (read_file(dir.path() / fmt::format("shard-{}.bin", rank)) !=
-        fmt::format("rank {} epoch {}", rank, epoch)) {
+        shard(rank, epoch, config.value("shard_bytes", size_t{0}))) {
       throw std::runtime_error(fmt::format("rank {}: my shard of epoch {} is wrong", rank, epoch));
     }
     seen["resumed_from_epoch"] = epoch;
     start = epoch + 1;
   }
   write_file_atomically(out / fmt::format("ctx-{}-{}.json", rank, ctx.attempt), seen.dump());
-  const int epochs = config.value("epochs", 3);
+  const int epochs = config.contains("more_epochs") ? start + config["more_epochs"].get<int>()
+                                                    : config.value("epochs", 3);
   for (int epoch = start; epoch < epochs; ++epoch) {
     std::this_thread::sleep_for(std::chrono::milliseconds(config.value("sleep_ms", 0)));
     if (rank == 1 && epoch == 1 && ctx.attempt == 0) {
-      if (scenario == "restart" || scenario == "tier_restart") {
+      if (scenario == "restart" || scenario == "tier_restart" || scenario == "hosts_tier_restart") {
         throw std::runtime_error("intentional error at epoch 1");
       }
       if (scenario == "killed") {
@@ -84,13 +109,17 @@ void train_fn(const nlohmann::json& config) {
       }
       if (scenario == "hang") std::this_thread::sleep_for(std::chrono::seconds(60));
     }
+    if (scenario == "hosts_tier_crash" && rank == 1 && epoch == 5 && !fs::exists(out / "crashed")) {
+      write_file_atomically(out / "crashed", "");
+      std::this_thread::sleep_for(std::chrono::seconds(120));  // until the test kills the job
+    }
     if (scenario == "preempt" && !cairn::train::should_checkpoint()) {
       cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}});
       continue;
     }
     cairn::train::TemporaryDirectory tmp;
     write_file_atomically(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
-                          fmt::format("rank {} epoch {}", rank, epoch));
+                          shard(rank, epoch, config.value("shard_bytes", size_t{0})));
     if (rank == 0) write_file_atomically(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
     cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
                          cairn::Checkpoint::from_directory(tmp.path()),
@@ -193,6 +222,15 @@ int main(int argc, char** argv) {
     config["epochs"] = 400;
     config["sleep_ms"] = 50;
   }
+  const bool hosts_tier = scenario.starts_with("hosts_tier");
+  if (hosts_tier) config["epochs"] = 8;
+  if (scenario.starts_with("hosts_tier_soak")) {
+    config["epochs"] = 1'000'000;
+    config["sleep_ms"] = 5;
+    config["shard_bytes"] = 1 << 20;
+    if (scenario == "hosts_tier_soak_end") config["more_epochs"] = 20;
+  }
+  if (scenario == "hosts_tier_small") config["shard_bytes"] = 1 << 20;
 
   cairn::RunConfig run;
   run.name = "mpi_exp";
@@ -200,10 +238,16 @@ int main(int argc, char** argv) {
   run.checkpoint_config.num_to_keep = 2;
   run.checkpoint_config.checkpoint_score_attribute = "loss";
   run.checkpoint_config.checkpoint_score_order = "min";
-  run.failure_config.max_failures = scenario == "restart" || scenario == "tier_restart" ? 1 : 0;
-  if (scenario == "tier" || scenario == "tier_restart") {  // the memory tier under OUT/tiers
+  run.failure_config.max_failures =
+      scenario == "restart" || scenario == "tier_restart" || scenario == "hosts_tier_restart" ? 1
+                                                                                              : 0;
+  if (scenario == "tier" || scenario == "tier_restart" || hosts_tier) {  // under OUT/tiers
     run.checkpoint_config.memory_tier.enabled = true;
     run.checkpoint_config.memory_tier.root = (out / "tiers").string();
+    if (hosts_tier) run.checkpoint_config.memory_tier.persist_every_n = 2;
+    if (scenario == "hosts_tier_small") {
+      run.checkpoint_config.memory_tier.on_insufficient_memory = "persistent_only";
+    }
     fs::create_directories(run.checkpoint_config.memory_tier.root);
   }
   if (scenario == "hang") run.failure_config.report_timeout_s = 2;
@@ -218,7 +262,10 @@ int main(int argc, char** argv) {
   try {
     const std::string exp = (fs::path(run.storage_path) / run.name).string();
     cairn::Trainer trainer =
-        scenario == "restore" ? cairn::Trainer::restore(exp, train_fn, config)
+        scenario == "restore" || scenario == "hosts_tier_restore" ||
+                (scenario.starts_with("hosts_tier_soak") &&
+                 fs::exists(fs::path(exp) / "trainer_state.json"))
+            ? cairn::Trainer::restore(exp, train_fn, config)
         : scenario == "elastic_restore"
             ? cairn::Trainer::restore(exp, elastic_fn, config)
             : cairn::Trainer(elastic ? elastic_fn : train_fn, config, scaling, run);
@@ -230,7 +277,8 @@ int main(int argc, char** argv) {
       restores.push_back({{"attempt", x.attempt},
                           {"checkpoint", x.checkpoint},
                           {"tier", x.tier},
-                          {"world_size", x.world_size}});
+                          {"world_size", x.world_size},
+                          {"rank_tiers", x.rank_tiers}});
     }
     what = {{"metrics", r.metrics},
             {"checkpoint", r.checkpoint ? nlohmann::json(r.checkpoint->uri()) : nlohmann::json()},

@@ -12,6 +12,7 @@
 // the run ended; every released round is added to the run's history
 // (history.h: result.json, progress.csv, the TensorBoard event file).
 #include "train/control/driver.h"
+#include "train/control/entry_message.h"
 
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cairn/commit.h"
 #include "cairn/error.h"
@@ -61,14 +63,6 @@ double wall_seconds() {
 std::string last_component(std::string_view uri) {
   while (uri.size() > 1 && uri.back() == '/') uri.remove_suffix(1);
   return std::string(uri.substr(uri.rfind('/') + 1));
-}
-
-ManifestEntry entry_from_json(const nlohmann::json& j) {
-  ManifestEntry e;
-  e.path = j.at("path").get<std::string>();
-  e.size = j.at("size").get<uint64_t>();
-  e.xxh3 = j.at("xxh3").get<uint64_t>();
-  return e;
 }
 
 struct Outcome {
@@ -109,6 +103,7 @@ class Driver {
     manager_options.before_delete = spec_.before_retention;
     manager_ = std::make_unique<CheckpointManager>(spec_.experiment_uri,
                                                    spec_.run.checkpoint_config, manager_options);
+    if (spec_.tier_hosts) spec_.tier_hosts->opened(*manager_);
     // Another new run may have started the experiment between the check and
     // the lock; the lock makes this second look exact.
     if (!continuing_ && storage_->exists(experiment::kTrainerStateKey)) throw already_exists();
@@ -238,15 +233,27 @@ class Driver {
 
   // Records, and logs, which checkpoint and tier an attempt starts from.
   void note_restore(Result& result, int attempt, const std::string& from) {
-    Result::Restore r{attempt, last_component(from), "persistent", world_};
+    Result::Restore r{attempt, last_component(from), "persistent", world_, {}};
     std::optional<CheckpointRecord> latest = manager_->latest();
     if (latest && latest->checkpoint.uri() == from) {
       r.tier = latest->tier;
+      if (spec_.tier_hosts && r.tier == "memory") {
+        r.rank_tiers = spec_.tier_hosts->restoring(*latest, world_);
+      }
     } else if (!latest || from.rfind(spec_.experiment_uri, 0) != 0) {
       r.tier = "external";  // resume_from_checkpoint outside this experiment
     }
-    log::info(fmt::format("attempt {}: every rank restores from {} ({} tier: {})", attempt + 1,
-                          r.checkpoint, r.tier, from));
+    if (r.rank_tiers.empty()) {
+      log::info(fmt::format("attempt {}: every rank restores from {} ({} tier: {})", attempt + 1,
+                            r.checkpoint, r.tier, from));
+    } else {
+      std::vector<std::string> by_rank;
+      for (size_t k = 0; k < r.rank_tiers.size(); ++k) {
+        by_rank.push_back(fmt::format("rank {} from {}", k, r.rank_tiers[k]));
+      }
+      log::info(fmt::format("attempt {}: the ranks restore from {} in the memory tier ({}): {}",
+                            attempt + 1, r.checkpoint, from, fmt::join(by_rank, ", ")));
+    }
     result.restores.push_back(std::move(r));
   }
 
@@ -255,6 +262,7 @@ class Driver {
   // Trainer::restore resumes from it.
   void release_memory_tier() {
     try {
+      if (spec_.tier_hosts) spec_.tier_hosts->release();
       manager_->release_memory_tier();
     } catch (const Error& e) {
       log::warn(fmt::format("{}: the memory tier is kept for Trainer::restore: {}",
@@ -478,7 +486,7 @@ class Driver {
       if (t == "uploaded") {
         if (spec_.on_round_timing) timings_[m.at("round").get<int>()].last_uploaded = now;
         std::vector<ManifestEntry> files;
-        for (const auto& f : m.at("files")) files.push_back(entry_from_json(f));
+        for (const auto& f : m.at("files")) files.push_back(entry_of_message(f));
         return round.on_uploaded(e.rank, m.at("round").get<int>(), std::move(files),
                                  m.value("metadata", nlohmann::json()), now);
       }
@@ -542,9 +550,11 @@ class Driver {
           }
           // A checkpoint attached to the previous row carries that row's metrics.
           const nlohmann::json ranks = {{"world_size", world_}, {"contributed", a.uploaders}};
+          if (spec_.tier_hosts) spec_.tier_hosts->replicate(*reserved, a.files);
           CheckpointRecord rec = manager_->commit_reserved(
               *reserved, checkpoint_metrics(attach ? last_metrics_ : a.metrics, attach), a.files,
               nullptr, nullptr, ranks);
+          if (spec_.tier_hosts) spec_.tier_hosts->committed(rec);
           uri = rec.checkpoint.uri();
           if (spec_.on_round_timing) timings_[a.round].committed = monotonic_seconds();
         } catch (const Error& e) {

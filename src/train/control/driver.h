@@ -16,6 +16,7 @@
 
 #include "cairn/train.h"
 #include "train/control/group.h"
+#include "train/control/tier_hosts.h"
 
 namespace cairn::train_internal {
 
@@ -115,6 +116,9 @@ struct DriverSpec {
     int failures = 0;
   };
   Outcome* outcome = nullptr;
+  // The memory tier across the hosts of a multi-host launch (tier_hosts.h);
+  // null: the tier, if any, serves this host alone.
+  TierHosts* tier_hosts = nullptr;
   // Benchmarks (bench/scale_bench.cc): called after each released round.
   std::function<void(const RoundTiming&)> on_round_timing;
 };
