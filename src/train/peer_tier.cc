@@ -2,6 +2,7 @@
 #include "train/peer_tier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -18,6 +19,7 @@ namespace cairn::train_internal {
 
 namespace fs = std::filesystem;
 using manager_internal::TierAccess;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -99,6 +101,7 @@ void PeerTier::stage(const RestorePlan& plan) {
                           m.file.path, m.name, layout_.names.at(static_cast<size_t>(m.to)),
                           layout_.names.at(static_cast<size_t>(m.from))));
   }
+  const auto start = Clock::now();
   const auto answers = everywhere({{"t", "tier_stage"},
                                    {"root", root_.string()},
                                    {"remove", plan.remove},
@@ -110,6 +113,15 @@ void PeerTier::stage(const RestorePlan& plan) {
       throw Error(ErrorCode::kIO, fmt::format("completing {} in the memory tier across hosts: {}",
                                               plan.newest.value_or("the tier"), e));
     }
+  }
+  if (!plan.moves.empty()) {
+    uint64_t bytes = 0;
+    for (const Move& m : plan.moves) bytes += m.file.size;
+    log::info(
+        fmt::format("memory tier: {} completed on every host from the replicas: {} "
+                    "file(s), {:.1f} MiB moved in {:.2f} s",
+                    *plan.newest, plan.moves.size(), static_cast<double>(bytes) / (1 << 20),
+                    std::chrono::duration<double>(Clock::now() - start).count()));
   }
 }
 

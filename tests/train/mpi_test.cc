@@ -755,11 +755,12 @@ std::optional<uint64_t> expect_host_copies_whole(const fs::path& out, int host) 
 // rank to the other host and persists every 2nd checkpoint in the
 // background: after every kill, no tier shows a partial checkpoint (each
 // host's committed copies and the persisted ones verify), nothing committed
-// is lost, and the next run restores from the newest. CAIRN_CRASH_ITERATIONS
-// sets the number of kills (6 here; 500 by hand: docs/memory-tier.md).
+// is lost, and the next run restores from the newest. CAIRN_HOSTS_KILLS sets
+// the number of kills (6 here, whatever the other crash tests'
+// CAIRN_CRASH_ITERATIONS; 500 by hand: docs/memory-tier.md).
 TEST_F(MpiLauncher, SigkillsDuringReplicationAndPersistenceLeaveNoPartialCheckpointInAnyTier) {
   if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
-  const char* n = std::getenv("CAIRN_CRASH_ITERATIONS");
+  const char* n = std::getenv("CAIRN_HOSTS_KILLS");
   const int kills = n ? std::atoi(n) : 6;
   const unsigned seed = static_cast<unsigned>(std::random_device{}());
   std::mt19937 rng(seed);
