@@ -113,7 +113,7 @@ def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> N
                              failure_config=FailureConfig(max_failures=1))).fit()
     assert result.error is None, result.error
     assert result.restores == [{"attempt": 1, "checkpoint": "checkpoint_000001",
-                                "tier": "memory", "world_size": 2}]
+                                "tier": "memory", "world_size": 2, "rank_tiers": []}]
     assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
     assert result.checkpoint is not None and str(root) not in result.checkpoint.path
     assert result.checkpoint.to_dict() == {"step": 3}
