@@ -192,7 +192,7 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<cairn::MemoryTierConfig>(m, "MemoryTierConfig")
       .def(py::init([](int num_to_keep, int persist_every_n, double persist_every_minutes,
                        uint64_t max_bytes, std::string on_insufficient_memory,
-                       std::optional<std::string> root) {
+                       std::optional<std::string> root, int replicas) {
              cairn::MemoryTierConfig t;
              t.enabled = true;
              t.num_to_keep = num_to_keep;
@@ -201,6 +201,7 @@ PYBIND11_MODULE(_cairn, m) {
              t.max_bytes = max_bytes;
              t.on_insufficient_memory = std::move(on_insufficient_memory);
              t.root = root.value_or("");
+             t.replicas = replicas;
              cairn::CheckpointConfig c;
              c.memory_tier = t;
              c.validate();
@@ -208,12 +209,14 @@ PYBIND11_MODULE(_cairn, m) {
            }),
            py::kw_only(), py::arg("num_to_keep") = 2, py::arg("persist_every_n") = 10,
            py::arg("persist_every_minutes") = 0.0, py::arg("max_bytes") = 0,
-           py::arg("on_insufficient_memory") = "error", py::arg("root") = py::none())
+           py::arg("on_insufficient_memory") = "error", py::arg("root") = py::none(),
+           py::arg("replicas") = 1)
       .def_readonly("num_to_keep", &cairn::MemoryTierConfig::num_to_keep)
       .def_readonly("persist_every_n", &cairn::MemoryTierConfig::persist_every_n)
       .def_readonly("persist_every_minutes", &cairn::MemoryTierConfig::persist_every_minutes)
       .def_readonly("max_bytes", &cairn::MemoryTierConfig::max_bytes)
       .def_readonly("on_insufficient_memory", &cairn::MemoryTierConfig::on_insufficient_memory)
+      .def_readonly("replicas", &cairn::MemoryTierConfig::replicas)
       .def_property_readonly("root", [](const cairn::MemoryTierConfig& t) {
         return t.root.empty() ? std::optional<std::string>() : std::optional<std::string>(t.root);
       });

@@ -110,6 +110,11 @@ struct MemoryTierConfig {
   //     free; nothing is written;
   //   "persistent_only": saved to persistent storage, with a warning.
   std::string on_insufficient_memory = "error";
+  // Across hosts (a Trainer under mpirun whose ranks span hosts): how many
+  // other hosts' memory holds a replica of each host's files, the next ones
+  // in a ring of the hosts; >= 0. With fewer other hosts, every other host
+  // does. A checkpoint survives the loss of up to this many hosts at once.
+  int replicas = 1;
 
   bool operator==(const MemoryTierConfig&) const = default;
 };

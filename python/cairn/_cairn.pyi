@@ -49,6 +49,7 @@ class MemoryTierConfig:
         max_bytes: int = 0,
         on_insufficient_memory: str = "error",
         root: Optional[str] = None,
+        replicas: int = 1,
     ) -> None: ...
     @property
     def num_to_keep(self) -> int: ...
@@ -62,6 +63,8 @@ class MemoryTierConfig:
     def on_insufficient_memory(self) -> str: ...
     @property
     def root(self) -> Optional[str]: ...
+    @property
+    def replicas(self) -> int: ...
 
 class CheckpointConfig:
     def __init__(

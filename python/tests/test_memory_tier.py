@@ -91,6 +91,10 @@ def test_bad_memory_tier_settings_raise_naming_the_field() -> None:
         cairn.MemoryTierConfig(num_to_keep=0)
     with pytest.raises(cairn.InvalidArgumentError, match="on_insufficient_memory"):
         cairn.MemoryTierConfig(on_insufficient_memory="swap")
+    with pytest.raises(cairn.InvalidArgumentError, match="MemoryTierConfig.replicas"):
+        cairn.MemoryTierConfig(replicas=-1)
+    assert cairn.MemoryTierConfig().replicas == 1
+    assert cairn.MemoryTierConfig(replicas=2).replicas == 2
 
 
 def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> None:

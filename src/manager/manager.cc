@@ -117,7 +117,8 @@ nlohmann::json CheckpointConfig::to_json() const {
                         {"persist_every_n", memory_tier.persist_every_n},
                         {"persist_every_minutes", memory_tier.persist_every_minutes},
                         {"max_bytes", memory_tier.max_bytes},
-                        {"on_insufficient_memory", memory_tier.on_insufficient_memory}};
+                        {"on_insufficient_memory", memory_tier.on_insufficient_memory},
+                        {"replicas", memory_tier.replicas}};
   }
   return j;
 }
@@ -144,6 +145,7 @@ CheckpointConfig CheckpointConfig::from_json(const nlohmann::json& j) {
     m.persist_every_minutes = t.value("persist_every_minutes", m.persist_every_minutes);
     m.max_bytes = t.value("max_bytes", m.max_bytes);
     m.on_insufficient_memory = t.value("on_insufficient_memory", m.on_insufficient_memory);
+    m.replicas = t.value("replicas", m.replicas);
   }
   return c;
 }
@@ -183,6 +185,10 @@ void CheckpointConfig::validate() const {
     throw Error(
         ErrorCode::kInvalidArgument,
         fmt::format("MemoryTierConfig.persist_every_n must be >= 0, got {}", t.persist_every_n));
+  }
+  if (t.replicas < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                fmt::format("MemoryTierConfig.replicas must be >= 0, got {}", t.replicas));
   }
   if (!(t.persist_every_minutes >= 0)) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -103,7 +103,7 @@ Held inventory(const fs::path& root) {
          it != fs::recursive_directory_iterator(); ++it) {
       if (!it->is_regular_file()) continue;
       const std::string rel = fs::relative(it->path(), d.path()).generic_string();
-      if (rel.size() >= kPeerTmp.size() && rel.ends_with(kPeerTmp)) continue;
+      if (rel.find(kPeerTmp) != std::string::npos) continue;
       if (rel.rfind(std::string(kControlFolder) + "/", 0) == 0) {
         if (rel == kManifestKey) {
           h.manifest = slurp(it->path());
@@ -127,15 +127,23 @@ nlohmann::json replicate(const nlohmann::json& op, const HostLayout& layout, int
   }
   nlohmann::json paths = nlohmann::json::array();
   for (const auto& e : own) paths.push_back(e.path);
-  if (layout.count() < 2) return {{"t", "tier_replicated"}, {"own", paths}};
-  const int to = layout.leader.at(static_cast<size_t>(layout.next(host)));
-  const int from = layout.leader.at(static_cast<size_t>(layout.prev(host)));
-  const nlohmann::json header = swap_json(to, {{"files", entries_json(own)}}, from);
+  // The next `replicas` hosts of the ring hold this host's files, and this
+  // host those of the `replicas` hosts before it. Header k goes to the k-th
+  // next host while the k-th previous one's arrives: every pair meets at
+  // the same k.
+  const int hosts = static_cast<int>(layout.count());
+  const int replicas = std::min(op.value("replicas", 1), hosts - 1);
   std::vector<PeerFile> sends;
   std::vector<PeerFile> recvs;
-  for (const auto& e : own) sends.push_back({e.path, e.size, e.xxh3, to});
-  for (const auto& e : entries_of(header.at("files")))
-    recvs.push_back({e.path, e.size, e.xxh3, from});
+  for (int k = 1; k <= replicas; ++k) {
+    const int to = layout.leader.at(static_cast<size_t>((host + k) % hosts));
+    const int from = layout.leader.at(static_cast<size_t>((host + hosts - k) % hosts));
+    const nlohmann::json header = swap_json(to, {{"files", entries_json(own)}}, from);
+    for (const auto& e : own) sends.push_back({e.path, e.size, e.xxh3, to});
+    for (const auto& e : entries_of(header.at("files"))) {
+      recvs.push_back({e.path, e.size, e.xxh3, from});
+    }
+  }
   exchange_files(dir, sends, recvs);
   return {{"t", "tier_replicated"}, {"own", paths}};
 }

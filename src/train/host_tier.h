@@ -1,8 +1,9 @@
 // The memory tier across the hosts of an MPI launch (docs/memory-tier.md,
 // "Across hosts"): every host keeps the tier's folder at the same path, and
 // each rank writes its files into its own host's copy. After the ranks
-// upload, each host's files are replicated to the next host's memory (a ring
-// over the hosts, in the order of their lowest rank), checked by XXH3 on
+// upload, each host's files are replicated to the memory of the next
+// MemoryTierConfig::replicas hosts (a ring over the hosts, in the order of
+// their lowest rank), checked by XXH3 on
 // arrival; then the driver commits, and the manifest goes to every host.
 // The host leaders (each host's lowest MPI rank; the driver for its own
 // host) carry out the operations below, sent by the driver

@@ -153,7 +153,7 @@ class Exchange {
         std::error_code ec;
         fs::create_directories(target.parent_path(), ec);
         s.tmp = target;
-        s.tmp += ".cairn-peer-tmp";
+        s.tmp += fmt::format(".cairn-peer-tmp-{}", s.peer);  // two peers may send one name
         s.fd = open_file(s.tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
       }
     } catch (const Error& e) {

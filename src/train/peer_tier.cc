@@ -47,11 +47,12 @@ PeerTier::PeerTier(std::vector<Agent>& agents, const std::vector<std::string>& h
     : agents_(agents),
       layout_(layout_hosts(hosts)),
       folder_(memory_tier_folder(experiment_uri, config.root)),
-      root_(memory_tier_checkpoints(folder_)) {
-  log::info(
-      fmt::format("{}: the memory tier spans {} hosts ({}); each host's checkpoint files "
-                  "are replicated to the next host's memory",
-                  experiment_uri, layout_.count(), fmt::join(layout_.names, ", ")));
+      root_(memory_tier_checkpoints(folder_)),
+      replicas_(std::min(config.replicas, static_cast<int>(layout_.count()) - 1)) {
+  log::info(fmt::format(
+      "{}: the memory tier spans {} hosts ({}); each host's checkpoint files are replicated "
+      "to the memory of the next {} host(s)",
+      experiment_uri, layout_.count(), fmt::join(layout_.names, ", "), replicas_));
 }
 
 PeerTier::~PeerTier() {
@@ -179,9 +180,12 @@ void PeerTier::replicate(const Checkpoint& reserved, const std::vector<ManifestE
   if (!manager_ || !dir || dir->parent_path() != root_) return;  // saved to persistent storage
   nlohmann::json list = nlohmann::json::array();
   for (const auto& f : files) list.push_back(entry_message(f));
-  const auto answers = everywhere(
-      {{"t", "tier_replicate"}, {"root", root_.string()}, {"dir", dir->string()}, {"files", list}},
-      "tier_replicated");
+  const auto answers = everywhere({{"t", "tier_replicate"},
+                                   {"root", root_.string()},
+                                   {"dir", dir->string()},
+                                   {"files", list},
+                                   {"replicas", replicas_}},
+                                  "tier_replicated");
   std::vector<std::set<std::string>> own;
   for (size_t h = 0; h < answers.size(); ++h) {
     if (const std::string e = error_of(answers[h]); !e.empty()) {

@@ -5,8 +5,8 @@
 // history decides what the tier holds. The other hosts' leaders are agents.
 //
 // - A round: the ranks write into their own host's copy of the reserved
-//   folder; replicate() has each host's files copied to the next host and
-//   checked; the driver commits its copy; committed() sends the manifest to
+//   folder; replicate() has each host's files copied to the next host(s)
+//   and checked; the driver commits its copy; committed() sends the manifest to
 //   every host and what the tier keeps, then starts a due persistence.
 // - Persistence runs in the background: each host copies the files it
 //   wrote (the driver's on a thread of its own) to the persistent location
@@ -93,6 +93,7 @@ class PeerTier final : public TierHosts {
   HostLayout layout_;
   std::filesystem::path folder_;  // this experiment's tier folder (the same on every host)
   std::filesystem::path root_;    // its checkpoints
+  int replicas_ = 1;              // MemoryTierConfig::replicas, at most the other hosts
   CheckpointManager* manager_ = nullptr;
   std::map<uint64_t, std::vector<std::set<std::string>>> own_;  // index -> by host: files it wrote
   std::optional<uint64_t> due_;

@@ -324,6 +324,9 @@ TEST_F(MemoryTierTest, BadSettingsAreRefusedNamingTheField) {
   c.memory_tier.persist_every_minutes = -1;
   expect_invalid_argument([&] { c.validate(); }, "MemoryTierConfig.persist_every_minutes");
   c = config(2, 0);
+  c.memory_tier.replicas = -1;
+  expect_invalid_argument([&] { c.validate(); }, "MemoryTierConfig.replicas must be >= 0, got -1");
+  c = config(2, 0);
   c.memory_tier.on_insufficient_memory = "spill";
   expect_invalid_argument([&] { c.validate(); },
                           "MemoryTierConfig.on_insufficient_memory must be \"error\" or "
@@ -339,6 +342,7 @@ TEST_F(MemoryTierTest, TheConfigurationRoundTripsThroughJson) {
   c.memory_tier.persist_every_minutes = 2.5;
   c.memory_tier.max_bytes = 1 << 20;
   c.memory_tier.on_insufficient_memory = "persistent_only";
+  c.memory_tier.replicas = 2;
   EXPECT_EQ(CheckpointConfig::from_json(c.to_json()).memory_tier, c.memory_tier);
   EXPECT_FALSE(CheckpointConfig().to_json().contains("memory_tier"));
   EXPECT_FALSE(CheckpointConfig::from_json(CheckpointConfig().to_json()).memory_tier.enabled);

@@ -82,7 +82,9 @@ int main(int argc, char** argv) {
   result["bad_exists"] = fs::exists(dir / "in-bad");
   result["leftover"] = false;
   for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.path().filename().string().ends_with(".cairn-peer-tmp")) result["leftover"] = true;
+    if (e.path().filename().string().find(".cairn-peer-tmp") != std::string::npos) {
+      result["leftover"] = true;
+    }
   }
   cairn::testing::write_file_atomically(fs::path(argv[1]) / fmt::format("result-{}.json", w.rank),
                                         result.dump());

@@ -20,7 +20,8 @@
 // (each host's own, mounted there by the test), every 2nd checkpoint
 // persisted: hosts_tier_restart (rank 1 throws at epoch 1 once;
 // max_failures=1), hosts_tier_crash (at epoch 5 of its first run, rank 1's
-// worker writes OUT/crashed and waits for the test to SIGKILL the job),
+// worker writes OUT/crashed and waits for the test to SIGKILL the job;
+// hosts_tier_crash_r2 the same with MemoryTierConfig::replicas = 2),
 // hosts_tier_restore
 // (Trainer::restore of the experiment, then fit), hosts_tier_soak (epochs
 // of 5 ms with shards of 1 MiB, every 2nd checkpoint persisted, restoring
@@ -109,7 +110,8 @@ void train_fn(const nlohmann::json& config) {
       }
       if (scenario == "hang") std::this_thread::sleep_for(std::chrono::seconds(60));
     }
-    if (scenario == "hosts_tier_crash" && rank == 1 && epoch == 5 && !fs::exists(out / "crashed")) {
+    if (scenario.starts_with("hosts_tier_crash") && rank == 1 && epoch == 5 &&
+        !fs::exists(out / "crashed")) {
       write_file_atomically(out / "crashed", "");
       std::this_thread::sleep_for(std::chrono::seconds(120));  // until the test kills the job
     }
@@ -245,6 +247,7 @@ int main(int argc, char** argv) {
     run.checkpoint_config.memory_tier.enabled = true;
     run.checkpoint_config.memory_tier.root = (out / "tiers").string();
     if (hosts_tier) run.checkpoint_config.memory_tier.persist_every_n = 2;
+    if (scenario == "hosts_tier_crash_r2") run.checkpoint_config.memory_tier.replicas = 2;
     if (scenario == "hosts_tier_small") {
       run.checkpoint_config.memory_tier.on_insufficient_memory = "persistent_only";
     }

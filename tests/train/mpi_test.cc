@@ -546,9 +546,9 @@ void expect_final_state(const std::string& exp) {
 // committed; then every process of the job is SIGKILLed (the driver and the
 // agents; their workers die with them).
 void crash_at_epoch_5(const std::string& results, const fs::path& out,
-                      const std::vector<std::string>& env, int np = 2, int per_host = 1) {
-  Started s =
-      start_mpirun("hosts_tier_crash", results, out, own_host_and_memory(out, per_host), env, np);
+                      const std::vector<std::string>& env, int np = 2, int per_host = 1,
+                      const std::string& scenario = "hosts_tier_crash") {
+  Started s = start_mpirun(scenario, results, out, own_host_and_memory(out, per_host), env, np);
   const auto limit = std::chrono::steady_clock::now() + 120s;
   while (!fs::exists(out / "crashed") && std::chrono::steady_clock::now() < limit) {
     std::this_thread::sleep_for(50ms);
@@ -659,6 +659,27 @@ TEST_F(MpiLauncher, OnThreeHostsALostHostsFilesComeFromTheNextHostInTheRing) {
                   "shard-1.bin of checkpoint_000004 goes to host cairn-node1 from host "
                   "cairn-node2's replica"))
       << log;
+}
+
+// With two replicas on three hosts, each host's files are in the memory of
+// both others: two hosts lost at once, the third serves every rank.
+TEST_F(MpiLauncher, WithTwoReplicasTwoHostsLostAtOnceRestoreFromTheThirdsMemory) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  crash_at_epoch_5(results(), out_, {"CAIRN_MPI_ADDRESS=127.0.0.1"}, 3, 1, "hosts_tier_crash_r2");
+  for (int host = 0; host < 3; ++host) {
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_TRUE(
+          fs::exists(host_tier(out_, host) / fmt::format("checkpoint_000004/shard-{}.bin", rank)))
+          << "host " << host << ", rank " << rank;
+    }
+  }
+  fs::remove_all(out_ / "hosts" / "cairn-node1");
+  fs::remove_all(out_ / "hosts" / "cairn-node2");
+  const auto [r, log] = expect_restored_job(results(), out_, experiment(), "checkpoint_000004",
+                                            "memory", 4, /*np=*/3);
+  ASSERT_TRUE(r.is_object()) << log;
+  EXPECT_EQ(r["restores"][0]["rank_tiers"], nlohmann::json({"memory", "peer", "peer"}));
+  EXPECT_TRUE(has(log, "replicated to the memory of the next 2 host(s)")) << log;
 }
 
 // Two ranks to a host: each host's leader (its lowest rank) replicates both
