@@ -37,6 +37,25 @@ constexpr int kJsonTag = 2;
 
 MPI_Comm g_comm = MPI_COMM_NULL;
 
+// Waiting on MPI without a core to spare: the first polls only yield (a
+// piece between processes of one host lands in microseconds), later ones
+// sleep a little, so that a transfer that waits on its peer or the network
+// leaves the CPU to the training (on 2 cores, spinning doubled its step).
+class Backoff {
+ public:
+  void wait() {
+    if (++polls_ < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  void reset() { polls_ = 0; }
+
+ private:
+  int polls_ = 0;
+};
+
 void check(int rc, const char* call) { check_mpi(rc, call); }
 
 MPI_Comm comm() {
@@ -84,6 +103,7 @@ class Exchange {
     for (Stream& s : streams_) start_file(s);
     const auto deadline = Clock::now() + limit;
     std::vector<MPI_Request> requests(streams_.size());
+    Backoff backoff;
     while (true) {
       size_t live = 0;
       for (size_t i = 0; i < streams_.size(); ++i) {
@@ -102,9 +122,10 @@ class Exchange {
                                                        "peer did not take part within {} s",
                                                        dir_.string(), limit.count() / 1000));
         }
-        std::this_thread::yield();
+        backoff.wait();
         continue;
       }
+      backoff.reset();
       Stream& s = streams_[static_cast<size_t>(index)];
       s.request = MPI_REQUEST_NULL;
       piece_done(s);
@@ -266,6 +287,7 @@ nlohmann::json swap_json(int to, const nlohmann::json& message, int from,
   }
   nlohmann::json in;
   bool received = from < 0;
+  Backoff backoff;
   while (true) {
     int flag = 0;
     if (!received) {
@@ -294,7 +316,7 @@ nlohmann::json swap_json(int to, const nlohmann::json& message, int from,
                               "did not go through within {} s",
                               received ? to : from, limit.count() / 1000));
     }
-    std::this_thread::yield();
+    backoff.wait();
   }
 }
 
