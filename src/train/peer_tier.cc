@@ -138,10 +138,21 @@ void PeerTier::prepare_launch() {
   const std::vector<Held> held = inventory();
   const RestorePlan plan = plan_restore(held);
   for (const auto& name : plan.remove) {
-    log::warn(
-        fmt::format("memory tier: removing {} from every host: no host holds it committed "
-                    "with all of its files, and none of their replicas is left",
-                    name));
+    const bool committed = std::any_of(held.begin(), held.end(), [&](const Held& h) {
+      auto it = h.find(name);
+      return it != h.end() && it->second.manifest.has_value();
+    });
+    if (committed) {
+      log::warn(
+          fmt::format("memory tier: removing {} from every host: the hosts left hold "
+                      "neither all of its files nor their replicas",
+                      name));
+    } else {
+      log::info(
+          fmt::format("memory tier: removing {}, the leftover of a save the crash "
+                      "interrupted",
+                      name));
+    }
   }
   if (!plan.newest && plan.remove.empty()) return;
   stage(plan);
