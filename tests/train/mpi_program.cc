@@ -20,7 +20,8 @@
 // (each host's own, mounted there by the test), every 2nd checkpoint
 // persisted: hosts_tier_restart (rank 1 throws at epoch 1 once;
 // max_failures=1), hosts_tier_crash (at epoch 5 of its first run, rank 1's
-// worker writes OUT/crashed and waits for the test to SIGKILL the job;
+// worker waits (up to 60 s) until checkpoint 3's persistent copy is
+// committed, writes OUT/crashed and waits for the test to SIGKILL the job;
 // hosts_tier_crash_r2 the same with MemoryTierConfig::replicas = 2),
 // hosts_tier_restore
 // (Trainer::restore of the experiment, then fit), hosts_tier_soak (epochs
@@ -112,6 +113,14 @@ void train_fn(const nlohmann::json& config) {
     }
     if (scenario.starts_with("hosts_tier_crash") && rank == 1 && epoch == 5 &&
         !fs::exists(out / "crashed")) {
+      // The persisting of checkpoint 3 (every 2nd) runs in the background:
+      // the crash comes once it is committed, so that what persistent
+      // storage holds after it does not depend on the machine's load.
+      const fs::path persisted =
+          fs::path(ctx.experiment_path) / "checkpoint_000003" / ".cairn" / "manifest.json";
+      for (int i = 0; i < 1200 && !fs::exists(persisted); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
       write_file_atomically(out / "crashed", "");
       std::this_thread::sleep_for(std::chrono::seconds(120));  // until the test kills the job
     }
