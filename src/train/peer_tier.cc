@@ -164,6 +164,7 @@ void PeerTier::prepare_launch() {
 void PeerTier::opened(CheckpointManager& manager) {
   if (!TierAccess::folder(manager)) return;  // the tier is off
   manager_ = &manager;
+  owner_ = slurp(memory_tier_owner(folder_));  // the tier's open wrote it
   TierAccess::spread(
       manager, [this](uint64_t index) { due_ = index; }, [this] { return least_free(); });
 }
@@ -219,9 +220,7 @@ void PeerTier::committed(const CheckpointRecord& committed) {
              {"root", root_.string()},
              {"dir", dir.string()},
              {"control", control},
-             {"owner",
-              {{"file", memory_tier_owner(folder_).string()},
-               {"text", slurp(memory_tier_owner(folder_))}}}});
+             {"owner", {{"file", memory_tier_owner(folder_).string()}, {"text", owner_}}}});
   const std::vector<std::string> kept = TierAccess::kept(*manager_);
   to_others({{"t", "tier_keep"}, {"root", root_.string()}, {"keep", kept}});
   for (auto it = own_.begin(); it != own_.end();) {

@@ -93,6 +93,7 @@ class PeerTier final : public TierHosts {
   HostLayout layout_;
   std::filesystem::path folder_;  // this experiment's tier folder (the same on every host)
   std::filesystem::path root_;    // its checkpoints
+  std::string owner_;             // this host's owner.json, for the other hosts' copies
   int replicas_ = 1;              // MemoryTierConfig::replicas, at most the other hosts
   CheckpointManager* manager_ = nullptr;
   std::map<uint64_t, std::vector<std::set<std::string>>> own_;  // index -> by host: files it wrote
