@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Upload and download of one checkpoint to and from an S3 server: aws-cli,
 rclone and Cairn (`cairn cp`) side by side, next to the server's own ceiling.
 
@@ -7,15 +7,15 @@ Usage:
               [--dir DIR] [--json FILE] [--aws /usr/bin/aws] [--rclone rclone]
               [--ceiling-threads 16] [--ceiling-piece-mib 16] [--tools LIST] [--smoke]
 
-One s3rver (tests/support/s3rver, installed by scripts/install-s3rver.sh) is
-started on 127.0.0.1 with its data directory inside DIR, so the server and the
-clients share one local disk. The checkpoint is a committed Cairn checkpoint
-written here: random bytes in one large file (half the size) and four medium
-ones under a subfolder, plus `.cairn/manifest.json` with the XXH3-64 of each
+One moto S3 server (tests/support/moto_s3.py, from the project's venv) is
+started on 127.0.0.1; it keeps objects in its memory and its temporary
+files. The checkpoint is a committed Cairn checkpoint written here: random
+bytes in one large file (half the size) and four medium ones under a subfolder,
+plus `.cairn/manifest.json` with the XXH3-64 of each
 file (the format of src/checkpoint/manifest.cc). Every tool moves the same
 files, manifest included:
 
-  ceiling  python http.client threads straight at s3rver, no signing: the
+  ceiling  python http.client threads straight at the server, no signing: the
            same bytes as independent PUTs / GETs of --ceiling-piece-mib pieces
            on --ceiling-threads connections, written back into files; the
            fastest any client can go against this server (it skips
@@ -26,7 +26,7 @@ files, manifest included:
            the same with --s3-upload-cutoff and --s3-chunk-size at Cairn's
            16 MiB: every file above 16 MiB sent as a multipart upload of
            16 MiB parts, as `cairn cp` sends it (at its defaults rclone sends
-           files below 200 MiB in one PUT, which s3rver stores without the
+           files below 200 MiB in one PUT, which the server stores without the
            copy it makes of a multipart upload's parts on completion)
   cairn    cairn cp --no-progress LOCAL s3://bench/P and back, with the
            endpoint in AWS_ENDPOINT_URL_S3; if the given binary has no working
@@ -46,6 +46,7 @@ Everything written (local files, the server's data) is deleted at the end.
 --smoke: 16 MiB, 1 run: checks that every row is produced (a Cairn without
 `cp` is allowed to say so). Used by the CTest test s3_bench_smoke.
 """
+
 import argparse
 import concurrent.futures
 import datetime
@@ -68,8 +69,8 @@ import xxhash  # python3-xxhash (scripts/install-deps.sh)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
-from s3_servers import ACCESS_KEY, S3rver, SECRET_KEY  # noqa: E402
-from cache import evict_files  # noqa: E402
+from cache import evict_files
+from s3_servers import ACCESS_KEY, SECRET_KEY, MotoS3
 
 MiB = 1 << 20
 # `cairn cp`'s part and ranged-GET size (TransferOptions::chunk_size's default).
@@ -84,6 +85,7 @@ def log(msg):
 
 
 # --- the checkpoint -----------------------------------------------------------
+
 
 def layout(total):
     """(path, size) of the checkpoint's files: one large file of half the
@@ -115,8 +117,13 @@ def write_checkpoint(root, total):
             os.fsync(f.fileno())
         entries.append({"path": path, "size": size, "xxh3": h.hexdigest()})
     entries.sort(key=lambda e: e["path"])
-    manifest = {"format": "cairn-checkpoint", "version": 1, "created_at": time.time(),
-                "metrics": {}, "files": entries}
+    manifest = {
+        "format": "cairn-checkpoint",
+        "version": 1,
+        "created_at": time.time(),
+        "metrics": {},
+        "files": entries,
+    }
     os.makedirs(os.path.join(root, ".cairn"), exist_ok=True)
     with open(os.path.join(root, MANIFEST), "w") as f:
         f.write(json.dumps(manifest, indent=1))
@@ -159,6 +166,7 @@ def check_download(root, entries):
 
 # --- the server ---------------------------------------------------------------
 
+
 def raw(port, method, path, body=None, headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
@@ -170,12 +178,15 @@ def raw(port, method, path, body=None, headers=None):
 
 
 def delete_prefix(port, prefix):
-    """Deletes every object under prefix (unsigned requests; s3rver allows
+    """Deletes every object under prefix (unsigned requests; the bench bucket allows
     them), and any multipart upload a failed tool left behind."""
     ns = "{http://doc.s3.amazonaws.com/2006-03-01/}"
     while True:
-        status, body = raw(port, "GET", "/{}?list-type=2&prefix={}".format(
-            BUCKET, urllib.parse.quote(prefix, safe="")))
+        status, body = raw(
+            port,
+            "GET",
+            "/{}?list-type=2&prefix={}".format(BUCKET, urllib.parse.quote(prefix, safe="")),
+        )
         if status != 200:
             raise RuntimeError("listing {}: HTTP {}".format(prefix, status))
         keys = [k.text for k in ET.fromstring(body).iter(ns + "Key")]
@@ -183,17 +194,25 @@ def delete_prefix(port, prefix):
             break
         for k in keys:
             raw(port, "DELETE", "/{}/{}".format(BUCKET, urllib.parse.quote(k)))
-    status, body = raw(port, "GET", "/{}?uploads&prefix={}".format(
-        BUCKET, urllib.parse.quote(prefix, safe="")))
+    status, body = raw(
+        port, "GET", "/{}?uploads&prefix={}".format(BUCKET, urllib.parse.quote(prefix, safe=""))
+    )
     if status == 200:
         root = ET.fromstring(body)
         for up in root.iter(ns + "Upload"):
-            raw(port, "DELETE", "/{}/{}?uploadId={}".format(
-                BUCKET, urllib.parse.quote(up.findtext(ns + "Key")),
-                urllib.parse.quote(up.findtext(ns + "UploadId"))))
+            raw(
+                port,
+                "DELETE",
+                "/{}/{}?uploadId={}".format(
+                    BUCKET,
+                    urllib.parse.quote(up.findtext(ns + "Key")),
+                    urllib.parse.quote(up.findtext(ns + "UploadId")),
+                ),
+            )
 
 
 # --- the tools ----------------------------------------------------------------
+
 
 class Unavailable(Exception):
     """The tool cannot be measured here; the message says why."""
@@ -203,10 +222,23 @@ def child_env(**extra):
     """The environment of a tool: the server is plain http on 127.0.0.1, so
     no proxy, no CA bundle (rclone refuses AWS_CA_BUNDLE outright) and no
     instance metadata service apply."""
-    env = dict(os.environ, NO_PROXY="127.0.0.1", no_proxy="127.0.0.1",
-               AWS_EC2_METADATA_DISABLED="true", **extra)
-    for k in ("AWS_PROFILE", "AWS_CA_BUNDLE", "HTTP_PROXY", "http_proxy", "HTTPS_PROXY",
-              "https_proxy", "ALL_PROXY", "all_proxy"):
+    env = dict(
+        os.environ,
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+        AWS_EC2_METADATA_DISABLED="true",
+        **extra,
+    )
+    for k in (
+        "AWS_PROFILE",
+        "AWS_CA_BUNDLE",
+        "HTTP_PROXY",
+        "http_proxy",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         env.pop(k, None)
     return env
 
@@ -215,8 +247,11 @@ def run_tool(cmd, env):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise RuntimeError("{} exited with {}: {}".format(
-            os.path.basename(cmd[0]), proc.returncode, " | ".join(tail)))
+        raise RuntimeError(
+            "{} exited with {}: {}".format(
+                os.path.basename(cmd[0]), proc.returncode, " | ".join(tail)
+            )
+        )
 
 
 class AwsCli:
@@ -225,13 +260,16 @@ class AwsCli:
     def __init__(self, binary, endpoint, scratch):
         self.binary = binary
         self.endpoint = endpoint
-        self.env = child_env(AWS_ACCESS_KEY_ID=ACCESS_KEY,
-                             AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION=REGION,
-                             AWS_DEFAULT_REGION=REGION,
-                             # No user configuration: default transfer settings.
-                             AWS_CONFIG_FILE=os.path.join(scratch, "aws-config-none"),
-                             AWS_SHARED_CREDENTIALS_FILE=os.path.join(scratch, "aws-cred-none"),
-                             AWS_PAGER="")
+        self.env = child_env(
+            AWS_ACCESS_KEY_ID=ACCESS_KEY,
+            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+            AWS_REGION=REGION,
+            AWS_DEFAULT_REGION=REGION,
+            # No user configuration: default transfer settings.
+            AWS_CONFIG_FILE=os.path.join(scratch, "aws-config-none"),
+            AWS_SHARED_CREDENTIALS_FILE=os.path.join(scratch, "aws-cred-none"),
+            AWS_PAGER="",
+        )
 
     def version(self):
         out = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
@@ -240,8 +278,18 @@ class AwsCli:
         return out.stdout.strip().split()[0]
 
     def cmd(self, src, dst):
-        return [self.binary, "--endpoint-url", self.endpoint, "s3", "cp", "--recursive",
-                "--only-show-errors", "--no-progress", src, dst]
+        return [
+            self.binary,
+            "--endpoint-url",
+            self.endpoint,
+            "s3",
+            "cp",
+            "--recursive",
+            "--only-show-errors",
+            "--no-progress",
+            src,
+            dst,
+        ]
 
     def upload(self, local, prefix):
         run_tool(self.cmd(local, "s3://{}/{}/".format(BUCKET, prefix)), self.env)
@@ -255,15 +303,17 @@ class Rclone:
 
     def __init__(self, binary, endpoint, scratch):
         self.binary = binary
-        self.env = child_env(RCLONE_CONFIG=os.path.join(scratch, "rclone-none.conf"),
-                             RCLONE_CONFIG_BENCHS3_TYPE="s3",
-                             RCLONE_CONFIG_BENCHS3_PROVIDER="Other",
-                             RCLONE_CONFIG_BENCHS3_ENDPOINT=endpoint,
-                             RCLONE_CONFIG_BENCHS3_ACCESS_KEY_ID=ACCESS_KEY,
-                             RCLONE_CONFIG_BENCHS3_SECRET_ACCESS_KEY=SECRET_KEY,
-                             RCLONE_CONFIG_BENCHS3_REGION=REGION,
-                             RCLONE_CONFIG_BENCHS3_FORCE_PATH_STYLE="true",
-                             RCLONE_CONFIG_BENCHS3_ENV_AUTH="false")
+        self.env = child_env(
+            RCLONE_CONFIG=os.path.join(scratch, "rclone-none.conf"),
+            RCLONE_CONFIG_BENCHS3_TYPE="s3",
+            RCLONE_CONFIG_BENCHS3_PROVIDER="Other",
+            RCLONE_CONFIG_BENCHS3_ENDPOINT=endpoint,
+            RCLONE_CONFIG_BENCHS3_ACCESS_KEY_ID=ACCESS_KEY,
+            RCLONE_CONFIG_BENCHS3_SECRET_ACCESS_KEY=SECRET_KEY,
+            RCLONE_CONFIG_BENCHS3_REGION=REGION,
+            RCLONE_CONFIG_BENCHS3_FORCE_PATH_STYLE="true",
+            RCLONE_CONFIG_BENCHS3_ENV_AUTH="false",
+        )
 
     def version(self):
         out = subprocess.run([self.binary, "version"], capture_output=True, text=True)
@@ -274,27 +324,36 @@ class Rclone:
     extra = []
 
     def upload(self, local, prefix):
-        run_tool([self.binary, "copy", local, "benchs3:{}/{}".format(BUCKET, prefix)] + self.extra,
-                 self.env)
+        run_tool(
+            [self.binary, "copy", local, "benchs3:{}/{}".format(BUCKET, prefix)] + self.extra,
+            self.env,
+        )
 
     def download(self, prefix, local):
-        run_tool([self.binary, "copy", "benchs3:{}/{}".format(BUCKET, prefix), local] + self.extra,
-                 self.env)
+        run_tool(
+            [self.binary, "copy", "benchs3:{}/{}".format(BUCKET, prefix), local] + self.extra,
+            self.env,
+        )
 
 
 class RcloneParts(Rclone):
     """rclone cutting every file above CHUNK into CHUNK-sized parts, as
     `cairn cp` does. At its defaults rclone sends a file below 200 MiB as one
-    PUT, and s3rver completes a multipart upload by copying every part into a
-    new file and hashing it: a second pass over the bytes that S3 itself,
+    PUT, and moto completes a multipart upload by joining every part into a
+    new object and hashing it: a second pass over the bytes that S3 itself,
     whose completion only records the parts, does not make. This row moves
     the same requests as Cairn's."""
+
     name = "rclone-parts"
 
     def __init__(self, binary, endpoint, scratch, chunk):
         super().__init__(binary, endpoint, scratch)
-        self.extra = ["--s3-upload-cutoff", "{}M".format(chunk // MiB),
-                      "--s3-chunk-size", "{}M".format(chunk // MiB)]
+        self.extra = [
+            "--s3-upload-cutoff",
+            "{}M".format(chunk // MiB),
+            "--s3-chunk-size",
+            "{}M".format(chunk // MiB),
+        ]
 
 
 class Cairn:
@@ -302,8 +361,12 @@ class Cairn:
 
     def __init__(self, binary, endpoint):
         self.binary = binary
-        self.env = child_env(AWS_ENDPOINT_URL_S3=endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY,
-                             AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_REGION=REGION)
+        self.env = child_env(
+            AWS_ENDPOINT_URL_S3=endpoint,
+            AWS_ACCESS_KEY_ID=ACCESS_KEY,
+            AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+            AWS_REGION=REGION,
+        )
 
     def version(self):
         if not self.binary:
@@ -326,12 +389,16 @@ class Cairn:
         run_tool([self.binary, "verify", local], self.env)
 
     def upload(self, local, prefix):
-        run_tool([self.binary, "cp", "--no-progress", local,
-                  "s3://{}/{}".format(BUCKET, prefix)], self.env)
+        run_tool(
+            [self.binary, "cp", "--no-progress", local, "s3://{}/{}".format(BUCKET, prefix)],
+            self.env,
+        )
 
     def download(self, prefix, local):
-        run_tool([self.binary, "cp", "--no-progress", "s3://{}/{}".format(BUCKET, prefix),
-                  local], self.env)
+        run_tool(
+            [self.binary, "cp", "--no-progress", "s3://{}/{}".format(BUCKET, prefix), local],
+            self.env,
+        )
 
 
 class Ceiling:
@@ -356,7 +423,8 @@ class Ceiling:
 
     def version(self):
         return "python {} http.client, {} connections, {} MiB pieces".format(
-            platform.python_version(), self.threads, self.piece // MiB)
+            platform.python_version(), self.threads, self.piece // MiB
+        )
 
     def slot(self):
         buf, conn = self.free.get()
@@ -385,8 +453,14 @@ class Ceiling:
         for rel, full in tree_files(local):
             size = os.path.getsize(full)
             for i, off in enumerate(range(0, max(size, 1), self.piece)):
-                plan.append((rel, off, min(self.piece, size - off),
-                             "{}/{}.part{:05d}".format(prefix, rel, i)))
+                plan.append(
+                    (
+                        rel,
+                        off,
+                        min(self.piece, size - off),
+                        "{}/{}.part{:05d}".format(prefix, rel, i),
+                    )
+                )
         self.pieces[prefix] = plan
 
         def put(item):
@@ -448,6 +522,7 @@ class Ceiling:
 
 # --- the run ------------------------------------------------------------------
 
+
 def evict(paths):
     """Writes back and drops the page cache of the benchmark's own files (not
     the whole cache, which would also make each tool's own start-up cold)."""
@@ -470,22 +545,29 @@ def fmt(x, spec="{:.1f}"):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cairn", help="the cairn CLI (e.g. build/src/cli/cairn)")
     ap.add_argument("--size-gib", type=float, default=2.0, help="checkpoint size (default 2)")
     ap.add_argument("--runs", type=int, default=3, help="runs of every tool (default 3)")
-    ap.add_argument("--stat", choices=("median", "best"), default="median",
-                    help="which run the table reports (default median)")
+    ap.add_argument(
+        "--stat",
+        choices=("median", "best"),
+        default="median",
+        help="which run the table reports (default median)",
+    )
     ap.add_argument("--dir", help="local scratch directory (default: a new temp dir)")
     ap.add_argument("--json", help="write every run's figures here")
     ap.add_argument("--aws", default="/usr/bin/aws", help="aws-cli v2 (default /usr/bin/aws)")
     ap.add_argument("--rclone", default=shutil.which("rclone") or "rclone")
-    ap.add_argument("--node", default="node", help="Node.js for s3rver")
     ap.add_argument("--ceiling-threads", type=int, default=16)
     ap.add_argument("--ceiling-piece-mib", type=int, default=16)
-    ap.add_argument("--tools", default="ceiling,aws-cli,rclone,rclone-parts,cairn",
-                    help="which rows to measure (default all; aws-cli is the reference)")
+    ap.add_argument(
+        "--tools",
+        default="ceiling,aws-cli,rclone,rclone-parts,cairn",
+        help="which rows to measure (default all; aws-cli is the reference)",
+    )
     ap.add_argument("--smoke", action="store_true", help="16 MiB, 1 run")
     args = ap.parse_args()
     if args.smoke:
@@ -495,8 +577,11 @@ def main():
     base = args.dir or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
     if shutil.disk_usage(base).free < 3 * total + (1 << 30):
-        raise SystemExit("s3_bench.py: {} has {:.1f} GB free; need {:.1f} GB".format(
-            base, shutil.disk_usage(base).free / 1e9, (3 * total + (1 << 30)) / 1e9))
+        raise SystemExit(
+            "s3_bench.py: {} has {:.1f} GB free; need {:.1f} GB".format(
+                base, shutil.disk_usage(base).free / 1e9, (3 * total + (1 << 30)) / 1e9
+            )
+        )
     # A fresh directory of our own, so cleaning up never touches anything else.
     work = tempfile.mkdtemp(prefix="cairn-s3-bench-", dir=base)
     results = {}
@@ -504,13 +589,14 @@ def main():
         src = os.path.join(work, "checkpoint")
         log("writing a {:.3f} GiB checkpoint to {}".format(total / (1 << 30), src))
         entries, nbytes = write_checkpoint(src, total)
-        server_data = os.path.join(work, "s3rver-data")
-        with S3rver(bucket=BUCKET, data_dir=server_data, node=args.node) as s3:
-            tools = [Ceiling(s3.port, args.ceiling_threads, args.ceiling_piece_mib * MiB),
-                     AwsCli(args.aws, s3.endpoint, work),
-                     Rclone(args.rclone, s3.endpoint, work),
-                     RcloneParts(args.rclone, s3.endpoint, work, CAIRN_CHUNK),
-                     Cairn(args.cairn, s3.endpoint)]
+        with MotoS3(bucket=BUCKET) as s3:
+            tools = [
+                Ceiling(s3.port, args.ceiling_threads, args.ceiling_piece_mib * MiB),
+                AwsCli(args.aws, s3.endpoint, work),
+                Rclone(args.rclone, s3.endpoint, work),
+                RcloneParts(args.rclone, s3.endpoint, work, CAIRN_CHUNK),
+                Cairn(args.cairn, s3.endpoint),
+            ]
             wanted = set(args.tools.split(","))
             unknown = wanted - {t.name for t in tools}
             if unknown:
@@ -518,8 +604,12 @@ def main():
             tools = [t for t in tools if t.name in wanted]
             for t in tools:
                 try:
-                    results[t.name] = {"version": t.version(), "upload_s": [],
-                                       "download_s": [], "error": None}
+                    results[t.name] = {
+                        "version": t.version(),
+                        "upload_s": [],
+                        "download_s": [],
+                        "error": None,
+                    }
                 except (Unavailable, OSError) as e:
                     results[t.name] = {"version": None, "error": "not available ({})".format(e)}
             if "cairn" in results and not results["cairn"]["error"]:
@@ -533,14 +623,17 @@ def main():
                     dst = os.path.join(work, "download-" + prefix)
                     log("run {}: {} upload".format(run, t.name))
                     try:
-                        up, method = timed(lambda: t.upload(src, prefix),
-                                           [f for _, f in tree_files(src)])
+                        up, method = timed(
+                            lambda: t.upload(src, prefix), [f for _, f in tree_files(src)]
+                        )
                         log("run {}: {} download".format(run, t.name))
-                        down, _ = timed(lambda: t.download(prefix, dst),
-                                        [f for _, f in tree_files(server_data)])
+                        down, _ = timed(lambda: t.download(prefix, dst), [])
                         check_download(dst, entries)
-                        log("run {}: {} upload {:.2f} s, download {:.2f} s".format(
-                            run, t.name, up, down))
+                        log(
+                            "run {}: {} upload {:.2f} s, download {:.2f} s".format(
+                                run, t.name, up, down
+                            )
+                        )
                         r["upload_s"].append(up)
                         r["download_s"].append(down)
                         r["cache_drop"] = method
@@ -567,12 +660,16 @@ def main():
             r[d + "_vs_aws"] = a / b if a is not None and b else None
 
     print()
-    print("S3 benchmark: a {:.3f} GiB checkpoint ({} files + manifest) to and from one s3rver "
-          "on 127.0.0.1, {} of {} run(s), page cache dropped before each step".format(
-              nbytes / (1 << 30), len(entries), args.stat, args.runs))
+    print(
+        "S3 benchmark: a {:.3f} GiB checkpoint ({} files + manifest) to and from one moto server "
+        "on 127.0.0.1, {} of {} run(s), page cache dropped before each step".format(
+            nbytes / (1 << 30), len(entries), args.stat, args.runs
+        )
+    )
     print()
     hdr = "{:<12} {:>12} {:>14} {:>11} {:>13}  {}".format(
-        "tool", "upload MiB/s", "download MiB/s", "up vs aws", "down vs aws", "version")
+        "tool", "upload MiB/s", "download MiB/s", "up vs aws", "down vs aws", "version"
+    )
     print(hdr)
     print("-" * len(hdr))
     for name in ("ceiling", "aws-cli", "rclone", "rclone-parts", "cairn"):
@@ -582,14 +679,23 @@ def main():
         if r["error"]:
             print("{:<12} {}".format(name + ":", r["error"]))
             continue
-        print("{:<12} {:>12} {:>14} {:>11} {:>13}  {}".format(
-            name, fmt(r["upload_mibps"]), fmt(r["download_mibps"]),
-            fmt(r["upload_vs_aws"], "{:.2f}"), fmt(r["download_vs_aws"], "{:.2f}"),
-            r["version"]))
+        print(
+            "{:<12} {:>12} {:>14} {:>11} {:>13}  {}".format(
+                name,
+                fmt(r["upload_mibps"]),
+                fmt(r["download_mibps"]),
+                fmt(r["upload_vs_aws"], "{:.2f}"),
+                fmt(r["download_vs_aws"], "{:.2f}"),
+                r["version"],
+            )
+        )
     print()
-    print("MiB/s of the checkpoint's {} bytes; ratios are against aws-cli's {} in the same "
-          "run. ceiling: unsigned parallel PUT/GET of the same bytes, the server's limit."
-          .format(nbytes, args.stat))
+    print(
+        "MiB/s of the checkpoint's {} bytes; ratios are against aws-cli's {} in the same "
+        "run. ceiling: unsigned parallel PUT/GET of the same bytes, the server's limit.".format(
+            nbytes, args.stat
+        )
+    )
     # The raw client competes for the same cores as the server; when a tool
     # beats it, the server's limit is at least that tool's figure: say so
     # rather than print a "ceiling" that is not one.
@@ -598,17 +704,28 @@ def main():
         for d in ("upload", "download"):
             a, c = r.get(d + "_mibps"), ceil.get(d + "_mibps")
             if name != "ceiling" and a is not None and c is not None and a > c:
-                print("note: {}'s {} ({:.1f} MiB/s) beat the ceiling row ({:.1f} MiB/s): the "
-                      "raw client was CPU-bound in this run, and the server's {} limit is at "
-                      "least {:.1f} MiB/s.".format(name, d, a, c, d, a))
+                print(
+                    "note: {}'s {} ({:.1f} MiB/s) beat the ceiling row ({:.1f} MiB/s): the "
+                    "raw client was CPU-bound in this run, and the server's {} limit is at "
+                    "least {:.1f} MiB/s.".format(name, d, a, c, d, a)
+                )
 
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "kernel": platform.release()},
-        "config": {"bytes": nbytes, "files": [e["path"] for e in entries], "runs": args.runs,
-                   "stat": args.stat, "ceiling_threads": args.ceiling_threads,
-                   "ceiling_piece_mib": args.ceiling_piece_mib, "smoke": args.smoke},
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+        },
+        "config": {
+            "bytes": nbytes,
+            "files": [e["path"] for e in entries],
+            "runs": args.runs,
+            "stat": args.stat,
+            "ceiling_threads": args.ceiling_threads,
+            "ceiling_piece_mib": args.ceiling_piece_mib,
+            "smoke": args.smoke,
+        },
         "results": results,
     }
     if args.json:
@@ -616,9 +733,11 @@ def main():
             json.dump(report, f, indent=2)
         print("report written to " + args.json)
     if args.smoke:
-        missing = [n for n in ("ceiling", "aws-cli", "rclone")
-                   if n not in results or results[n]["error"]
-                   or results[n]["upload_mibps"] is None]
+        missing = [
+            n
+            for n in ("ceiling", "aws-cli", "rclone")
+            if n not in results or results[n]["error"] or results[n]["upload_mibps"] is None
+        ]
         cairn = results.get("cairn", {"error": None})
         if cairn["error"] and not cairn["error"].startswith("not available"):
             missing.append("cairn")

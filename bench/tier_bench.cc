@@ -21,7 +21,7 @@
 // state, zeroed), load_s (the slowest rank's load alone), and the state's
 // size. Times come from the steady clock, which every process on the
 // machine shares. bench/tier_run.py runs it for the memory
-// tier, the disk and s3rver and prints the ratios.
+// tier, the disk and moto's S3 server and prints the ratios.
 #include <signal.h>
 #include <unistd.h>
 

@@ -6,7 +6,7 @@ the medians side by side with their ratios to the memory tier:
 
   memory  the memory tier on /dev/shm (--tier-root), the experiment on --dir
   disk    the experiment on --dir, the page cache evicted before the kill
-  s3      the experiment on s3rver (tests/support/s3rver, started here on
+  s3      the experiment on moto's S3 server (tests/support/moto_s3.py, started here on
           127.0.0.1), its files' page cache evicted too
 
 Recovery is the SIGKILL of rank 0 to the last rank's first step after
@@ -24,18 +24,29 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "support"))
 
-from s3_servers import ACCESS_KEY, SECRET_KEY, S3rver  # noqa: E402
+from s3_servers import ACCESS_KEY, SECRET_KEY, MotoS3
 
 
 def run(args, storage, dir_, tier_root=None, env=None):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [args.bench, "--storage", storage, "--dir", dir_, "--state-mib",
-               str(args.state_mib), "--workers", str(args.workers), "--rounds",
-               str(args.rounds), "--json", out.name]
+        cmd = [
+            args.bench,
+            "--storage",
+            storage,
+            "--dir",
+            dir_,
+            "--state-mib",
+            str(args.state_mib),
+            "--workers",
+            str(args.workers),
+            "--rounds",
+            str(args.rounds),
+            "--json",
+            out.name,
+        ]
         if tier_root:
             cmd += ["--tier-root", tier_root]
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-4000:])
             raise SystemExit("tier_run: {} failed on {}".format(args.bench, storage))
@@ -44,8 +55,9 @@ def run(args, storage, dir_, tier_root=None, env=None):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--bench", required=True, help="build/bench/tier_bench")
     ap.add_argument("--dir", required=True, help="a folder on the disk to measure")
     ap.add_argument("--tier-root", default="/dev/shm")
@@ -53,7 +65,6 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--storages", default="memory,disk,s3")
-    ap.add_argument("--node", default="node", help="Node.js for s3rver")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args()
 
@@ -67,27 +78,39 @@ def main():
         if "disk" in storages:
             results["disk"] = run(args, work, work)
         if "s3" in storages:
-            with S3rver(bucket="tier", node=args.node) as s3:
-                env = dict(os.environ, AWS_ENDPOINT_URL_S3=s3.endpoint,
-                           AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
-                           AWS_REGION="us-east-1")
+            with MotoS3(bucket="tier") as s3:
+                env = dict(
+                    os.environ,
+                    AWS_ENDPOINT_URL_S3=s3.endpoint,
+                    AWS_ACCESS_KEY_ID=ACCESS_KEY,
+                    AWS_SECRET_ACCESS_KEY=SECRET_KEY,
+                    AWS_REGION="us-east-1",
+                )
                 for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
                     env.pop(k, None)
                 results["s3"] = run(args, "s3://tier/runs", work, env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print("recovery after SIGKILL of rank 0: {} rank(s), {} MiB of state each, median of {} "
-          "rounds".format(args.workers, args.state_mib, args.rounds))
+    print(
+        "recovery after SIGKILL of rank 0: {} rank(s), {} MiB of state each, median of {} "
+        "rounds".format(args.workers, args.state_mib, args.rounds)
+    )
     base = results.get("memory", {}).get("recovery_s")
     base_load = results.get("memory", {}).get("load_s")
-    print("{:>8} {:>12} {:>8} {:>8} {:>18} {:>14}".format(
-        "tier", "recovery_s", "init_s", "load_s", "recovery vs mem", "load vs mem"))
+    print(
+        "{:>8} {:>12} {:>8} {:>8} {:>18} {:>14}".format(
+            "tier", "recovery_s", "init_s", "load_s", "recovery vs mem", "load vs mem"
+        )
+    )
     for name, r in results.items():
         ratio = "{:.2f}x".format(r["recovery_s"] / base) if base else "-"
         load_ratio = "{:.2f}x".format(r["load_s"] / base_load) if base_load else "-"
-        print("{:>8} {:>12.3f} {:>8.3f} {:>8.3f} {:>18} {:>14}".format(
-            name, r["recovery_s"], r["init_s"], r["load_s"], ratio, load_ratio))
+        print(
+            "{:>8} {:>12.3f} {:>8.3f} {:>8.3f} {:>18} {:>14}".format(
+                name, r["recovery_s"], r["init_s"], r["load_s"], ratio, load_ratio
+            )
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -14,7 +14,7 @@
 #   --size-mib 64 --runs 1   a quick run (the default is 2048 MiB, 3 runs)
 #   --s3                     then also the S3 benchmark (bench/s3_bench.py:
 #                            aws-cli, rclone, `cairn cp` and the server's
-#                            ceiling against one local s3rver), with the same
+#                            ceiling against one local moto S3 server), with the same
 #                            size and runs; its report goes to
 #                            build-bench/s3-bench-results.json
 # Benchmark files go to a new directory under build-bench (or DIR) and are
@@ -49,7 +49,7 @@ mkdir -p "$base"
 dir=$(mktemp -d "$base/bench-data.XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 
-/usr/bin/python3 bench/run.py --cairn build-bench/bench/cairn_bench \
+.venv/bin/python3 bench/run.py --cairn build-bench/bench/cairn_bench \
   --libtorch build-bench/bench/torch_bench --dir "$dir" \
   --json build-bench/bench-results.json "${args[@]}"
 
@@ -61,6 +61,6 @@ build-bench/bench/train_step_bench --dir "$dir/train-step" \
 build-bench/bench/tune_bench --dir "$dir/tune" --json build-bench/tune-results.json
 
 if [ "$s3" = 1 ]; then
-  /usr/bin/python3 bench/s3_bench.py --cairn build-bench/src/cli/cairn --dir "$dir" \
+  .venv/bin/python3 bench/s3_bench.py --cairn build-bench/src/cli/cairn --dir "$dir" \
     --json build-bench/s3-bench-results.json "${s3args[@]}"
 fi

@@ -252,7 +252,7 @@ TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNot
   config.num_to_keep = 2;
   std::mt19937 rng(42);
   int kills = 0;
-  // The long loop runs against s3rver, a sample against radosgw (CI time);
+  // The long loop runs against moto, a sample against radosgw (CI time);
   // CAIRN_S3_KILL_ROUNDS sets either.
   int rounds = S3Server::instance().kind() == S3Server::Kind::kRadosgw ? 4 : 12;
   if (const char* n = std::getenv("CAIRN_S3_KILL_ROUNDS")) rounds = std::max(1, std::atoi(n));
@@ -268,10 +268,9 @@ TEST_F(S3Faults, SigkillDuringUploadsAndRetentionDeletesLosesNothingAndLeavesNot
     std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 400));
     if (::kill(pid, SIGKILL) == 0) ++kills;
     ::waitpid(pid, nullptr, 0);
-    // s3rver writes an object in place as its body arrives (S3 never
-    // does), so a kill in the middle of a history PUT can leave the history
-    // torn. The manifests stay the truth: the next open rebuilds it from
-    // them by itself.
+    // Should a server keep a killed PUT's partial body (S3 never does), a
+    // kill in the middle of a history PUT could leave the history torn. The
+    // manifests stay the truth: the next open rebuilds it from them by itself.
     // What the killed process committed is whole, and nothing partial shows.
     CheckpointManager m(exp, config);
     for (const auto& r : m.history()) {

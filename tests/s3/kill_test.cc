@@ -1,8 +1,8 @@
 // SIGKILL on S3, aimed at the small metadata writes: a CheckpointManager
 // saving to s3:// (checkpoints of small files: the manifest and history PUTs
 // are a large share of its requests) and `cairn cp` of an experiment to
-// s3://, killed at random moments against s3rver, which may keep an
-// interrupted PUT as an empty object. After every kill, without anyone's
+// s3://, killed at random moments against moto (and a sample against
+// radosgw). After every kill, without anyone's
 // help:
 //   - every checkpoint listed as committed verifies and loads (its files are
 //     byte for byte what was saved);
@@ -150,7 +150,7 @@ std::string make_copy_source(const TempDir& dir) {
 
 TEST(S3Kills, KilledSavesAndCopiesNeverLeaveMetadataThatNeedsAPerson) {
   const char* env = std::getenv("CAIRN_S3_KILL_ITERATIONS");
-  // The long loop runs against s3rver, a bounded sample against radosgw.
+  // The long loop runs against moto, a bounded sample against radosgw.
   const bool radosgw = S3Server::instance().kind() == S3Server::Kind::kRadosgw;
   const int kills_wanted = env ? std::atoi(env) : radosgw ? 20 : 200;
   const std::string root = S3Server::instance().fresh_uri("kills");

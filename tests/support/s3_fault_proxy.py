@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A fault-injecting HTTP/1.1 proxy to put between an S3 client and an
-S3-compatible test server (s3rver), so tests can see how a client behaves
+S3-compatible test server (moto, radosgw), so tests can see how a client behaves
 when requests fail, connections break or answers are slow or lost.
 
 Usage:
@@ -78,6 +78,7 @@ bucket name can start with "__"):
 
 Python 3 standard library only.
 """
+
 import argparse
 import http.client
 import http.server
@@ -103,9 +104,19 @@ ERRORS = {
     "lost-reply": (500, "InternalError", "We encountered an internal error. Please try again."),
 }
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-              "proxy-authorization", "te", "trailer", "trailers", "transfer-encoding",
-              "upgrade", "expect"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+}
 
 CONTROL_PREFIX = "/__fault__/"
 CHUNK = 64 * 1024
@@ -142,14 +153,26 @@ class Faults:
         self.reset_stats()
 
     def reset_stats(self):
-        self.stats = {"requests": 0, "forwarded": 0, "passed": 0, "upstream_errors": 0,
-                      "refused_conditional": 0, "faults": {k: 0 for k in KINDS}}
+        self.stats = {
+            "requests": 0,
+            "forwarded": 0,
+            "passed": 0,
+            "upstream_errors": 0,
+            "refused_conditional": 0,
+            "faults": {k: 0 for k in KINDS},
+        }
 
     def config(self):
-        return {"rate": self.rate, "faults": list(self.kinds), "delay_ms": self.delay_ms,
-                "seed": self.seed, "methods": list(self.methods), "budget": self.budget,
-                "refuse_conditional_writes": self.refuse_conditional_writes,
-                "path_pattern": self.path_pattern}
+        return {
+            "rate": self.rate,
+            "faults": list(self.kinds),
+            "delay_ms": self.delay_ms,
+            "seed": self.seed,
+            "methods": list(self.methods),
+            "budget": self.budget,
+            "refuse_conditional_writes": self.refuse_conditional_writes,
+            "path_pattern": self.path_pattern,
+        }
 
     def update(self, changes):
         """Applies a JSON object of changes; raises ValueError naming the bad
@@ -159,8 +182,11 @@ class Faults:
         new = self.config()
         for key, value in changes.items():
             if key == "rate":
-                if not isinstance(value, (int, float)) or isinstance(value, bool) \
-                        or not 0.0 <= value <= 1.0:
+                if (
+                    not isinstance(value, (int, float))
+                    or isinstance(value, bool)
+                    or not 0.0 <= value <= 1.0
+                ):
                     raise ValueError("rate: a number from 0 to 1")
                 new["rate"] = float(value)
             elif key == "faults":
@@ -178,8 +204,9 @@ class Faults:
                     raise ValueError("methods: a list of HTTP method names")
                 new["methods"] = [m.upper() for m in value]
             elif key == "budget":
-                if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                          or value < 0):
+                if value is not None and (
+                    not isinstance(value, int) or isinstance(value, bool) or value < 0
+                ):
                     raise ValueError("budget: an integer >= 0 or null")
                 new["budget"] = value
             elif key == "refuse_conditional_writes":
@@ -211,8 +238,9 @@ class Faults:
             # One draw per request whatever the configuration, so the n-th
             # request's fate depends only on the seed and n.
             roll, pick = self.rng.random(), self.rng.random()
-            eligible = (not self.methods or method in self.methods) and \
-                (not self.path_pattern or re.search(self.path_pattern, path) is not None)
+            eligible = (not self.methods or method in self.methods) and (
+                not self.path_pattern or re.search(self.path_pattern, path) is not None
+            )
             if eligible and roll < self.rate and self.budget != 0:
                 kind = self.kinds[int(pick * len(self.kinds))]
                 if self.budget is not None:
@@ -300,15 +328,17 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not any(k.lower() == "host" for k, _ in headers):
             headers.append(("Host", "{}:{}".format(*self.upstream)))
         for attempt in (0, 1):
-            if self.up is not None and (time.monotonic() - self.up_used > UPSTREAM_MAX_IDLE_S
-                                        or upstream_closed(self.up)):
+            if self.up is not None and (
+                time.monotonic() - self.up_used > UPSTREAM_MAX_IDLE_S or upstream_closed(self.up)
+            ):
                 self.close_upstream()
             reused = self.up is not None
             if self.up is None:
                 self.up = http.client.HTTPConnection(*self.upstream, timeout=self.upstream_timeout)
             try:
-                self.up.putrequest(self.command, self.path, skip_host=True,
-                                   skip_accept_encoding=True)
+                self.up.putrequest(
+                    self.command, self.path, skip_host=True, skip_accept_encoding=True
+                )
                 for k, v in headers:
                     self.up.putheader(k, v)
                 self.up.endheaders()
@@ -332,9 +362,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def error_reply(self, status, code, message, request_no):
         request_id = "FA{:014X}".format(request_no)
         resource = urllib.parse.urlsplit(self.path).path
-        body = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{}</Code>"
+        body = (
+            (
+                '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{}</Code>'
                 "<Message>{}</Message><Resource>{}</Resource><RequestId>{}</RequestId>"
-                "</Error>").format(code, message, xml_escape(resource), request_id).encode()
+                "</Error>"
+            )
+            .format(code, message, xml_escape(resource), request_id)
+            .encode()
+        )
         if self.command == "HEAD":
             body = b""
         self.send_response_only(status)
@@ -434,8 +470,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             # and close, since the unread body cannot be skipped.
             self.close_connection = True
             n = self.faults.count("requests")
-            return self.error_reply(411, "MissingContentLength",
-                                    "You must provide the Content-Length HTTP header.", n)
+            return self.error_reply(
+                411, "MissingContentLength", "You must provide the Content-Length HTTP header.", n
+            )
         try:
             body_length = int(self.headers.get("Content-Length", "0"))
             if body_length < 0:
@@ -445,12 +482,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_error(400, "bad Content-Length")
             return
 
-        if self.faults.refuse_conditional_writes and self.command in ("PUT", "POST", "DELETE") \
-                and ("If-Match" in self.headers or "If-None-Match" in self.headers):
+        if (
+            self.faults.refuse_conditional_writes
+            and self.command in ("PUT", "POST", "DELETE")
+            and ("If-Match" in self.headers or "If-None-Match" in self.headers)
+        ):
             self.drain(body_length)
             n = self.faults.count("refused_conditional")
-            return self.error_reply(501, "NotImplemented", "A header you provided implies "
-                                    "functionality that is not implemented", n)
+            return self.error_reply(
+                501,
+                "NotImplemented",
+                "A header you provided implies functionality that is not implemented",
+                n,
+            )
         kind, n, delay_ms = self.faults.draw(self.command, self.path.split("?", 1)[0])
         if kind in ("500", "503", "slowdown"):
             self.drain(body_length)
@@ -483,7 +527,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def control(self):
         length = int(self.headers.get("Content-Length", "0") or 0)
         body = self.rfile.read(length) if length else b""
-        what = urllib.parse.urlsplit(self.path).path[len(CONTROL_PREFIX):]
+        what = urllib.parse.urlsplit(self.path).path[len(CONTROL_PREFIX) :]
         if what == "config" and self.command == "GET":
             with self.faults.lock:
                 return self.json_reply(200, self.faults.config())
@@ -499,8 +543,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with self.faults.lock:
                 self.faults.reset_stats()
             return self.json_reply(200, self.faults.snapshot())
-        return self.json_reply(404, {"error": "unknown control request {} {}".format(
-            self.command, self.path)})
+        return self.json_reply(
+            404, {"error": "unknown control request {} {}".format(self.command, self.path)}
+        )
 
 
 class _Buffered:
@@ -514,7 +559,7 @@ class _Buffered:
 
     def read(self, n=-1):
         end = len(self.data) if n is None or n < 0 else self.pos + n
-        out = self.data[self.pos:end]
+        out = self.data[self.pos : end]
         self.pos += len(out)
         return out
 
@@ -542,20 +587,26 @@ class Server(http.server.ThreadingHTTPServer):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--upstream", required=True, help="http://HOST:PORT of the S3 server")
     ap.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: pick a free one)")
     ap.add_argument("--fault-rate", type=float, default=0.0, help="fraction of requests faulted")
-    ap.add_argument("--faults", default="500,503,slowdown",
-                    help="comma-separated kinds: " + ",".join(KINDS))
+    ap.add_argument(
+        "--faults", default="500,503,slowdown", help="comma-separated kinds: " + ",".join(KINDS)
+    )
     ap.add_argument("--delay-ms", type=float, default=200.0, help="the delay fault's sleep")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault sequence")
     ap.add_argument("--methods", default="", help="comma-separated methods faults may hit")
     ap.add_argument("--budget", type=int, default=None, help="at most this many faults")
     ap.add_argument("--upstream-timeout", type=float, default=30.0, help="seconds")
-    ap.add_argument("--client-timeout", type=float, default=60.0,
-                    help="seconds a client connection may stay idle or stall")
+    ap.add_argument(
+        "--client-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client connection may stay idle or stall",
+    )
     ap.add_argument("--verbose", action="store_true", help="log requests to stderr")
     args = ap.parse_args()
 
@@ -566,8 +617,14 @@ def main():
         kinds = parse_kinds(args.faults)
     except ValueError as e:
         ap.error(str(e))
-    faults = Faults(0.0, kinds, args.delay_ms, args.seed,
-                    [m.strip().upper() for m in args.methods.split(",") if m.strip()], None)
+    faults = Faults(
+        0.0,
+        kinds,
+        args.delay_ms,
+        args.seed,
+        [m.strip().upper() for m in args.methods.split(",") if m.strip()],
+        None,
+    )
     try:
         faults.update({"rate": args.fault_rate, "budget": args.budget})
     except ValueError as e:

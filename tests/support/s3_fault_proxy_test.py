@@ -1,11 +1,12 @@
-#!/usr/bin/python3
-"""Tests of the fault proxy (s3_fault_proxy.py) against a real s3rver on
+#!/usr/bin/env python3
+"""Tests of the fault proxy (s3_fault_proxy.py) against moto's S3 server on
 127.0.0.1: at rate 0 it is transparent; at rate 1 each fault kind reaches the
 client as documented; the counters, the control endpoint, the seed and the
 stdin lifetime rule work. Run by CTest as s3_fault_proxy_test; on its own:
 
-  /usr/bin/python3 tests/support/s3_fault_proxy_test.py -v
+  .venv/bin/python tests/support/s3_fault_proxy_test.py -v
 """
+
 import hashlib
 import http.client
 import os
@@ -17,13 +18,13 @@ import unittest
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from s3_servers import ACCESS_KEY, FaultProxy, S3rver, SECRET_KEY  # noqa: E402
+from s3_servers import ACCESS_KEY, SECRET_KEY, FaultProxy, MotoS3
 
 try:
     import botocore.session
     from botocore.config import Config
     from botocore.exceptions import ClientError
-except ImportError:  # python3-botocore (scripts/install-deps.sh)
+except ImportError:  # botocore (requirements.txt, scripts/install-deps.sh)
     botocore = None
 
 BUCKET = "proxytest"
@@ -37,7 +38,7 @@ def error_code(body):
 class ProxyTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.s3 = S3rver(bucket=BUCKET).__enter__()
+        cls.s3 = MotoS3(bucket=BUCKET).__enter__()
         try:
             cls.proxy = FaultProxy(cls.s3.endpoint, ["--seed", "1"]).__enter__()
         except BaseException:
@@ -50,8 +51,9 @@ class ProxyTest(unittest.TestCase):
         cls.s3.__exit__(None, None, None)
 
     def setUp(self):
-        self.proxy.configure(rate=0.0, faults=["500"], delay_ms=200, methods=[], budget=None,
-                             path_pattern="")
+        self.proxy.configure(
+            rate=0.0, faults=["500"], delay_ms=200, methods=[], budget=None, path_pattern=""
+        )
         self.proxy.reset_stats()
         self.conns = []
 
@@ -73,17 +75,24 @@ class ProxyTest(unittest.TestCase):
         return resp, resp.read()
 
     def direct(self, method, key, body=None):
-        """The same request straight to s3rver, bypassing the proxy."""
+        """The same request straight to the server, bypassing the proxy."""
         return self.request(method, key, body, port=self.s3.port)
 
     def client(self):
         session = botocore.session.get_session()
         client = session.create_client(
-            "s3", region_name="us-east-1", endpoint_url=self.proxy.endpoint,
-            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
-            config=Config(s3={"addressing_style": "path"},
-                          retries={"total_max_attempts": 1, "mode": "standard"},
-                          connect_timeout=5, read_timeout=10))
+            "s3",
+            region_name="us-east-1",
+            endpoint_url=self.proxy.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=10,
+            ),
+        )
         self.addCleanup(client.close)
         return client
 
@@ -92,8 +101,9 @@ class ProxyTest(unittest.TestCase):
     def test_passthrough_put_get_head_range_delete_on_one_connection(self):
         data = random.Random(5).randbytes(3 * MiB + 17)
         c = self.conn()
-        resp, _ = self.request("PUT", "pass/a", body=data, conn=c,
-                               headers={"Content-Type": "application/octet-stream"})
+        resp, _ = self.request(
+            "PUT", "pass/a", body=data, conn=c, headers={"Content-Type": "application/octet-stream"}
+        )
         self.assertEqual(resp.status, 200)
         self.assertEqual(resp.getheader("ETag"), '"{}"'.format(hashlib.md5(data).hexdigest()))
         sock = c.sock
@@ -119,7 +129,7 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(sum(stats["faults"].values()), 0)
 
     def test_upstream_connection_survives_the_servers_idle_close(self):
-        # s3rver (Node) closes idle keep-alive connections after 5 s; the
+        # The server closes idle keep-alive connections after 5 s; the
         # proxy must not answer the next request with an error.
         c = self.conn()
         self.assertEqual(self.request("PUT", "idle/a", body=b"x", conn=c)[0].status, 200)
@@ -133,12 +143,20 @@ class ProxyTest(unittest.TestCase):
         rng = random.Random(9)
         parts = [rng.randbytes(5 * MiB), rng.randbytes(MiB + 3)]
         up = s3.create_multipart_upload(Bucket=BUCKET, Key="mp/obj")
-        etags = [s3.upload_part(Bucket=BUCKET, Key="mp/obj", UploadId=up["UploadId"],
-                                PartNumber=i + 1, Body=p)["ETag"] for i, p in enumerate(parts)]
+        etags = [
+            s3.upload_part(
+                Bucket=BUCKET, Key="mp/obj", UploadId=up["UploadId"], PartNumber=i + 1, Body=p
+            )["ETag"]
+            for i, p in enumerate(parts)
+        ]
         s3.complete_multipart_upload(
-            Bucket=BUCKET, Key="mp/obj", UploadId=up["UploadId"],
-            MultipartUpload={"Parts": [{"ETag": e, "PartNumber": i + 1}
-                                       for i, e in enumerate(etags)]})
+            Bucket=BUCKET,
+            Key="mp/obj",
+            UploadId=up["UploadId"],
+            MultipartUpload={
+                "Parts": [{"ETag": e, "PartNumber": i + 1} for i, e in enumerate(etags)]
+            },
+        )
         got = s3.get_object(Bucket=BUCKET, Key="mp/obj")["Body"].read()
         self.assertEqual(got, b"".join(parts))
         listing = s3.list_objects_v2(Bucket=BUCKET, Prefix="mp/")
@@ -191,8 +209,7 @@ class ProxyTest(unittest.TestCase):
         self.assertTrue(err["ResponseMetadata"]["RequestId"])
         # The budget is spent: the next request passes.
         s3.put_object(Bucket=BUCKET, Key="boto/slow", Body=b"y" * 1000)
-        self.assertEqual(s3.get_object(Bucket=BUCKET, Key="boto/slow")["Body"].read(),
-                         b"y" * 1000)
+        self.assertEqual(s3.get_object(Bucket=BUCKET, Key="boto/slow")["Body"].read(), b"y" * 1000)
 
     def test_fault_lost_reply_executes_the_write(self):
         self.direct("PUT", "lost/a", body=b"old")
@@ -230,7 +247,7 @@ class ProxyTest(unittest.TestCase):
                     raise http.client.IncompleteRead(bytes(got), len(data) - len(got))
                 got += chunk
         self.assertLess(len(got), len(data))
-        self.assertEqual(bytes(got), data[:len(got)])
+        self.assertEqual(bytes(got), data[: len(got)])
 
     def test_fault_reset_of_an_answer_without_body_after_the_write(self):
         self.proxy.configure(rate=1.0, faults=["reset"])
@@ -242,8 +259,9 @@ class ProxyTest(unittest.TestCase):
     def test_fault_reset_request_mid_body(self):
         self.proxy.configure(rate=1.0, faults=["reset-request"])
         data = b"z" * (4 * MiB)
-        with self.assertRaises((ConnectionResetError, BrokenPipeError,
-                                http.client.RemoteDisconnected)):
+        with self.assertRaises(
+            (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected)
+        ):
             self.request("PUT", "resetreq/a", body=data)
         self.assertEqual(self.direct("HEAD", "resetreq/a")[0].status, 404)
         with self.assertRaises((ConnectionResetError, http.client.RemoteDisconnected)):
@@ -304,8 +322,9 @@ class ProxyTest(unittest.TestCase):
 
     def test_budget_and_methods(self):
         self.proxy.configure(rate=1.0, faults=["500"], budget=2)
-        self.assertEqual([self.request("GET", "b/x")[0].status for _ in range(4)],
-                         [500, 500, 404, 404])
+        self.assertEqual(
+            [self.request("GET", "b/x")[0].status for _ in range(4)], [500, 500, 404, 404]
+        )
         self.assertEqual(self.proxy.config()["budget"], 0)
         self.proxy.configure(budget=None, methods=["put"])
         self.assertEqual(self.request("GET", "b/x")[0].status, 404)
@@ -335,10 +354,17 @@ class ProxyTest(unittest.TestCase):
     def test_control_endpoint(self):
         cfg = self.proxy.configure(rate=0.25, faults=["reset", "delay"], delay_ms=10)
         self.assertEqual(cfg, self.proxy.config())
-        self.assertEqual((cfg["rate"], cfg["faults"], cfg["delay_ms"]),
-                         (0.25, ["reset", "delay"], 10))
-        for bad in ({"rate": 2}, {"faults": ["nope"]}, {"faults": []}, {"delay_ms": -1},
-                    {"budget": "x"}, {"colour": 1}):
+        self.assertEqual(
+            (cfg["rate"], cfg["faults"], cfg["delay_ms"]), (0.25, ["reset", "delay"], 10)
+        )
+        for bad in (
+            {"rate": 2},
+            {"faults": ["nope"]},
+            {"faults": []},
+            {"delay_ms": -1},
+            {"budget": "x"},
+            {"colour": 1},
+        ):
             with self.assertRaises(ValueError, msg=bad):
                 self.proxy.configure(**bad)
         self.assertEqual(self.proxy.config(), cfg)  # a bad request changes nothing
@@ -360,13 +386,37 @@ class ProxyTest(unittest.TestCase):
         self.assertEqual(self.proxy.reset_stats()["requests"], 0)
 
     def test_flags_configure_at_start_and_stdin_eof_ends_the_proxy(self):
-        with FaultProxy(self.s3.endpoint, ["--fault-rate", "1", "--faults", "slowdown,503",
-                                           "--delay-ms", "5", "--seed", "7",
-                                           "--methods", "GET", "--budget", "3"]) as p:
+        with FaultProxy(
+            self.s3.endpoint,
+            [
+                "--fault-rate",
+                "1",
+                "--faults",
+                "slowdown,503",
+                "--delay-ms",
+                "5",
+                "--seed",
+                "7",
+                "--methods",
+                "GET",
+                "--budget",
+                "3",
+            ],
+        ) as p:
             cfg = p.config()
-            self.assertEqual(cfg, {"rate": 1.0, "faults": ["slowdown", "503"], "delay_ms": 5.0,
-                                   "seed": 7, "methods": ["GET"], "budget": 3,
-                                   "refuse_conditional_writes": False, "path_pattern": ""})
+            self.assertEqual(
+                cfg,
+                {
+                    "rate": 1.0,
+                    "faults": ["slowdown", "503"],
+                    "delay_ms": 5.0,
+                    "seed": 7,
+                    "methods": ["GET"],
+                    "budget": 3,
+                    "refuse_conditional_writes": False,
+                    "path_pattern": "",
+                },
+            )
             resp, _ = self.request("GET", "flags/a", port=p.port)
             self.assertEqual(resp.status, 503)
             # An idle client connection must not keep it alive.

@@ -1,6 +1,5 @@
 #include "support/s3_server.h"
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +23,9 @@
 
 #ifndef CAIRN_SOURCE_DIR
 #error "CAIRN_SOURCE_DIR must name the source tree"
+#endif
+#ifndef CAIRN_TEST_PYTHON
+#error "CAIRN_TEST_PYTHON must name the Python that runs the tests' helper scripts"
 #endif
 
 namespace cairn::testing {
@@ -59,20 +61,9 @@ bool wait_for_port(int port, int timeout_ms) {
   return false;
 }
 
-std::string s3rver_entry() {
-  if (const char* e = std::getenv("CAIRN_S3RVER")) return e;
-  std::string cmd = fmt::format("bash '{}/scripts/install-s3rver.sh'", CAIRN_SOURCE_DIR);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) throw std::runtime_error("cannot run " + cmd);
-  std::string out;
-  std::array<char, 512> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int rc = ::pclose(p);
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  if (rc != 0 || out.empty() || !std::filesystem::exists(out)) {
-    throw std::runtime_error(fmt::format("{} failed (exit {}): s3rver is not installed", cmd, rc));
-  }
-  return out;
+const char* test_python() {
+  if (const char* e = std::getenv("CAIRN_TEST_PYTHON")) return e;
+  return CAIRN_TEST_PYTHON;
 }
 
 S3Server& S3Server::instance() {
@@ -90,7 +81,7 @@ S3Server::S3Server() {
     secret_key_ = "cairn-secret";
     start_radosgw();
   } else {
-    start_s3rver();
+    start_moto();
   }
   endpoint_ = fmt::format("http://127.0.0.1:{}", port_);
   ::setenv("AWS_ENDPOINT_URL_S3", endpoint_.c_str(), 1);
@@ -102,49 +93,56 @@ S3Server::S3Server() {
   ::setenv("AWS_EC2_METADATA_DISABLED", "true", 1);
   ::setenv("AWS_CONFIG_FILE", "/dev/null", 1);
   ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null", 1);
-  // Parts below S3's 5 MiB: the test servers accept them (s3rver any size,
-  // radosgw as configured by tests/support/radosgw.sh).
+  // Parts below S3's 5 MiB: the test servers accept them (as moto_s3.py
+  // and tests/support/radosgw.sh configure them).
   ::setenv("CAIRN_S3_PART_SIZE", "262144", 0);
   ::setenv("CAIRN_S3_MIN_PART_SIZE", "262144", 0);
   ::setenv("CAIRN_S3_MAX_ATTEMPTS", "4", 0);
   ::setenv("CAIRN_S3_LOCK_TTL", "6", 0);
 }
 
-void S3Server::start_s3rver() {
-  std::string entry = s3rver_entry();
-  char tmpl[] = "/tmp/cairn-s3rver-XXXXXX";
+void S3Server::start_moto() {
+  const std::string script = std::string(CAIRN_SOURCE_DIR) + "/tests/support/moto_s3.py";
+  char tmpl[] = "/tmp/cairn-moto-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
   dir_ = tmpl;
-  for (int attempt = 0; attempt < 5 && pid_ < 0; ++attempt) {
-    port_ = free_port();
-    std::string port = std::to_string(port_);
-    pid_t parent = ::getpid();
-    const std::string log_file = log_path();
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(1);
-      // Its output goes to a log that fresh_uri() shows should it die.
-      const int log = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (log >= 0) {
-        ::dup2(log, STDOUT_FILENO);
-        ::dup2(log, STDERR_FILENO);
-      }
-      // s3rver makes continuation tokens with DES, which OpenSSL 3 keeps in
-      // its legacy provider.
-      ::execlp("node", "node", "--openssl-legacy-provider", entry.c_str(), "-d", dir_.c_str(), "-a",
-               "127.0.0.1", "-p", port.c_str(), "--silent", "--configure-bucket", bucket_.c_str(),
-               static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    if (wait_for_port(port_, 20000)) {
-      pid_ = pid;
-    } else {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
+  int in[2], out[2];
+  if (::pipe(in) != 0 || ::pipe(out) != 0) throw std::runtime_error("pipe failed");
+  const pid_t parent = ::getpid();
+  const std::string log_file = log_path();
+  const char* python = test_python();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    ::dup2(in[0], STDIN_FILENO);
+    ::dup2(out[1], STDOUT_FILENO);
+    // Its own output goes to a log that fresh_uri() shows should it die.
+    const int log = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log >= 0) ::dup2(log, STDERR_FILENO);
+    ::close(in[1]);
+    ::close(out[0]);
+    ::execl(python, python, script.c_str(), "--bucket", bucket_.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
   }
-  if (pid_ < 0) throw std::runtime_error("s3rver did not start on 127.0.0.1");
+  ::close(in[0]);
+  ::close(out[1]);
+  ::fcntl(in[1], F_SETFD, FD_CLOEXEC);
+  moto_stdin_ = in[1];
+  pid_ = pid;
+  // The first line is port=<n>, written once the bucket exists; end of file
+  // first means it died, and check_alive() says why.
+  std::string line;
+  char c;
+  while (line.size() < 64 && ::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  ::close(out[0]);
+  if (line.rfind("port=", 0) != 0) {
+    check_alive();
+    throw std::runtime_error(fmt::format("moto's S3 server ({} {}) did not start (said \"{}\")",
+                                         python, script, line));
+  }
+  port_ = std::stoi(line.substr(5));
 }
 
 void S3Server::start_radosgw() {
@@ -189,6 +187,7 @@ void S3Server::start_radosgw() {
 
 S3Server::~S3Server() {
   if (::getpid() != owner_) return;
+  if (moto_stdin_ >= 0) ::close(moto_stdin_);
   if (pid_ > 0) {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
@@ -198,7 +197,7 @@ S3Server::~S3Server() {
     ::waitpid(watchdog_pid_, nullptr, 0);
     return;  // the watchdog removed the folder
   }
-  if (kind_ == Kind::kS3rver && !dir_.empty()) {
+  if (kind_ == Kind::kMoto && !dir_.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
     std::filesystem::remove(log_path(), ec);
@@ -206,15 +205,16 @@ S3Server::~S3Server() {
 }
 
 void S3Server::check_alive() {
-  if (kind_ != Kind::kS3rver || pid_ <= 0 || ::getpid() != owner_) return;
+  if (kind_ != Kind::kMoto || pid_ <= 0 || ::getpid() != owner_) return;
   int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) != pid_) return;
+  // Called when the server said nothing yet (it closed stdout): wait for it.
+  if (::waitpid(pid_, &status, port_ == 0 ? 0 : WNOHANG) != pid_) return;
   pid_ = -1;
   std::ifstream in(log_path());
   std::string log((std::istreambuf_iterator<char>(in)), {});
   if (log.size() > 4000) log = "..." + log.substr(log.size() - 4000);
   throw std::runtime_error(
-      fmt::format("the test's s3rver on port {} died ({}); its output:\n{}", port_,
+      fmt::format("the test's moto S3 server on port {} died ({}); its output:\n{}", port_,
                   WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status))
                                       : fmt::format("exit status {}", WEXITSTATUS(status)),
                   log));
@@ -244,8 +244,9 @@ FaultProxy::FaultProxy() {
     ::dup2(out[1], 1);
     ::close(in[1]);
     ::close(out[0]);
-    ::execlp("python3", "python3", script.c_str(), "--upstream", upstream.c_str(), "--port", "0",
-             "--fault-rate", "0", static_cast<char*>(nullptr));
+    const char* python = test_python();
+    ::execl(python, python, script.c_str(), "--upstream", upstream.c_str(), "--port", "0",
+            "--fault-rate", "0", static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(in[0]);

@@ -1,19 +1,20 @@
-// Test support: a real S3-compatible server (s3rver, pinned by
-// tests/support/s3rver) on 127.0.0.1, started once per test process on first
-// use and stopped when the process exits (or dies: the server gets SIGKILL
-// with its parent).
+// Test support: a real S3 implementation on 127.0.0.1, started once per test
+// process on first use and stopped when the process exits (or dies: the
+// server gets SIGKILL with its parent and exits when the pipe on its stdin
+// closes).
 //
 // instance() also points this process's AWS environment at it (endpoint,
-// the server's fixed credentials S3RVER/S3RVER, region, no instance
-// metadata) and sets small multipart parts, so tests exercise multipart
-// uploads and ranged reads without large data. Child processes inherit it.
+// the server's credentials, region, no instance metadata) and sets small
+// multipart parts, so tests exercise multipart uploads and ranged reads
+// without large data. Child processes inherit it.
 #pragma once
 
 #include <string>
 
 namespace cairn::testing {
 
-// Which server: s3rver by default; Ceph's radosgw (tests/support/radosgw.sh)
+// Which server: moto's S3 server by default (tests/support/moto_s3.py, on the
+// project's Python: CAIRN_TEST_PYTHON); Ceph's radosgw (tests/support/radosgw.sh)
 // when CAIRN_TEST_S3_SERVER=radosgw or CAIRN_TEST_RADOSGW_DIR is set. Under
 // CTest the radosgw tests share one gateway that a fixture starts (its port
 // in $CAIRN_TEST_RADOSGW_DIR/endpoint); a test binary run on its own starts
@@ -21,12 +22,12 @@ namespace cairn::testing {
 // binary is killed).
 class S3Server {
  public:
-  enum class Kind { kS3rver, kRadosgw };
+  enum class Kind { kMoto, kRadosgw };
   static S3Server& instance();
 
   Kind kind() const { return kind_; }
-  const char* name() const { return kind_ == Kind::kRadosgw ? "radosgw" : "s3rver"; }
-  // The credentials the server knows (s3rver takes any secret).
+  const char* name() const { return kind_ == Kind::kRadosgw ? "radosgw" : "moto"; }
+  // The credentials the server knows (moto takes any).
   const std::string& access_key() const { return access_key_; }
   const std::string& secret_key() const { return secret_key_; }
 
@@ -34,7 +35,7 @@ class S3Server {
   const std::string& bucket() const { return bucket_; }
   int port() const { return port_; }
   // A new, empty root: s3://BUCKET/<unique prefix>. Throws, with the
-  // server's exit status and its output, if the s3rver this process started
+  // server's exit status and its output, if the moto server this process started
   // has died (so every test after that says why, not only "cannot connect").
   std::string fresh_uri(const std::string& tag = "t");
 
@@ -44,15 +45,16 @@ class S3Server {
 
  private:
   S3Server();
-  void start_s3rver();
+  void start_moto();
   void check_alive();
   std::string log_path() const { return dir_ + ".log"; }
   void start_radosgw();
-  Kind kind_ = Kind::kS3rver;
-  std::string access_key_ = "S3RVER";
-  std::string secret_key_ = "S3RVER";
+  Kind kind_ = Kind::kMoto;
+  std::string access_key_ = "cairn-test";
+  std::string secret_key_ = "cairn-test-secret";
   int owner_ = -1;           // the process that started the server
   int watchdog_stdin_ = -1;  // radosgw started here: closing it stops the gateway
+  int moto_stdin_ = -1;      // moto started here: closing it stops the server
   int watchdog_pid_ = -1;
   std::string dir_;
   std::string endpoint_;
@@ -65,8 +67,8 @@ class S3Server {
 int free_port();
 // Waits (bounded) until something accepts connections on 127.0.0.1:port.
 bool wait_for_port(int port, int timeout_ms);
-// The path of s3rver's entry script (installs it on first use).
-std::string s3rver_entry();
+// The Python the tests run helper scripts on (the project's venv).
+const char* test_python();
 
 }  // namespace cairn::testing
 

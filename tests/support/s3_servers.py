@@ -1,36 +1,36 @@
-"""Starting the S3 test server (s3rver) and the fault proxy from Python tests
-and benchmarks, on 127.0.0.1, with nothing left behind.
+"""Starting the S3 test server (moto's, tests/support/moto_s3.py) and the
+fault proxy from Python tests and benchmarks, on 127.0.0.1, with nothing left
+behind.
 
-  with S3rver(bucket="test") as s3, FaultProxy(s3.endpoint) as proxy:
+  with MotoS3(bucket="test") as s3, FaultProxy(s3.endpoint) as proxy:
       proxy.configure(rate=1.0, faults=["slowdown"])
       ... requests to proxy.endpoint ...
       proxy.stats()
 
-Both are context managers: leaving the block stops the process (and removes
-s3rver's data directory when it made one). On Linux both children also get
-SIGKILL if the process that started them dies (PR_SET_PDEATHSIG), and the
-proxy exits when its stdin, a pipe held here, closes.
+Both are context managers: leaving the block stops the process. On Linux
+both children also get SIGKILL if the process that started them dies
+(PR_SET_PDEATHSIG), and both exit when their stdin, a pipe held here, closes.
 """
+
 import ctypes
 import http.client
 import json
 import os
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
 PROXY = os.path.join(HERE, "s3_fault_proxy.py")
 
-# s3rver's only accepted access key; it does not check the secret.
-ACCESS_KEY = "S3RVER"
-SECRET_KEY = "S3RVER"
+MOTO = os.path.join(HERE, "moto_s3.py")
+
+# moto accepts any credentials; these are what the tests and benchmarks sign with.
+ACCESS_KEY = "cairn-test"
+SECRET_KEY = "cairn-test-secret"
 
 
 def _die_with_parent():
@@ -43,17 +43,6 @@ def _die_with_parent():
         pass
 
 
-# s3rver makes ListObjectsV2 continuation tokens with DES, which OpenSSL 3
-# keeps in its legacy provider: without it, a listing of more than one page
-# fails with 500 InternalError.
-
-def install_s3rver():
-    """Path of s3rver's entry script (installs the pinned version once)."""
-    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install-s3rver.sh")],
-                         check=True, capture_output=True, text=True)
-    return out.stdout.strip().splitlines()[-1]
-
-
 def _stop(proc, timeout=5.0):
     if proc.poll() is None:
         proc.terminate()
@@ -64,62 +53,71 @@ def _stop(proc, timeout=5.0):
             proc.wait()
 
 
-class S3rver:
-    """s3rver on 127.0.0.1 with one bucket; its port is picked by the system.
+def _first_line(proc, timeout, what):
+    """The child's first line on stdout, within `timeout` seconds."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline().decode() if ready else ""
+    m = re.fullmatch(r"port=(\d+)\s*", line)
+    if not m:
+        raise RuntimeError("{} did not start (first line {!r})".format(what, line))
+    return int(m.group(1))
 
-    data_dir: where objects are kept (default: a new temp dir, removed on
-    exit; a given one is left in place)."""
 
-    def __init__(self, bucket="test", data_dir=None, node="node", start_timeout=30.0):
+class MotoS3:
+    """moto's S3 server (tests/support/moto_s3.py) on 127.0.0.1 with one
+    bucket; its port is picked by the system. Objects live in the server's
+    memory and go with it. Its own output goes to a log whose tail a failure
+    to start shows."""
+
+    def __init__(self, bucket="test", python=None, start_timeout=60.0):
         self.bucket = bucket
-        self.node = node
+        self.python = python or sys.executable
         self.start_timeout = start_timeout
-        self.given_dir = data_dir
         self.proc = None
         self.port = None
-        self.tmp = None
+        self.log = None
 
     @property
     def endpoint(self):
         return "http://127.0.0.1:{}".format(self.port)
 
     def __enter__(self):
-        entry = install_s3rver()
-        self.tmp = tempfile.mkdtemp(prefix="cairn-s3rver-")
-        data = self.given_dir or os.path.join(self.tmp, "data")
-        os.makedirs(data, exist_ok=True)
-        log_path = os.path.join(self.tmp, "s3rver.log")
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [self.python, MOTO, "--bucket", self.bucket],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            preexec_fn=_die_with_parent,
+        )
         try:
-            with open(log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    [self.node, "--openssl-legacy-provider", entry, "-d", data, "-a", "127.0.0.1", "-p", "0",
-                     "--configure-bucket", self.bucket, "--silent"],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent)
-            deadline = time.monotonic() + self.start_timeout
-            while self.port is None:
-                with open(log_path, "rb") as f:
-                    m = re.search(rb"listening on 127\.0\.0\.1:(\d+)", f.read())
-                if m:
-                    self.port = int(m.group(1))
-                elif self.proc.poll() is not None or time.monotonic() > deadline:
-                    with open(log_path, "rb") as f:
-                        raise RuntimeError("s3rver did not start: " +
-                                           f.read().decode(errors="replace"))
-                else:
-                    time.sleep(0.05)
+            self.port = _first_line(self.proc, self.start_timeout, "moto's S3 server")
+        except RuntimeError as e:
+            self.__exit__(None, None, None)
+            raise RuntimeError("{}; its output: {}".format(e, self._output())) from None
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
+    def _output(self):
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read()[-4000:].decode(errors="replace")
+
     def __exit__(self, *exc):
         if self.proc is not None:
-            _stop(self.proc)
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                _stop(self.proc)
+            self.proc.stdout.close()
             self.proc = None
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         return False
 
 
@@ -142,16 +140,14 @@ class FaultProxy:
     def __enter__(self):
         self.proc = subprocess.Popen(
             [self.python, PROXY, "--upstream", self.upstream] + self.args,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+        )
         try:
             # The first line is port=<n>; it comes within the start timeout or
             # the proxy is stopped (it exits as soon as its stdin closes).
-            ready, _, _ = select.select([self.proc.stdout], [], [], self.start_timeout)
-            line = self.proc.stdout.readline().decode() if ready else ""
-            m = re.fullmatch(r"port=(\d+)\s*", line)
-            if not m:
-                raise RuntimeError("fault proxy did not start (first line {!r})".format(line))
-            self.port = int(m.group(1))
+            self.port = _first_line(self.proc, self.start_timeout, "fault proxy")
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -181,8 +177,11 @@ class FaultProxy:
             resp = conn.getresponse()
             payload = json.loads(resp.read().decode())
             if resp.status != 200:
-                raise ValueError("{} /__fault__/{}: {} {}".format(method, what, resp.status,
-                                                                 payload.get("error")))
+                raise ValueError(
+                    "{} /__fault__/{}: {} {}".format(
+                        method, what, resp.status, payload.get("error")
+                    )
+                )
             return payload
         finally:
             conn.close()

@@ -19,6 +19,7 @@ IMDSv2 as EC2 speaks it:
 The container path answers the credentials only when the Authorization
 header equals --container-token; otherwise 401.
 """
+
 import argparse
 import http.server
 import json
@@ -79,7 +80,10 @@ def main():
 
         def do_GET(self):
             if self.path == args.container_path:
-                if not args.container_token or self.headers.get("Authorization") != args.container_token:
+                if (
+                    not args.container_token
+                    or self.headers.get("Authorization") != args.container_token
+                ):
                     return self.reply(401)
                 return self.reply(200, json.dumps(credentials("CONTAINER")), "application/json")
             with lock:

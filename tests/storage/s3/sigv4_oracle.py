@@ -16,6 +16,7 @@ Prints a JSON list, one object per request, with the headers botocore set:
 Exit status 3 when botocore cannot be imported, so the caller can tell a missing
 oracle from a failure.
 """
+
 import datetime
 import json
 import sys
@@ -54,11 +55,17 @@ def sign(spec):
     else:
         signer = botocore.auth.SigV4Auth(creds, spec["service"], spec["region"])
     when = datetime.datetime.strptime(spec["timestamp"], "%Y%m%dT%H%M%SZ")
-    # add_auth() reads the clock itself; give it the request's time instead.
-    with mock.patch.object(botocore.auth.datetime, "datetime") as fake:
-        fake.utcnow.return_value = when
-        fake.strptime = datetime.datetime.strptime
-        signer.add_auth(request)
+    # add_auth() reads the clock itself; give it the request's time instead
+    # (botocore 1.3x and later through get_current_datetime, older releases
+    # through datetime.datetime.utcnow).
+    if hasattr(botocore.auth, "get_current_datetime"):
+        with mock.patch.object(botocore.auth, "get_current_datetime", return_value=when):
+            signer.add_auth(request)
+    else:
+        with mock.patch.object(botocore.auth.datetime, "datetime") as fake:
+            fake.utcnow.return_value = when
+            fake.strptime = datetime.datetime.strptime
+            signer.add_auth(request)
     return {
         name.lower(): request.headers.get(name)
         for name in (
