@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Cairn from Python against the C++ engine, torch and fio, in one run.
 
 Usage (docs/benchmarks.md, "Python")::
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_bench.py \\
+    PYTHONPATH=build/python .venv/bin/python3 bench/python_bench.py \\
         --cairn-bench build/bench/cairn_bench [--size-mib 1024] [--runs 5] \\
         [--tiny-tensors 100000] [--dir DIR] [--json FILE] [--smoke]
 
@@ -52,7 +52,7 @@ import time
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache import drop_caches  # noqa: E402
+from cache import drop_caches
 
 HUGETLB = "glibc.malloc.hugetlb=1"
 
@@ -88,8 +88,9 @@ def touch_plan(tensors: dict[str, Any]) -> list[Any]:
         # Back to back, up to alignment padding: the whole span at once.
         begin, end = spans[0][0], spans[-1][0] + spans[-1][1]
         return [np.ctypeslib.as_array((ctypes.c_uint8 * (end - begin)).from_address(begin))]
-    return [(t.numpy() if hasattr(t, "numpy") else t).reshape(-1).view(np.uint8)
-            for _, _, t in spans]
+    return [
+        (t.numpy() if hasattr(t, "numpy") else t).reshape(-1).view(np.uint8) for _, _, t in spans
+    ]
 
 
 def touch(plan: list[Any]) -> int:
@@ -115,8 +116,9 @@ def make_state(specs: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
 
     gen = torch.Generator().manual_seed(1)
-    return {s["name"]: torch.rand(s["shape"], dtype=torch.float32, generator=gen) * 2 - 1
-            for s in specs}
+    return {
+        s["name"]: torch.rand(s["shape"], dtype=torch.float32, generator=gen) * 2 - 1 for s in specs
+    }
 
 
 class Rounds:
@@ -147,8 +149,7 @@ def cairn_round(state: dict[str, Any], path: str, rounds: Rounds, tag: str) -> N
         raise SystemExit("python_bench: cairn.load returned different tensors")
     del loaded
     drop_caches([path])
-    rounds.add(f"{tag}.load_mmap",
-               timed_mapped_load(lambda: cairn.load(path, mmap=True)))
+    rounds.add(f"{tag}.load_mmap", timed_mapped_load(lambda: cairn.load(path, mmap=True)))
 
 
 def torch_round(state: dict[str, Any], path: str, rounds: Rounds) -> None:
@@ -188,9 +189,22 @@ def fio_read(path: str, nbytes: int) -> float:
     """fio's O_DIRECT sequential read of ``path`` (laid out at ``nbytes``), in seconds."""
     size = f"{max(nbytes >> 20, 1)}M"
     out = subprocess.run(
-        ["fio", "--name=seqread", "--filename=" + path, "--size=" + size, "--bs=1M",
-         "--rw=read", "--direct=1", "--ioengine=libaio", "--iodepth=8", "--output-format=json"],
-        check=True, capture_output=True, text=True).stdout
+        [
+            "fio",
+            "--name=seqread",
+            "--filename=" + path,
+            "--size=" + size,
+            "--bs=1M",
+            "--rw=read",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--iodepth=8",
+            "--output-format=json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out)["jobs"][0]["read"]["runtime"] / 1000.0
 
 
@@ -202,8 +216,21 @@ def engine_round(cairn_bench: str, size_mib: int, folder: str, rounds: Rounds) -
     round, pays only in its first.
     """
     out = os.path.join(folder, "engine.json")
-    subprocess.run([cairn_bench, "--save-load", "--size-mib", str(size_mib), "--runs", "2",
-                    "--dir", folder, "--out", out], check=True)
+    subprocess.run(
+        [
+            cairn_bench,
+            "--save-load",
+            "--size-mib",
+            str(size_mib),
+            "--runs",
+            "2",
+            "--dir",
+            folder,
+            "--out",
+            out,
+        ],
+        check=True,
+    )
     with open(out) as f:
         report = json.load(f)
     os.remove(out)
@@ -220,20 +247,33 @@ def tiny_tensors(count: int, runs: int, folder: str, cairn_bench: str) -> dict[s
     layouts = {}
     for tag, n in (("many", count), ("few", 10)):
         sizes = [floats // n + (floats % n if i == n - 1 else 0) for i in range(n)]
-        layouts[tag] = {f"{tag}.{i:07d}": torch.full((s,), float(i % 97)) for i, s in
-                        enumerate(sizes)}
+        layouts[tag] = {
+            f"{tag}.{i:07d}": torch.full((s,), float(i % 97)) for i, s in enumerate(sizes)
+        }
     rounds = Rounds()
     for r in range(runs):
         # Alternate which layout goes first: the first large allocation
         # after others were freed can cost more here (fresh memory,
         # PERF-NOTES), and it must not always fall on the same side.
-        for tag, state in (list(layouts.items()) if r % 2 == 0 else
-                           list(reversed(layouts.items()))):
+        for tag, state in list(layouts.items()) if r % 2 == 0 else list(reversed(layouts.items())):
             cairn_round(state, os.path.join(folder, f"{tag}.safetensors"), rounds, tag)
             os.remove(os.path.join(folder, f"{tag}.safetensors"))
     out = os.path.join(folder, "count.json")
-    subprocess.run([cairn_bench, "--many-tensors", str(count), "--runs", str(runs), "--dir",
-                    folder, "--out", out], check=True, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            cairn_bench,
+            "--many-tensors",
+            str(count),
+            "--runs",
+            str(runs),
+            "--dir",
+            folder,
+            "--out",
+            out,
+        ],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
     with open(out) as f:
         engine = json.load(f)["ratios"]
     os.remove(out)
@@ -241,9 +281,13 @@ def tiny_tensors(count: int, runs: int, folder: str, cairn_bench: str) -> dict[s
     for op in ("save", "load_copy", "load_mmap"):
         many, few = rounds.median(f"many.{op}"), rounds.median(f"few.{op}")
         per_round = [a / b for a, b in zip(rounds.runs[f"many.{op}"], rounds.runs[f"few.{op}"])]
-        result[op] = {"many_s": many, "few_s": few, "python_ratio": many / few,
-                      "python_ratio_per_round": statistics.median(per_round),
-                      "engine_ratio": engine.get(op)}
+        result[op] = {
+            "many_s": many,
+            "few_s": few,
+            "python_ratio": many / few,
+            "python_ratio_per_round": statistics.median(per_round),
+            "engine_ratio": engine.get(op),
+        }
     return result
 
 
@@ -255,10 +299,14 @@ def main() -> int:
     ap.add_argument("--tiny-tensors", type=int, default=100_000)
     ap.add_argument("--dir", help="folder for the files (default: a temporary one)")
     ap.add_argument("--json", help="write every run's figures here")
-    ap.add_argument("--smoke", action="store_true",
-                    help="16 MiB, 1 run, 1000 tiny tensors: checks that every figure comes out")
-    ap.add_argument("--no-hugetlb", action="store_true",
-                    help="glibc's default malloc for every process")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="16 MiB, 1 run, 1000 tiny tensors: checks that every figure comes out",
+    )
+    ap.add_argument(
+        "--no-hugetlb", action="store_true", help="glibc's default malloc for every process"
+    )
     args = ap.parse_args()
     if args.smoke:
         args.size_mib, args.runs, args.tiny_tensors = 16, 1, 1000
@@ -269,14 +317,19 @@ def main() -> int:
     try:
         import torch
     except ImportError:
-        print("python_bench: torch is not installed (python3-torch); nothing measured")
+        print("python_bench: torch is not installed; nothing measured")
         return 77
     import cairn
     import cairn.torch
 
-    workload = json.loads(subprocess.run(
-        [args.cairn_bench, "--workload", "--size-mib", str(args.size_mib)],
-        check=True, capture_output=True, text=True).stdout)
+    workload = json.loads(
+        subprocess.run(
+            [args.cairn_bench, "--workload", "--size-mib", str(args.size_mib)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     state = make_state(workload["tensors"])
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     own_dir = args.dir is None
@@ -287,8 +340,9 @@ def main() -> int:
         fio_file = os.path.join(folder, "fio.dat")
         # One saver and manager for every round: the saver's first save
         # allocates its staging, later ones reuse it (as in training).
-        manager = cairn.CheckpointManager(folder, "py-saver-exp",
-                                          cairn.CheckpointConfig(num_to_keep=1))
+        manager = cairn.CheckpointManager(
+            folder, "py-saver-exp", cairn.CheckpointConfig(num_to_keep=1)
+        )
         saver = cairn.torch.AsyncSaver()
         for r in range(args.runs):
             engine_round(args.cairn_bench, args.size_mib, folder, rounds)
@@ -297,8 +351,11 @@ def main() -> int:
             torch_round(state, os.path.join(folder, "torch.pt"), rounds)
             os.remove(os.path.join(folder, "py.safetensors"))
             async_round(saver, manager, state, rounds)
-            print(f"round {r + 1}/{args.runs}: " + ", ".join(
-                f"{k} {v[-1]:.3f} s" for k, v in rounds.runs.items()), file=sys.stderr)
+            print(
+                f"round {r + 1}/{args.runs}: "
+                + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in rounds.runs.items()),
+                file=sys.stderr,
+            )
         saver.close()
         manager.close()
         os.remove(fio_file)
@@ -318,33 +375,64 @@ def main() -> int:
     ratios = [
         # (what, (ratio of medians, median of per-round ratios), target)
         ("binding overhead, save (Python / C++)", pair("py.save", "cpp.save"), "<= 1.05"),
-        ("binding overhead, load mmap=False (Python / C++ load_fresh)",
-         pair("py.load_copy", "cpp.load_fresh"), "<= 1.05"),
-        ("binding overhead, load mmap=True + read (Python / C++)",
-         pair("py.load_mmap", "cpp.load_mmap"), "<= 1.05"),
+        (
+            "binding overhead, load mmap=False (Python / C++ load_fresh)",
+            pair("py.load_copy", "cpp.load_fresh"),
+            "<= 1.05",
+        ),
+        (
+            "binding overhead, load mmap=True + read (Python / C++)",
+            pair("py.load_mmap", "cpp.load_mmap"),
+            "<= 1.05",
+        ),
         ("save speed-up vs torch.save + fsync", pair("torch.save", "py.save"), ">= 2"),
         ("load mmap=False speed-up vs torch.load", pair("torch.load", "py.load_copy"), ">= 1"),
-        ("load mmap=True + read speed-up vs torch.load", pair("torch.load", "py.load_mmap"),
-         ">= 1"),
-        ("cold load mmap=False vs fio O_DIRECT read", pair("fio.read_direct", "py.load_copy"),
-         ">= 0.9"),
-        ("cold load mmap=True + read vs fio O_DIRECT read",
-         pair("fio.read_direct", "py.load_mmap"), ">= 0.9"),
-        ("binding overhead, AsyncSaver.save stall (Python / C++)",
-         pair("py.async_saver_stall", "cpp.async_saver_stall"), "<= 1.05"),
-        ("binding's share, AsyncSaver.save stall (Python / its C++ call)",
-         pair("py.async_saver_stall", "py.async_saver_stall_in_cpp"), "<= 1.05"),
-        ("AsyncSaver.save stall (Python) / memcpy of the state (C++)",
-         pair("py.async_saver_stall", "cpp.memcpy"), "<= 1.5"),
+        (
+            "load mmap=True + read speed-up vs torch.load",
+            pair("torch.load", "py.load_mmap"),
+            ">= 1",
+        ),
+        (
+            "cold load mmap=False vs fio O_DIRECT read",
+            pair("fio.read_direct", "py.load_copy"),
+            ">= 0.9",
+        ),
+        (
+            "cold load mmap=True + read vs fio O_DIRECT read",
+            pair("fio.read_direct", "py.load_mmap"),
+            ">= 0.9",
+        ),
+        (
+            "binding overhead, AsyncSaver.save stall (Python / C++)",
+            pair("py.async_saver_stall", "cpp.async_saver_stall"),
+            "<= 1.05",
+        ),
+        (
+            "binding's share, AsyncSaver.save stall (Python / its C++ call)",
+            pair("py.async_saver_stall", "py.async_saver_stall_in_cpp"),
+            "<= 1.05",
+        ),
+        (
+            "AsyncSaver.save stall (Python) / memcpy of the state (C++)",
+            pair("py.async_saver_stall", "cpp.memcpy"),
+            "<= 1.5",
+        ),
     ]
     for op, r in tiny.items():
-        ratios.append((f"{args.tiny_tensors} tensors / 10 tensors, {op} (Python; C++ "
-                       f"{r['engine_ratio']:.2f})",
-                       (r["python_ratio"], r["python_ratio_per_round"]), "<= 2"))
+        ratios.append(
+            (
+                f"{args.tiny_tensors} tensors / 10 tensors, {op} (Python; C++ "
+                f"{r['engine_ratio']:.2f})",
+                (r["python_ratio"], r["python_ratio_per_round"]),
+                "<= 2",
+            )
+        )
 
-    print(f"cairn {cairn.__version__}, torch {torch.__version__}, {len(state)} tensors, "
-          f"{nbytes / 1e9:.3f} GB, median of {args.runs} rounds, cache drop: "
-          f"{drop_caches([])}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}")
+    print(
+        f"cairn {cairn.__version__}, torch {torch.__version__}, {len(state)} tensors, "
+        f"{nbytes / 1e9:.3f} GB, median of {args.runs} rounds, cache drop: "
+        f"{drop_caches([])}, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}"
+    )
     for name in sorted(rounds.runs):
         print(f"  {name:22} {m(name):8.3f} s  {nbytes / m(name) / 1e9:6.2f} GB/s")
     print("  ratios: of the medians (median of the rounds' own ratios)")
@@ -352,11 +440,20 @@ def main() -> int:
         print(f"  {what:68} {ratio:6.2f} ({paired:5.2f})  target {target}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"bytes": nbytes, "tensors": len(state), "runs": rounds.runs,
-                       "tiny_tensors": tiny,
-                       "ratios": [{"what": w, "ratio": r, "per_round_median": p, "target": t}
-                                  for w, (r, p), t in ratios]},
-                      f, indent=2)
+            json.dump(
+                {
+                    "bytes": nbytes,
+                    "tensors": len(state),
+                    "runs": rounds.runs,
+                    "tiny_tensors": tiny,
+                    "ratios": [
+                        {"what": w, "ratio": r, "per_round_median": p, "target": t}
+                        for w, (r, p), t in ratios
+                    ],
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A Python training loop under cairn.train against the C++ Trainer, same work.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_train_bench.py \\
+    PYTHONPATH=build/python .venv/bin/python3 bench/python_train_bench.py \\
         --train-step-bench build/bench/train_step_bench [--state-mib 64] [--step-ms 50]
 
 Both sides run the loop of bench/train_step_bench.cc: each step updates a
@@ -58,10 +58,10 @@ def calibrate(numel: int, ms: float) -> int:
 
 
 def loop(config: dict[str, Any]) -> None:
-    import torch
-
     import cairn
     from cairn import train
+
+    import torch
 
     w = torch.full((config["numel"],), 0.5)
     total = 0.0
@@ -76,8 +76,11 @@ def loop(config: dict[str, Any]) -> None:
         else:
             with tempfile.TemporaryDirectory(dir=config["scratch"]) as tmp:
                 cairn.save({"w": w}, os.path.join(tmp, "model.safetensors"), durable=False)
-                train.report(metrics, checkpoint=train.Checkpoint.from_directory(tmp),
-                             async_report=config["mode"] == "async")
+                train.report(
+                    metrics,
+                    checkpoint=train.Checkpoint.from_directory(tmp),
+                    async_report=config["mode"] == "async",
+                )
         if step >= config["warmup"]:
             total += time.perf_counter() - start
             timed += 1
@@ -98,12 +101,19 @@ def python_runs(args: argparse.Namespace, work: pathlib.Path) -> dict[str, list[
             name = f"py-{mode}-{round_}"
             result = TorchTrainer(
                 loop,
-                train_loop_config={"mode": mode, "numel": numel, "passes": passes,
-                                   "steps": args.steps, "warmup": args.warmup,
-                                   "scratch": str(scratch)},
+                train_loop_config={
+                    "mode": mode,
+                    "numel": numel,
+                    "passes": passes,
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "scratch": str(scratch),
+                },
                 scaling_config=ScalingConfig(num_workers=args.workers),
-                run_config=RunConfig(name=name, storage_path=work,
-                                     checkpoint_config=CheckpointConfig(num_to_keep=2))).fit()
+                run_config=RunConfig(
+                    name=name, storage_path=work, checkpoint_config=CheckpointConfig(num_to_keep=2)
+                ),
+            ).fit()
             if result.error is not None:
                 sys.exit(f"python_train_bench: the Python {mode} run failed: {result.error}")
             means[mode].append(float(result.metrics["mean_step_s"]))
@@ -125,28 +135,49 @@ def main() -> int:
     try:
         import torch  # noqa: F401  (TorchTrainer's workers need it)
     except ImportError:
-        print("python_train_bench: python3-torch is not installed; skipped", file=sys.stderr)
+        print("python_train_bench: torch is not installed; skipped", file=sys.stderr)
         return 77
 
     work = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="cairn-train-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         figures = work / "cpp.json"
-        subprocess.run([args.train_step_bench, "--dir", str(work / "cpp"),
-                        "--state-mib", str(args.state_mib), "--step-ms", str(args.step_ms),
-                        "--steps", str(args.steps), "--warmup", str(args.warmup),
-                        "--rounds", str(args.rounds), "--workers", str(args.workers),
-                        "--json", str(figures)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                args.train_step_bench,
+                "--dir",
+                str(work / "cpp"),
+                "--state-mib",
+                str(args.state_mib),
+                "--step-ms",
+                str(args.step_ms),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--rounds",
+                str(args.rounds),
+                "--workers",
+                str(args.workers),
+                "--json",
+                str(figures),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         cpp = json.loads(figures.read_text())
         py = python_runs(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"Step time, a loop reporting every step, {args.workers} worker(s), "
-          f"{args.state_mib} MiB state, ~{args.step_ms:g} ms of work a step, "
-          f"{args.rounds} rounds (median of the rounds' means)")
-    print(f"{'mode':<8} {'C++ Trainer':>12} {'cairn.train':>12} {'Python / C++':>13}  "
-          f"Python rounds")
+    print(
+        f"Step time, a loop reporting every step, {args.workers} worker(s), "
+        f"{args.state_mib} MiB state, ~{args.step_ms:g} ms of work a step, "
+        f"{args.rounds} rounds (median of the rounds' means)"
+    )
+    print(
+        f"{'mode':<8} {'C++ Trainer':>12} {'cairn.train':>12} {'Python / C++':>13}  Python rounds"
+    )
     for mode in MODES:
         c = float(cpp["modes"][mode]["median_step_s"])
         p = statistics.median(py[mode])

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs every benchmark of docs/benchmarks.md in one go and prints one table.
 
 Usage (scripts/bench.sh passes the tools it built):
@@ -7,7 +7,7 @@ Usage (scripts/bench.sh passes the tools it built):
 
 Order: fio write and cold read on DIR (the same file system as every other
 benchmark file), then cairn_bench (memcpy reference and Cairn), torch_bench
-(LibTorch) and torch_baseline.py (python3-torch), then fio again: disk speed
+(LibTorch) and torch_baseline.py (torch.save in Python), then fio again: disk speed
 drifts within minutes here, so fio's figures span the whole run. Every child runs with the
 same allocator settings: GLIBC_TUNABLES=glibc.malloc.hugetlb=1 unless
 --no-hugetlb. Each figure is reported for the first run and as the median of
@@ -16,6 +16,7 @@ the later (steady-state) runs. Files are removed afterwards.
 --smoke: 16 MiB, 1 run, no targets judged; checks that every tool runs and
 that the JSON is complete. Used by the CTest test bench_smoke.
 """
+
 import argparse
 import datetime
 import json
@@ -63,16 +64,28 @@ def fio(args, nbytes, env):
         raise SystemExit("run.py: fio is not installed (scripts/install-deps.sh installs it)")
     path = os.path.join(args.dir, "fio.dat")
     size = str(max(nbytes // (1 << 20), 1)) + "M"
-    common = [fio_bin, "--filename=" + path, "--bs=1M", "--size=" + size, "--ioengine=psync",
-              "--direct=0", "--output-format=json"]
+    common = [
+        fio_bin,
+        "--filename=" + path,
+        "--bs=1M",
+        "--size=" + size,
+        "--ioengine=psync",
+        "--direct=0",
+        "--output-format=json",
+    ]
     write_runs, read_runs, method = [], [], "none"
     io_bytes = None
     for _ in range(args.runs):
         if os.path.exists(path):
             os.remove(path)
         os.sync()
-        out = subprocess.run(common + ["--name=seqwrite", "--rw=write", "--end_fsync=1"],
-                             env=env, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            common + ["--name=seqwrite", "--rw=write", "--end_fsync=1"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         job = json.loads(out)["jobs"][0]["write"]
         io_bytes = job["io_bytes"]
         # fio's runtime includes the end fsync (checked with strace: it spans the
@@ -80,14 +93,24 @@ def fio(args, nbytes, env):
         write_runs.append(job["runtime"] / 1000.0)
     for _ in range(args.runs):
         method = drop_caches([path])
-        out = subprocess.run(common + ["--name=seqread", "--rw=read", "--invalidate=1"],
-                             env=env, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            common + ["--name=seqread", "--rw=read", "--invalidate=1"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         job = json.loads(out)["jobs"][0]["read"]
         read_runs.append(job["runtime"] / 1000.0)
     os.remove(path)
     version = subprocess.run([fio_bin, "--version"], capture_output=True, text=True).stdout
-    return {"tool": version.strip(), "bytes": io_bytes, "cache_drop": method,
-            "write_runs": write_runs, "read_runs": read_runs}
+    return {
+        "tool": version.strip(),
+        "bytes": io_bytes,
+        "cache_drop": method,
+        "write_runs": write_runs,
+        "read_runs": read_runs,
+    }
 
 
 def fio_results(before, after):
@@ -97,12 +120,18 @@ def fio_results(before, after):
     n = len(before["write_runs"])
     note = "runs 1-{} before, {}-{} after the other benchmarks".format(n, n + 1, 2 * n)
     return [
-        {"name": "fio.write", "bytes": before["bytes"],
-         "runs_s": before["write_runs"] + after["write_runs"],
-         "what": "fio sequential write, 1 MiB blocks, buffered, end_fsync=1; " + note},
-        {"name": "fio.read", "bytes": before["bytes"],
-         "runs_s": before["read_runs"] + after["read_runs"],
-         "what": "fio sequential read, 1 MiB blocks, buffered, cold cache; " + note},
+        {
+            "name": "fio.write",
+            "bytes": before["bytes"],
+            "runs_s": before["write_runs"] + after["write_runs"],
+            "what": "fio sequential write, 1 MiB blocks, buffered, end_fsync=1; " + note,
+        },
+        {
+            "name": "fio.read",
+            "bytes": before["bytes"],
+            "runs_s": before["read_runs"] + after["read_runs"],
+            "what": "fio sequential read, 1 MiB blocks, buffered, cold cache; " + note,
+        },
     ]
 
 
@@ -117,16 +146,31 @@ def tool_json(cmd, env, out_path):
 # measured/reference time <= threshold.
 TARGETS = [
     ("save >= 0.9x fio buffered write (with fsync)", "cairn.save", "fio.write", "ge", 0.9),
-    ("cold load (copy into preallocated buffers) >= 0.9x fio cold read",
-     "cairn.load_copy", "fio.read", "ge", 0.9),
-    ("cold load (mmap, touch every byte) >= 0.9x fio cold read",
-     "cairn.load_mmap", "fio.read", "ge", 0.9),
+    (
+        "cold load (copy into preallocated buffers) >= 0.9x fio cold read",
+        "cairn.load_copy",
+        "fio.read",
+        "ge",
+        0.9,
+    ),
+    (
+        "cold load (mmap, touch every byte) >= 0.9x fio cold read",
+        "cairn.load_mmap",
+        "fio.read",
+        "ge",
+        0.9,
+    ),
     ("async stall <= 1.5x plain memcpy of the state", "cairn.async_stall", "memcpy", "le", 1.5),
     ("save faster than torch.save", "cairn.save", "torch.save", "ge", 1.0),
     ("save faster than LibTorch torch::save", "cairn.save", "libtorch.save", "ge", 1.0),
     ("load (into new buffers) faster than torch.load", "cairn.load_fresh", "torch.load", "ge", 1.0),
-    ("load (into new buffers) faster than LibTorch torch::load",
-     "cairn.load_fresh", "libtorch.load", "ge", 1.0),
+    (
+        "load (into new buffers) faster than LibTorch torch::load",
+        "cairn.load_fresh",
+        "libtorch.load",
+        "ge",
+        1.0,
+    ),
 ]
 
 
@@ -168,29 +212,50 @@ def fmt(x, spec="{:.2f}"):
 
 def print_table(report):
     print()
-    print("Cairn benchmark: {} in {} float32 tensors, {} run(s) each, cache drop: {}, "
-          "allocator: {}".format(
-              "{:.3f} GB".format(report["config"]["bytes"] / 1e9), report["config"]["tensors"],
-              report["config"]["runs"], report["config"]["cache_drop"],
-              report["config"]["allocator"]))
+    print(
+        "Cairn benchmark: {} in {} float32 tensors, {} run(s) each, cache drop: {}, "
+        "allocator: {}".format(
+            "{:.3f} GB".format(report["config"]["bytes"] / 1e9),
+            report["config"]["tensors"],
+            report["config"]["runs"],
+            report["config"]["cache_drop"],
+            report["config"]["allocator"],
+        )
+    )
     print()
     hdr = "{:<22} {:>10} {:>10} {:>10} {:>10}  {}".format(
-        "measurement", "first s", "first GB/s", "steady s", "steady GB/s", "what")
+        "measurement", "first s", "first GB/s", "steady s", "steady GB/s", "what"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in report["results"]:
-        print("{:<22} {:>10} {:>10} {:>10} {:>11}  {}".format(
-            r["name"], fmt(r["first_s"], "{:.3f}"), fmt(r["first_gbps"]),
-            fmt(r["steady_s"], "{:.3f}"), fmt(r["steady_gbps"]), r["what"]))
+        print(
+            "{:<22} {:>10} {:>10} {:>10} {:>11}  {}".format(
+                r["name"],
+                fmt(r["first_s"], "{:.3f}"),
+                fmt(r["first_gbps"]),
+                fmt(r["steady_s"], "{:.3f}"),
+                fmt(r["steady_gbps"]),
+                r["what"],
+            )
+        )
     print()
     print("steady = median of runs 2..N in one process (1 = first run, fresh memory).")
     if report["targets"]:
         print()
         print("{:<6} {:>7} {:>7}  {}".format("", "ratio", "first", "target"))
         for v in report["targets"]:
-            print("{:<6} {:>7} {:>7}  {}  [{} vs {}, {}]".format(
-                v["status"], fmt(v["ratio"]), fmt(v.get("first_ratio")), v["target"],
-                v["measured"], v["reference"], v.get("runs", v.get("note"))))
+            print(
+                "{:<6} {:>7} {:>7}  {}  [{} vs {}, {}]".format(
+                    v["status"],
+                    fmt(v["ratio"]),
+                    fmt(v.get("first_ratio")),
+                    v["target"],
+                    v["measured"],
+                    v["reference"],
+                    v.get("runs", v.get("note")),
+                )
+            )
         print()
         print("ratio: bandwidth ratio for '>=' targets, time ratio for the stall target.")
     if report.get("async_ratios"):
@@ -198,24 +263,34 @@ def print_table(report):
         print("async save stalls as multiples of a memcpy of the state (steady memcpy):")
         print("{:<24} {:>9} {:>9}".format("measurement", "first", "steady"))
         for name, r in report["async_ratios"].items():
-            print("{:<24} {:>9} {:>9}".format(name, fmt(r["first"], "{:.2f}x"),
-                                              fmt(r["steady"], "{:.3f}x")))
+            print(
+                "{:<24} {:>9} {:>9}".format(
+                    name, fmt(r["first"], "{:.2f}x"), fmt(r["steady"], "{:.3f}x")
+                )
+            )
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--cairn", required=True, help="path of cairn_bench")
     ap.add_argument("--libtorch", help="path of torch_bench (LibTorch baseline)")
-    ap.add_argument("--python", default="/usr/bin/python3",
-                    help="python with Debian's python3-torch (default /usr/bin/python3)")
+    ap.add_argument(
+        "--python",
+        default=sys.executable,
+        help="python with torch for the torch.save baseline (default: this one)",
+    )
     ap.add_argument("--size-mib", type=int, default=2048, help="total state size (default 2048)")
     ap.add_argument("--runs", type=int, default=3, help="runs per measurement (default 3)")
     ap.add_argument("--dir", help="directory for benchmark files (default: a temp dir)")
     ap.add_argument("--json", help="write the full report here")
-    ap.add_argument("--no-hugetlb", action="store_true",
-                    help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for every child")
-    ap.add_argument("--no-torch-python", action="store_true", help="skip python3-torch")
+    ap.add_argument(
+        "--no-hugetlb",
+        action="store_true",
+        help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for every child",
+    )
+    ap.add_argument("--no-torch-python", action="store_true", help="skip the Python torch.save baseline")
     ap.add_argument("--smoke", action="store_true", help="16 MiB, 1 run, no targets")
     args = ap.parse_args()
     if args.smoke:
@@ -231,15 +306,23 @@ def main():
         env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
         allocator = "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"
 
-    workload = json.loads(subprocess.run(
-        [args.cairn, "--workload", "--size-mib", str(args.size_mib)],
-        check=True, capture_output=True, text=True).stdout)
+    workload = json.loads(
+        subprocess.run(
+            [args.cairn, "--workload", "--size-mib", str(args.size_mib)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     nbytes = workload["bytes"]
     free = shutil.disk_usage(args.dir).free
     # The largest single file is the state itself; leave room for one more.
     if free < 2 * nbytes + (1 << 30):
-        raise SystemExit("run.py: {} has {:.1f} GB free; need {:.1f} GB".format(
-            args.dir, free / 1e9, (2 * nbytes + (1 << 30)) / 1e9))
+        raise SystemExit(
+            "run.py: {} has {:.1f} GB free; need {:.1f} GB".format(
+                args.dir, free / 1e9, (2 * nbytes + (1 << 30)) / 1e9
+            )
+        )
 
     tools, results, cache_drops = {}, [], set()
     async_ratios = {}
@@ -264,9 +347,20 @@ def main():
             wl_path = os.path.join(scratch, "workload.json")
             with open(wl_path, "w") as f:
                 json.dump(workload, f)
-            r = tool_json([args.python, os.path.join(HERE, "torch_baseline.py"), "--workload",
-                           wl_path, "--runs", str(args.runs), "--dir", args.dir], env,
-                          os.path.join(scratch, "torch_py.json"))
+            r = tool_json(
+                [
+                    args.python,
+                    os.path.join(HERE, "torch_baseline.py"),
+                    "--workload",
+                    wl_path,
+                    "--runs",
+                    str(args.runs),
+                    "--dir",
+                    args.dir,
+                ],
+                env,
+                os.path.join(scratch, "torch_py.json"),
+            )
             tools["python3-torch"] = r["tool"]
             cache_drops.add(r["cache_drop"])
             results += r["results"]
@@ -285,11 +379,20 @@ def main():
     results = [summarize(r) for r in results]
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": {"machine": platform.machine(), "cpus": os.cpu_count(),
-                 "kernel": platform.release()},
-        "config": {"bytes": nbytes, "tensors": len(workload["tensors"]),
-                   "size_mib": args.size_mib, "runs": args.runs, "smoke": args.smoke,
-                   "allocator": allocator, "cache_drop": ",".join(sorted(cache_drops)) or "none"},
+        "host": {
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+        },
+        "config": {
+            "bytes": nbytes,
+            "tensors": len(workload["tensors"]),
+            "size_mib": args.size_mib,
+            "runs": args.runs,
+            "smoke": args.smoke,
+            "allocator": allocator,
+            "cache_drop": ",".join(sorted(cache_drops)) or "none",
+        },
         "tools": tools,
         "results": results,
         "targets": [] if args.smoke else judge(results),
@@ -302,11 +405,23 @@ def main():
         print("\nreport written to " + args.json)
     if args.smoke:
         names = {r["name"] for r in results}
-        expected = {"fio.write", "fio.read", "memcpy", "cairn.save", "cairn.load_copy",
-                    "cairn.load_mmap", "cairn.load_fresh", "cairn.save_checkpoint",
-                    "cairn.async_stall", "cairn.async_total", "cairn.async_reserve",
-                    "cairn.async_reserved", "cairn.async_busy_wait", "cairn.async_busy_extra",
-                    "cairn.async_busy_skip"}
+        expected = {
+            "fio.write",
+            "fio.read",
+            "memcpy",
+            "cairn.save",
+            "cairn.load_copy",
+            "cairn.load_mmap",
+            "cairn.load_fresh",
+            "cairn.save_checkpoint",
+            "cairn.async_stall",
+            "cairn.async_total",
+            "cairn.async_reserve",
+            "cairn.async_reserved",
+            "cairn.async_busy_wait",
+            "cairn.async_busy_extra",
+            "cairn.async_busy_skip",
+        }
         if args.libtorch:
             expected |= {"libtorch.save", "libtorch.load"}
         if not args.no_torch_python:

@@ -1,5 +1,5 @@
-#!/usr/bin/python3
-"""python3-torch baseline: torch.save (+ flush + fsync) and torch.load, cold cache.
+#!/usr/bin/env python3
+"""The Python torch baseline: torch.save (+ flush + fsync) and torch.load, cold cache.
 
 Usage: torch_baseline.py --workload FILE --runs N --dir DIR --out FILE
 
@@ -7,15 +7,16 @@ The workload file is what `cairn_bench --workload` prints, so this moves
 exactly the tensors the C++ benchmarks move, as one flat state dict
 {name: tensor}. Same JSON report shape as the C++ benchmark binaries.
 """
+
 import argparse
 import json
 import os
 import sys
 import time
 
-import torch
-
 from cache import drop_caches
+
+import torch
 
 
 def main():
@@ -48,8 +49,14 @@ def main():
             f.flush()
             os.fsync(f.fileno())
         runs.append(time.perf_counter() - t0)
-    results.append({"name": "torch.save", "what": "torch.save to an open file + flush + os.fsync",
-                    "bytes": nbytes, "runs_s": runs})
+    results.append(
+        {
+            "name": "torch.save",
+            "what": "torch.save to an open file + flush + os.fsync",
+            "bytes": nbytes,
+            "runs_s": runs,
+        }
+    )
 
     runs = []
     cache_drop = "none"
@@ -60,15 +67,26 @@ def main():
         t0 = time.perf_counter()
         loaded = torch.load(path)
         runs.append(time.perf_counter() - t0)
-    results.append({"name": "torch.load", "what": "torch.load of the file, cold cache",
-                    "bytes": nbytes, "runs_s": runs})
+    results.append(
+        {
+            "name": "torch.load",
+            "what": "torch.load of the file, cold cache",
+            "bytes": nbytes,
+            "runs_s": runs,
+        }
+    )
     for name, t in state.items():
         if not torch.equal(loaded[name], t):
             sys.exit(f"torch_baseline: torch.load returned different data for {name}")
     os.remove(path)
 
-    report = {"tool": "python3-torch " + torch.__version__, "bytes": nbytes,
-              "tensors": len(state), "cache_drop": cache_drop, "results": results}
+    report = {
+        "tool": "python3-torch " + torch.__version__,
+        "bytes": nbytes,
+        "tensors": len(state),
+        "cache_drop": cache_drop,
+        "results": results,
+    }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
 

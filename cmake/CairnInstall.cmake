@@ -201,9 +201,9 @@ if(NOT CAIRN_SHARED)
     string(APPEND deb_depends ", libopenmpi-dev")
   endif()
 endif()
-if(TARGET cairn_torch)
-  string(APPEND deb_depends ", libtorch-dev")
-endif()
+# Cairn::torch's LibTorch is a torch wheel's (torch.utils.cmake_prefix_path),
+# which no Debian package provides: a consumer of the adapter puts that
+# wheel's CMake folder on CMAKE_PREFIX_PATH, as Cairn's own build does.
 if(TARGET cairn_cuda)
   string(APPEND deb_depends ", nvidia-cuda-toolkit")
 endif()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python demo, end to end: builds the Python package (build/python/cairn)
-# and runs examples/python/demo.py with Debian's python3 and torch: a small
+# and runs examples/python/demo.py with the project venv's Python and torch: a small
 # MLP trained with Adam, saved every epoch with cairn.save and registered
 # with cairn.CheckpointManager (3 best by validation loss). The first run
 # stops after epoch 3, as a preempted job would; the same command then
@@ -18,7 +18,7 @@ source scripts/demo-common.sh
 demo_build cairn cairn_python
 demo_storage cairn-demo-python
 
-demo=(/usr/bin/python3 examples/python/demo.py --storage "$storage" --experiment mlp --epochs 8)
+demo=(.venv/bin/python3 examples/python/demo.py --storage "$storage" --experiment mlp --epochs 8)
 export PYTHONPATH=$build/python PYTHONDONTWRITEBYTECODE=1
 
 echo

@@ -25,17 +25,37 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 # torch dtype name -> safetensors dtype, and back.
 _TORCH_TO_FILE = {
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
-    "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
-    "float32": "F32", "float64": "F64", "int64": "I64", "uint64": "U64",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "float64": "F64",
+    "int64": "I64",
+    "uint64": "U64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
 }
 _FILE_TO_TORCH = {v: k for k, v in _TORCH_TO_FILE.items()}
 # numpy dtype name -> safetensors dtype (numpy has no bfloat16 or float8).
 _NUMPY_TO_FILE = {
-    "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
-    "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32",
-    "float64": "F64", "int64": "I64", "uint64": "U64",
+    "bool": "BOOL",
+    "uint8": "U8",
+    "int8": "I8",
+    "int16": "I16",
+    "uint16": "U16",
+    "float16": "F16",
+    "int32": "I32",
+    "uint32": "U32",
+    "float32": "F32",
+    "float64": "F64",
+    "int64": "I64",
+    "uint64": "U64",
 }
 _FILE_TO_NUMPY = {v: k for k, v in _NUMPY_TO_FILE.items()}
 
@@ -54,14 +74,18 @@ def flatten_state_dict(state_dict: Mapping[str, Any], prefix: str = "") -> dict[
             if not isinstance(key, str):
                 raise InvalidArgumentError(
                     f"state dict key {key!r} at {at or 'the top'!r}: keys must be str, "
-                    f"not {type(key).__name__}", "invalid_argument")
+                    f"not {type(key).__name__}",
+                    "invalid_argument",
+                )
             name = f"{at}.{key}" if at else key
             if isinstance(value, Mapping):
                 walk(value, name)
             elif name in out:
                 raise InvalidArgumentError(
                     f"tensor {name!r}: two entries of the state dict have this name once "
-                    "nested dicts are joined with dots", "invalid_argument")
+                    "nested dicts are joined with dots",
+                    "invalid_argument",
+                )
             else:
                 out[name] = value
 
@@ -110,9 +134,10 @@ def _torch_helpers() -> Any:
     """``cairn._cairn_torch`` if it was built for the torch this process runs, else None.
 
     The module does the per-tensor work of :func:`save` and :func:`load` in
-    C++ against LibTorch; it is built only where the interpreter's torch runs
-    on a LibTorch with headers (Debian's python3-torch), and loaded only
-    under that same torch (a second LibTorch in one process is never safe).
+    C++ against LibTorch; it is built for the torch of the interpreter the
+    package is built for (a torch wheel carries LibTorch's headers and CMake
+    files), and loaded only under that same torch (a second LibTorch in one
+    process is never safe).
     Without it the same work is done in Python, slower for many tensors.
     """
     global _helpers
@@ -125,8 +150,10 @@ def _torch_helpers() -> Any:
             from cairn import _torch_target
         except ImportError:
             return None
-        if (torch.__version__ == _torch_target.TORCH_VERSION
-                and os.path.realpath(torch.__file__) == _torch_target.TORCH_INIT):
+        if (
+            torch.__version__ == _torch_target.TORCH_VERSION
+            and os.path.realpath(torch.__file__) == _torch_target.TORCH_INIT
+        ):
             from cairn import _cairn_torch
 
             _helpers = _cairn_torch
@@ -145,32 +172,48 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor) and name.isascii():
         file_dtype = _torch_file_dtype(value.dtype)
-        if (file_dtype is not None and value.is_cpu and value.layout == torch.strided
-                and value.is_contiguous()):
-            return (name, file_dtype, tuple(value.shape), value.data_ptr(),
-                    value.numel() * value.element_size(), value)
+        if (
+            file_dtype is not None
+            and value.is_cpu
+            and value.layout == torch.strided
+            and value.is_contiguous()
+        ):
+            return (
+                name,
+                file_dtype,
+                tuple(value.shape),
+                value.data_ptr(),
+                value.numel() * value.element_size(),
+                value,
+            )
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgumentError(
             f"tensor name {name!r} is not valid UTF-8 (safetensors names are UTF-8)",
-            "invalid_argument") from None
+            "invalid_argument",
+        ) from None
     kind = type(value).__module__.split(".")[0]
     if kind == "torch":
         import torch
 
         if not isinstance(value, torch.Tensor):
             raise InvalidArgumentError(
-                f"tensor {name!r}: a {type(value).__name__} is not a tensor", "invalid_argument")
+                f"tensor {name!r}: a {type(value).__name__} is not a tensor", "invalid_argument"
+            )
         dtype = str(value.dtype).removeprefix("torch.")
         if dtype not in _TORCH_TO_FILE:
             raise InvalidArgumentError(
                 f"tensor {name!r}: dtype {value.dtype} has no safetensors type "
-                f"(supported: {', '.join(sorted(_TORCH_TO_FILE))})", "invalid_argument")
+                f"(supported: {', '.join(sorted(_TORCH_TO_FILE))})",
+                "invalid_argument",
+            )
         if value.layout != torch.strided:
             raise InvalidArgumentError(
                 f"tensor {name!r}: a {value.layout} tensor; save its dense form "
-                "(tensor.to_dense())", "invalid_argument")
+                "(tensor.to_dense())",
+                "invalid_argument",
+            )
         on_cuda = value.device.type == "cuda" and _cairn.CUDA
         if value.device.type != "cpu" and not on_cuda:
             # The engine reads host memory: one copy off the device.
@@ -179,14 +222,28 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
             raise InvalidArgumentError(
                 f"tensor {name!r}: not contiguous (strides {tuple(value.stride())} for shape "
                 f"{tuple(value.shape)}); save tensor.contiguous(), which copies it",
-                "invalid_argument")
+                "invalid_argument",
+            )
         if on_cuda:
             # By device address: the engine copies it with the GPU's copy
             # engines, after the work queued on the current stream.
-            return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
-                    value.numel() * value.element_size(), value, value.device.index)
-        return (name, _TORCH_TO_FILE[dtype], tuple(value.shape), value.data_ptr(),
-                value.numel() * value.element_size(), value)
+            return (
+                name,
+                _TORCH_TO_FILE[dtype],
+                tuple(value.shape),
+                value.data_ptr(),
+                value.numel() * value.element_size(),
+                value,
+                value.device.index,
+            )
+        return (
+            name,
+            _TORCH_TO_FILE[dtype],
+            tuple(value.shape),
+            value.data_ptr(),
+            value.numel() * value.element_size(),
+            value,
+        )
     if kind == "numpy":
         import numpy as np
 
@@ -197,21 +254,36 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
             raise InvalidArgumentError(
                 f"tensor {name!r}: numpy dtype {value.dtype.str} has no safetensors type "
                 f"(supported, little-endian: {', '.join(sorted(_NUMPY_TO_FILE))})",
-                "invalid_argument")
+                "invalid_argument",
+            )
         if not value.flags.c_contiguous:
             raise InvalidArgumentError(
                 f"tensor {name!r}: not C-contiguous (strides {value.strides} for shape "
                 f"{value.shape}); save numpy.ascontiguousarray(a), which copies it",
-                "invalid_argument")
-        return (name, _NUMPY_TO_FILE[dtype], tuple(value.shape),
-                value.__array_interface__["data"][0], value.nbytes, value)
+                "invalid_argument",
+            )
+        return (
+            name,
+            _NUMPY_TO_FILE[dtype],
+            tuple(value.shape),
+            value.__array_interface__["data"][0],
+            value.nbytes,
+            value,
+        )
     raise InvalidArgumentError(
         f"tensor {name!r}: a {type(value).__module__}.{type(value).__name__} is not a "
-        "torch.Tensor or numpy.ndarray", "invalid_argument")
+        "torch.Tensor or numpy.ndarray",
+        "invalid_argument",
+    )
 
 
-def save(state_dict: Mapping[str, Any], path: PathLike, metadata: Mapping[str, Any] | None = None,
-         *, durable: bool = True) -> None:
+def save(
+    state_dict: Mapping[str, Any],
+    path: PathLike,
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    durable: bool = True,
+) -> None:
     """Write ``state_dict`` as a safetensors file at ``path``.
 
     Args:
@@ -246,16 +318,23 @@ def save(state_dict: Mapping[str, Any], path: PathLike, metadata: Mapping[str, A
     if not isinstance(state_dict, Mapping):
         raise InvalidArgumentError(
             f"state_dict: a mapping of names to tensors, not a {type(state_dict).__name__}",
-            "invalid_argument")
+            "invalid_argument",
+        )
     with _gc_paused():
         described, fmt, kept = _describe_all(flatten_state_dict(state_dict))
-    _cairn.save_tensors(described, _path(path),
-                        None if metadata is None else dict(metadata), {"format": fmt}, durable)
+    _cairn.save_tensors(
+        described,
+        _path(path),
+        None if metadata is None else dict(metadata),
+        {"format": fmt},
+        durable,
+    )
     del kept, described  # the engine no longer reads them
 
 
-def _describe_all(flat: dict[str, Any], describe_one: Callable[[str, Any], tuple[Any, ...]]
-                  = _describe) -> tuple[list[Any], str, list[Any]]:
+def _describe_all(
+    flat: dict[str, Any], describe_one: Callable[[str, Any], tuple[Any, ...]] = _describe
+) -> tuple[list[Any], str, list[Any]]:
     """(what the engine takes, the file's format, what must stay alive) for ``flat``.
 
     ``describe_one`` describes (and checks) a tensor the C++ helpers did not
@@ -291,8 +370,9 @@ def _describe_all(flat: dict[str, Any], describe_one: Callable[[str, Any], tuple
     return described, fmt, kept
 
 
-def load(path: PathLike, device: Any = None, mmap: bool = True,
-         framework: Literal["pt", "np"] = "pt") -> dict[str, Any]:
+def load(
+    path: PathLike, device: Any = None, mmap: bool = True, framework: Literal["pt", "np"] = "pt"
+) -> dict[str, Any]:
     """Read a safetensors file (any writer's) into a dict of tensors.
 
     Args:
@@ -340,8 +420,9 @@ def load(path: PathLike, device: Any = None, mmap: bool = True,
         return _make_tensors(path, described, data, device, framework)
 
 
-def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
-                  framework: str) -> dict[str, Any]:
+def _make_tensors(
+    path: PathLike, described: list[Any], data: Any, device: Any, framework: str
+) -> dict[str, Any]:
     """The tensors of ``described`` over ``data``, as :func:`load` returns them."""
     import numpy as np
 
@@ -352,7 +433,9 @@ def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
             if dtype not in _FILE_TO_NUMPY:
                 raise InvalidArgumentError(
                     f"{os.fspath(path)}: tensor {name!r} is {dtype}, which numpy does not have; "
-                    "load it with framework='pt'", "invalid_argument")
+                    "load it with framework='pt'",
+                    "invalid_argument",
+                )
             np_dtype = np.dtype(_FILE_TO_NUMPY[dtype])
             if begin % np_dtype.alignment:
                 out[name] = _view(raw[begin:end], np_dtype).reshape(shape)
@@ -381,8 +464,9 @@ def _make_tensors(path: PathLike, described: list[Any], data: Any, device: Any,
             # A foreign writer's unaligned offset: copied to align.
             t = torch.from_numpy(raw[begin:end].copy()).view(want).view(shape)
         else:
-            t = torch.frombuffer(data, dtype=want, count=(end - begin) // size,
-                                 offset=begin).view(shape)
+            t = torch.frombuffer(data, dtype=want, count=(end - begin) // size, offset=begin).view(
+                shape
+            )
         out[name] = t if device is None else t.to(device)
     return out
 
@@ -394,7 +478,8 @@ def _torch_dtype(torch: Any, path: PathLike, name: str, dtype: str) -> Any:
         raise InvalidArgumentError(
             f"{os.fspath(path)}: tensor {name!r} is {dtype}, which torch "
             f"{torch.__version__} does not have; load it with framework='np'",
-            "invalid_argument")
+            "invalid_argument",
+        )
     return want
 
 
@@ -412,8 +497,9 @@ def _load_to_cuda(path: PathLike, device: Any) -> dict[str, Any]:
         for name, dtype, shape, begin, end in described:
             want = _torch_dtype(torch, path, name, dtype)
             t = out[name] = torch.empty(shape, dtype=want, device=device)
-            into.append((name, dtype, tuple(shape), t.data_ptr(), end - begin, device.index,
-                         stream))
+            into.append(
+                (name, dtype, tuple(shape), t.data_ptr(), end - begin, device.index, stream)
+            )
     _cairn.load_tensors_into(into, _path(path))
     return out
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
-import pytest
-
 import cairn
+import pytest
 from cairn import train
 from cairn.train import (
     Checkpoint,
@@ -30,21 +29,26 @@ from cairn.train import (
 )
 
 sys.path.insert(0, os.path.dirname(__file__))
-import driver_process  # noqa: E402
+import driver_process
 
 torch = pytest.importorskip("torch")
 from cairn.train.torch import TorchTrainer, prepare_data_loader, prepare_model  # noqa: E402
 
 
-def _run(tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2,
-         **run: Any) -> train.Result:
-    return TorchTrainer(fn, train_loop_config=config,
-                        scaling_config=ScalingConfig(num_workers=workers),
-                        run_config=RunConfig(name="exp", storage_path=tmp_path, **run)).fit()
+def _run(
+    tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2, **run: Any
+) -> train.Result:
+    return TorchTrainer(
+        fn,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name="exp", storage_path=tmp_path, **run),
+    ).fit()
 
 
-def _run_failing(tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2,
-                 **run: Any) -> train.Result:
+def _run_failing(
+    tmp_path: pathlib.Path, fn: Any, config: Any = None, workers: int = 2, **run: Any
+) -> train.Result:
     """A run that fails: fit() raises, as Ray's; returns the error's Result."""
     with pytest.raises(train.TrainingFailedError) as failed:
         _run(tmp_path, fn, config, workers, **run)
@@ -65,13 +69,19 @@ def test_workers_report_collectively_and_the_best_checkpoints_are_kept(
             folder.mkdir()
             (folder / f"rank{ctx.get_world_rank()}.txt").write_text(str(step))
             score = [0.5, 0.1, 0.9, 0.3][step]
-            train.report({"step": step, "score": score, "rank": ctx.get_world_rank()},
-                         checkpoint=Checkpoint.from_directory(folder))
+            train.report(
+                {"step": step, "score": score, "rank": ctx.get_world_rank()},
+                checkpoint=Checkpoint.from_directory(folder),
+            )
 
-    result = _run(tmp_path, loop, {"steps": 4},
-                  checkpoint_config=CheckpointConfig(num_to_keep=2,
-                                                     checkpoint_score_attribute="score",
-                                                     checkpoint_score_order="min"))
+    result = _run(
+        tmp_path,
+        loop,
+        {"steps": 4},
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=2, checkpoint_score_attribute="score", checkpoint_score_order="min"
+        ),
+    )
     assert result.error is None
     assert result.metrics["step"] == 3 and result.metrics["rank"] == 0  # rank 0's metrics
     # Ray's order: the worst kept first, the best last.
@@ -104,15 +114,21 @@ def test_the_context_names_each_rank_and_torch_distributed_is_initialised(
         assert dist.is_initialized() and dist.get_world_size() == ctx.get_world_size()
         t = torch.tensor([float(ctx.get_world_rank() + 1)])
         dist.all_reduce(t)
-        train.report({"sum": float(t[0]), "world": ctx.get_world_size(),
-                      "local": ctx.get_local_rank(), "node": ctx.get_node_rank(),
-                      "name": ctx.get_experiment_name(), "env_rank": os.environ["RANK"]})
+        train.report(
+            {
+                "sum": float(t[0]),
+                "world": ctx.get_world_size(),
+                "local": ctx.get_local_rank(),
+                "node": ctx.get_node_rank(),
+                "name": ctx.get_experiment_name(),
+                "env_rank": os.environ["RANK"],
+            }
+        )
 
     result = _run(tmp_path, loop, workers=3)
     assert result.error is None, result.error
     seen = {k: result.metrics[k] for k in ("sum", "world", "local", "node", "name", "env_rank")}
-    assert seen == {"sum": 6.0, "world": 3, "local": 0, "node": 0, "name": "exp",
-                    "env_rank": "0"}
+    assert seen == {"sum": 6.0, "world": 3, "local": 0, "node": 0, "name": "exp", "env_rank": "0"}
 
 
 def test_asynchronous_reports_commit_every_checkpoint_while_the_loop_goes_on(
@@ -124,8 +140,12 @@ def test_asynchronous_reports_commit_every_checkpoint_while_the_loop_goes_on(
             folder = tmp_path / f"scratch_{rank}_{step}"
             folder.mkdir()
             (folder / f"part{rank}.txt").write_text(f"{step}")
-            train.report({"step": step}, checkpoint=Checkpoint.from_directory(folder),
-                         async_report=True, max_in_flight=2)
+            train.report(
+                {"step": step},
+                checkpoint=Checkpoint.from_directory(folder),
+                async_report=True,
+                max_in_flight=2,
+            )
             # The report froze the files: the loop may delete them at once.
             shutil.rmtree(folder)
         train.wait_for_reports()
@@ -203,8 +223,9 @@ def _ddp_loop(config: dict[str, Any]) -> None:
         if ctx.get_world_rank() == 0:
             folder = pathlib.Path(config["scratch"]) / f"epoch_{epoch}_{ctx.attempt}"
             folder.mkdir(parents=True)
-            ct.save_state(folder / "state.safetensors", model.module, optimizer,
-                          metadata={"epoch": epoch})
+            ct.save_state(
+                folder / "state.safetensors", model.module, optimizer, metadata={"epoch": epoch}
+            )
             checkpoint = Checkpoint.from_directory(folder)
         train.report({"epoch": epoch}, checkpoint=checkpoint)
 
@@ -223,8 +244,9 @@ def test_a_worker_killed_mid_run_restarts_from_the_latest_checkpoint_bit_for_bit
     assert clean.error is None, clean.error
 
     config = {"epochs": 4, "kill_at": 2, "scratch": str(tmp_path / "b")}
-    failed_once = _run(tmp_path / "failed", _ddp_loop, config,
-                       failure_config=FailureConfig(max_failures=1))
+    failed_once = _run(
+        tmp_path / "failed", _ddp_loop, config, failure_config=FailureConfig(max_failures=1)
+    )
     assert failed_once.error is None, failed_once.error
     assert [row["epoch"] for row in failed_once.metrics_history] == [0, 1, 2, 3]
 
@@ -249,8 +271,10 @@ def test_restore_goes_on_from_the_latest_checkpoint_with_the_saved_config(
         for step in range(start, config["steps"]):
             if step == config["fail_at"] and ckpt is None:
                 raise RuntimeError("the machine went away")
-            train.report({"step": step, "resumed": ckpt is not None},
-                         checkpoint=Checkpoint.from_dict({"step": step}))
+            train.report(
+                {"step": step, "resumed": ckpt is not None},
+                checkpoint=Checkpoint.from_dict({"step": step}),
+            )
 
     first = _run_failing(tmp_path, loop, {"steps": 4, "fail_at": 2})
     assert first.error is not None
@@ -273,8 +297,9 @@ def test_a_driver_killed_mid_run_is_restored_from_its_latest_checkpoint(
     hold = tmp_path / "hold"
     hold.touch()
     # Steps before HOLD_AT are committed, then the workers wait.
-    last = (tmp_path / "exp" / f"checkpoint_{train_driver.HOLD_AT - 1:06d}" / ".cairn" /
-            "manifest.json")
+    last = (
+        tmp_path / "exp" / f"checkpoint_{train_driver.HOLD_AT - 1:06d}" / ".cairn" / "manifest.json"
+    )
     with driver_process.started(train_driver.__file__, str(tmp_path)) as driver:
         driver_process.wait_for(driver, last)
         driver.kill()  # its workers die with it (PR_SET_PDEATHSIG)
@@ -319,8 +344,9 @@ _LAUNCHED_PROGRAM = os.path.join(os.path.dirname(__file__), "mpi_train.py")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
 
 
-def _expect_one_group_trained(tmp_path: pathlib.Path,
-                              done: subprocess.CompletedProcess[str]) -> None:
+def _expect_one_group_trained(
+    tmp_path: pathlib.Path, done: subprocess.CompletedProcess[str]
+) -> None:
     """Both processes of a launched mpi_train.py run returned the same clean
     result (the ranks' all-reduce, 1 + 2) and the last checkpoint is step 2's."""
     assert done.returncode == 0, done.stdout + done.stderr
@@ -352,28 +378,56 @@ def _free_port_pair() -> int:
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed")
 def test_under_mpirun_every_process_gets_the_same_result(tmp_path: pathlib.Path) -> None:
     # Every MPI process runs the program and calls fit(); rank 0 drives.
-    args = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
-            "--mca", "btl_vader_single_copy_mechanism", "none",
-            "-x", f"PYTHONPATH={_PACKAGE_ROOT}", "-x", "PYTHONDONTWRITEBYTECODE=1"]
+    args = [
+        "mpirun",
+        "-np",
+        "2",
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--mca",
+        "btl_vader_single_copy_mechanism",
+        "none",
+        "-x",
+        f"PYTHONPATH={_PACKAGE_ROOT}",
+        "-x",
+        "PYTHONDONTWRITEBYTECODE=1",
+    ]
     if os.geteuid() == 0:
         args.append("--allow-run-as-root")
-    done = subprocess.run(args + [sys.executable, _LAUNCHED_PROGRAM, str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        args + [sys.executable, _LAUNCHED_PROGRAM, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _expect_one_group_trained(tmp_path, done)
 
 
-@pytest.mark.skipif(not os.path.exists("/usr/bin/torchrun"), reason="torchrun is not installed")
+# The torchrun of the interpreter's torch (the project venv's).
+_TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
 def test_under_torchrun_the_launchers_processes_train_as_one_group(
     tmp_path: pathlib.Path,
 ) -> None:
     # torchrun starts the processes and sets RANK, WORLD_SIZE, MASTER_ADDR and
-    # MASTER_PORT; ScalingConfig's launcher stays "auto". (--redirects=1
-    # --tee=1: Debian's torchrun 1.13 under Python 3.11 cannot parse its own
-    # default of 0 for either.)
+    # MASTER_PORT; ScalingConfig's launcher stays "auto".
+    assert os.path.exists(_TORCHRUN), f"{_TORCHRUN} is missing (scripts/install-deps.sh)"
     env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1")
-    args = ["/usr/bin/torchrun", "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-            f"--master_port={_free_port_pair()}", "--redirects=1", "--tee=1",
-            f"--log_dir={tmp_path / 'torchrun-logs'}", _LAUNCHED_PROGRAM, str(tmp_path), "auto"]
+    args = [
+        _TORCHRUN,
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port_pair()}",
+        "--redirects=1",
+        "--tee=1",
+        f"--log_dir={tmp_path / 'torchrun-logs'}",
+        _LAUNCHED_PROGRAM,
+        str(tmp_path),
+        "auto",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     _expect_one_group_trained(tmp_path, done)
 
@@ -384,11 +438,24 @@ def test_an_elastic_group_that_loses_a_process_finishes_with_the_others(
     # Three processes started by hand, torchrun-style; rank 2's is killed as
     # a lost node would be: the group restarts with ranks 0 and 1, whose
     # DDP all-reduce then counts 2.
-    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
-               WORLD_SIZE="3", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port_pair()))
-    procs = [subprocess.Popen([sys.executable, _LAUNCHED_PROGRAM, str(tmp_path), "elastic"],
-                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=_PACKAGE_ROOT,
+        PYTHONDONTWRITEBYTECODE="1",
+        WORLD_SIZE="3",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port_pair()),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, _LAUNCHED_PROGRAM, str(tmp_path), "elastic"],
+            env=dict(env, RANK=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(3)
+    ]
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "kill-me").exists() and time.monotonic() < deadline:
@@ -408,20 +475,33 @@ def test_an_elastic_group_that_loses_a_process_finishes_with_the_others(
     assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3}
 
 
-_SLURM_CLUSTER = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "train",
-                              "slurm_cluster.sh")
+_SLURM_CLUSTER = os.path.join(
+    os.path.dirname(__file__), "..", "..", "tests", "train", "slurm_cluster.sh"
+)
 
 
-@pytest.mark.skipif(shutil.which("slurmctld") is None or os.geteuid() != 0,
-                    reason="a Slurm cluster needs slurm-wlm's daemons and root")
+@pytest.mark.skipif(
+    shutil.which("slurmctld") is None or os.geteuid() != 0,
+    reason="a Slurm cluster needs slurm-wlm's daemons and root",
+)
 def test_under_srun_a_slurm_steps_tasks_train_as_one_group(tmp_path: pathlib.Path) -> None:
     # A one-node Slurm cluster of its own; srun without MPI starts the two
     # processes and sets only Slurm's variables, which place the ranks.
     env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1")
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    args = ["bash", _SLURM_CLUSTER, str(tmp_path / "slurm"), "srun", "--ntasks=2",
-            "--overcommit", sys.executable, _LAUNCHED_PROGRAM, str(tmp_path), "auto"]
+    args = [
+        "bash",
+        _SLURM_CLUSTER,
+        str(tmp_path / "slurm"),
+        "srun",
+        "--ntasks=2",
+        "--overcommit",
+        sys.executable,
+        _LAUNCHED_PROGRAM,
+        str(tmp_path),
+        "auto",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     _expect_one_group_trained(tmp_path, done)
 
@@ -451,8 +531,11 @@ def test_an_elastic_range_starts_its_largest_group_and_a_bad_range_is_named(
     def loop() -> None:
         train.report({"world": train.get_context().get_world_size()})
 
-    result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=(1, 2)),
-                          run_config=RunConfig(name="exp", storage_path=tmp_path)).fit()
+    result = TorchTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=(1, 2)),
+        run_config=RunConfig(name="exp", storage_path=tmp_path),
+    ).fit()
     assert result.error is None, result.error
     assert result.metrics["world"] == 2
     # Stored for TorchTrainer.restore, with the range.
@@ -477,8 +560,56 @@ def test_metrics_dataframe_is_the_history_in_pandas_or_names_what_is_missing(
         import pandas  # noqa: F401
     except ImportError:
         with pytest.raises(ImportError, match="pandas"):
-            result.metrics_dataframe
+            _ = result.metrics_dataframe
         return
     frame = result.metrics_dataframe
     assert list(frame["step"]) == [0, 1, 2]
     assert list(frame["eval/acc"]) == [0.0, 0.1, 0.2]
+
+
+_FORK_AFTER_OPENMP = """
+import sys
+import torch
+from cairn import train, tune
+from cairn.train import RunConfig, ScalingConfig
+from cairn.train.torch import TorchTrainer
+
+assert torch.get_num_threads() > 1, torch.get_num_threads()
+# The driver runs a parallel region: GNU OpenMP's thread team now exists here.
+assert float((torch.ones(4_000_000) * 2).sum()) == 8_000_000
+
+
+def loop(config):
+    # A forked worker's parallel region: it hangs where the team is inherited.
+    total = float(torch.full((4_000_000,), 3.0).sum())
+    train.report({"total": total, "threads": torch.get_num_threads()})
+
+
+result = TorchTrainer(
+    loop,
+    scaling_config=ScalingConfig(num_workers=2),
+    run_config=RunConfig(name="exp", storage_path=sys.argv[1]),
+).fit()
+assert result.metrics["total"] == 12_000_000, result.metrics
+grid = tune.Tuner(loop, run_config=RunConfig(name="tune", storage_path=sys.argv[1])).fit()
+assert grid[0].metrics["total"] == 12_000_000, grid[0].metrics
+print("threads in a forked worker:", result.metrics["threads"])
+"""
+
+
+def test_workers_forked_after_the_driver_ran_torch_threads_do_not_hang(
+    tmp_path: pathlib.Path,
+) -> None:
+    # torch's CPU wheel parallelises on GNU OpenMP, whose thread team does
+    # not survive fork(): a forked worker runs torch on one thread, as Ray's
+    # one-CPU workers do. Bounded: a hang fails the test after 120 s.
+    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_AFTER_OPENMP, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "threads in a forked worker: 1" in done.stdout, done.stdout

@@ -104,7 +104,12 @@ std::unique_ptr<ProcessGroup> join(const TrainContext& c, const DistributedOptio
     gloo_options->devices.push_back(gloo_device(c.master_addr));
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, c.world_rank, c.world_size,
                                                             gloo_options);
-    return std::make_unique<ProcessGroup>(std::move(gloo), options);
+    // A c10d::ProcessGroup dispatches to a backend per device type (PyTorch
+    // 2): Gloo serves the CPU tensors.
+    auto group = c10::make_intrusive<c10d::ProcessGroup>(store, c.world_rank, c.world_size);
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    return std::make_unique<ProcessGroup>(std::move(group), options);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -316,7 +321,7 @@ struct DistributedDataParallel::State {
   int64_t bucket_bytes = 0;
   // Each parameter's gradient accumulator (kept alive, as the tensor holds
   // it weakly) and the key of the hook registered on it.
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks;
   bool callback_queued = false;  // in the backward pass now running
   bool averaged = false;         // gradients are the ranks' mean since the last backward pass
 
@@ -395,7 +400,8 @@ DistributedDataParallel::DistributedDataParallel(torch::nn::Module& module, Proc
   // Plain loss.backward() averages the gradients, as with PyTorch's DDP.
   std::weak_ptr<State> weak = state_;
   for (const torch::Tensor& p : s.params) {
-    std::shared_ptr<torch::autograd::Node> accumulator = torch::autograd::impl::grad_accumulator(p);
+    c10::intrusive_ptr<torch::autograd::Node> accumulator =
+        torch::autograd::impl::grad_accumulator(p);
     const uintptr_t key =
         accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
             [weak](const torch::autograd::variable_list& outputs,

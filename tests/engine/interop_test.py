@@ -12,6 +12,7 @@ with Cairn's C++ implementation (interop_tool):
      the tensor.
 Usage: interop_test.py PATH_TO_INTEROP_TOOL
 """
+
 import json
 import os
 import struct
@@ -22,16 +23,31 @@ import tempfile
 import numpy as np
 
 DTYPES = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
-    "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "U32": np.uint32, "F32": np.float32,
-    "F64": np.float64, "I64": np.int64, "U64": np.uint64, "F8_E4M3": np.uint8, "F8_E5M2": np.uint8,
+    "BOOL": np.bool_,
+    "U8": np.uint8,
+    "I8": np.int8,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "F16": np.float16,
+    "BF16": np.uint16,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "F32": np.float32,
+    "F64": np.float64,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "F8_E4M3": np.uint8,
+    "F8_E5M2": np.uint8,
 }
 
 
 def reference():
     """name -> (dtype name, numpy array); must match interop_tool.cc."""
     return {
-        "f32": ("F32", (np.arange(6, dtype=np.float32) * np.float32(0.5) - np.float32(1.0)).reshape(2, 3)),
+        "f32": (
+            "F32",
+            (np.arange(6, dtype=np.float32) * np.float32(0.5) - np.float32(1.0)).reshape(2, 3),
+        ),
         "f64": ("F64", np.arange(4, dtype=np.float64) / 3.0),
         "f16": ("F16", np.array([1.0, -2.0, 65504.0], dtype=np.float16)),
         "bf16": ("BF16", np.array([0x3F80, 0x4049], dtype=np.uint16)),
@@ -60,8 +76,11 @@ def write(path, tensors, metadata, order):
     for name in order:
         dtype, arr = tensors[name]
         raw = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape),
-                        "data_offsets": [len(data), len(data) + len(raw)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(arr.shape),
+            "data_offsets": [len(data), len(data) + len(raw)],
+        }
         data += raw
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - (8 + len(text)) % 8) % 8)
@@ -74,11 +93,13 @@ def read(path):
         blob = f.read()
     (n,) = struct.unpack("<Q", blob[:8])
     assert (8 + n) % 8 == 0, f"header not padded to 8 bytes: 8 + {n}"
-    text = blob[8:8 + n]
-    assert text.startswith(b"{") and text.rstrip(b" ").endswith(b"}"), "header padding is not spaces"
+    text = blob[8 : 8 + n]
+    assert text.startswith(b"{") and text.rstrip(b" ").endswith(b"}"), (
+        "header padding is not spaces"
+    )
     header = json.loads(text)
     metadata = header.pop("__metadata__", {})
-    data = blob[8 + n:]
+    data = blob[8 + n :]
     spans = sorted((v["data_offsets"][0], v["data_offsets"][1], k) for k, v in header.items())
     pos = 0
     for b, e, k in spans:
@@ -118,15 +139,18 @@ def main():
         # 2. Python -> C++, in an order that leaves wide tensors misaligned.
         py_file = os.path.join(tmp, "from_py.safetensors")
         order = ["u8", "f64", "bool", "f32", "f16", "i64"] + [
-            k for k in reference() if k not in ("u8", "f64", "bool", "f32", "f16", "i64")]
+            k for k in reference() if k not in ("u8", "f64", "bool", "f32", "f16", "i64")
+        ]
         write(py_file, reference(), METADATA, order)
         subprocess.run([tool, "check", py_file], check=True)
         print("Python -> C++: ok")
 
         # 3. A malformed file written by Python is refused, naming the tensor.
         bad = os.path.join(tmp, "bad.safetensors")
-        header = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-                  "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}
+        header = {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+        }
         text = json.dumps(header).encode()
         text += b" " * ((8 - (8 + len(text)) % 8) % 8)
         with open(bad, "wb") as f:

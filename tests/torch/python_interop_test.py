@@ -17,6 +17,7 @@ safetensors package would.
      oracle, since neither package is in Debian.
 Usage: python_interop_test.py PATH_TO_INTEROP_TOOL
 """
+
 import json
 import os
 import subprocess
@@ -24,11 +25,12 @@ import sys
 import tempfile
 
 import numpy as np
+
 import torch
 from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
-import interop_test as st  # noqa: E402  (the independent safetensors reader/writer)
+import interop_test as st
 
 TORCH_DTYPES = {"F32": torch.float32, "I64": torch.int64, "F64": torch.float64}
 ST_DTYPES = {torch.float32: "F32", torch.int64: "I64", torch.float64: "F64"}
@@ -119,8 +121,12 @@ def python_to_cpp(tool, tmp):
     weight_map = {}
     for k, group in enumerate(groups, 1):
         file = f"model-{k:05d}-of-{len(groups):05d}.safetensors"
-        st.write(os.path.join(sharded, file), {n: tensors[n] for n in group}, {"format": "pt"},
-                 list(reversed(group)))
+        st.write(
+            os.path.join(sharded, file),
+            {n: tensors[n] for n in group},
+            {"format": "pt"},
+            list(reversed(group)),
+        )
         weight_map.update({n: file for n in group})
     total = sum(v.numel() * v.element_size() for v in state.values())
     with open(os.path.join(sharded, "model.safetensors.index.json"), "w") as f:
@@ -171,8 +177,10 @@ def hf_split(state_dict, max_shard_size):
     if len(shard_list) == 1:
         return {"model.safetensors": sorted(shard_list[0])}
     n = len(shard_list)
-    return {f"model-{k:05d}-of-{n:05d}.safetensors": sorted(shard)
-            for k, shard in enumerate(shard_list, 1)}
+    return {
+        f"model-{k:05d}-of-{n:05d}.safetensors": sorted(shard)
+        for k, shard in enumerate(shard_list, 1)
+    }
 
 
 def cpp_shards(folder):
@@ -204,7 +212,9 @@ def shards_as_huggingface(tool, tmp):
         subprocess.run([tool, "shard", folder, str(max_shard_size)], check=True)
         expected = hf_split(state, max_shard_size)
         got = cpp_shards(folder)
-        assert got == expected, f"max_shard_size {max_shard_size}: C++ {got}, huggingface_hub {expected}"
+        assert got == expected, (
+            f"max_shard_size {max_shard_size}: C++ {got}, huggingface_hub {expected}"
+        )
 
 
 def main():

@@ -528,18 +528,15 @@ TEST_F(EnvLauncher, SrunAcrossTwoSlurmNodesTrainsAsOneGroupAndAFailureRestartsIt
 }
 
 TEST_F(EnvLauncher, TorchrunStartsTheRanksAndHoldsMasterPortForItsOwnStore) {
-  if (!fs::exists("/usr/bin/torchrun")) {
-    GTEST_SKIP() << "torchrun is not installed (python3-torch: scripts/install-deps.sh)";
-  }
+  // The project venv's torchrun (scripts/install-deps.sh).
+  ASSERT_TRUE(fs::exists(CAIRN_TORCHRUN)) << CAIRN_TORCHRUN << " is missing";
   // The static rendezvous: torchrun's store listens at MASTER_PORT and says
   // so (TORCHELASTIC_USE_AGENT_STORE=True), so the driver takes the next.
-  // (--redirects=1 --tee=1: Debian's torchrun 1.13 under Python 3.11 cannot
-  // parse its own default of 0 for either.)
   const std::string script = fmt::format(
-      "exec /usr/bin/torchrun --nnodes=1 --nproc_per_node=2 --master_addr=127.0.0.1 "
-      "--master_port={} --redirects=1 --tee=1 --log_dir='{}' --no_python '{}' basic '{}' '{}'",
-      free_port_pair(), (out_ / "torchrun-logs").string(), CAIRN_TRAIN_PROGRAM, results(),
-      out_.string());
+      "exec '{}' --nnodes=1 --nproc_per_node=2 --master_addr=127.0.0.1 "
+      "--master_port={} --log_dir='{}' --no_python '{}' basic '{}' '{}'",
+      CAIRN_TORCHRUN, free_port_pair(), (out_ / "torchrun-logs").string(), CAIRN_TRAIN_PROGRAM,
+      results(), out_.string());
   const Launch run = run_shell(script, out_ / "launch.log");
   const nlohmann::json r = trained(run);
   ASSERT_TRUE(r.is_object());

@@ -16,6 +16,7 @@ Usage: history_reader_test.py PATH_TO_HISTORY_TOOL [--tune]
 (with --tune the tool runs the same loop as a Tuner's one trial and the
 trial's folder is read)
 """
+
 import csv
 import glob
 import json
@@ -43,13 +44,13 @@ def masked(data):
 def records(blob):
     pos = 0
     while pos < len(blob):
-        header = blob[pos:pos + 12]
+        header = blob[pos : pos + 12]
         assert len(header) == 12, "truncated record header at %d" % pos
         (length,) = struct.unpack("<Q", header[:8])
         (len_crc,) = struct.unpack("<I", header[8:12])
         assert len_crc == masked(header[:8]), "length CRC at %d" % pos
-        data = blob[pos + 12:pos + 12 + length]
-        (data_crc,) = struct.unpack("<I", blob[pos + 12 + length:pos + 16 + length])
+        data = blob[pos + 12 : pos + 12 + length]
+        (data_crc,) = struct.unpack("<I", blob[pos + 12 + length : pos + 16 + length])
         assert data_crc == masked(data), "data CRC at %d" % pos
         yield data
         pos += 16 + length
@@ -75,12 +76,12 @@ def fields(buf):
         if wire == 0:
             value, pos = varint(buf, pos)
         elif wire == 1:
-            value, pos = buf[pos:pos + 8], pos + 8
+            value, pos = buf[pos : pos + 8], pos + 8
         elif wire == 2:
             n, pos = varint(buf, pos)
-            value, pos = buf[pos:pos + n], pos + n
+            value, pos = buf[pos : pos + n], pos + n
         elif wire == 5:
-            value, pos = buf[pos:pos + 4], pos + 4
+            value, pos = buf[pos : pos + 4], pos + 4
         else:
             raise AssertionError("unexpected wire type %d" % wire)
         yield num, wire, value
@@ -142,8 +143,9 @@ def main():
     assert crc32c(b"123456789") == 0xE3069283  # the reader's own CRC
     tool = sys.argv[1:]  # the tool and its options
     with tempfile.TemporaryDirectory() as tmp:
-        exp = subprocess.run(tool + [tmp], check=True, capture_output=True,
-                             text=True).stdout.strip()
+        exp = subprocess.run(
+            tool + [tmp], check=True, capture_output=True, text=True
+        ).stdout.strip()
         assert os.path.isdir(exp), exp
 
         with open(os.path.join(exp, "result.json")) as f:
@@ -177,11 +179,21 @@ def main():
         for event, line in zip(events[1:], rows):
             assert event["step"] == line["training_iteration"], event
             assert abs(event["wall_time"] - line["timestamp"]) < 1.0
-            want = {k: f32(float(v)) for k, v in flatten(line).items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)
-                    and k not in ("training_iteration", "timestamp", "time_total_s",
-                                  "time_this_iter_s", "iterations_since_restore",
-                                  "attempt")}
+            want = {
+                k: f32(float(v))
+                for k, v in flatten(line).items()
+                if isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and k
+                not in (
+                    "training_iteration",
+                    "timestamp",
+                    "time_total_s",
+                    "time_this_iter_s",
+                    "iterations_since_restore",
+                    "attempt",
+                )
+            }
             assert event["values"] == want, (event["values"], want)
             assert "eval/inner/n" in event["values"] and "note" not in event["values"]
     print("history reader: ok")

@@ -11,9 +11,9 @@ from typing import Any, Callable, Optional
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn.errors import InvalidArgumentError
+from cairn.train import _session
 from cairn.train._config import RunConfig, ScalingConfig, worker_range
 from cairn.train._result import Result, TrainingFailedError, _saved_config
-from cairn.train import _session
 from cairn.train._session import TrainContext, get_context
 
 # Setup for a framework's process group, run in each worker before the
@@ -26,8 +26,11 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or C callable: assume it takes the config
         return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                   p.VAR_POSITIONAL)]
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
     return bool(positional)
 
 
@@ -46,17 +49,25 @@ def _std_streams_on_fds_1_and_2() -> None:
         except (AttributeError, OSError, ValueError):
             ok = False
         if not ok:
-            setattr(sys, name, open(fd, "w", buffering=1, closefd=False,
-                                    errors="backslashreplace"))
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False, errors="backslashreplace"))
 
 
 # What the C++ runtime sets (or removes) in a forked worker's C environment
 # after the interpreter started: torchrun's variables for the worker's group,
 # CAIRN_WORKER, TORCHELASTIC_USE_AGENT_STORE (removed: torchrun's store is
 # not this group's) and, in a Tuner trial, CUDA_VISIBLE_DEVICES (its GPUs).
-_RUNTIME_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                      "LOCAL_WORLD_SIZE", "GROUP_RANK", "CAIRN_WORKER",
-                      "TORCHELASTIC_USE_AGENT_STORE", "CUDA_VISIBLE_DEVICES")
+_RUNTIME_VARIABLES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "CAIRN_WORKER",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def _sync_environ() -> None:
@@ -70,8 +81,36 @@ def _sync_environ() -> None:
             os.environ[name] = value
 
 
-def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
-                 setup: Optional[BackendSetup], metadata: Optional[dict[str, Any]] = None) -> None:
+# The process that imported the package: the driver. A worker or trial
+# process with another pid is a fork of it.
+_DRIVER_PID = os.getpid()
+
+
+def _one_torch_thread_in_a_fork() -> None:
+    """In a process forked from the driver: torch's intra-op work on one thread.
+
+    torch's CPU wheel runs its intra-op parallelism on GNU OpenMP, whose
+    thread team does not survive fork(): in a child of a process that ran a
+    parallel region, the next region with more than one thread waits forever
+    for threads that were not forked. One thread runs the same work without
+    a team. Ray's default is the same (a worker of one CPU gets
+    OMP_NUM_THREADS=1). Processes started by mpirun, torchrun or Slurm import
+    the package themselves, are no forks, and keep torch's default.
+    """
+    if os.getpid() == _DRIVER_PID:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def _worker_main(
+    fn: Callable[..., Any],
+    config: Any,
+    scaling: ScalingConfig,
+    setup: Optional[BackendSetup],
+    metadata: Optional[dict[str, Any]] = None,
+) -> None:
     """What each worker process runs: the rendezvous, then ``fn``.
 
     A worker is a fork of the driver; ``os.environ`` is told first of the
@@ -80,6 +119,7 @@ def _worker_main(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
     driver puts in ``Result.error``, and ends the worker as failed.
     """
     _std_streams_on_fds_1_and_2()
+    _one_torch_thread_in_a_fork()
     _session._metadata = dict(metadata or {})
     try:
         context = get_context()
@@ -125,23 +165,29 @@ class DataParallelTrainer:
 
     _backend_setup: Optional[BackendSetup] = None
 
-    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
-                 train_loop_config: Optional[dict[str, Any]] = None,
-                 scaling_config: Optional[ScalingConfig] = None,
-                 run_config: Optional[RunConfig] = None,
-                 resume_from_checkpoint: Optional[Checkpoint] = None,
-                 datasets: Optional[dict[str, Any]] = None,
-                 dataset_config: Optional[Any] = None,
-                 metadata: Optional[dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Optional[dict[str, Any]] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[RunConfig] = None,
+        resume_from_checkpoint: Optional[Checkpoint] = None,
+        datasets: Optional[dict[str, Any]] = None,
+        dataset_config: Optional[Any] = None,
+        metadata: Optional[dict[str, Any]] = None,
+    ) -> None:
         if not callable(train_loop_per_worker):
             raise InvalidArgumentError(
                 f"train_loop_per_worker: a function, not a {type(train_loop_per_worker).__name__}",
-                "invalid_argument")
+                "invalid_argument",
+            )
         if datasets:
             raise InvalidArgumentError(
                 "datasets: Ray Data datasets are not supported; load data in "
                 "train_loop_per_worker (prepare_data_loader shards a DataLoader)",
-                "invalid_argument")
+                "invalid_argument",
+            )
         del dataset_config  # accepted for Ray compatibility (no Ray Data here)
         self._metadata = dict(metadata or {})
         self._fn = train_loop_per_worker
@@ -150,18 +196,27 @@ class DataParallelTrainer:
         self._run = run_config or RunConfig()
         min_workers, num_workers = worker_range(self._scaling)
         self._impl: Any = _cairn.Trainer(
-            self._worker(), _json_or_none(train_loop_config), num_workers,
-            self._scaling.launcher, self._run._native(),
+            self._worker(),
+            _json_or_none(train_loop_config),
+            num_workers,
+            self._scaling.launcher,
+            self._run._native(),
             None if resume_from_checkpoint is None else resume_from_checkpoint._impl,
-            min_workers)
+            min_workers,
+        )
 
     def _setup_fn(self) -> Optional[BackendSetup]:
         """What each worker runs before the function (the backend's set-up)."""
         return type(self)._backend_setup
 
     def _worker(self) -> Callable[[Any], None]:
-        return _worker_of(self._fn, self._config, self._scaling, self._setup_fn(),
-                          getattr(self, "_metadata", None))
+        return _worker_of(
+            self._fn,
+            self._config,
+            self._scaling,
+            self._setup_fn(),
+            getattr(self, "_metadata", None),
+        )
 
     def fit(self) -> Result:
         """Runs the training to its end and returns its Result.
@@ -191,7 +246,8 @@ class DataParallelTrainer:
                 f"{result.error}\n(the run is at {result.path}: "
                 f"{type(self).__name__}.restore(path, train_loop_per_worker) goes on from its "
                 "latest checkpoint; FailureConfig(max_failures=...) restarts it by itself)",
-                result)
+                result,
+            )
         return result
 
     @classmethod
@@ -200,10 +256,13 @@ class DataParallelTrainer:
         return bool(_cairn.Trainer.can_restore(path))
 
     @classmethod
-    def restore(cls, path: str | os.PathLike[str],
-                train_loop_per_worker: Optional[Callable[..., Any]] = None,
-                train_loop_config: Optional[dict[str, Any]] = None,
-                scaling_config: Optional[ScalingConfig] = None) -> "DataParallelTrainer":
+    def restore(
+        cls,
+        path: str | os.PathLike[str],
+        train_loop_per_worker: Optional[Callable[..., Any]] = None,
+        train_loop_config: Optional[dict[str, Any]] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+    ) -> DataParallelTrainer:
         """The run at ``path`` (an experiment folder), to :meth:`fit` again.
 
         The run goes on from its latest committed checkpoint with its saved
@@ -218,26 +277,32 @@ class DataParallelTrainer:
         if train_loop_per_worker is None:
             raise InvalidArgumentError(
                 f"{os.fspath(path)}: restore needs train_loop_per_worker (functions are not "
-                "stored with the run)", "invalid_argument")
+                "stored with the run)",
+                "invalid_argument",
+            )
         self = cls.__new__(cls)
         self._fn = train_loop_per_worker
         self._config = train_loop_config
         self._scaling = scaling_config or ScalingConfig()
         self._run = RunConfig()
-        self._impl = _cairn.Trainer.restore(
-            path, self._worker(), _json_or_none(train_loop_config))
+        self._impl = _cairn.Trainer.restore(path, self._worker(), _json_or_none(train_loop_config))
         return self
 
 
-def _worker_of(fn: Callable[..., Any], config: Any, scaling: ScalingConfig,
-               setup: Optional[BackendSetup],
-               metadata: Optional[dict[str, Any]] = None) -> Callable[[Any], None]:
+def _worker_of(
+    fn: Callable[..., Any],
+    config: Any,
+    scaling: ScalingConfig,
+    setup: Optional[BackendSetup],
+    metadata: Optional[dict[str, Any]] = None,
+) -> Callable[[Any], None]:
     """The callable the C++ worker calls with the run's JSON configuration.
 
     The Python object given to the trainer is used when there is one (it
     need not be JSON; the workers are forks); else the JSON one (a restored
     run's saved configuration).
     """
+
     def worker(saved: Any) -> None:
         _worker_main(fn, config if config is not None else saved, scaling, setup, metadata)
 

@@ -125,8 +125,10 @@ class Trainable:
     # ---- called by the C++ runtime (python/_tune.cc) ------------------------
 
     def _cairn_setup(self, config: dict[str, Any]) -> None:
-        from cairn.train._trainer import _sync_environ
-        _sync_environ()  # as a function trainable's worker does
+        from cairn.train._trainer import _one_torch_thread_in_a_fork, _sync_environ
+
+        _one_torch_thread_in_a_fork()  # as a function trainable's worker does
+        _sync_environ()
         self.config = dict(config)
         self.setup(self.config)
 
@@ -134,8 +136,10 @@ class Trainable:
         self._iterations += 1
         result = self.step()
         if not isinstance(result, dict):
-            raise TypeError(f"{type(self).__name__}.step returned a {type(result).__name__}, "
-                            "not a dict of metrics")
+            raise TypeError(
+                f"{type(self).__name__}.step returned a {type(result).__name__}, "
+                "not a dict of metrics"
+            )
         return result
 
     def _cairn_save_checkpoint(self, checkpoint_dir: str) -> None:
