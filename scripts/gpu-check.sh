@@ -50,6 +50,12 @@ g++ --version | head -n 1
 cmake --version | head -n 1
 nproc
 "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
+pinned=$(cat "$deps/torch-version" 2>/dev/null || sed -nE 's/^torch==([0-9.]+).*/\1/p' requirements.txt)
+have=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
+if [ "${have%.*}" != "${pinned%.*}" ]; then
+  echo "gpu-check: this machine's torch is $have; CI tests $pinned (requirements.txt)." \
+    "The figures hold for $have; install a CUDA build of torch $pinned to check what CI checks."
+fi
 
 echo "== dependencies from $deps"
 prefix=$src/$build/deps

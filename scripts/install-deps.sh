@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Installs everything Cairn needs to build, test, demo and benchmark on Debian 12.
-# Idempotent: packages already present are skipped, so build scripts call it every time.
+# Installs everything Cairn needs to build, test, demo and benchmark on
+# Debian 12: Debian's packages with apt-get, and the project's Python packages
+# with pip into one virtual environment, .venv, made from the python3 on PATH
+# (or $CAIRN_PYTHON), with exactly the versions requirements.txt pins.
+#
+# Idempotent and quick when done: packages already present are skipped, and
+# the venv is left alone while its stamp (.venv/.cairn-installed: the hash of
+# requirements.txt and of the interpreter's version) matches. A venv without a
+# matching stamp, a half-made one included, is removed and made again; the
+# stamp is written only after every package installed, so a failed run never
+# leaves a venv that a later run takes for a good one. On failure it says
+# which package it could not get and exits non-zero.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
   # toolchain
@@ -10,22 +21,18 @@ packages=(
   libgtest-dev libgmock-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libcli11-dev libxxhash-dev
   # S3 backend: HTTP transport, SigV4 hashing, XML responses
   libcurl4-openssl-dev libssl-dev libpugixml-dev
-  # S3 tests and benchmarks: the SigV4 oracle, aws-cli and rclone to measure against
-  python3-botocore awscli rclone
+  # S3 benchmarks: aws-cli and rclone to measure against
+  awscli rclone
   # S3 tests against a production server: Ceph's S3 gateway, single node on
-  # 127.0.0.1 (tests/support/radosgw.sh)
+  # 127.0.0.1 (tests/support/radosgw.sh); moto, the other server, is a
+  # Python package (requirements.txt)
   ceph-mon ceph-osd radosgw ceph-common
-  # S3 benchmark: XXH3-64 for the manifest of the checkpoint it writes
-  python3-xxhash
-  # LibTorch adapter, torch baselines and interop tests
-  libtorch-dev python3 python3-numpy python3-torch
-  # the Python package (python/, docs/python.md): the binding and its tests
-  pybind11-dev python3-dev python3-pytest
-  # `pip install .` into a venv (README, docs/python.md; tests/package/pip.sh):
-  # python3 -m venv, whose ensurepip brings pip into the venv (python3-pip is
-  # not needed: Debian's pip refuses to install outside a venv anyway)
-  python3-venv
-  # the Trainer's data-parallel process group: c10d::ProcessGroupGloo's headers
+  # the Python package's binding (python/, docs/python.md); Python's own
+  # headers come with the interpreter the venv is made from
+  pybind11-dev
+  # the Trainer's data-parallel process group: the headers of the Gloo that
+  # c10d's ProcessGroupGloo includes (the torch wheel ships its library, not
+  # its headers)
   libgloo-dev
   # benchmarks and multi-node runtime
   fio openmpi-bin libopenmpi-dev
@@ -39,11 +46,6 @@ packages=(
   dpkg-dev file binutils ccache
 )
 
-# Node.js and npm run the S3 server the tests start (s3rver, installed below
-# from npm). A machine that already has a Node.js with its own npm (NodeSource
-# packages conflict with Debian's npm) keeps it.
-command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
-
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -53,9 +55,57 @@ if [ ${#missing[@]} -ne 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ! $SUDO apt-get update -qq; then
+    echo "install-deps: apt-get update failed: Debian's package lists could not be read" >&2
+    exit 1
+  fi
+  if ! $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+    still=()
+    for p in "${missing[@]}"; do
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || still+=("$p")
+    done
+    echo "install-deps: could not install these Debian packages: ${still[*]}" >&2
+    exit 1
+  fi
 fi
 
-# The pinned S3 server (tests/support/s3rver), into a cache folder.
-bash "$(dirname "$0")/install-s3rver.sh" >/dev/null
+# The project venv.
+python=${CAIRN_PYTHON:-python3}
+if ! command -v "$python" >/dev/null; then
+  echo "install-deps: no $python on PATH to make the venv from (set CAIRN_PYTHON)" >&2
+  exit 1
+fi
+venv=.venv
+version=$("$python" -c 'import sys; print(sys.version)')
+stamp=$( { cat requirements.txt; echo "$version"; } | sha256sum | cut -c1-16)
+if [ -f "$venv/.cairn-installed" ] && [ "$(cat "$venv/.cairn-installed")" = "$stamp" ] &&
+   [ -x "$venv/bin/python3" ]; then
+  exit 0
+fi
+echo "install-deps: making the project venv ($venv) from $python ($version)"
+rm -rf "$venv"
+if ! "$python" -m venv "$venv"; then
+  echo "install-deps: $python -m venv failed (is Python's venv module installed?)" >&2
+  rm -rf "$venv"
+  exit 1
+fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if ! "$venv/bin/python3" -m pip install --disable-pip-version-check --no-input -q \
+     -r requirements.txt >"$log" 2>&1; then
+  grep -v 'is ignored: it is neither' "$log" | tail -n 20 >&2
+  # pip names what it could not get in these lines.
+  what=$(sed -nE 's/.*(No matching distribution found for|Could not find a version that satisfies the requirement) ([^ ]+).*/\2/p' "$log" |
+         sort -u | tr '\n' ' ')
+  echo "install-deps: pip could not install ${what:-the packages of requirements.txt (see above)}" >&2
+  rm -rf "$venv"
+  exit 1
+fi
+if ! "$venv/bin/python3" -m pip check --disable-pip-version-check >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "install-deps: the venv's packages do not fit together (pip check); fix requirements.txt" >&2
+  rm -rf "$venv"
+  exit 1
+fi
+echo "$stamp" > "$venv/.cairn-installed"
+echo "install-deps: $venv holds $(grep -c '==' requirements.txt) pinned packages"

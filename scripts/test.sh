@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the normal build (warnings as errors, LibTorch
-# adapter and Python package included) and the Python package's pytest suite,
-# then the package test (Cairn installed and used as a
-# dependency, and the Python package pip-installed offline into a venv:
-# tests/package/run.sh, counted as one test), then the fuzzers on their seed
-# corpus, then the formatting check; first of all, the architecture check
+# adapter and Python package included, on the project venv's torch) and the
+# Python package's pytest suite, then the package test (Cairn installed and
+# used as a dependency, and the Python package pip-installed offline into a
+# venv: tests/package/run.sh, counted as one test), then the CUDA
+# configuration compiled and linked (scripts/check-cuda-build.sh; nothing runs
+# without a GPU), then the fuzzers on their seed corpus, then the formatting,
+# lint and stub checks; first of all, the architecture check
 # (scripts/check_layers.py). Exits non-zero on the first failure.
 #
 # With --sanitize it runs the sanitizer pass instead: the ASan+UBSan build of
@@ -66,7 +68,7 @@ run_pytest() {  # run_pytest BUILD_DIR: the Python package's tests, each counted
   local log
   log=$(mktemp)
   set +e
-  PYTHONPATH="$1/python" PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m pytest -q -p no:cacheprovider \
+  PYTHONPATH="$1/python" PYTHONDONTWRITEBYTECODE=1 .venv/bin/python3 -m pytest -q -p no:cacheprovider \
     python/tests 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
@@ -149,13 +151,30 @@ else
   exit 1
 fi
 
+phase "CUDA configuration, compiled and linked (scripts/check-cuda-build.sh)"
+if JOBS=$jobs bash scripts/check-cuda-build.sh; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "test: the CUDA build failed"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
+
 if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
   phase "fuzzing (seed corpus, bounded time)"
   bash scripts/fuzz.sh
 fi
 
-phase "formatting"
+phase "formatting, lint and stubs (clang-format, ruff, stubtest)"
 bash scripts/check-format.sh
+if .venv/bin/python3 scripts/check_stubs.py build/python; then
+  passed=$((passed + 1))
+else
+  echo "test: the .pyi stubs disagree with the module"
+  echo "$passed passed, $((failed + 1)) failed"
+  exit 1
+fi
 
 phase "done"
 echo "$passed passed, $failed failed"
