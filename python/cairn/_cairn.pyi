@@ -134,7 +134,7 @@ class CheckpointManager:
 # Tensor files (_tensors.cc; wrapped by cairn.save / cairn.load).
 # (name, safetensors dtype, shape, begin, end): a tensor of a file, its bytes
 # at [begin, end) of the file's data.
-TensorInfo = tuple[str, str, tuple[int, ...], int, int]
+_TensorInfo = tuple[str, str, tuple[int, ...], int, int]
 # A tensor handed over by address: (name, dtype, shape, address, nbytes), or
 # with (CUDA device index, producer stream) after them for a CUDA tensor.
 _AnyTensor = tuple[Any, ...]
@@ -152,9 +152,9 @@ def save_tensors(
 ) -> None: ...
 def load_tensors(
     path: str, mmap: bool
-) -> tuple[list[TensorInfo], FileData, dict[str, Any], dict[str, str]]: ...
+) -> tuple[list[_TensorInfo], FileData, dict[str, Any], dict[str, str]]: ...
 def load_tensors_into(tensors: list[_AnyTensor], path: str) -> None: ...
-def read_tensor_header(path: str) -> tuple[list[TensorInfo], dict[str, Any], dict[str, str]]: ...
+def read_tensor_header(path: str) -> tuple[list[_TensorInfo], dict[str, Any], dict[str, str]]: ...
 
 # cairn.torch's core (python/_state.cc). Tensors cross as
 # (name, dtype, shape, address, nbytes[, device, stream]) tuples; see
@@ -272,36 +272,55 @@ class ShardedReader:
 # ---- the training runtime (_train.cc) ----------------------------------------
 
 class BestCheckpoint:
-    checkpoint: Checkpoint
-    metrics: dict[str, Any]
+    @property
+    def checkpoint(self) -> Checkpoint: ...
+    @property
+    def metrics(self) -> dict[str, Any]: ...
 
 class TrainResult:
-    metrics: dict[str, Any]
-    checkpoint: Optional[Checkpoint]
-    best_checkpoints: list[BestCheckpoint]
-    path: str
-    error: Optional[str]
-    preempted: bool
-    restores: list[dict[str, Any]]
-    metrics_history: list[dict[str, Any]]
+    @property
+    def metrics(self) -> dict[str, Any]: ...
+    @property
+    def checkpoint(self) -> Optional[Checkpoint]: ...
+    @property
+    def best_checkpoints(self) -> list[BestCheckpoint]: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def error(self) -> Optional[str]: ...
+    @property
+    def preempted(self) -> bool: ...
+    @property
+    def restores(self) -> list[dict[str, Any]]: ...
+    @property
+    def metrics_history(self) -> list[dict[str, Any]]: ...
     @staticmethod
     def from_path(path: str | os.PathLike[str]) -> TrainResult: ...
 
 class Trainer:
-    def __init__(self, fn: Callable[[Any], None], config: Any, num_workers: int, launcher: str,
-                 run: dict[str, Any], resume_from: Optional[Checkpoint],
-                 min_workers: int = 0) -> None: ...
+    def __init__(
+        self,
+        fn: Callable[[Any], None],
+        config: Any,
+        num_workers: int,
+        launcher: str,
+        run: dict[str, Any],
+        resume_from: Optional[Checkpoint],
+        min_workers: int = 0,
+    ) -> None: ...
     def fit(self) -> TrainResult: ...
     @staticmethod
     def can_restore(path: str | os.PathLike[str]) -> bool: ...
     @staticmethod
-    def restore(path: str | os.PathLike[str], fn: Callable[[Any], None],
-                config: Any) -> Trainer: ...
+    def restore(
+        path: str | os.PathLike[str], fn: Callable[[Any], None], config: Any
+    ) -> Trainer: ...
     @property
     def config(self) -> dict[str, Any]: ...
 
-def train_report(metrics: Any, checkpoint: Optional[Checkpoint], async_: bool,
-                 max_in_flight: int) -> None: ...
+def train_report(
+    metrics: Any, checkpoint: Optional[Checkpoint], async_: bool, max_in_flight: int
+) -> None: ...
 def train_get_checkpoint() -> Optional[Checkpoint]: ...
 def train_get_context() -> dict[str, Any]: ...
 def train_should_checkpoint() -> bool: ...
@@ -325,46 +344,86 @@ def tune_qrandn(mean: float, sd: float, q: float) -> dict[str, Any]: ...
 def tune_sample_from(name: str) -> dict[str, Any]: ...
 
 class TrialScheduler: ...
+
 class FIFOScheduler(TrialScheduler):
     def __init__(self) -> None: ...
+
 class ASHAScheduler(TrialScheduler):
-    def __init__(self, time_attr: str, metric: str, mode: str, max_t: float,
-                 grace_period: float, reduction_factor: float, brackets: int) -> None: ...
+    def __init__(
+        self,
+        time_attr: str,
+        metric: str,
+        mode: str,
+        max_t: float,
+        grace_period: float,
+        reduction_factor: float,
+        brackets: int,
+    ) -> None: ...
+
 class PopulationBasedTraining(TrialScheduler):
-    def __init__(self, time_attr: str, metric: str, mode: str, perturbation_interval: float,
-                 hyperparam_mutations: Any, quantile_fraction: float,
-                 resample_probability: float, seed: int,
-                 sample_functions: dict[str, Callable[[Any], tuple[bool, Any]]],
-                 burn_in_period: float = ..., perturbation_factor_up: float = ...,
-                 perturbation_factor_down: float = ...) -> None: ...
+    def __init__(
+        self,
+        time_attr: str,
+        metric: str,
+        mode: str,
+        perturbation_interval: float,
+        hyperparam_mutations: Any,
+        quantile_fraction: float,
+        resample_probability: float,
+        seed: int,
+        sample_functions: dict[str, Callable[[Any], tuple[bool, Any]]],
+        burn_in_period: float = ...,
+        perturbation_factor_up: float = ...,
+        perturbation_factor_down: float = ...,
+    ) -> None: ...
     def explore(self, config: dict[str, Any]) -> dict[str, Any]: ...
 
 class TrialResult(TrainResult):
-    trial_id: str
-    config: dict[str, Any]
-    status: str
+    @property
+    def trial_id(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def status(self) -> str: ...
 
 class ResultGrid:
     def __len__(self) -> int: ...
     def __getitem__(self, i: int) -> TrialResult: ...
-    num_errors: int
-    num_terminated: int
-    experiment_path: str
-    preempted: bool
+    @property
+    def num_errors(self) -> int: ...
+    @property
+    def num_terminated(self) -> int: ...
+    @property
+    def experiment_path(self) -> str: ...
+    @property
+    def preempted(self) -> bool: ...
     def get_best_result(self, metric: str, mode: str, scope: str) -> TrialResult: ...
 
 class Tuner:
-    def __init__(self, fn: Optional[Callable[[Any], None]], cls: Optional[type],
-                 param_space: Any, tune_config: dict[str, Any], run: dict[str, Any],
-                 num_workers: int, launcher: str) -> None: ...
+    def __init__(
+        self,
+        fn: Optional[Callable[[Any], None]],
+        cls: Optional[type],
+        param_space: Any,
+        tune_config: dict[str, Any],
+        run: dict[str, Any],
+        num_workers: int,
+        launcher: str,
+    ) -> None: ...
     def fit(self) -> ResultGrid: ...
     def get_results(self) -> ResultGrid: ...
     @staticmethod
     def can_restore(path: str | os.PathLike[str]) -> bool: ...
     @staticmethod
-    def restore(path: str | os.PathLike[str], fn: Optional[Callable[[Any], None]],
-                cls: Optional[type], resume_unfinished: bool, resume_errored: bool,
-                restart_errored: bool, scheduler: Optional[TrialScheduler],
-                callbacks: list[Any],
-                sample_functions: dict[str, Callable[[Any], tuple[bool, Any]]],
-                stopper: Any = ...) -> Tuner: ...
+    def restore(
+        path: str | os.PathLike[str],
+        fn: Optional[Callable[[Any], None]],
+        cls: Optional[type],
+        resume_unfinished: bool,
+        resume_errored: bool,
+        restart_errored: bool,
+        scheduler: Optional[TrialScheduler],
+        callbacks: list[Any],
+        sample_functions: dict[str, Callable[[Any], tuple[bool, Any]]],
+        stopper: Any = ...,
+    ) -> Tuner: ...
