@@ -2,6 +2,7 @@
 
 The same method as bench_util.cc's drop_caches for the C++ benchmarks.
 """
+
 import os
 
 

@@ -22,6 +22,7 @@ loop sees. Prints one JSON object ({"tool", "bytes", "results": [{"name",
 Runs in one process with a one-rank gloo process group (DCP's async save
 wants a CPU process group); nothing leaves 127.0.0.1.
 """
+
 import argparse
 import json
 import os
@@ -29,11 +30,11 @@ import shutil
 import tempfile
 import time
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-
 from cache import drop_caches
+
+import torch
 
 
 def main():
@@ -47,8 +48,9 @@ def main():
     specs = specs["tensors"] if isinstance(specs, dict) else specs
 
     store_dir = tempfile.mkdtemp(prefix="pg-", dir=args.dir)
-    dist.init_process_group("gloo", init_method="file://" + os.path.join(store_dir, "store"),
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method="file://" + os.path.join(store_dir, "store"), rank=0, world_size=1
+    )
     state = {}
     for i, s in enumerate(specs):
         torch.manual_seed(i)
@@ -86,14 +88,21 @@ def main():
             shutil.rmtree(path)
         record(name, times[1:], first_s=times[0], config=config)
 
-    async_stalls("dcp_async_stall", "async_save(checkpoint_id=...), defaults",
-                 lambda path: dcp.async_save(state, checkpoint_id=path))
+    async_stalls(
+        "dcp_async_stall",
+        "async_save(checkpoint_id=...), defaults",
+        lambda path: dcp.async_save(state, checkpoint_id=path),
+    )
     from torch.distributed.checkpoint import FileSystemWriter
+
     # One writer for every call, as its cache lives in it; each call names
     # its own folder through checkpoint_id.
     writer = FileSystemWriter(os.path.join(args.dir, "unused"), cache_staged_state_dict=True)
-    async_stalls("dcp_async_cached_stall", "FileSystemWriter(cache_staged_state_dict=True)",
-                 lambda path: dcp.async_save(state, checkpoint_id=path, storage_writer=writer))
+    async_stalls(
+        "dcp_async_cached_stall",
+        "FileSystemWriter(cache_staged_state_dict=True)",
+        lambda path: dcp.async_save(state, checkpoint_id=path, storage_writer=writer),
+    )
 
     runs = []
     last = None
@@ -134,9 +143,18 @@ def main():
 
     dist.destroy_process_group()
     shutil.rmtree(store_dir, ignore_errors=True)
-    print(json.dumps({"tool": "gpu_baseline", "torch": torch.__version__,
-                      "gpu": torch.cuda.get_device_name(0), "bytes": nbytes,
-                      "cache_drop": method, "results": results}))
+    print(
+        json.dumps(
+            {
+                "tool": "gpu_baseline",
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(0),
+                "bytes": nbytes,
+                "cache_drop": method,
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

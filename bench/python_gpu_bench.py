@@ -62,7 +62,7 @@ import traceback
 from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cache import drop_caches  # noqa: E402
+from cache import drop_caches
 
 results: list[dict[str, Any]] = []
 WAIT_S = 120  # a background save that takes longer has hung: fail, do not wait forever
@@ -70,9 +70,15 @@ WAIT_S = 120  # a background save that takes longer has hung: fail, do not wait 
 
 def record(name: str, runs: list[float], nbytes: int, config: str, **extra: Any) -> None:
     """Adds a figure: the first call alone, the median of the rest."""
-    entry = {"name": name, "config": config, "bytes": nbytes, "first_s": runs[0],
-             "runs_s": runs[1:], "median_s": statistics.median(runs[1:]) if runs[1:] else None,
-             **extra}
+    entry = {
+        "name": name,
+        "config": config,
+        "bytes": nbytes,
+        "first_s": runs[0],
+        "runs_s": runs[1:],
+        "median_s": statistics.median(runs[1:]) if runs[1:] else None,
+        **extra,
+    }
     results.append(entry)
     print(json.dumps(entry), flush=True)
 
@@ -106,12 +112,12 @@ def main() -> int:
     args = ap.parse_args()
     n = args.runs + 1
 
-    import torch
+    import cairn
+    import cairn.torch as ct
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    import cairn
-    import cairn.torch as ct
+    import torch
 
     if not (cairn.CUDA and torch.cuda.is_available()):
         print("python_gpu_bench: needs a Cairn built with CUDA and a GPU", file=sys.stderr)
@@ -130,8 +136,17 @@ def main() -> int:
     state = {s["name"]: torch.rand(s["shape"], device="cuda", generator=gen) for s in specs}
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
     torch.cuda.synchronize()
-    print(json.dumps({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
-                      "bytes": nbytes, "tensors": len(state)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name(0),
+                "bytes": nbytes,
+                "tensors": len(state),
+            }
+        ),
+        flush=True,
+    )
 
     def timed(fn: Callable[[], Any], sync: bool = True) -> tuple[float, Any]:
         torch.cuda.synchronize()
@@ -146,16 +161,21 @@ def main() -> int:
 
     def d2h() -> None:
         for k, v in state.items():
-            pinned[k].copy_(v, non_blocking=True)
+            pinned[k].copy_(v, non_blocking=True)  # noqa: F821 (deleted after the loop)
 
     record("d2h_pinned", [timed(d2h)[0] for _ in range(n)], nbytes, "pinned, reused")
     del pinned
-    record("d2h_fresh", [timed(lambda: {k: v.cpu() for k, v in state.items()})[0]
-                         for _ in range(n)], nbytes, "tensor.cpu(), fresh pageable memory")
+    record(
+        "d2h_fresh",
+        [timed(lambda: {k: v.cpu() for k, v in state.items()})[0] for _ in range(n)],
+        nbytes,
+        "tensor.cpu(), fresh pageable memory",
+    )
 
     # ---- Cairn ---------------------------------------------------------
-    manager = cairn.CheckpointManager(os.path.join(work, "cairn"), "exp",
-                                      cairn.CheckpointConfig(num_to_keep=1))
+    manager = cairn.CheckpointManager(
+        os.path.join(work, "cairn"), "exp", cairn.CheckpointConfig(num_to_keep=1)
+    )
     with ct.AsyncSaver() as fresh:
         os.sync()
         stall, h = timed(lambda: fresh.save(state, manager), sync=False)
@@ -170,8 +190,14 @@ def main() -> int:
             engine.append(saver.stats()["last_stall_seconds"])  # the C++ save() alone
             h.wait()
             runs.append(stall)
-        record("cairn_async_stall", runs, nbytes, "AsyncSaver, reserve() before the loop",
-               reserve_s=reserve_s, engine_stall_s=engine)
+        record(
+            "cairn_async_stall",
+            runs,
+            nbytes,
+            "AsyncSaver, reserve() before the loop",
+            reserve_s=reserve_s,
+            engine_stall_s=engine,
+        )
     manager.close()
 
     path = os.path.join(work, "cairn.safetensors")
@@ -184,7 +210,7 @@ def main() -> int:
     runs = []
     for _ in range(n):
         os.sync()
-        runs.append(timed(lambda: cairn.save(host, path), sync=False)[0])
+        runs.append(timed(lambda: cairn.save(host, path), sync=False)[0])  # noqa: F821 (deleted after the loop)
     record("cairn_save_host", runs, nbytes, "cairn.save of a host copy, durable")
     del host
     runs = []
@@ -203,7 +229,7 @@ def main() -> int:
         runs = []
         for _ in range(n):
             drop_caches(files_of(os.path.join(work, "restore")))
-            runs.append(timed(lambda: m.restore(target))[0])
+            runs.append(timed(lambda: m.restore(target))[0])  # noqa: F821 (deleted after the loop)
         assert all(torch.equal(target[k], state[k]) for k in list(state)[:8])
         del target
     record("cairn_restore_gpu", runs, nbytes, "StateCheckpointManager.restore in place, cold")
@@ -250,29 +276,45 @@ def main() -> int:
             skipped(name, config, f"{type(e).__name__}: {e}")
             traceback.print_exc()
 
-    attempt("dcp_async_default", "defaults", lambda: async_runs(
-        "dcp_async_default", "async_save(checkpoint_id=...), defaults",
-        lambda where: dcp.async_save(state, checkpoint_id=where)))
+    attempt(
+        "dcp_async_default",
+        "defaults",
+        lambda: async_runs(
+            "dcp_async_default",
+            "async_save(checkpoint_id=...), defaults",
+            lambda where: dcp.async_save(state, checkpoint_id=where),
+        ),
+    )
 
     def cached() -> None:
         writer = FileSystemWriter(new_id(), cache_staged_state_dict=True)
-        async_runs("dcp_async_cached", "FileSystemWriter(cache_staged_state_dict=True)",
-                   lambda where: dcp.async_save(state, checkpoint_id=where,
-                                                storage_writer=writer))
+        async_runs(
+            "dcp_async_cached",
+            "FileSystemWriter(cache_staged_state_dict=True)",
+            lambda where: dcp.async_save(state, checkpoint_id=where, storage_writer=writer),
+        )
 
     attempt("dcp_async_cached", "FileSystemWriter(cache_staged_state_dict=True)", cached)
 
     def stager_options() -> Any:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        return DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
-                                            use_async_staging=True, use_non_blocking_copy=True))
+        return DefaultStager(
+            StagingOptions(
+                use_pinned_memory=True,
+                use_shared_memory=False,
+                use_async_staging=True,
+                use_non_blocking_copy=True,
+            )
+        )
 
     def with_stager() -> None:
         stager = stager_options()
-        async_runs("dcp_async_stager", "DefaultStager(pinned, async staging, non-blocking)",
-                    lambda where: dcp.async_save(state, checkpoint_id=where,
-                                                 async_stager=stager))
+        async_runs(
+            "dcp_async_stager",
+            "DefaultStager(pinned, async staging, non-blocking)",
+            lambda where: dcp.async_save(state, checkpoint_id=where, async_stager=stager),
+        )
         getattr(stager, "close", lambda: None)()
 
     attempt("dcp_async_stager", "DefaultStager", with_stager)
@@ -281,11 +323,16 @@ def main() -> int:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         writer = FileSystemWriter(new_id(), cache_staged_state_dict=True)
-        async_runs("dcp_async_process",
-                   "AsyncCheckpointerType.PROCESS + FileSystemWriter(cache_staged_state_dict=True)",
-                   lambda where: dcp.async_save(
-                       state, checkpoint_id=where, storage_writer=writer,
-                       async_checkpointer_type=AsyncCheckpointerType.PROCESS))
+        async_runs(
+            "dcp_async_process",
+            "AsyncCheckpointerType.PROCESS + FileSystemWriter(cache_staged_state_dict=True)",
+            lambda where: dcp.async_save(
+                state,
+                checkpoint_id=where,
+                storage_writer=writer,
+                async_checkpointer_type=AsyncCheckpointerType.PROCESS,
+            ),
+        )
 
     attempt("dcp_async_process", "AsyncCheckpointerType.PROCESS", process)
 
@@ -323,8 +370,16 @@ def main() -> int:
     report(nbytes)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
-                       "bytes": nbytes, "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(0),
+                    "bytes": nbytes,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 
@@ -348,8 +403,12 @@ def report(nbytes: int) -> None:
 
     print()
     ratio("d2h_pinned", "cairn_async_stall", "Cairn async stall / the pinned copy")
-    for ref in ("dcp_async_default", "dcp_async_cached", "dcp_async_stager_staged",
-                "dcp_async_process"):
+    for ref in (
+        "dcp_async_default",
+        "dcp_async_cached",
+        "dcp_async_stager_staged",
+        "dcp_async_process",
+    ):
         ratio("cairn_async_stall", ref, f"{ref} stall / Cairn's")
     ratio("cairn_save", "cairn_save_host", "Cairn GPU save speed / Cairn host save's")
     ratio("cairn_save", "dcp_save", "Cairn save speed / dcp.save's")

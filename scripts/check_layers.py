@@ -79,7 +79,7 @@ MAX_LINES = 800
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 # A call of the C library's getenv (not a member named so, e.g. AwsEnvironment's).
-GETENV = re.compile(r'(?<![\w.>])(?:std::|::)?(?:secure_)?getenv\s*\(')
+GETENV = re.compile(r"(?<![\w.>])(?:std::|::)?(?:secure_)?getenv\s*\(")
 SOURCE_SUFFIXES = {".cc", ".h", ".cu", ".cuh"}
 
 
@@ -105,8 +105,10 @@ def check(root: pathlib.Path):
     for folder in sorted(p for p in src.iterdir() if p.is_dir()):
         own = folder.name
         if own not in rank:
-            problems.append(f"{folder.relative_to(root)}: a folder of src/ not in LAYERS "
-                            "(scripts/check_layers.py): say where it sits")
+            problems.append(
+                f"{folder.relative_to(root)}: a folder of src/ not in LAYERS "
+                "(scripts/check_layers.py): say where it sits"
+            )
             continue
         for path in sources(folder):
             rel = path.relative_to(root)
@@ -121,21 +123,29 @@ def check(root: pathlib.Path):
                     if part is None:
                         continue
                     if part.startswith("?"):
-                        problems.append(f"{rel}:{n}: public header cairn/{part[1:]} has no part "
-                                        "in PUBLIC_HEADERS (scripts/check_layers.py)")
+                        problems.append(
+                            f"{rel}:{n}: public header cairn/{part[1:]} has no part "
+                            "in PUBLIC_HEADERS (scripts/check_layers.py)"
+                        )
                     elif rank[part] > rank[own]:
-                        problems.append(f"{rel}:{n}: {own}/ includes \"{target}\" of {part}/, "
-                                        "a layer above it")
+                        problems.append(
+                            f'{rel}:{n}: {own}/ includes "{target}" of {part}/, a layer above it'
+                        )
                     if target == "storage/backends.h" and own != "storage":
-                        problems.append(f"{rel}:{n}: storage/backends.h is for tests; "
-                                        "open storage by URI")
+                        problems.append(
+                            f"{rel}:{n}: storage/backends.h is for tests; open storage by URI"
+                        )
                 if GETENV.search(line) and str(rel) != "src/util/settings.cc":
-                    problems.append(f"{rel}:{n}: getenv outside src/util/settings.cc; "
-                                    "read settings through util/settings.h")
+                    problems.append(
+                        f"{rel}:{n}: getenv outside src/util/settings.cc; "
+                        "read settings through util/settings.h"
+                    )
                 for name, home in EXPERIMENT_NAMES.items():
                     if name in line and rel.as_posix() != home:
-                        problems.append(f"{rel}:{n}: experiment file name {name} written out; "
-                                        f"use the constant of {home}")
+                        problems.append(
+                            f"{rel}:{n}: experiment file name {name} written out; "
+                            f"use the constant of {home}"
+                        )
 
     python = root / "python"
     for path in [p for p in python.glob("*") if p.suffix in SOURCE_SUFFIXES]:
@@ -146,8 +156,9 @@ def check(root: pathlib.Path):
         for n, line in enumerate(lines, 1):
             m = INCLUDE.match(line)
             if m and "/" in m.group(1) and not m.group(1).startswith("cairn/"):
-                problems.append(f"{rel}:{n}: the binding includes \"{m.group(1)}\"; "
-                                "it uses public headers only")
+                problems.append(
+                    f'{rel}:{n}: the binding includes "{m.group(1)}"; it uses public headers only'
+                )
             if GETENV.search(line):
                 problems.append(f"{rel}:{n}: getenv in the binding")
     return problems
@@ -196,10 +207,14 @@ def self_test():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=pathlib.Path,
-                        default=pathlib.Path(__file__).resolve().parent.parent)
-    parser.add_argument("--self-test", action="store_true",
-                        help="check that each rule catches a made-up violation, then exit")
+    parser.add_argument(
+        "--root", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parent.parent
+    )
+    parser.add_argument(
+        "--self-test",
+        action="store_true",
+        help="check that each rule catches a made-up violation, then exit",
+    )
     args = parser.parse_args()
     if args.self_test:
         return self_test()

@@ -22,10 +22,10 @@ import os
 import sys
 import tempfile
 
-import torch
-
 import cairn
 import cairn.torch
+
+import torch
 
 STATE_FILE = "state.safetensors"
 
@@ -44,13 +44,19 @@ def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
-def train_epoch(model: torch.nn.Module, opt: torch.optim.Optimizer, epoch: int,
-                x: torch.Tensor, y: torch.Tensor, batch: int = 50) -> float:
+def train_epoch(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    epoch: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int = 50,
+) -> float:
     """One pass in an order that depends only on the epoch, so a resume repeats it."""
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1000 + epoch))
     total = 0.0
     for i in range(0, len(x), batch):
-        idx = order[i:i + batch]
+        idx = order[i : i + batch]
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx])
         loss.backward()
@@ -70,18 +76,27 @@ def main() -> int:
     parser.add_argument("--experiment", default="mlp")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--num-to-keep", type=int, default=3)
-    parser.add_argument("--stop-after-epoch", type=int, default=None,
-                        help="stop (exit 0) after this epoch, as a preempted job would")
-    parser.add_argument("--compare", action="store_true",
-                        help="check the final weights against an uninterrupted run")
+    parser.add_argument(
+        "--stop-after-epoch",
+        type=int,
+        default=None,
+        help="stop (exit 0) after this epoch, as a preempted job would",
+    )
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="check the final weights against an uninterrupted run",
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(1)  # small tensors; and the same arithmetic in every run
     x, y, val_x, val_y = make_data()
     model, opt = make_model()
-    config = cairn.CheckpointConfig(num_to_keep=args.num_to_keep,
-                                    checkpoint_score_attribute="val/loss",
-                                    checkpoint_score_order="min")
+    config = cairn.CheckpointConfig(
+        num_to_keep=args.num_to_keep,
+        checkpoint_score_attribute="val/loss",
+        checkpoint_score_order="min",
+    )
     with cairn.CheckpointManager(args.storage, args.experiment, config) as manager:
         start = 1
         latest = manager.latest()
@@ -90,8 +105,10 @@ def main() -> int:
                 # Model and Adam's state restored bit for bit; the metadata back.
                 meta = cairn.torch.load_state(os.path.join(d, STATE_FILE), model, opt)
                 start = int(meta["epoch"]) + 1
-            print(f"resumed from {latest.name} (epoch {start - 1}): "
-                  f"model, Adam's moments and step restored; continuing at epoch {start}")
+            print(
+                f"resumed from {latest.name} (epoch {start - 1}): "
+                f"model, Adam's moments and step restored; continuing at epoch {start}"
+            )
         else:
             print(f"no checkpoint in {manager.uri}: training from scratch")
 
@@ -100,16 +117,22 @@ def main() -> int:
             val_loss = validate(model, val_x, val_y)
             with tempfile.TemporaryDirectory() as tmp:
                 # One safetensors file: model and optimizer state, the epoch.
-                cairn.torch.save_state(os.path.join(tmp, STATE_FILE), model, opt,
-                                       metadata={"epoch": epoch})
+                cairn.torch.save_state(
+                    os.path.join(tmp, STATE_FILE), model, opt, metadata={"epoch": epoch}
+                )
                 record = manager.register_checkpoint(
                     {"epoch": epoch, "train": {"loss": train_loss}, "val": {"loss": val_loss}},
-                    cairn.Checkpoint.from_directory(tmp))
-            print(f"epoch {epoch}: train loss {train_loss:.4f}, val loss {val_loss:.4f} "
-                  f"-> {record.name}")
+                    cairn.Checkpoint.from_directory(tmp),
+                )
+            print(
+                f"epoch {epoch}: train loss {train_loss:.4f}, val loss {val_loss:.4f} "
+                f"-> {record.name}"
+            )
             if epoch == args.stop_after_epoch:
-                print(f"stopping after epoch {epoch}, as a preempted job would; "
-                      "run the same command again to resume")
+                print(
+                    f"stopping after epoch {epoch}, as a preempted job would; "
+                    "run the same command again to resume"
+                )
                 return 0
 
         print(f"kept (best {args.num_to_keep} by val/loss, the latest always):")
@@ -121,8 +144,10 @@ def main() -> int:
         ref_model, ref_opt = make_model()
         for epoch in range(1, args.epochs + 1):
             train_epoch(ref_model, ref_opt, epoch, x, y)
-        same = all(torch.equal(a, b) for a, b in
-                   zip(model.state_dict().values(), ref_model.state_dict().values()))
+        same = all(
+            torch.equal(a, b)
+            for a, b in zip(model.state_dict().values(), ref_model.state_dict().values())
+        )
         if not same:
             print("the resumed run's weights differ from an uninterrupted run's", file=sys.stderr)
             return 1

@@ -51,8 +51,9 @@ import sys
 import sysconfig
 import tarfile
 import zipfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Optional
 
 __all__ = [
     "get_requires_for_build_wheel",
@@ -150,12 +151,7 @@ def _dist_info_name() -> str:
 
 
 def _wheel_file(tag: str) -> str:
-    return (
-        "Wheel-Version: 1.0\n"
-        "Generator: cairn_backend\n"
-        "Root-Is-Purelib: false\n"
-        f"Tag: {tag}\n"
-    )
+    return f"Wheel-Version: 1.0\nGenerator: cairn_backend\nRoot-Is-Purelib: false\nTag: {tag}\n"
 
 
 # ---- building the extension ---------------------------------------------------
@@ -199,8 +195,7 @@ def _interpreter_id() -> str:
     a venv recreated at the same path over another Python would reuse them.
     One build folder per interpreter avoids that.
     """
-    ident = "\0".join((sys.base_prefix, sys.version,
-                        sysconfig.get_path("include") or ""))
+    ident = "\0".join((sys.base_prefix, sys.version, sysconfig.get_path("include") or ""))
     return hashlib.sha256(ident.encode("utf-8")).hexdigest()[:8]
 
 
@@ -211,14 +206,23 @@ def _build_extension(settings: ConfigSettings, tag: str) -> list[Path]:
     names its torch when the interpreter's torch runs on a LibTorch with
     headers (Debian's python3-torch and libtorch-dev).
     """
-    build = Path(_setting(settings, "build-dir", "CAIRN_WHEEL_BUILD_DIR")
-                 or _SOURCE / "build-wheel" / f"{tag}-{_interpreter_id()}").resolve()
-    configure = ["cmake", "-S", str(_SOURCE), "-B", str(build), "-G", "Ninja",
-                 f"-DPython_EXECUTABLE={sys.executable}"]
+    build = Path(
+        _setting(settings, "build-dir", "CAIRN_WHEEL_BUILD_DIR")
+        or _SOURCE / "build-wheel" / f"{tag}-{_interpreter_id()}"
+    ).resolve()
+    configure = [
+        "cmake",
+        "-S",
+        str(_SOURCE),
+        "-B",
+        str(build),
+        "-G",
+        "Ninja",
+        f"-DPython_EXECUTABLE={sys.executable}",
+    ]
     configure += [f"-D{k}={v}" for k, v in _CMAKE_OPTIONS.items()]
     if shutil.which("ccache"):
-        configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
-                      "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+        configure += ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache", "-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
     configure += shlex.split(_setting(settings, "cmake-args", "CAIRN_CMAKE_ARGS") or "")
     _run("configure", configure)
     _run("build", ["ninja", "-C", str(build), "-j", _jobs(), "cairn_python"])
@@ -231,8 +235,10 @@ def _build_extension(settings: ConfigSettings, tag: str) -> list[Path]:
             f"the build made no {extension} (found: {', '.join(found) or 'nothing'}); "
             "the Python package is built only when pybind11-dev and python3-dev are installed"
         )
-    torch = [build / "python" / "cairn" / f"_cairn_torch{suffix}",
-             build / "python" / "cairn" / "_torch_target.py"]
+    torch = [
+        build / "python" / "cairn" / f"_cairn_torch{suffix}",
+        build / "python" / "cairn" / "_torch_target.py",
+    ]
     return [extension] + (torch if all(p.is_file() for p in torch) else [])
 
 
@@ -241,8 +247,7 @@ def _package_files() -> Iterator[tuple[str, Path]]:
     root = _SOURCE / _PACKAGE_DIR
     files: set[Path] = set()
     for pattern in _PACKAGE_FILES:
-        files.update(p for p in root.rglob(pattern)
-                     if p.is_file() and "__pycache__" not in p.parts)
+        files.update(p for p in root.rglob(pattern) if p.is_file() and "__pycache__" not in p.parts)
     for path in sorted(files):
         yield "cairn/" + path.relative_to(root).as_posix(), path
 
@@ -323,8 +328,11 @@ def build_wheel(
         for arcname, path in _package_files():
             wheel.add(arcname, path.read_bytes())
         for extension in extensions:
-            wheel.add(f"cairn/{extension.name}", extension.read_bytes(),
-                      executable=extension.suffix != ".py")
+            wheel.add(
+                f"cairn/{extension.name}",
+                extension.read_bytes(),
+                executable=extension.suffix != ".py",
+            )
         wheel.add(f"{dist_info}/METADATA", _metadata().encode("utf-8"))
         wheel.add(f"{dist_info}/WHEEL", _wheel_file(tag).encode("utf-8"))
         wheel.close()
@@ -338,14 +346,17 @@ def build_wheel(
 def _source_files() -> list[str]:
     """The files git tracks; without git, the tree less build folders and caches."""
     try:
-        out = subprocess.run(["git", "-C", str(_SOURCE), "ls-files", "-z"], check=True,
-                             capture_output=True).stdout
-        return sorted(f for f in out.decode("utf-8").split("\0")
-                      if f and (_SOURCE / f).is_file())
+        out = subprocess.run(
+            ["git", "-C", str(_SOURCE), "ls-files", "-z"], check=True, capture_output=True
+        ).stdout
+        return sorted(f for f in out.decode("utf-8").split("\0") if f and (_SOURCE / f).is_file())
     except (FileNotFoundError, subprocess.CalledProcessError):
         skip = re.compile(r"^(build[^/]*|\.git|\.venv|\.cache)(/|$)|(^|/)__pycache__(/|$)")
-        return sorted(p.relative_to(_SOURCE).as_posix() for p in _SOURCE.rglob("*")
-                      if p.is_file() and not skip.search(p.relative_to(_SOURCE).as_posix()))
+        return sorted(
+            p.relative_to(_SOURCE).as_posix()
+            for p in _SOURCE.rglob("*")
+            if p.is_file() and not skip.search(p.relative_to(_SOURCE).as_posix())
+        )
 
 
 def build_sdist(sdist_directory: str, config_settings: ConfigSettings = None) -> str:

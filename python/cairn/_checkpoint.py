@@ -7,7 +7,8 @@ import os
 import pickle
 import shutil
 import tempfile
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from cairn import _cairn
 
@@ -22,6 +23,7 @@ _PICKLED_DICT = "dict.pkl"
 # What a framework's backend does to a dict before from_dict() stores it
 # (cairn.train.torch registers its own in each TorchTrainer worker).
 _dict_encoders: list[Any] = []
+
 
 class Checkpoint:
     """A checkpoint: a directory of your files at a path or URI.
@@ -59,12 +61,12 @@ class Checkpoint:
         self._impl = _cairn.Checkpoint.from_directory(_location(os.fspath(path), filesystem))
 
     @classmethod
-    def from_directory(cls, path: str | os.PathLike[str]) -> "Checkpoint":
+    def from_directory(cls, path: str | os.PathLike[str]) -> Checkpoint:
         """The checkpoint at a local path or URI (the directory need not exist yet)."""
         return cls(_cairn.Checkpoint.from_directory(path))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Checkpoint":
+    def from_dict(cls, data: dict[str, Any]) -> Checkpoint:
         """An in-memory checkpoint holding ``data``, as Ray's ``from_dict``.
 
         A dict of JSON values is stored as ``dict.json`` (readable by any
@@ -112,7 +114,9 @@ class Checkpoint:
             except NotFoundError:
                 raise NotFoundError(
                     f"{self.uri}: the checkpoint holds no dict (neither dict.json nor "
-                    f"{_PICKLED_DICT})", "not_found") from None
+                    f"{_PICKLED_DICT})",
+                    "not_found",
+                ) from None
         data = pickle.loads(pickled)
         if not isinstance(data, dict):
             from cairn.errors import CorruptionError
@@ -128,8 +132,10 @@ class Checkpoint:
         try:
             import pyarrow.fs
         except ImportError as e:
-            raise ImportError("Checkpoint.filesystem needs pyarrow; Cairn itself reads "
-                              "checkpoints without it (as_directory, to_directory)") from e
+            raise ImportError(
+                "Checkpoint.filesystem needs pyarrow; Cairn itself reads "
+                "checkpoints without it (as_directory, to_directory)"
+            ) from e
         uri = self.uri
         if uri.startswith("s3://"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
@@ -192,8 +198,9 @@ class Checkpoint:
         dest = os.fspath(path)
         if not os.path.isdir(dest) or not os.listdir(dest):
             return self._impl.to_directory(dest)
-        staging = tempfile.mkdtemp(prefix=".cairn-copy-", dir=os.path.dirname(
-            os.path.abspath(dest)))
+        staging = tempfile.mkdtemp(
+            prefix=".cairn-copy-", dir=os.path.dirname(os.path.abspath(dest))
+        )
         try:
             self._impl.to_directory(os.path.join(staging, "c"))
             root = os.path.join(staging, "c")
@@ -255,8 +262,9 @@ def _location(path: str, filesystem: Any) -> str:
         return path
     if kind == "S3FileSystem":
         return path if path.startswith("s3://") else "s3://" + path.lstrip("/")
-    raise TypeError(f"Checkpoint(filesystem=...): a pyarrow LocalFileSystem or S3FileSystem, "
-                    f"not {kind}")
+    raise TypeError(
+        f"Checkpoint(filesystem=...): a pyarrow LocalFileSystem or S3FileSystem, not {kind}"
+    )
 
 
 def _from_uri(uri: str) -> Checkpoint:
@@ -285,10 +293,17 @@ def _canonical_pickle(data: dict[Any, Any]) -> bytes:
             if torch is not None and isinstance(obj, torch.Tensor) and not obj.is_sparse:
                 t = obj.detach().to("cpu").contiguous()
                 raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-                return (_tensor_from_bytes,
-                        (str(t.dtype).removeprefix("torch."), tuple(t.shape), raw,
-                         str(obj.device), bool(obj.requires_grad),
-                         isinstance(obj, torch.nn.Parameter)))
+                return (
+                    _tensor_from_bytes,
+                    (
+                        str(t.dtype).removeprefix("torch."),
+                        tuple(t.shape),
+                        raw,
+                        str(obj.device),
+                        bool(obj.requires_grad),
+                        isinstance(obj, torch.nn.Parameter),
+                    ),
+                )
             return NotImplemented
 
     out = io.BytesIO()
@@ -296,8 +311,14 @@ def _canonical_pickle(data: dict[Any, Any]) -> bytes:
     return out.getvalue()
 
 
-def _tensor_from_bytes(dtype: str, shape: tuple[int, ...], raw: bytes, device: str,
-                       requires_grad: bool, parameter: bool) -> Any:
+def _tensor_from_bytes(
+    dtype: str,
+    shape: tuple[int, ...],
+    raw: bytes,
+    device: str,
+    requires_grad: bool,
+    parameter: bool,
+) -> Any:
     """The tensor :func:`_canonical_pickle` reduced (named in its pickles)."""
     import torch
 

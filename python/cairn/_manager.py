@@ -15,8 +15,16 @@ MemoryTierConfig = _cairn.MemoryTierConfig
 class CheckpointRecord:
     """A committed checkpoint of an experiment, with what was reported with it."""
 
-    __slots__ = ("index", "name", "metrics", "created_at", "pinned", "checkpoint", "tier",
-                 "persisted")
+    __slots__ = (
+        "index",
+        "name",
+        "metrics",
+        "created_at",
+        "pinned",
+        "checkpoint",
+        "tier",
+        "persisted",
+    )
 
     def __init__(self, impl: _cairn.CheckpointRecord) -> None:
         self.index: int = impl.index
@@ -133,7 +141,7 @@ class CheckpointManager:
         """
         self._impl.close()
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -86,7 +86,7 @@ class NoSpaceError(Error, OSError):
     code = "no_space"
 
 
-class IOError(Error, builtins.OSError):  # noqa: A001 - mirrors the C++ kIO
+class IOError(Error, builtins.OSError):
     """Any other I/O failure."""
 
     code = "io"
@@ -98,7 +98,7 @@ class LockedError(Error):
     code = "locked"
 
 
-class TimeoutError(Error, builtins.TimeoutError):  # noqa: A001 - mirrors the C++ kTimeout
+class TimeoutError(Error, builtins.TimeoutError):
     """A peer or an operation did not answer in time."""
 
     code = "timeout"

@@ -29,8 +29,16 @@ from typing import Any, NamedTuple, Optional, Union
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointManager, CheckpointRecord
-from cairn._tensors import (_describe, _describe_all, _gc_paused, _path, flatten_state_dict, load,
-                            load_metadata, save)
+from cairn._tensors import (
+    _describe,
+    _describe_all,
+    _gc_paused,
+    _path,
+    flatten_state_dict,
+    load,
+    load_metadata,
+    save,
+)
 from cairn.errors import CorruptionError, InvalidArgumentError, NotFoundError
 
 __all__ = [
@@ -100,8 +108,10 @@ def _encode(value: Any, name: str, tensors: dict[str, Any]) -> Any:
                 raise TypeError(f"{name}: a dict key of type {type(k).__name__} cannot be saved")
             items.append([_encode(k, f"{name}.<key>", {}), _encode(v, f"{name}.{k}", tensors)])
         return {_DICT: items}
-    raise TypeError(f"{name}: a {type(value).__module__}.{type(value).__name__} is not a tensor "
-                    "or a JSON value (None, bool, int, float, str, list, tuple, dict)")
+    raise TypeError(
+        f"{name}: a {type(value).__module__}.{type(value).__name__} is not a tensor "
+        "or a JSON value (None, bool, int, float, str, list, tuple, dict)"
+    )
 
 
 def _decode(j: Any, tensors: Mapping[str, Any], where: str) -> Any:
@@ -109,11 +119,14 @@ def _decode(j: Any, tensors: Mapping[str, Any], where: str) -> Any:
         return [_decode(v, tensors, where) for v in j]
     if isinstance(j, dict):
         if len(j) == 1:
-            (tag, inner), = j.items()
+            ((tag, inner),) = j.items()
             if tag == _TENSOR:
                 if inner not in tensors:
-                    raise CorruptionError(f"{where}: the metadata names tensor {inner!r}, which "
-                                          "the file does not hold", "corruption")
+                    raise CorruptionError(
+                        f"{where}: the metadata names tensor {inner!r}, which "
+                        "the file does not hold",
+                        "corruption",
+                    )
                 return tensors[inner]
             if tag == _TUPLE:
                 return tuple(_decode(v, tensors, where) for v in inner)
@@ -121,8 +134,9 @@ def _decode(j: Any, tensors: Mapping[str, Any], where: str) -> Any:
                 return float(inner)
             if tag == _DICT:
                 return {_decode(k, tensors, where): _decode(v, tensors, where) for k, v in inner}
-        raise CorruptionError(f"{where}: malformed {_META_KEY} metadata (an untagged object)",
-                              "corruption")
+        raise CorruptionError(
+            f"{where}: malformed {_META_KEY} metadata (an untagged object)", "corruption"
+        )
     return j
 
 
@@ -130,9 +144,15 @@ def _state_dict_of(obj: Any) -> Mapping[str, Any]:
     return obj if isinstance(obj, Mapping) else obj.state_dict()
 
 
-def save_state(path: PathLike, model: Any = None, optimizer: Any = None, *,
-               extra: Optional[Mapping[str, Any]] = None,
-               metadata: Optional[Mapping[str, Any]] = None, durable: bool = True) -> None:
+def save_state(
+    path: PathLike,
+    model: Any = None,
+    optimizer: Any = None,
+    *,
+    extra: Optional[Mapping[str, Any]] = None,
+    metadata: Optional[Mapping[str, Any]] = None,
+    durable: bool = True,
+) -> None:
     """Saves a model's and an optimizer's state in one safetensors file.
 
     Args:
@@ -187,9 +207,14 @@ def save_state(path: PathLike, model: Any = None, optimizer: Any = None, *,
     save(tensors, path, meta, durable=durable)
 
 
-def load_state(path: PathLike, model: Any = None, optimizer: Any = None, *,
-               extra: Optional[MutableMapping[str, Any]] = None,
-               strict: bool = True) -> dict[str, Any]:
+def load_state(
+    path: PathLike,
+    model: Any = None,
+    optimizer: Any = None,
+    *,
+    extra: Optional[MutableMapping[str, Any]] = None,
+    strict: bool = True,
+) -> dict[str, Any]:
     """Restores what :func:`save_state` saved, bit for bit; returns the metadata.
 
     Args:
@@ -220,17 +245,23 @@ def load_state(path: PathLike, model: Any = None, optimizer: Any = None, *,
     meta = load_metadata(path)
     own = meta.pop(_META_KEY, None)
     if not isinstance(own, dict) or own.get("format") != _FORMAT:
-        raise _invalid(f"{where}: not a file written by cairn.torch.save_state "
-                       f"(no {_META_KEY!r} metadata of format {_FORMAT})")
+        raise _invalid(
+            f"{where}: not a file written by cairn.torch.save_state "
+            f"(no {_META_KEY!r} metadata of format {_FORMAT})"
+        )
     for part, obj in (("model", model), ("optimizer", optimizer), ("extra", extra)):
         if obj is not None and part not in own:
             raise _invalid(f"{where}: holds no {part} state")
     saved_type = own.get("optimizer_type")
-    if (optimizer is not None and saved_type is not None
-            and not isinstance(optimizer, Mapping)
-            and type(optimizer).__qualname__ != saved_type):
-        raise _invalid(f"{where}: the optimizer saved was {saved_type}, not "
-                       f"{type(optimizer).__qualname__}")
+    if (
+        optimizer is not None
+        and saved_type is not None
+        and not isinstance(optimizer, Mapping)
+        and type(optimizer).__qualname__ != saved_type
+    ):
+        raise _invalid(
+            f"{where}: the optimizer saved was {saved_type}, not {type(optimizer).__qualname__}"
+        )
     tensors = load(path)
     if model is not None:
         sd = OrderedDict(_decode(own["model"], tensors, where))
@@ -265,9 +296,11 @@ def _readable(state: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], str, lis
 def _writable_one(name: str, value: Any) -> tuple[Any, ...]:
     if _is_tensor(value):
         if value.device.type != "cpu" and not (value.device.type == "cuda" and _cairn.CUDA):
-            raise _invalid(f"tensor {name!r}: on {value.device}; restore into a CPU tensor "
-                           "and copy it over" + (" (this Cairn was built without CUDA)"
-                                                 if value.device.type == "cuda" else ""))
+            raise _invalid(
+                f"tensor {name!r}: on {value.device}; restore into a CPU tensor "
+                "and copy it over"
+                + (" (this Cairn was built without CUDA)" if value.device.type == "cuda" else "")
+            )
     elif type(value).__module__.split(".")[0] == "numpy":
         # A numpy scalar is read-only too: a copy would take the values.
         if not value.flags.writeable:
@@ -287,8 +320,11 @@ def _writable(state: Mapping[str, Any]) -> list[tuple[Any, ...]]:
 
 
 def _checkpoint_arg(dest: Union[Checkpoint, PathLike]) -> _cairn.Checkpoint:
-    return dest._impl if isinstance(dest, Checkpoint) else _cairn.Checkpoint.from_directory(
-        _path(dest))
+    return (
+        dest._impl
+        if isinstance(dest, Checkpoint)
+        else _cairn.Checkpoint.from_directory(_path(dest))
+    )
 
 
 def _record(r: Optional[_cairn.CheckpointRecord]) -> Optional[CheckpointRecord]:
@@ -355,19 +391,38 @@ class StateCheckpointManager:
     Calls from several threads are serialized.
     """
 
-    def __init__(self, directory: PathLike, *, max_to_keep: Optional[int] = None,
-                 keep_checkpoint_every_n_hours: Optional[float] = None,
-                 checkpoint_interval: Optional[int] = None, best_metric: Optional[str] = None,
-                 best_mode: str = "max", max_in_flight: int = 1,
-                 when_busy: str = "wait") -> None:
+    def __init__(
+        self,
+        directory: PathLike,
+        *,
+        max_to_keep: Optional[int] = None,
+        keep_checkpoint_every_n_hours: Optional[float] = None,
+        checkpoint_interval: Optional[int] = None,
+        best_metric: Optional[str] = None,
+        best_mode: str = "max",
+        max_in_flight: int = 1,
+        when_busy: str = "wait",
+    ) -> None:
         self._impl = _cairn.StateCheckpointManager(
-            directory, max_to_keep, keep_checkpoint_every_n_hours, checkpoint_interval,
-            best_metric or "", best_mode, max_in_flight, when_busy)
+            directory,
+            max_to_keep,
+            keep_checkpoint_every_n_hours,
+            checkpoint_interval,
+            best_metric or "",
+            best_mode,
+            max_in_flight,
+            when_busy,
+        )
 
-    def save(self, step: Optional[int], state: Mapping[str, Any], *,
-             metrics: Optional[Mapping[str, Any]] = None,
-             metadata: Optional[Mapping[str, Any]] = None,
-             force: bool = False) -> Optional[CheckpointRecord]:
+    def save(
+        self,
+        step: Optional[int],
+        state: Mapping[str, Any],
+        *,
+        metrics: Optional[Mapping[str, Any]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        force: bool = False,
+    ) -> Optional[CheckpointRecord]:
         """Saves ``state`` as checkpoint of ``step``; None when skipped by the interval.
 
         ``step`` None is one more than the last saved (0 first). ``metrics``
@@ -382,15 +437,25 @@ class StateCheckpointManager:
             cairn.Error: the write failed; nothing committed earlier is lost.
         """
         tensors, _, keep = _readable(state)
-        r = self._impl.save(tensors, None if metadata is None else dict(metadata), step,
-                            None if metrics is None else dict(metrics), force)
+        r = self._impl.save(
+            tensors,
+            None if metadata is None else dict(metadata),
+            step,
+            None if metrics is None else dict(metrics),
+            force,
+        )
         del keep
         return _record(r)
 
-    def save_async(self, step: Optional[int], state: Mapping[str, Any], *,
-                   metrics: Optional[Mapping[str, Any]] = None,
-                   metadata: Optional[Mapping[str, Any]] = None,
-                   force: bool = False) -> Optional[SaveHandle]:
+    def save_async(
+        self,
+        step: Optional[int],
+        state: Mapping[str, Any],
+        *,
+        metrics: Optional[Mapping[str, Any]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+        force: bool = False,
+    ) -> Optional[SaveHandle]:
         """As :meth:`save`, returning once the tensors are copied (see :class:`AsyncSaver`).
 
         The caller may change the tensors as soon as this returns. Errors
@@ -398,13 +463,19 @@ class StateCheckpointManager:
         :meth:`close`.
         """
         tensors, _, keep = _readable(state)
-        h = self._impl.save_async(tensors, None if metadata is None else dict(metadata), step,
-                                  None if metrics is None else dict(metrics), force)
+        h = self._impl.save_async(
+            tensors,
+            None if metadata is None else dict(metadata),
+            step,
+            None if metrics is None else dict(metrics),
+            force,
+        )
         del keep
         return None if h is None else SaveHandle(h)
 
-    def reserve(self, state: Mapping[str, Any], *,
-                metadata: Optional[Mapping[str, Any]] = None) -> None:
+    def reserve(
+        self, state: Mapping[str, Any], *, metadata: Optional[Mapping[str, Any]] = None
+    ) -> None:
         """Readies :meth:`save_async` for states like ``state``, without waiting.
 
         Only the tensors' names, dtypes and shapes (and ``metadata``) matter,
@@ -424,9 +495,13 @@ class StateCheckpointManager:
         """Waits for async saves (GIL released); raises an error not yet seen."""
         self._impl.wait()
 
-    def restore(self, state: Mapping[str, Any], *,
-                checkpoint: Optional[CheckpointRecord] = None,
-                metadata: Optional[MutableMapping[str, Any]] = None) -> int:
+    def restore(
+        self,
+        state: Mapping[str, Any],
+        *,
+        checkpoint: Optional[CheckpointRecord] = None,
+        metadata: Optional[MutableMapping[str, Any]] = None,
+    ) -> int:
         """Copies the latest checkpoint (or ``checkpoint``) into ``state``'s tensors in place.
 
         Every tensor must be contiguous and writable, in host memory or, when
@@ -454,8 +529,9 @@ class StateCheckpointManager:
         if checkpoint is not None:
             which = next((r for r in self._impl.checkpoints() if r.name == checkpoint.name), None)
             if which is None:
-                raise NotFoundError(f"{self.uri}: no kept checkpoint {checkpoint.name}",
-                                    "not_found")
+                raise NotFoundError(
+                    f"{self.uri}: no kept checkpoint {checkpoint.name}", "not_found"
+                )
         step, meta, _ = self._impl.restore(tensors, which)
         if metadata is not None:
             metadata.update(meta)
@@ -515,13 +591,19 @@ class AsyncSaver:
     released at this saver's next call, :meth:`wait_all` or :meth:`close`.
     """
 
-    def __init__(self, *, max_in_flight: int = 1, when_busy: str = "wait",
-                 max_staging_buffers: int = 0) -> None:
+    def __init__(
+        self, *, max_in_flight: int = 1, when_busy: str = "wait", max_staging_buffers: int = 0
+    ) -> None:
         self._impl = _cairn.AsyncSaver(max_in_flight, when_busy, max_staging_buffers)
 
-    def save(self, state: Mapping[str, Any], dest: Union[CheckpointManager, Checkpoint, PathLike],
-             *, metrics: Optional[Mapping[str, Any]] = None,
-             metadata: Optional[Mapping[str, Any]] = None) -> SaveHandle:
+    def save(
+        self,
+        state: Mapping[str, Any],
+        dest: Union[CheckpointManager, Checkpoint, PathLike],
+        *,
+        metrics: Optional[Mapping[str, Any]] = None,
+        metadata: Optional[Mapping[str, Any]] = None,
+    ) -> SaveHandle:
         """Snapshots ``state`` and saves it in the background as ``state.safetensors``.
 
         Args:
@@ -554,8 +636,14 @@ class AsyncSaver:
         del keep
         return SaveHandle(h)
 
-    def reserve(self, state: Mapping[str, Any], *, metadata: Optional[Mapping[str, Any]] = None,
-                buffers: int = 1, background: bool = True) -> None:
+    def reserve(
+        self,
+        state: Mapping[str, Any],
+        *,
+        metadata: Optional[Mapping[str, Any]] = None,
+        buffers: int = 1,
+        background: bool = True,
+    ) -> None:
         """Allocates and touches the staging for saves of states like ``state``.
 
         Only the tensors' names, dtypes and shapes (and ``metadata``) matter.
@@ -568,8 +656,13 @@ class AsyncSaver:
         ``max_staging_buffers`` with ``when_busy="extra_buffer"``).
         """
         tensors, fmt, keep = _readable(state)
-        self._impl.reserve(tensors, None if metadata is None else dict(metadata),
-                           {"format": fmt}, buffers, background)
+        self._impl.reserve(
+            tensors,
+            None if metadata is None else dict(metadata),
+            {"format": fmt},
+            buffers,
+            background,
+        )
         del keep
 
     def wait_all(self) -> None:
@@ -603,8 +696,9 @@ class Shard(NamedTuple):
     offsets: Sequence[int]
 
 
-def even_split(global_shape: Sequence[int], dim: int, rank: int,
-               world_size: int) -> tuple[list[int], list[int]]:
+def even_split(
+    global_shape: Sequence[int], dim: int, rank: int, world_size: int
+) -> tuple[list[int], list[int]]:
     """(offsets, shape) of rank ``rank``'s box when ``dim`` is split evenly.
 
     The first ``size % world_size`` ranks get one more row.
@@ -614,8 +708,9 @@ def even_split(global_shape: Sequence[int], dim: int, rank: int,
 
 def _split_shards(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, tuple[Any, ...]]]:
     if not isinstance(state, Mapping):
-        raise _invalid(f"state: a mapping of names to tensors or Shards, not a "
-                       f"{type(state).__name__}")
+        raise _invalid(
+            f"state: a mapping of names to tensors or Shards, not a {type(state).__name__}"
+        )
     tensors: dict[str, Any] = {}
     specs: dict[str, tuple[Any, ...]] = {}
     for name, value in flatten_state_dict(state).items():
@@ -627,16 +722,17 @@ def _split_shards(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, t
     return tensors, specs
 
 
-def save_sharded(dest: Union[Checkpoint, PathLike], rank: int,
-                 state: Mapping[str, Any]) -> dict[str, Any]:
+def save_sharded(
+    dest: Union[Checkpoint, PathLike], rank: int, state: Mapping[str, Any]
+) -> dict[str, Any]:
     """Rank ``rank``'s part of a sharded save into the uncommitted checkpoint ``dest``.
 
     ``state`` maps names to :class:`Shard` values (this rank's box of a
     global tensor) or plain tensors (whole tensors every rank may hold).
     Writes ``rank_NNNNN.safetensors`` (the rank in five digits) into
     ``dest`` durably and commits nothing: send the returned report (JSON
-    values) to the committer, which calls :func:`commit_sharded` with every rank's. Ranks may call this
-    concurrently, from threads or processes. GIL released.
+    values) to the committer, which calls :func:`commit_sharded` with every
+    rank's. Ranks may call this concurrently, from threads or processes. GIL released.
 
     Raises:
         cairn.InvalidArgumentError: a box that leaves its global shape
@@ -650,8 +746,11 @@ def save_sharded(dest: Union[Checkpoint, PathLike], rank: int,
     return report
 
 
-def commit_sharded(dest: Union[Checkpoint, PathLike], reports: Sequence[Mapping[str, Any]],
-                   metrics: Optional[Mapping[str, Any]] = None) -> None:
+def commit_sharded(
+    dest: Union[Checkpoint, PathLike],
+    reports: Sequence[Mapping[str, Any]],
+    metrics: Optional[Mapping[str, Any]] = None,
+) -> None:
     """Commits a sharded save once every rank's :func:`save_sharded` returned.
 
     Checks that each tensor's shards tile its global shape exactly (no gap,
@@ -662,19 +761,23 @@ def commit_sharded(dest: Union[Checkpoint, PathLike], reports: Sequence[Mapping[
         cairn.InvalidArgumentError: shards that leave a gap or overlap,
             naming the tensor and ranks.
     """
-    _cairn.commit_sharded(_checkpoint_arg(dest), [dict(r) for r in reports],
-                          None if metrics is None else dict(metrics))
+    _cairn.commit_sharded(
+        _checkpoint_arg(dest),
+        [dict(r) for r in reports],
+        None if metrics is None else dict(metrics),
+    )
 
 
-def load_sharded(src: Union[Checkpoint, PathLike], state: Mapping[str, Any], *,
-                 strict: bool = True) -> None:
+def load_sharded(
+    src: Union[Checkpoint, PathLike], state: Mapping[str, Any], *, strict: bool = True
+) -> None:
     """Fills ``state``'s tensors in place from a committed sharded checkpoint.
 
     Any world size loads any other's save: a :class:`Shard` entry gets its
     box of the global tensor (read from every saved shard that overlaps it),
     a plain tensor the whole tensor. Tensors must be contiguous and writable,
-    in host memory or (a build with CUDA) on a CUDA device. With ``strict`` every entry must be found; a rank
-    may load a subset of what was saved. GIL released.
+    in host memory or (a build with CUDA) on a CUDA device. With ``strict``
+    every entry must be found; a rank may load a subset of what was saved. GIL released.
 
     Raises:
         cairn.InvalidArgumentError: a missing tensor (strict), a dtype or

@@ -24,9 +24,8 @@ import random
 import shutil
 import sys
 
-import numpy as np
-
 import cairn
+import numpy as np
 
 MAX_STEPS = 100_000
 
@@ -72,10 +71,10 @@ def main(argv: list[str]) -> int:
             else:
                 folder = pathlib.Path(scratch) / f"step_{step}_{rng.getrandbits(32):08x}"
                 folder.mkdir(parents=True)
-                cairn.save(expected_tensors(step), folder / "model.safetensors",
-                           metadata={"step": step})
-                manager.register_checkpoint({"step": step},
-                                            cairn.Checkpoint.from_directory(folder))
+                cairn.save(
+                    expected_tensors(step), folder / "model.safetensors", metadata={"step": step}
+                )
+                manager.register_checkpoint({"step": step}, cairn.Checkpoint.from_directory(folder))
                 shutil.rmtree(folder)
             if step_of(manager.latest().metrics) != step:
                 print(f"latest is not step {step}", file=sys.stderr)

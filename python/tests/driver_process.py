@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 WAIT_S = 180.0
 
@@ -22,8 +22,9 @@ WAIT_S = 180.0
 @contextlib.contextmanager
 def started(program: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
     """``python3 program args...``; killed (its runtime's processes with it) at exit."""
-    driver = subprocess.Popen([sys.executable, program, *args], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
+    driver = subprocess.Popen(
+        [sys.executable, program, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         yield driver
     finally:
@@ -40,10 +41,13 @@ def wait_for(driver: subprocess.Popen[bytes], *paths: pathlib.Path) -> None:
     while not all(p.exists() for p in paths):
         if driver.poll() is not None:
             assert driver.stderr is not None
-            raise AssertionError(f"the driver ended (status {driver.returncode}) before "
-                                 f"{[str(p) for p in paths if not p.exists()]} existed: "
-                                 f"{driver.stderr.read().decode(errors='replace')}")
+            raise AssertionError(
+                f"the driver ended (status {driver.returncode}) before "
+                f"{[str(p) for p in paths if not p.exists()]} existed: "
+                f"{driver.stderr.read().decode(errors='replace')}"
+            )
         if time.monotonic() > deadline:
-            raise AssertionError(f"{[str(p) for p in paths if not p.exists()]} did not appear "
-                                 f"within {WAIT_S} s")
+            raise AssertionError(
+                f"{[str(p) for p in paths if not p.exists()]} did not appear within {WAIT_S} s"
+            )
         time.sleep(0.05)

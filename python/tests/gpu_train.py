@@ -27,18 +27,19 @@ from cairn.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 
 
 def loop(config: dict[str, Any]) -> None:
-    import torch
-    import torch.distributed as dist
-
     import cairn.torch as ct
+    import torch.distributed as dist
     from cairn.train.torch import get_device, prepare_model
+
+    import torch
 
     torch.use_deterministic_algorithms(True)
     ctx = train.get_context()
     device = get_device()
     torch.manual_seed(0)
-    model = prepare_model(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
-                                              torch.nn.Linear(64, 1)))
+    model = prepare_model(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    )
     plain = getattr(model, "module", model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     start = 0
@@ -55,19 +56,25 @@ def loop(config: dict[str, Any]) -> None:
         optimizer.step()
         ones = torch.ones(1, device=device)
         dist.all_reduce(ones)  # over NCCL: counts the group
-        if (epoch == config.get("kill_at") and ctx.attempt == 0
-                and ctx.get_world_rank() == 0):
+        if epoch == config.get("kill_at") and ctx.attempt == 0 and ctx.get_world_rank() == 0:
             os.kill(os.getpid(), signal.SIGKILL)
         checkpoint = None
         if ctx.get_world_rank() == 0:
             folder = pathlib.Path(config["scratch"]) / f"epoch_{epoch}_{ctx.attempt}"
             folder.mkdir(parents=True)
             assert next(plain.parameters()).is_cuda
-            ct.save_state(folder / "state.safetensors", plain, optimizer,
-                          metadata={"epoch": epoch})
+            ct.save_state(folder / "state.safetensors", plain, optimizer, metadata={"epoch": epoch})
             checkpoint = Checkpoint.from_directory(folder)
-        train.report({"epoch": epoch, "backend": dist.get_backend(), "group": ones.item(),
-                      "device": str(device), "attempt": ctx.attempt}, checkpoint=checkpoint)
+        train.report(
+            {
+                "epoch": epoch,
+                "backend": dist.get_backend(),
+                "group": ones.item(),
+                "device": str(device),
+                "attempt": ctx.attempt,
+            },
+            checkpoint=checkpoint,
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -78,10 +85,13 @@ def main(argv: list[str]) -> int:
     if len(argv) > 4:
         config["kill_at"] = int(argv[4])
     result = TorchTrainer(
-        loop, train_loop_config=config,
+        loop,
+        train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=True),
-        run_config=RunConfig(name="exp", storage_path=storage,
-                             failure_config=FailureConfig(max_failures=1))).fit()
+        run_config=RunConfig(
+            name="exp", storage_path=storage, failure_config=FailureConfig(max_failures=1)
+        ),
+    ).fit()
     if result.error is not None:
         print(f"run failed: {result.error}", file=sys.stderr)
         return 1

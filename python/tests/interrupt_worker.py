@@ -17,9 +17,8 @@ import pathlib
 import shutil
 import sys
 
-import numpy as np
-
 import cairn
+import numpy as np
 
 MAX_STEPS = 1000
 TENSORS = 20

@@ -25,8 +25,9 @@ from cairn.train.torch import TorchTrainer
 
 
 def loop(config: dict[str, Any]) -> None:
-    import torch
     import torch.distributed as dist
+
+    import torch
 
     ctx = train.get_context()
     t = torch.tensor([float(ctx.get_world_rank() + 1)])
@@ -41,8 +42,9 @@ def loop(config: dict[str, Any]) -> None:
 def elastic_loop(config: dict[str, Any]) -> None:
     """Four steps in DDP style; in the first attempt rank 2 writes
     ``kill-me`` at step 2 and waits for its process to be killed."""
-    import torch
     import torch.distributed as dist
+
+    import torch
 
     ctx = train.get_context()
     ckpt = train.get_checkpoint()
@@ -62,20 +64,29 @@ def elastic_loop(config: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     launcher = argv[2] if len(argv) > 2 else "mpi"
     if launcher == "elastic":
-        result = TorchTrainer(elastic_loop, train_loop_config={"out": argv[1]},
-                              scaling_config=ScalingConfig(num_workers=(2, 3)),
-                              run_config=RunConfig(name="elastic", storage_path=argv[1],
-                                                   failure_config=FailureConfig(max_failures=1))
-                              ).fit()
+        result = TorchTrainer(
+            elastic_loop,
+            train_loop_config={"out": argv[1]},
+            scaling_config=ScalingConfig(num_workers=(2, 3)),
+            run_config=RunConfig(
+                name="elastic", storage_path=argv[1], failure_config=FailureConfig(max_failures=1)
+            ),
+        ).fit()
         rank = os.environ["RANK"]
         with open(os.path.join(argv[1], f"result_{rank}.txt"), "w") as f:
-            f.write(f"{result.metrics.get('sum')} {result.error} "
-                    f"{[r['world_size'] for r in result.restores]}")
+            f.write(
+                f"{result.metrics.get('sum')} {result.error} "
+                f"{[r['world_size'] for r in result.restores]}"
+            )
         return 0
-    result = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=2, launcher=launcher),
-                          run_config=RunConfig(name="mpi", storage_path=argv[1])).fit()
-    rank = os.environ.get("OMPI_COMM_WORLD_RANK",
-                          os.environ.get("RANK", os.environ.get("SLURM_PROCID")))
+    result = TorchTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=2, launcher=launcher),
+        run_config=RunConfig(name="mpi", storage_path=argv[1]),
+    ).fit()
+    rank = os.environ.get(
+        "OMPI_COMM_WORLD_RANK", os.environ.get("RANK", os.environ.get("SLURM_PROCID"))
+    )
     with open(os.path.join(argv[1], f"result_{rank}.txt"), "w") as f:
         f.write(f"{result.metrics.get('sum')} {result.error}")
     return 0

@@ -7,9 +7,8 @@ import pathlib
 import sys
 import threading
 
-import pytest
-
 import cairn
+import pytest
 
 
 def test_a_directory_checkpoint_is_its_own_local_view(state_dir: pathlib.Path) -> None:

@@ -17,16 +17,16 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
 import cairn
+import pytest
 from cairn import _cairn
 
 torch = pytest.importorskip("torch")
 
 HERE = pathlib.Path(__file__).parent
-gpu = pytest.mark.skipif(not (cairn.CUDA and torch.cuda.is_available()),
-                         reason="needs a Cairn built with CUDA and a GPU")
+gpu = pytest.mark.skipif(
+    not (cairn.CUDA and torch.cuda.is_available()), reason="needs a Cairn built with CUDA and a GPU"
+)
 
 
 def test_a_build_without_cuda_refuses_device_tensors_by_name(tmp_path: pathlib.Path) -> None:
@@ -34,8 +34,9 @@ def test_a_build_without_cuda_refuses_device_tensors_by_name(tmp_path: pathlib.P
         pytest.skip("this Cairn was built with CUDA")
     # What cairn.save hands over for a CUDA tensor in a build with CUDA.
     with pytest.raises(cairn.InvalidArgumentError, match=r'tensor "w": on cuda:0.*without CUDA'):
-        _cairn.save_tensors([("w", "F32", (1,), 4096, 4, 0, 0)], str(tmp_path / "x.safetensors"),
-                            None, {}, True)
+        _cairn.save_tensors(
+            [("w", "F32", (1,), 4096, 4, 0, 0)], str(tmp_path / "x.safetensors"), None, {}, True
+        )
     assert not (tmp_path / "x.safetensors").exists()
 
 
@@ -69,7 +70,7 @@ def _state(device: str) -> dict[str, Any]:
         "f32": torch.randn(1000, 37, generator=g),
         "bf16": torch.randn(513, generator=g).to(torch.bfloat16),
         "f16": torch.randn(7, 9, generator=g).half(),
-        "i64": torch.randint(-2**40, 2**40, (33,), generator=g),
+        "i64": torch.randint(-(2**40), 2**40, (33,), generator=g),
         "u8": torch.randint(0, 255, (4097,), generator=g, dtype=torch.uint8),
         "bool": torch.rand(100, generator=g) > 0.5,
         "scalar": torch.tensor(2.5, dtype=torch.float64),
@@ -82,9 +83,14 @@ def _state(device: str) -> dict[str, Any]:
 def test_cuda_tensors_save_the_same_bytes_as_their_host_copies(tmp_path: pathlib.Path) -> None:
     state = _state("cuda")
     cairn.save({"model": state}, tmp_path / "gpu.safetensors", metadata={"step": 4})
-    cairn.save({"model": {k: v.cpu() for k, v in state.items()}}, tmp_path / "cpu.safetensors",
-               metadata={"step": 4})
-    assert (tmp_path / "gpu.safetensors").read_bytes() == (tmp_path / "cpu.safetensors").read_bytes()
+    cairn.save(
+        {"model": {k: v.cpu() for k, v in state.items()}},
+        tmp_path / "cpu.safetensors",
+        metadata={"step": 4},
+    )
+    assert (tmp_path / "gpu.safetensors").read_bytes() == (
+        tmp_path / "cpu.safetensors"
+    ).read_bytes()
 
 
 @gpu
@@ -185,16 +191,17 @@ def test_cuda_shards_saved_by_two_ranks_load_into_three_cuda_shards(
     reports = []
     for rank in range(2):
         offsets, shape = ct.even_split(full.shape, 0, rank, 2)
-        part = full[offsets[0]:offsets[0] + shape[0]].contiguous()
-        reports.append(ct.save_sharded(dest, rank, {"w": ct.Shard(part, full.shape, offsets),
-                                                    "b": bias}))
+        part = full[offsets[0] : offsets[0] + shape[0]].contiguous()
+        reports.append(
+            ct.save_sharded(dest, rank, {"w": ct.Shard(part, full.shape, offsets), "b": bias})
+        )
     ct.commit_sharded(dest, reports)
     for rank in range(3):
         offsets, shape = ct.even_split(full.shape, 0, rank, 3)
         mine = torch.empty(tuple(shape), device="cuda")
         b = torch.empty(64, device="cuda")
         ct.load_sharded(dest, {"w": ct.Shard(mine, full.shape, offsets), "b": b})
-        assert torch.equal(mine, full[offsets[0]:offsets[0] + shape[0]]), rank
+        assert torch.equal(mine, full[offsets[0] : offsets[0] + shape[0]]), rank
         assert torch.equal(b, bias), rank
 
 
@@ -206,9 +213,20 @@ def test_a_gpu_training_run_killed_once_ends_as_a_run_that_never_failed(
     env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=":4096:8")
 
     def run(name: str, *kill: str) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, str(HERE / "gpu_train.py"), str(tmp_path / name),
-                              str(workers), "5", *kill],
-                             env=env, capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(HERE / "gpu_train.py"),
+                str(tmp_path / name),
+                str(workers),
+                "5",
+                *kill,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-4000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 

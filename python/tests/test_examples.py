@@ -14,13 +14,12 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 import cairn
+import pytest
 from cairn import train, tune
 
 pytest.importorskip("torch")
-import torch  # noqa: E402
+import torch
 
 EXAMPLES = pathlib.Path(__file__).parent / "examples"
 
@@ -30,10 +29,20 @@ def _run(name: str, tmp_path: pathlib.Path) -> list[pathlib.Path]:
     # The cairn this test imports, wherever the example runs from.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(cairn.__file__)))
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, CAIRN_STORAGE_PATH=str(tmp_path / "results"), PYTHONPATH=path,
-               PYTHONDONTWRITEBYTECODE="1")
-    done = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        CAIRN_STORAGE_PATH=str(tmp_path / "results"),
+        PYTHONPATH=path,
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     root = tmp_path / "results"
     return sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
@@ -87,7 +96,11 @@ def test_ray_tune_class_api_checkpointing_periodic_and_at_end(tmp_path: pathlib.
         assert trial.checkpoint is not None, exp
         with trial.checkpoint.as_directory() as d:
             assert sorted(torch.load(os.path.join(d, "model.pth"))) == [
-                "0.bias", "0.weight", "2.bias", "2.weight"]
+                "0.bias",
+                "0.weight",
+                "2.bias",
+                "2.weight",
+            ]
 
 
 def test_ray_tune_callback_asks_for_checkpoints_every_three_iterations(

@@ -28,13 +28,12 @@ import sys
 import tempfile
 import time
 
+import cairn
 import numpy as np
 import pytest
 
-import cairn
-
 sys.path.insert(0, os.path.dirname(__file__))
-import interrupt_worker  # noqa: E402
+import interrupt_worker
 
 SIZE_MIB = int(os.environ.get("CAIRN_PY_INTERRUPT_MIB", "200"))
 # Bounds on waits for the child, generous for a loaded machine; they bound a
@@ -50,9 +49,17 @@ class Child:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, interrupt_worker.__file__, str(experiment), str(scratch),
-             str(SIZE_MIB)],
-            stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+            [
+                sys.executable,
+                interrupt_worker.__file__,
+                str(experiment),
+                str(scratch),
+                str(SIZE_MIB),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+        )
         assert self.proc.stdout is not None
         self.fd = self.proc.stdout.fileno()
         self.buffer = b""
@@ -64,8 +71,9 @@ class Child:
             left = deadline - time.monotonic()
             ready, _, _ = select.select([self.fd], [], [], max(left, 0))
             if not ready:
-                raise AssertionError(f"no output from the child in {LINE_TIMEOUT_S} s; "
-                                     f"stderr: {self.error_text()}")
+                raise AssertionError(
+                    f"no output from the child in {LINE_TIMEOUT_S} s; stderr: {self.error_text()}"
+                )
             chunk = os.read(self.fd, 4096)
             if not chunk:
                 return None
@@ -154,7 +162,8 @@ def test_ctrl_c_mid_save_ends_with_keyboard_interrupt_and_leaves_no_partial_chec
         folder = scratch / f"step_{step}"
         if folder.exists():
             assert {p.name for p in folder.iterdir()} <= {"model.safetensors"}, list(
-                folder.iterdir())
+                folder.iterdir()
+            )
             if (folder / "model.safetensors").exists():
                 _check_state(folder / "model.safetensors", step)
 

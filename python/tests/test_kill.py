@@ -36,12 +36,11 @@ import tempfile
 import time
 from typing import Optional
 
+import cairn
 import numpy as np
 
-import cairn
-
 sys.path.insert(0, os.path.dirname(__file__))
-import crash_worker  # noqa: E402
+import crash_worker
 
 NUM_TO_KEEP = 2
 # A checkpoint folder's name (checkpoint_name() in include/cairn/manager.h).
@@ -100,8 +99,14 @@ def _committed(experiment: pathlib.Path) -> dict[str, int]:
     return out
 
 
-def _kill_once(experiment: pathlib.Path, scratch: pathlib.Path, seed: int, aimed: bool,
-               startup_s: float, rng: random.Random) -> Optional[float]:
+def _kill_once(
+    experiment: pathlib.Path,
+    scratch: pathlib.Path,
+    seed: int,
+    aimed: bool,
+    startup_s: float,
+    rng: random.Random,
+) -> Optional[float]:
     """Starts the child, kills it (after its first commit when ``aimed``) and reaps it.
 
     Returns the time the child took to its first commit when aimed, else None.
@@ -111,9 +116,18 @@ def _kill_once(experiment: pathlib.Path, scratch: pathlib.Path, seed: int, aimed
     stderr = tempfile.TemporaryFile()
     started = time.monotonic()
     child = subprocess.Popen(
-        [sys.executable, crash_worker.__file__, str(experiment), str(scratch), str(seed),
-         str(NUM_TO_KEEP)],
-        stdout=subprocess.PIPE, stderr=stderr, env=env)
+        [
+            sys.executable,
+            crash_worker.__file__,
+            str(experiment),
+            str(scratch),
+            str(seed),
+            str(NUM_TO_KEEP),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        env=env,
+    )
     assert child.stdout is not None
     took = None
     try:
@@ -124,7 +138,8 @@ def _kill_once(experiment: pathlib.Path, scratch: pathlib.Path, seed: int, aimed
                 stderr.seek(0)
                 raise AssertionError(
                     "the child never committed a checkpoint (exit status "
-                    f"{child.returncode}): {stderr.read().decode(errors='replace')}")
+                    f"{child.returncode}): {stderr.read().decode(errors='replace')}"
+                )
             took = time.monotonic() - started
             time.sleep(rng.uniform(0.0, 0.05))
         else:
@@ -136,7 +151,8 @@ def _kill_once(experiment: pathlib.Path, scratch: pathlib.Path, seed: int, aimed
         # kill within 50 ms of its first commit rules out).
         assert child.returncode == -signal.SIGKILL, (
             f"the child exited with status {child.returncode} before the kill: "
-            f"{stderr.read().decode(errors='replace')}")
+            f"{stderr.read().decode(errors='replace')}"
+        )
     finally:
         if child.poll() is None:
             child.kill()
@@ -176,8 +192,11 @@ def test_every_committed_checkpoint_survives_sigkill_at_random_moments() -> None
                 assert set(names) <= set(committed), f"{where}: {names} vs {sorted(committed)}"
                 assert len(history) <= NUM_TO_KEEP, f"{where}: {names}"
                 assert bool(history) == bool(committed), where
-                left = sorted(p.name for p in experiment.iterdir()
-                              if CHECKPOINT_NAME.fullmatch(p.name) and p.name not in names)
+                left = sorted(
+                    p.name
+                    for p in experiment.iterdir()
+                    if CHECKPOINT_NAME.fullmatch(p.name) and p.name not in names
+                )
                 assert left == [], f"{where}: the new manager left {left}"
                 for record in history:
                     assert crash_worker.step_of(record.metrics) == committed[record.name], where

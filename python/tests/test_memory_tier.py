@@ -14,9 +14,8 @@ import sys
 import textwrap
 from typing import Any
 
-import pytest
-
 import cairn
+import pytest
 from cairn import train
 from cairn.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 
@@ -46,8 +45,9 @@ def test_saves_go_to_memory_and_every_nth_and_the_newest_are_persisted(
     assert cairn.CheckpointConfig().memory_tier is None
     with cairn.CheckpointManager(tmp_path, "exp", config) as manager:
         for step in range(3):
-            record = manager.register_checkpoint({"step": step},
-                                                 _source(tmp_path / f"s{step}", f"v{step}"))
+            record = manager.register_checkpoint(
+                {"step": step}, _source(tmp_path / f"s{step}", f"v{step}")
+            )
             assert record.tier == "memory"
             assert str(root) in record.checkpoint.path
         manager.wait_for_persistence()
@@ -111,13 +111,25 @@ def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> N
             train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
 
     result = train.DataParallelTrainer(
-        loop, scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name="exp", storage_path=tmp_path,
-                             checkpoint_config=_config(root, persist_every_n=0),
-                             failure_config=FailureConfig(max_failures=1))).fit()
+        loop,
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="exp",
+            storage_path=tmp_path,
+            checkpoint_config=_config(root, persist_every_n=0),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+    ).fit()
     assert result.error is None, result.error
-    assert result.restores == [{"attempt": 1, "checkpoint": "checkpoint_000001",
-                                "tier": "memory", "world_size": 2, "rank_tiers": []}]
+    assert result.restores == [
+        {
+            "attempt": 1,
+            "checkpoint": "checkpoint_000001",
+            "tier": "memory",
+            "world_size": 2,
+            "rank_tiers": [],
+        }
+    ]
     assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
     assert result.checkpoint is not None and str(root) not in result.checkpoint.path
     assert result.checkpoint.to_dict() == {"step": 3}

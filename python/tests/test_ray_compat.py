@@ -15,15 +15,13 @@ import pathlib
 import pickle
 from typing import Any
 
-import pytest
-
 import cairn
+import pytest
 from cairn import train, tune
 from cairn.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 
 torch = pytest.importorskip("torch")
 import numpy  # noqa: E402
-
 from cairn.train.torch import TorchConfig, TorchTrainer  # noqa: E402
 
 
@@ -59,15 +57,23 @@ def test_the_guides_legacy_dict_checkpoint_holds_tensors_and_resumes(
     tmp_path: pathlib.Path,
 ) -> None:
     run = RunConfig(storage_path=tmp_path)
-    result = TorchTrainer(_legacy_train_func, train_loop_config={"num_epochs": 2},
-                          scaling_config=ScalingConfig(num_workers=2), run_config=run).fit()
+    result = TorchTrainer(
+        _legacy_train_func,
+        train_loop_config={"num_epochs": 2},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run,
+    ).fit()
     first = result.checkpoint.to_dict()
     # As Ray's TorchTrainer: the DDP model's state dict without "module.".
     assert first["epoch"] == 1 and sorted(first["model_weights"]) == ["bias", "weight"]
     assert isinstance(first["model_weights"]["weight"], torch.Tensor)
-    result = TorchTrainer(_legacy_train_func, train_loop_config={"num_epochs": 4},
-                          scaling_config=ScalingConfig(num_workers=2), run_config=run,
-                          resume_from_checkpoint=result.checkpoint).fit()
+    result = TorchTrainer(
+        _legacy_train_func,
+        train_loop_config={"num_epochs": 4},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=run,
+        resume_from_checkpoint=result.checkpoint,
+    ).fit()
     last = result.checkpoint.to_dict()
     assert last["epoch"] == 3
     # Resumed, not started over: two more epochs, from epoch 1's weights.
@@ -106,8 +112,7 @@ def test_checkpoint_takes_a_path_and_a_filesystem_and_pickles(tmp_path: pathlib.
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "a.txt").write_text("a")
     assert Checkpoint(str(tmp_path / "c")).path == str(tmp_path / "c")
-    assert Checkpoint(path=tmp_path / "c", filesystem=LocalFileSystem()).path == str(
-        tmp_path / "c")
+    assert Checkpoint(path=tmp_path / "c", filesystem=LocalFileSystem()).path == str(tmp_path / "c")
     assert Checkpoint(filesystem=S3FileSystem(), path="bucket/run/c").uri == "s3://bucket/run/c"
     with pytest.raises(TypeError, match="LocalFileSystem or S3FileSystem"):
         Checkpoint(str(tmp_path), filesystem=object())
@@ -139,31 +144,45 @@ def test_to_directory_copies_into_a_folder_that_already_holds_files(
 
 def _context_loop(config: dict[str, Any]) -> None:
     ctx = train.get_context()
-    train.report({"trial_id": ctx.get_trial_id(), "trial_name": ctx.get_trial_name(),
-                  "experiment": ctx.get_experiment_name(), "metadata": ctx.get_metadata(),
-                  "cpus": ctx.get_trial_resources()["CPU"]})
+    train.report(
+        {
+            "trial_id": ctx.get_trial_id(),
+            "trial_name": ctx.get_trial_name(),
+            "experiment": ctx.get_experiment_name(),
+            "metadata": ctx.get_metadata(),
+            "cpus": ctx.get_trial_resources()["CPU"],
+        }
+    )
 
 
 def test_a_failed_run_raises_and_the_context_names_the_run(tmp_path: pathlib.Path) -> None:
-    result = TorchTrainer(_context_loop, metadata={"team": "a"},
-                          torch_config=TorchConfig(backend="gloo", timeout_s=60),
-                          scaling_config=ScalingConfig(num_workers=1, accelerator_type="A100"),
-                          run_config=RunConfig(name="ctx", storage_path=tmp_path,
-                                               log_to_file=True,
-                                               sync_config=train.SyncConfig())).fit()
+    result = TorchTrainer(
+        _context_loop,
+        metadata={"team": "a"},
+        torch_config=TorchConfig(backend="gloo", timeout_s=60),
+        scaling_config=ScalingConfig(num_workers=1, accelerator_type="A100"),
+        run_config=RunConfig(
+            name="ctx", storage_path=tmp_path, log_to_file=True, sync_config=train.SyncConfig()
+        ),
+    ).fit()
     assert result.metrics["trial_id"] == "ctx" and result.metrics["trial_name"] == "ctx"
     assert result.metrics["experiment"] == "ctx"
     assert result.metrics["metadata"] == {"team": "a"} and result.metrics["cpus"] == 1.0
     # The configuration comes back with the stored results, as Ray's.
     assert train.Result.from_path(tmp_path / "ctx").config == {}  # none was given
-    with_config = TorchTrainer(_context_loop, train_loop_config={"lr": 0.5},
-                               run_config=RunConfig(name="cfg", storage_path=tmp_path)).fit()
+    with_config = TorchTrainer(
+        _context_loop,
+        train_loop_config={"lr": 0.5},
+        run_config=RunConfig(name="cfg", storage_path=tmp_path),
+    ).fit()
     assert train.Result.from_path(with_config.path).config == {"train_loop_config": {"lr": 0.5}}
     again = TorchTrainer.restore(with_config.path, _context_loop).fit()
     assert again.config == {"train_loop_config": {"lr": 0.5}}
     # In a trial: what with_resources asked for.
-    grid = tune.Tuner(tune.with_resources(_context_loop, {"cpu": 2}),
-                      run_config=RunConfig(name="res", storage_path=tmp_path)).fit()
+    grid = tune.Tuner(
+        tune.with_resources(_context_loop, {"cpu": 2}),
+        run_config=RunConfig(name="res", storage_path=tmp_path),
+    ).fit()
     assert grid[0].metrics["cpus"] == 2.0 and grid[0].metrics["experiment"] == "res"
     assert train.Result.from_path(grid[0].path).config == grid[0].config
     # Ray's row keys.
@@ -209,21 +228,33 @@ def test_trainables_take_parameters_and_work_by_hand_as_in_ray(tmp_path: pathlib
     assert again.total == 11 and numpy.array_equal(again.weights, numpy.ones(2))
     assert again.iteration == 1  # restored with the checkpoint, as Ray's
 
-    grid = tune.Tuner(tune.with_parameters(_Counter, offset=100),
-                      tune_config=tune.TuneConfig(chdir_to_trial_dir=False),
-                      run_config=RunConfig(name="cls", storage_path=tmp_path,
-                                           stop={"training_iteration": 3},
-                                           checkpoint_config=CheckpointConfig(
-                                               checkpoint_frequency=1))).fit()
+    grid = tune.Tuner(
+        tune.with_parameters(_Counter, offset=100),
+        tune_config=tune.TuneConfig(chdir_to_trial_dir=False),
+        run_config=RunConfig(
+            name="cls",
+            storage_path=tmp_path,
+            stop={"training_iteration": 3},
+            checkpoint_config=CheckpointConfig(checkpoint_frequency=1),
+        ),
+    ).fit()
     assert grid[0].metrics["total"] == 103 and grid[0].metrics["trial"] == "trial_00000"
 
     def fn(config: dict[str, Any], data: list[int]) -> None:
         ctx = tune.get_context()
-        tune.report({"sum": sum(data) + config["x"], "trial": ctx.get_trial_id(),
-                     "experiment": ctx.get_experiment_name()})
+        tune.report(
+            {
+                "sum": sum(data) + config["x"],
+                "trial": ctx.get_trial_id(),
+                "experiment": ctx.get_experiment_name(),
+            }
+        )
 
-    grid = tune.Tuner(tune.with_parameters(fn, data=[1, 2, 3]), param_space={"x": 4},
-                      run_config=RunConfig(name="fn", storage_path=tmp_path)).fit()
+    grid = tune.Tuner(
+        tune.with_parameters(fn, data=[1, 2, 3]),
+        param_space={"x": 4},
+        run_config=RunConfig(name="fn", storage_path=tmp_path),
+    ).fit()
     assert grid[0].metrics["sum"] == 10
     assert (grid[0].metrics["trial"], grid[0].metrics["experiment"]) == ("trial_00000", "fn")
     assert train.Result.from_path(grid[0].path).config == {"x": 4}
@@ -242,12 +273,14 @@ class _Seen(tune.Callback):
     def setup(self, **info: Any) -> None:
         self.setups += 1
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any,
-                        result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
         self.results.append((result["trial_id"], result["config"]))
 
-    def on_checkpoint(self, iteration: int, trials: list[Any], trial: Any,
-                      checkpoint: Checkpoint, **info: Any) -> None:
+    def on_checkpoint(
+        self, iteration: int, trials: list[Any], trial: Any, checkpoint: Checkpoint, **info: Any
+    ) -> None:
         self.checkpoints.append(checkpoint)
 
 
@@ -259,12 +292,20 @@ def test_callbacks_get_rays_arguments_and_a_tuners_run_config_replaces_the_train
             train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
 
     seen = _Seen()
-    trainer = TorchTrainer(loop, scaling_config=ScalingConfig(num_workers=1),
-                           run_config=RunConfig(name="trainer", storage_path=tmp_path))
-    grid = tune.Tuner(trainer, param_space={"train_loop_config": {"lr": 0.1}},
-                      run_config=RunConfig(storage_path=tmp_path / "tuner", callbacks=[seen],
-                                           checkpoint_config=CheckpointConfig(
-                                               num_to_keep=1))).fit()
+    trainer = TorchTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="trainer", storage_path=tmp_path),
+    )
+    grid = tune.Tuner(
+        trainer,
+        param_space={"train_loop_config": {"lr": 0.1}},
+        run_config=RunConfig(
+            storage_path=tmp_path / "tuner",
+            callbacks=[seen],
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+        ),
+    ).fit()
     assert grid.num_errors == 0, grid.errors
     # The Tuner's RunConfig, though it names no experiment, replaced the trainer's.
     assert grid.experiment_path.startswith(str(tmp_path / "tuner"))
@@ -276,12 +317,18 @@ def test_callbacks_get_rays_arguments_and_a_tuners_run_config_replaces_the_train
 
 
 def test_rays_other_search_spaces_draw_within_their_domains() -> None:
-    space = {"qlog": tune.qloguniform(1e-4, 1e-1, 5e-5), "qint": tune.qrandint(-21, 12, 3),
-             "logint": tune.lograndint(1, 100), "qlogint": tune.qlograndint(1, 100, 10),
-             "normal": tune.randn(5, 2), "qnormal": tune.qrandn(0, 1, 0.5)}
+    space = {
+        "qlog": tune.qloguniform(1e-4, 1e-1, 5e-5),
+        "qint": tune.qrandint(-21, 12, 3),
+        "logint": tune.lograndint(1, 100),
+        "qlogint": tune.qlograndint(1, 100, 10),
+        "normal": tune.randn(5, 2),
+        "qnormal": tune.qrandn(0, 1, 0.5),
+    }
     # PBT's explore resamples every key it is not given: the domains' draws.
-    sampler = tune.schedulers.PopulationBasedTraining(resample_probability=1.0, seed=3,
-                                                      hyperparam_mutations=space)
+    sampler = tune.schedulers.PopulationBasedTraining(
+        resample_probability=1.0, seed=3, hyperparam_mutations=space
+    )
     for _ in range(200):
         c = sampler.explore({})
         assert 5e-5 <= c["qlog"] <= 1e-1
@@ -301,12 +348,16 @@ def test_the_results_dataframe_takes_each_trials_last_or_best_row_with_its_confi
         for loss in config["losses"]:
             tune.report({"loss": loss})
 
-    grid = tune.Tuner(trainable,
-                      param_space={"losses": tune.grid_search([[3.0, 1.0, 2.0], [5.0, 4.0]])},
-                      run_config=RunConfig(name="df", storage_path=tmp_path)).fit()
+    grid = tune.Tuner(
+        trainable,
+        param_space={"losses": tune.grid_search([[3.0, 1.0, 2.0], [5.0, 4.0]])},
+        run_config=RunConfig(name="df", storage_path=tmp_path),
+    ).fit()
     last = grid._rows(None, None)
-    assert [(r["trial_id"], r["loss"]) for r in last] == [("trial_00000", 2.0),
-                                                         ("trial_00001", 4.0)]
+    assert [(r["trial_id"], r["loss"]) for r in last] == [
+        ("trial_00000", 2.0),
+        ("trial_00001", 4.0),
+    ]
     assert last[0]["config"] == {"losses": [3.0, 1.0, 2.0]}
     best = grid._rows("loss", "min")
     assert [r["loss"] for r in best] == [1.0, 4.0]
@@ -321,21 +372,28 @@ def _steps(config: dict[str, Any]) -> None:
 
 
 def test_stop_takes_rays_stoppers_and_functions(tmp_path: pathlib.Path) -> None:
-    from cairn.tune.stopper import (CombinedStopper, MaximumIterationStopper,
-                                    TrialPlateauStopper)
+    from cairn.tune.stopper import CombinedStopper, MaximumIterationStopper, TrialPlateauStopper
 
     def at_three(trial_id: str, result: dict[str, Any]) -> bool:
         return result["training_iteration"] >= 3
 
-    grid = tune.Tuner(_steps, param_space={"x": 1},
-                      run_config=RunConfig(name="fn", storage_path=tmp_path, stop=at_three)).fit()
+    grid = tune.Tuner(
+        _steps,
+        param_space={"x": 1},
+        run_config=RunConfig(name="fn", storage_path=tmp_path, stop=at_three),
+    ).fit()
     assert grid[0].metrics["training_iteration"] == 3 and grid[0].status == "TERMINATED"
 
     # A flat loss plateaus after 3 results; a falling one runs to the cap.
-    both = CombinedStopper(MaximumIterationStopper(6),
-                           TrialPlateauStopper("loss", std=0.0, num_results=3, grace_period=3))
-    grid = tune.Tuner(_steps, param_space={"x": tune.grid_search([0, 1])},
-                      run_config=RunConfig(name="both", storage_path=tmp_path, stop=both)).fit()
+    both = CombinedStopper(
+        MaximumIterationStopper(6),
+        TrialPlateauStopper("loss", std=0.0, num_results=3, grace_period=3),
+    )
+    grid = tune.Tuner(
+        _steps,
+        param_space={"x": tune.grid_search([0, 1])},
+        run_config=RunConfig(name="both", storage_path=tmp_path, stop=both),
+    ).fit()
     assert {r.config["x"]: r.metrics["training_iteration"] for r in grid} == {0: 3, 1: 6}
 
     class AfterTwoResults(tune.Stopper):
@@ -349,10 +407,12 @@ def test_stop_takes_rays_stoppers_and_functions(tmp_path: pathlib.Path) -> None:
         def stop_all(self) -> bool:
             return self.results >= 2
 
-    grid = tune.Tuner(_steps, param_space={"x": tune.grid_search([1, 1, 1])},
-                      tune_config=tune.TuneConfig(max_concurrent_trials=1),
-                      run_config=RunConfig(name="all", storage_path=tmp_path,
-                                           stop=AfterTwoResults())).fit()
+    grid = tune.Tuner(
+        _steps,
+        param_space={"x": tune.grid_search([1, 1, 1])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=RunConfig(name="all", storage_path=tmp_path, stop=AfterTwoResults()),
+    ).fit()
     assert sum(r.metrics.get("training_iteration", 0) for r in grid) == 2
 
     class Broken(tune.Stopper):
@@ -360,9 +420,11 @@ def test_stop_takes_rays_stoppers_and_functions(tmp_path: pathlib.Path) -> None:
             raise RuntimeError("stopper bug")
 
     with pytest.raises(cairn.InvalidArgumentError, match="Broken.*stopper bug"):
-        tune.Tuner(_steps, param_space={"x": 1},
-                   run_config=RunConfig(name="broken", storage_path=tmp_path,
-                                        stop=Broken())).fit()
+        tune.Tuner(
+            _steps,
+            param_space={"x": 1},
+            run_config=RunConfig(name="broken", storage_path=tmp_path, stop=Broken()),
+        ).fit()
     with pytest.raises(cairn.InvalidArgumentError, match="RunConfig.stop"):
         tune.Tuner(_steps, run_config=RunConfig(name="bad", storage_path=tmp_path, stop=42))
     with pytest.raises(cairn.InvalidArgumentError, match="saved with it"):
@@ -376,11 +438,14 @@ def test_nested_metrics_are_named_as_ray_flattens_them(tmp_path: pathlib.Path) -
             tune.report({"eval": {"loss": config["x"] / i, "acc": i}})
 
     asha = tune.schedulers.ASHAScheduler(max_t=8, grace_period=2, reduction_factor=2)
-    grid = tune.Tuner(trainable, param_space={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
-                      tune_config=tune.TuneConfig(metric="eval/loss", mode="min",
-                                                  max_concurrent_trials=2, scheduler=asha),
-                      run_config=RunConfig(name="nested", storage_path=tmp_path,
-                                           stop={"eval/acc": 6})).fit()
+    grid = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        tune_config=tune.TuneConfig(
+            metric="eval/loss", mode="min", max_concurrent_trials=2, scheduler=asha
+        ),
+        run_config=RunConfig(name="nested", storage_path=tmp_path, stop={"eval/acc": 6}),
+    ).fit()
     iterations = {r.config["x"]: r.metrics["training_iteration"] for r in grid}
     assert max(iterations.values()) == 6, iterations  # the nested stop threshold
     assert min(iterations.values()) < 6, iterations  # ASHA stopped the worse early
@@ -396,27 +461,38 @@ def test_fail_fast_ends_a_tuner_at_the_first_error(tmp_path: pathlib.Path) -> No
             tune.report({"i": i})
 
     def run(name: str, fail_fast: Any) -> Any:
-        return tune.Tuner(trainable, param_space={"x": tune.grid_search([0, 1, 2])},
-                          tune_config=tune.TuneConfig(max_concurrent_trials=1),
-                          run_config=RunConfig(name=name, storage_path=tmp_path,
-                                               failure_config=train.FailureConfig(
-                                                   fail_fast=fail_fast))).fit()
+        return tune.Tuner(
+            trainable,
+            param_space={"x": tune.grid_search([0, 1, 2])},
+            tune_config=tune.TuneConfig(max_concurrent_trials=1),
+            run_config=RunConfig(
+                name=name,
+                storage_path=tmp_path,
+                failure_config=train.FailureConfig(fail_fast=fail_fast),
+            ),
+        ).fit()
 
     assert [r.status for r in run("slow", False)] == ["ERROR", "TERMINATED", "TERMINATED"]
     fast = run("fast", True)
     assert fast[0].status == "ERROR"
     assert all(r.status != "TERMINATED" or not r.metrics for r in fast[1:]), [
-        (r.status, r.metrics) for r in fast]
+        (r.status, r.metrics) for r in fast
+    ]
     with pytest.raises(train.TrainingFailedError, match="trial zero fails"):
         run("raise", "raise")
     with pytest.raises(cairn.InvalidArgumentError, match="fail_fast"):
         run("bad", "sometimes")
     # The stop thresholds still apply (and are the experiment's, saved).
-    kept = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
-                      run_config=RunConfig(name="kept", storage_path=tmp_path,
-                                           stop={"training_iteration": 2},
-                                           failure_config=train.FailureConfig(
-                                               fail_fast=True))).fit()
+    kept = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1, 2])},
+        run_config=RunConfig(
+            name="kept",
+            storage_path=tmp_path,
+            stop={"training_iteration": 2},
+            failure_config=train.FailureConfig(fail_fast=True),
+        ),
+    ).fit()
     assert [r.metrics["training_iteration"] for r in kept] == [2, 2]
     import json
 
@@ -431,14 +507,18 @@ def test_get_results_reads_a_restored_experiment_without_running_it(
         for i in range(3):
             tune.report({"loss": config["x"] * (3 - i)}, checkpoint=Checkpoint.from_dict({"i": i}))
 
-    tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
-                       tune_config=tune.TuneConfig(metric="loss", mode="min"),
-                       run_config=RunConfig(name="res", storage_path=tmp_path))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1, 2])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min"),
+        run_config=RunConfig(name="res", storage_path=tmp_path),
+    )
     grid = tuner.fit()
     assert tuner.get_results() is grid
     again = tune.Tuner.restore(tmp_path / "res", trainable).get_results()
     assert [(r.trial_id, r.status, r.config) for r in again] == [
-        (r.trial_id, r.status, r.config) for r in grid]
+        (r.trial_id, r.status, r.config) for r in grid
+    ]
     assert again.get_best_result().config == {"x": 1}
     assert again[0].checkpoint is not None and again[0].checkpoint.to_dict() == {"i": 2}
     assert [len(r.metrics_history) for r in again] == [3, 3]  # nothing ran again

@@ -11,11 +11,10 @@ import sys
 import threading
 from typing import Any, Callable
 
-import numpy as np
-import pytest
-
 import cairn
 import cairn.torch as ct
+import numpy as np
+import pytest
 
 torch = pytest.importorskip("torch")
 
@@ -25,8 +24,9 @@ torch = pytest.importorskip("torch")
 
 def _model(seed: int) -> Any:
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 2))
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 2)
+    )
 
 
 def _sparse_model(seed: int) -> Any:
@@ -48,8 +48,12 @@ OPTIMIZERS: dict[str, tuple[Callable[[int], Any], Callable[[Any], Any]]] = {
     "RAdam": (_model, lambda p: torch.optim.RAdam(p)),
     "RMSprop": (_model, lambda p: torch.optim.RMSprop(p, momentum=0.5, centered=True)),
     "Rprop": (_model, lambda p: torch.optim.Rprop(p)),
-    "LBFGS": (_model, lambda p: torch.optim.LBFGS(p, lr=0.5, history_size=4, max_iter=3,
-                                                  line_search_fn="strong_wolfe")),
+    "LBFGS": (
+        _model,
+        lambda p: torch.optim.LBFGS(
+            p, lr=0.5, history_size=4, max_iter=3, line_search_fn="strong_wolfe"
+        ),
+    ),
     "SparseAdam": (_sparse_model, lambda p: torch.optim.SparseAdam(list(p), lr=0.01)),
 }
 
@@ -78,8 +82,9 @@ def _assert_same(a: Any, b: Any, where: str = "") -> None:
     assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim()
-                           else b), where
+        assert torch.equal(
+            a.view(torch.uint8) if a.dim() else a, b.view(torch.uint8) if b.dim() else b
+        ), where
     elif isinstance(a, dict):
         assert list(a) == list(b), where
         for k in a:
@@ -172,8 +177,15 @@ def test_load_state_refuses_what_the_file_does_not_hold(tmp_path: pathlib.Path) 
     with pytest.raises(TypeError, match="extra.bad: a builtins.object is not a tensor"):
         ct.save_state(path, extra={"bad": object()})
     with pytest.raises(RuntimeError, match="size mismatch"):
-        ct.load_state(path, torch.nn.Sequential(torch.nn.Linear(4, 9), torch.nn.BatchNorm1d(9),
-                                                torch.nn.Tanh(), torch.nn.Linear(9, 2)))
+        ct.load_state(
+            path,
+            torch.nn.Sequential(
+                torch.nn.Linear(4, 9),
+                torch.nn.BatchNorm1d(9),
+                torch.nn.Tanh(),
+                torch.nn.Linear(9, 2),
+            ),
+        )
 
 
 # ---- StateCheckpointManager --------------------------------------------------
@@ -187,8 +199,9 @@ def _state(seed: float) -> dict[str, Any]:
 
 
 def test_manager_saves_keeps_max_to_keep_and_restores_in_place(tmp_path: pathlib.Path) -> None:
-    with ct.StateCheckpointManager(tmp_path / "run", max_to_keep=2, checkpoint_interval=10,
-                                   keep_checkpoint_every_n_hours=1e6) as mgr:
+    with ct.StateCheckpointManager(
+        tmp_path / "run", max_to_keep=2, checkpoint_interval=10, keep_checkpoint_every_n_hours=1e6
+    ) as mgr:
         assert mgr.latest is None
         assert mgr.save(0, _state(0.0), metrics={"loss": 1.0}) is not None
         assert mgr.save(5, _state(5.0)) is None  # fewer than 10 steps after 0
@@ -264,8 +277,9 @@ def test_async_save_snapshots_so_the_caller_may_change_tensors_at_once(
     w = torch.arange(1 << 20, dtype=torch.float32)
     a = np.arange(1000, dtype=np.int32)
     with cairn.CheckpointManager(tmp_path, "exp") as manager, ct.AsyncSaver() as saver:
-        h = saver.save({"w": w, "nested": {"a": a}}, manager, metrics={"loss": 0.5},
-                       metadata={"step": 1})
+        h = saver.save(
+            {"w": w, "nested": {"a": a}}, manager, metrics={"loss": 0.5}, metadata={"step": 1}
+        )
         w.fill_(-1.0)  # right after save() returned
         a[:] = -1
         rec = h.wait()
@@ -452,12 +466,16 @@ def test_two_ranks_save_and_three_ranks_load_their_shards_of_the_global_tensors(
     dest = tmp_path / "sharded"
 
     def rank_state(rank: int, world: int) -> dict[str, Any]:
-        (wo, ws), (eo, es) = ct.even_split(W.shape, 0, rank, world), ct.even_split(
-            E.shape, 1, rank, world)
-        w = W[wo[0]:wo[0] + ws[0]].contiguous()
-        e = E[:, eo[1]:eo[1] + es[1]].contiguous()
-        return {"layer": {"w": ct.Shard(w, W.shape, wo), "bias": bias},
-                "emb": ct.Shard(e, E.shape, eo)}
+        (wo, ws), (eo, es) = (
+            ct.even_split(W.shape, 0, rank, world),
+            ct.even_split(E.shape, 1, rank, world),
+        )
+        w = W[wo[0] : wo[0] + ws[0]].contiguous()
+        e = E[:, eo[1] : eo[1] + es[1]].contiguous()
+        return {
+            "layer": {"w": ct.Shard(w, W.shape, wo), "bias": bias},
+            "emb": ct.Shard(e, E.shape, eo),
+        }
 
     reports = [ct.save_sharded(dest, r, rank_state(r, 2)) for r in range(2)]
     with pytest.raises(cairn.InvalidArgumentError, match="saved by no rank"):
@@ -469,12 +487,13 @@ def test_two_ranks_save_and_three_ranks_load_their_shards_of_the_global_tensors(
         # Rows split three ways now, and the embedding along dim 0 instead of 1.
         wo, ws = ct.even_split(W.shape, 0, rank, 3)
         eo, es = ct.even_split(E.shape, 0, rank, 3)
-        local = {"layer": {"w": ct.Shard(torch.zeros(ws), W.shape, wo),
-                           "bias": torch.zeros(2)},
-                 "emb": ct.Shard(torch.zeros(es, dtype=torch.int64), E.shape, eo)}
+        local = {
+            "layer": {"w": ct.Shard(torch.zeros(ws), W.shape, wo), "bias": torch.zeros(2)},
+            "emb": ct.Shard(torch.zeros(es, dtype=torch.int64), E.shape, eo),
+        }
         ct.load_sharded(dest, local)
-        assert torch.equal(local["layer"]["w"].tensor, W[wo[0]:wo[0] + ws[0]])
-        assert torch.equal(local["emb"].tensor, E[eo[0]:eo[0] + es[0]])
+        assert torch.equal(local["layer"]["w"].tensor, W[wo[0] : wo[0] + ws[0]])
+        assert torch.equal(local["emb"].tensor, E[eo[0] : eo[0] + es[0]])
         assert torch.equal(local["layer"]["bias"], bias)
 
     whole = {"emb": torch.zeros(9, 2, dtype=torch.int64)}
@@ -506,9 +525,15 @@ def test_ranks_in_separate_processes_save_shards_that_one_commit_makes_whole(
     # uncommitted checkpoint at once; the reports travel as JSON.
     dest = tmp_path / "ckpt"
     world = 3
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK_PROGRAM, str(dest), str(r), str(world)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_PROGRAM, str(dest), str(r), str(world)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
     reports = []
     for r, p in enumerate(procs):
         out, err = p.communicate(timeout=300)
@@ -518,7 +543,8 @@ def test_ranks_in_separate_processes_save_shards_that_one_commit_makes_whole(
     ct.commit_sharded(dest, reports)
     assert cairn.Checkpoint.from_directory(dest).verify() == []
     assert sorted(f.name for f in dest.glob("rank_*.safetensors")) == [
-        f"rank_{r:05d}.safetensors" for r in range(world)]
+        f"rank_{r:05d}.safetensors" for r in range(world)
+    ]
     whole = {"w": torch.zeros(10, 3, dtype=torch.float64), "step": torch.tensor(0)}
     ct.load_sharded(dest, whole)
     assert torch.equal(whole["w"], torch.arange(30, dtype=torch.float64).reshape(10, 3))

@@ -16,15 +16,14 @@ import subprocess
 import sys
 from typing import Any, Optional, Union
 
-import pytest
-
 import cairn
+import pytest
 from cairn import tune
 from cairn.tune import Checkpoint, CheckpointConfig, RunConfig, TuneConfig
 from cairn.tune.schedulers import ASHAScheduler, PopulationBasedTraining
 
 sys.path.insert(0, os.path.dirname(__file__))
-import driver_process  # noqa: E402
+import driver_process
 
 
 def _run_config(tmp_path: pathlib.Path, **kw: Any) -> RunConfig:
@@ -39,11 +38,15 @@ def test_a_function_trainable_over_a_grid_with_asha_finds_the_best_config(
             tune.report({"loss": (config["lr"] - 0.01) ** 2 + 1.0 / (step + 1)})
 
     grid = tune.Tuner(
-        trainable, param_space={"lr": tune.grid_search([0.001, 0.01, 0.1, 1.0]), "fixed": 7},
-        tune_config=TuneConfig(metric="loss", mode="min",
-                               scheduler=ASHAScheduler(max_t=8, grace_period=1,
-                                                       reduction_factor=2)),
-        run_config=_run_config(tmp_path)).fit()
+        trainable,
+        param_space={"lr": tune.grid_search([0.001, 0.01, 0.1, 1.0]), "fixed": 7},
+        tune_config=TuneConfig(
+            metric="loss",
+            mode="min",
+            scheduler=ASHAScheduler(max_t=8, grace_period=1, reduction_factor=2),
+        ),
+        run_config=_run_config(tmp_path),
+    ).fit()
     assert len(grid) == 4 and grid.num_errors == 0
     assert {r.status for r in grid} == {"TERMINATED"}
     assert sorted(r.config["lr"] for r in grid) == [0.001, 0.01, 0.1, 1.0]
@@ -62,14 +65,17 @@ def test_time_budget_s_ends_the_experiment_and_a_restore_counts_the_time_used(
 ) -> None:
     def trainable(config: dict[str, Any]) -> None:
         import time
+
         for step in range(1200):  # a minute: only the budget ends it sooner
             time.sleep(0.05)
             tune.report({"step": step})
 
     grid = tune.Tuner(
-        trainable, param_space={"x": tune.grid_search([1, 2, 3])},
+        trainable,
+        param_space={"x": tune.grid_search([1, 2, 3])},
         tune_config=TuneConfig(max_concurrent_trials=1, time_budget_s=1.0),
-        run_config=_run_config(tmp_path)).fit()
+        run_config=_run_config(tmp_path),
+    ).fit()
     first = grid[0]
     assert first.status == "TERMINATED"
     assert 1 <= len(first.metrics_history) < 1200
@@ -77,35 +83,49 @@ def test_time_budget_s_ends_the_experiment_and_a_restore_counts_the_time_used(
     again = tune.Tuner.restore(str(tmp_path / "exp"), trainable).fit()
     assert len(again[0].metrics_history) == len(first.metrics_history)
     with pytest.raises(cairn.InvalidArgumentError, match="time_budget_s"):
-        tune.Tuner(trainable, param_space={}, tune_config=TuneConfig(time_budget_s=-1.0),
-                   run_config=RunConfig(name="bad", storage_path=tmp_path)).fit()
+        tune.Tuner(
+            trainable,
+            param_space={},
+            tune_config=TuneConfig(time_budget_s=-1.0),
+            run_config=RunConfig(name="bad", storage_path=tmp_path),
+        ).fit()
 
 
 def test_with_resources_hands_each_trial_its_own_gpus(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # the GPUs the Tuner may hand out
 
     def trainable(config: dict[str, Any]) -> None:
         import time
+
         start = time.monotonic()
         time.sleep(0.3)
-        tune.report({"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start,
-                     "end": time.monotonic()})
+        tune.report(
+            {
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                "start": start,
+                "end": time.monotonic(),
+            }
+        )
 
     grid = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 1, "gpu": 1}),
         param_space={"x": tune.grid_search([1, 2, 3])},
         tune_config=TuneConfig(max_concurrent_trials=3),
-        run_config=_run_config(tmp_path)).fit()
+        run_config=_run_config(tmp_path),
+    ).fit()
     spans = [(r.metrics["start"], r.metrics["end"], r.metrics["gpus"]) for r in grid]
     assert sorted({g for _, _, g in spans}) <= ["3", "5"] and len(spans) == 3
     for start, _, gpu in spans:  # one trial per GPU at any moment
         assert sum(1 for s, e, g in spans if g == gpu and s <= start < e) == 1, spans
     with pytest.raises(cairn.InvalidArgumentError, match="resources_per_trial.gpu"):
-        tune.Tuner(tune.with_resources(trainable, {"gpu": 4}),
-                   param_space={"x": tune.grid_search([1])},
-                   run_config=RunConfig(name="too_many", storage_path=tmp_path)).fit()
+        tune.Tuner(
+            tune.with_resources(trainable, {"gpu": 4}),
+            param_space={"x": tune.grid_search([1])},
+            run_config=RunConfig(name="too_many", storage_path=tmp_path),
+        ).fit()
     with pytest.raises(cairn.InvalidArgumentError, match="memory"):
         tune.with_resources(trainable, {"memory": 1})
 
@@ -114,9 +134,10 @@ def test_with_resources_hands_each_trial_its_own_gpus(
             return {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "done": True}
 
     grid = tune.Tuner(
-        tune.with_resources(Recorder, {"gpu": 1}), param_space={},
+        tune.with_resources(Recorder, {"gpu": 1}),
+        param_space={},
         tune_config=TuneConfig(max_concurrent_trials=1),
-        run_config=RunConfig(name="class", storage_path=tmp_path, stop={"training_iteration": 1})
+        run_config=RunConfig(name="class", storage_path=tmp_path, stop={"training_iteration": 1}),
     ).fit()
     assert grid[0].metrics["gpus"] == "3", grid[0].metrics  # its GPU, not the Tuner's "3,5"
 
@@ -125,13 +146,20 @@ def test_random_sampling_is_seeded_and_within_its_domains(tmp_path: pathlib.Path
     def trainable(config: dict[str, Any]) -> None:
         tune.report({"v": 1})
 
-    space = {"lr": tune.loguniform(1e-4, 1e-1), "layers": tune.randint(1, 4),
-             "act": tune.choice(["relu", "tanh"]), "drop": tune.uniform(0.0, 0.5)}
+    space = {
+        "lr": tune.loguniform(1e-4, 1e-1),
+        "layers": tune.randint(1, 4),
+        "act": tune.choice(["relu", "tanh"]),
+        "drop": tune.uniform(0.0, 0.5),
+    }
     configs = []
     for name in ("a", "b"):
-        grid = tune.Tuner(trainable, param_space=space,
-                          tune_config=TuneConfig(num_samples=5, seed=3),
-                          run_config=RunConfig(name=name, storage_path=tmp_path)).fit()
+        grid = tune.Tuner(
+            trainable,
+            param_space=space,
+            tune_config=TuneConfig(num_samples=5, seed=3),
+            run_config=RunConfig(name=name, storage_path=tmp_path),
+        ).fit()
         configs.append(sorted((r.trial_id, tuple(sorted(r.config.items()))) for r in grid))
         for r in grid:
             assert 1e-4 <= r.config["lr"] < 1e-1 and r.config["layers"] in (1, 2, 3)
@@ -155,8 +183,7 @@ def test_sample_from_computes_each_trials_value_from_its_config(tmp_path: pathli
         "model": {"width": tune.sample_from(lambda: np.int64(64))},
         "dims": [tune.sample_from(lambda spec: [spec.config.x] * 2)],
     }
-    grid = tune.Tuner(_reports_config, param_space=space,
-                      run_config=_run_config(tmp_path)).fit()
+    grid = tune.Tuner(_reports_config, param_space=space, run_config=_run_config(tmp_path)).fit()
     assert grid.num_errors == 0, grid.errors
     assert sorted(r.config["x"] for r in grid) == [1, 2, 3]
     for r in grid:
@@ -172,18 +199,26 @@ def test_sample_from_errors_name_the_key(tmp_path: pathlib.Path) -> None:
         tune.sample_from("lr")  # type: ignore[arg-type]
     with pytest.raises(cairn.InvalidArgumentError, match="the spec or no argument"):
         tune.sample_from(lambda a, b: a)
-    waiting = {"p": tune.sample_from(lambda spec: spec.config.q),
-               "q": tune.sample_from(lambda spec: spec.config.p)}
+    waiting = {
+        "p": tune.sample_from(lambda spec: spec.config.q),
+        "q": tune.sample_from(lambda spec: spec.config.p),
+    }
     with pytest.raises(cairn.InvalidArgumentError, match="p, q: .*wait for each other"):
-        tune.Tuner(_reports_config, param_space=waiting,
-                   run_config=RunConfig(name="cycle", storage_path=tmp_path)).fit()
+        tune.Tuner(
+            _reports_config,
+            param_space=waiting,
+            run_config=RunConfig(name="cycle", storage_path=tmp_path),
+        ).fit()
 
     def no_width(spec: Any) -> int:
         raise KeyError("width")
 
     with pytest.raises(cairn.InvalidArgumentError, match=r"model/w: sample_from.*KeyError"):
-        tune.Tuner(_reports_config, param_space={"model": {"w": tune.sample_from(no_width)}},
-                   run_config=RunConfig(name="raises", storage_path=tmp_path)).fit()
+        tune.Tuner(
+            _reports_config,
+            param_space={"model": {"w": tune.sample_from(no_width)}},
+            run_config=RunConfig(name="raises", storage_path=tmp_path),
+        ).fit()
     with pytest.raises(TypeError, match="SampleFrom"):  # grid values are constants
         tune.grid_search([tune.sample_from(lambda: 1)])
 
@@ -201,16 +236,23 @@ def test_restore_needs_the_sample_from_functions_only_while_trials_remain(
 
     space = {"x": tune.grid_search([1, 2, 3, 4]), "double": tune.sample_from(fails_on_third_trial)}
     with pytest.raises(cairn.InvalidArgumentError, match="double: .*RuntimeError: not yet"):
-        tune.Tuner(_reports_config, param_space=space,
-                   tune_config=TuneConfig(max_concurrent_trials=1),
-                   run_config=_run_config(tmp_path)).fit()
+        tune.Tuner(
+            _reports_config,
+            param_space=space,
+            tune_config=TuneConfig(max_concurrent_trials=1),
+            run_config=_run_config(tmp_path),
+        ).fit()
     path = tmp_path / "exp"
     assert tune.Tuner.can_restore(path)
     with pytest.raises(cairn.InvalidArgumentError, match="double"):
         tune.Tuner.restore(path, _reports_config)  # trials remain: the function is needed
     grid = tune.Tuner.restore(path, _reports_config, param_space=space).fit()
     assert sorted((r.config["x"], r.config["double"]) for r in grid) == [
-        (1, 2), (2, 4), (3, 6), (4, 8)]
+        (1, 2),
+        (2, 4),
+        (3, 6),
+        (4, 8),
+    ]
     assert {r.status for r in grid} == {"TERMINATED"}
     # Every trial created: no function is needed any more.
     again = tune.Tuner.restore(path, _reports_config).fit()
@@ -240,20 +282,29 @@ class Counter(tune.Trainable):
 def test_a_class_trainable_under_pbt_clones_the_best_trials_state(
     tmp_path: pathlib.Path,
 ) -> None:
-    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=2, seed=5,
-                                  hyperparam_mutations={"inc": [1.0, 2.0, 3.0, 4.0]})
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        seed=5,
+        hyperparam_mutations={"inc": [1.0, 2.0, 3.0, 4.0]},
+    )
     grid = tune.Tuner(
-        Counter, param_space={"inc": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
-        tune_config=TuneConfig(metric="total", mode="max", scheduler=pbt,
-                               max_concurrent_trials=4),
-        run_config=_run_config(tmp_path, stop={"training_iteration": 8},
-                               checkpoint_config=CheckpointConfig(checkpoint_frequency=2))).fit()
+        Counter,
+        param_space={"inc": tune.grid_search([1.0, 2.0, 3.0, 4.0])},
+        tune_config=TuneConfig(metric="total", mode="max", scheduler=pbt, max_concurrent_trials=4),
+        run_config=_run_config(
+            tmp_path,
+            stop={"training_iteration": 8},
+            checkpoint_config=CheckpointConfig(checkpoint_frequency=2),
+        ),
+    ).fit()
     assert grid.num_errors == 0, grid.errors
     assert {r.status for r in grid} == {"TERMINATED"}
     # At least the stop's 8 iterations; a clone may jump past it, since it
     # goes on from the iteration of the checkpoint it took (as in Ray).
     assert all(r.metrics["training_iteration"] >= 8 for r in grid), [
-        (r.trial_id, r.metrics) for r in grid]
+        (r.trial_id, r.metrics) for r in grid
+    ]
     # A trial is only ever ahead of steady growth at its own rate if it
     # took a better trial's state (PBT's exploit through load_checkpoint).
     for r in grid:
@@ -273,24 +324,34 @@ def test_restore_goes_on_with_the_saved_asha_or_pbt_scheduler(tmp_path: pathlib.
             # trials report in) fails once, before its step 3.
             if step == 3 and config["x"] == config.get("fail_x") and checkpoint is None:
                 raise RuntimeError("interrupted")
-            tune.report({"loss": config["x"] / step}, checkpoint=Checkpoint.from_dict({"step": step}))
+            tune.report(
+                {"loss": config["x"] / step}, checkpoint=Checkpoint.from_dict({"step": step})
+            )
 
     asha = ASHAScheduler(max_t=6, grace_period=1, reduction_factor=3)
-    grid = tune.Tuner(trainable,
-                      param_space={"x": tune.grid_search([1.0, 2.0, 3.0]), "fail_x": 1.0},
-                      tune_config=TuneConfig(metric="loss", mode="min", scheduler=asha),
-                      run_config=_run_config(tmp_path)).fit()
+    grid = tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1.0, 2.0, 3.0]), "fail_x": 1.0},
+        tune_config=TuneConfig(metric="loss", mode="min", scheduler=asha),
+        run_config=_run_config(tmp_path),
+    ).fit()
     assert grid.num_errors == 1
     # Ray's call, no scheduler given: the saved ASHA (max_t=6) goes on.
     again = tune.Tuner.restore(tmp_path / "exp", trainable, resume_errored=True).fit()
     assert again.num_errors == 0 and len(again) == 3
     assert all(r.metrics["training_iteration"] <= 6 for r in again)
 
-    pbt = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
-                                  hyperparam_mutations={"x": lambda: 1.0})
-    tune.Tuner(trainable, param_space={"x": 1.0},
-               tune_config=TuneConfig(metric="loss", mode="min", scheduler=pbt),
-               run_config=RunConfig(name="pbt", storage_path=tmp_path)).fit()
+    pbt = PopulationBasedTraining(
+        time_attr="training_iteration",
+        perturbation_interval=1,
+        hyperparam_mutations={"x": lambda: 1.0},
+    )
+    tune.Tuner(
+        trainable,
+        param_space={"x": 1.0},
+        tune_config=TuneConfig(metric="loss", mode="min", scheduler=pbt),
+        run_config=RunConfig(name="pbt", storage_path=tmp_path),
+    ).fit()
     with pytest.raises(cairn.InvalidArgumentError, match="pass the scheduler again"):
         tune.Tuner.restore(tmp_path / "pbt", trainable)
     assert len(tune.Tuner.restore(tmp_path / "pbt", trainable, scheduler=pbt).fit()) == 1
@@ -307,21 +368,26 @@ def test_pbt_mutations_may_be_functions_as_in_ray() -> None:
 
     mutations = {"inc": lambda: random.choice([5.0, 6.0]), "label": tune.sample_from(label)}
     # The explore step alone (what a clone's new config is made by).
-    always = PopulationBasedTraining(seed=5, resample_probability=1.0,
-                                     hyperparam_mutations=mutations)
+    always = PopulationBasedTraining(
+        seed=5, resample_probability=1.0, hyperparam_mutations=mutations
+    )
     for _ in range(10):
         c = always.explore({"inc": 1.0, "label": "initial", "other": 7})
         assert c == {"inc": c["inc"], "label": "explored", "other": 7} and c["inc"] in (5.0, 6.0)
     assert explored[0]["label"] == "initial" and explored[0]["other"] == 7  # spec.config
     # Without a resample, a number is perturbed; a non-number is always resampled.
-    never = PopulationBasedTraining(seed=5, resample_probability=0.0,
-                                    hyperparam_mutations=mutations)
+    never = PopulationBasedTraining(
+        seed=5, resample_probability=0.0, hyperparam_mutations=mutations
+    )
     c = never.explore({"inc": 1.0, "label": "initial"})
     assert c["inc"] in (0.8, 1.2) and c["label"] == "explored"
     # Ray's perturbation_factors: a perturbed number is multiplied by one of them.
-    factors = PopulationBasedTraining(seed=5, resample_probability=0.0,
-                                      perturbation_factors=(2.0, 0.5),
-                                      hyperparam_mutations={"inc": tune.uniform(0.0, 10.0)})
+    factors = PopulationBasedTraining(
+        seed=5,
+        resample_probability=0.0,
+        perturbation_factors=(2.0, 0.5),
+        hyperparam_mutations={"inc": tune.uniform(0.0, 10.0)},
+    )
     assert {factors.explore({"inc": 3.0})["inc"] for _ in range(20)} == {6.0, 1.5}
     with pytest.raises(cairn.InvalidArgumentError, match="perturbation_factor"):
         PopulationBasedTraining(perturbation_factors=(0.0, 1.0), hyperparam_mutations=mutations)
@@ -341,8 +407,14 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
     hold = tmp_path / "hold"
     hold.touch()
     exp = tmp_path / "exp"
-    held = [exp / f"trial_{i:05d}" / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}" / ".cairn" /
-            "manifest.json" for i in range(3)]
+    held = [
+        exp
+        / f"trial_{i:05d}"
+        / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}"
+        / ".cairn"
+        / "manifest.json"
+        for i in range(3)
+    ]
     with driver_process.started(tune_driver.__file__, str(tmp_path)) as driver:
         driver_process.wait_for(driver, *held)
         driver.kill()  # trial runners and workers die with it
@@ -359,8 +431,7 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
         after = [row for row in r.metrics_history if row["start"] > 0]
         # Resumed from its latest committed checkpoint, not from scratch.
         assert after and {row["start"] for row in after} == {tune_driver.HOLD_AT}, r.trial_id
-        assert [row["step"] for row in after] == list(range(tune_driver.HOLD_AT,
-                                                            tune_driver.STEPS))
+        assert [row["step"] for row in after] == list(range(tune_driver.HOLD_AT, tune_driver.STEPS))
 
 
 def _restore_tune_preempt_to_the_end(tmp_path: pathlib.Path) -> None:
@@ -397,8 +468,10 @@ def test_sigterm_to_the_driver_pauses_the_running_trials_with_a_checkpoint(
     assert driver.returncode == 0, err.decode()
     with open(tmp_path / "grid.json") as f:
         got = json.load(f)
-    assert got == {"preempted": True,
-                   "trials": [["trial_00000", "PAUSED"], ["trial_00001", "PAUSED"]]}
+    assert got == {
+        "preempted": True,
+        "trials": [["trial_00000", "PAUSED"], ["trial_00001", "PAUSED"]],
+    }
     _restore_tune_preempt_to_the_end(tmp_path)
 
 
@@ -431,8 +504,9 @@ def test_a_failing_trial_is_an_error_with_its_traceback_and_can_be_resumed(
                 raise KeyError("missing shard")
             tune.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
 
-    grid = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
-                      run_config=_run_config(tmp_path)).fit()
+    grid = tune.Tuner(
+        trainable, param_space={"x": tune.grid_search([1, 2])}, run_config=_run_config(tmp_path)
+    ).fit()
     assert grid.num_errors == 1 and grid.num_terminated == 1
     failed = next(r for r in grid if r.status == "ERROR")
     assert failed.config["x"] == 2
@@ -455,19 +529,30 @@ def test_a_torch_trainer_as_trainable_runs_each_trial_on_its_workers(
     from cairn.train.torch import TorchTrainer
 
     def loop(config: dict[str, Any]) -> None:
-        import torch
         import torch.distributed as dist
+
+        import torch
 
         t = torch.tensor([config["lr"]])
         dist.all_reduce(t)
-        train.report({"sum": float(t[0]), "world": train.get_context().get_world_size(),
-                      "epochs": config["epochs"]})
+        train.report(
+            {
+                "sum": float(t[0]),
+                "world": train.get_context().get_world_size(),
+                "epochs": config["epochs"],
+            }
+        )
 
-    trainer = TorchTrainer(loop, train_loop_config={"epochs": 3, "lr": 0.0},
-                           scaling_config=ScalingConfig(num_workers=2))
-    grid = tune.Tuner(trainer,
-                      param_space={"train_loop_config": {"lr": tune.grid_search([0.5, 1.5])}},
-                      run_config=_run_config(tmp_path)).fit()
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config={"epochs": 3, "lr": 0.0},
+        scaling_config=ScalingConfig(num_workers=2),
+    )
+    grid = tune.Tuner(
+        trainer,
+        param_space={"train_loop_config": {"lr": tune.grid_search([0.5, 1.5])}},
+        run_config=_run_config(tmp_path),
+    ).fit()
     assert grid.num_errors == 0, grid.errors
     got = sorted((r.metrics["sum"], r.metrics["world"], r.metrics["epochs"]) for r in grid)
     assert got == [(1.0, 2, 3), (3.0, 2, 3)]
@@ -482,11 +567,17 @@ def test_bad_trainables_and_configs_are_clear_errors(tmp_path: pathlib.Path) -> 
     with pytest.raises(cairn.InvalidArgumentError, match="trainable"):
         tune.Tuner(42, run_config=_run_config(tmp_path))
     with pytest.raises(cairn.InvalidArgumentError, match="search_alg"):
-        tune.Tuner(lambda c: None, tune_config=TuneConfig(search_alg=object()),
-                   run_config=_run_config(tmp_path))
+        tune.Tuner(
+            lambda c: None,
+            tune_config=TuneConfig(search_alg=object()),
+            run_config=_run_config(tmp_path),
+        )
     with pytest.raises(cairn.InvalidArgumentError, match="mode"):
-        tune.Tuner(lambda c: None, tune_config=TuneConfig(metric="x", mode="sideways"),
-                   run_config=_run_config(tmp_path))
+        tune.Tuner(
+            lambda c: None,
+            tune_config=TuneConfig(metric="x", mode="sideways"),
+            run_config=_run_config(tmp_path),
+        )
     with pytest.raises(ValueError, match="hyperparam_mutations"):
         PopulationBasedTraining(hyperparam_mutations={})
 
@@ -498,13 +589,13 @@ class Recorder(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.events.append(("start", trial.trial_id))
 
-    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any,
-                        result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any], **info: Any
+    ) -> None:
         assert trial in trials
         self.events.append(("result", trial.trial_id))
 
-    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any,
-                          **info: Any) -> None:
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self.events.append(("complete", trial.trial_id))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
@@ -524,26 +615,38 @@ def test_python_callbacks_see_every_event_and_a_failing_one_ends_fit_naming_it(
             raise ValueError("no")
 
     recorder = Recorder()
-    tune.Tuner(trainable, param_space={"x": tune.grid_search([0, 1])},
-               tune_config=TuneConfig(max_concurrent_trials=1),
-               run_config=_run_config(tmp_path, callbacks=[recorder])).fit()
+    tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([0, 1])},
+        tune_config=TuneConfig(max_concurrent_trials=1),
+        run_config=_run_config(tmp_path, callbacks=[recorder]),
+    ).fit()
     assert recorder.events == [
-        ("start", "trial_00000"), ("result", "trial_00000"), ("result", "trial_00000"),
+        ("start", "trial_00000"),
+        ("result", "trial_00000"),
+        ("result", "trial_00000"),
         ("complete", "trial_00000"),
-        ("start", "trial_00001"), ("result", "trial_00001"), ("result", "trial_00001"),
-        ("error", "trial_00001"), ("end", "ERROR,TERMINATED")]
+        ("start", "trial_00001"),
+        ("result", "trial_00001"),
+        ("result", "trial_00001"),
+        ("error", "trial_00001"),
+        ("end", "ERROR,TERMINATED"),
+    ]
 
     class Broken(tune.Callback):
         def on_trial_result(self, *args: Any, **kw: Any) -> None:
             raise RuntimeError("callback bug")
 
     with pytest.raises(cairn.InvalidArgumentError, match="Broken.*callback bug"):
-        tune.Tuner(trainable, param_space={"x": 0},
-                   run_config=RunConfig(name="b", storage_path=tmp_path,
-                                        callbacks=[Broken()])).fit()
+        tune.Tuner(
+            trainable,
+            param_space={"x": 0},
+            run_config=RunConfig(name="b", storage_path=tmp_path, callbacks=[Broken()]),
+        ).fit()
     with pytest.raises(cairn.InvalidArgumentError, match=r"callbacks\[0\]"):
-        tune.Tuner(trainable, run_config=RunConfig(name="c", storage_path=tmp_path,
-                                                   callbacks=[object()]))
+        tune.Tuner(
+            trainable, run_config=RunConfig(name="c", storage_path=tmp_path, callbacks=[object()])
+        )
 
 
 _HOSTS_PROGRAM = os.path.join(os.path.dirname(__file__), "tune_hosts.py")
@@ -558,12 +661,24 @@ def test_trials_run_on_every_process_of_a_launch_and_each_gets_the_grid(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=_PACKAGE_ROOT, PYTHONDONTWRITEBYTECODE="1",
-               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    procs = [subprocess.Popen([sys.executable, _HOSTS_PROGRAM, str(tmp_path)],
-                              env=dict(env, RANK=str(r), CAIRN_TEST_PLACE=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=_PACKAGE_ROOT,
+        PYTHONDONTWRITEBYTECODE="1",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, _HOSTS_PROGRAM, str(tmp_path)],
+            env=dict(env, RANK=str(r), CAIRN_TEST_PLACE=str(r)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     try:
         outputs = [p.communicate(timeout=240)[0] for p in procs]
     finally:

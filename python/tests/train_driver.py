@@ -29,8 +29,9 @@ def loop(config: dict[str, Any]) -> None:
         deadline = time.monotonic() + 600  # bounded, should the test die first
         while step == HOLD_AT and os.path.exists(config["hold"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        train.report({"step": step, "start": start},
-                     checkpoint=Checkpoint.from_dict({"step": step}))
+        train.report(
+            {"step": step, "start": start}, checkpoint=Checkpoint.from_dict({"step": step})
+        )
 
 
 def interruptible_loop(config: dict[str, Any]) -> None:
@@ -39,8 +40,9 @@ def interruptible_loop(config: dict[str, Any]) -> None:
         time.sleep(0.02)
         checkpoint = None
         if step == 0 or train.should_checkpoint():
-            checkpoint = Checkpoint.from_dict({"step": step,
-                                               "preempted": train.should_checkpoint()})
+            checkpoint = Checkpoint.from_dict(
+                {"step": step, "preempted": train.should_checkpoint()}
+            )
         train.report({"step": step}, checkpoint=checkpoint)
 
 
@@ -48,12 +50,18 @@ def main(argv: list[str]) -> int:
     from cairn.train.torch import TorchTrainer
 
     if argv[2:] == ["interruptible"]:
-        TorchTrainer(interruptible_loop, scaling_config=ScalingConfig(num_workers=2),
-                     run_config=RunConfig(name="exp", storage_path=argv[1])).fit()
+        TorchTrainer(
+            interruptible_loop,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="exp", storage_path=argv[1]),
+        ).fit()
         return 0
-    TorchTrainer(loop, train_loop_config={"hold": os.path.join(argv[1], "hold")},
-                 scaling_config=ScalingConfig(num_workers=2),
-                 run_config=RunConfig(name="exp", storage_path=argv[1])).fit()
+    TorchTrainer(
+        loop,
+        train_loop_config={"hold": os.path.join(argv[1], "hold")},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="exp", storage_path=argv[1]),
+    ).fit()
     return 0
 
 

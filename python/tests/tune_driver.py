@@ -29,17 +29,19 @@ def trainable(config: dict[str, Any]) -> None:
         deadline = time.monotonic() + 600  # bounded, should the test die first
         while step == HOLD_AT and os.path.exists(config["hold"]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        tune.report({"score": config["x"] * step, "step": step, "start": start},
-                    checkpoint=Checkpoint.from_dict({"step": step}))
+        tune.report(
+            {"score": config["x"] * step, "step": step, "start": start},
+            checkpoint=Checkpoint.from_dict({"step": step}),
+        )
 
 
 def main(argv: list[str]) -> int:
-    tune.Tuner(trainable,
-               param_space={"x": tune.grid_search([1, 2, 3]),
-                            "hold": os.path.join(argv[1], "hold")},
-               tune_config=tune.TuneConfig(metric="score", mode="max",
-                                           max_concurrent_trials=3),
-               run_config=tune.RunConfig(name="exp", storage_path=argv[1])).fit()
+    tune.Tuner(
+        trainable,
+        param_space={"x": tune.grid_search([1, 2, 3]), "hold": os.path.join(argv[1], "hold")},
+        tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=3),
+        run_config=tune.RunConfig(name="exp", storage_path=argv[1]),
+    ).fit()
     return 0
 
 

@@ -25,21 +25,27 @@ def trainable(config: dict[str, Any]) -> None:
     ckpt = tune.get_checkpoint()
     start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
     for step in range(start, 3):
-        tune.report({"score": config["x"] * step, "step": step,
-                     "place": os.environ.get("CAIRN_TEST_PLACE", "?")},
-                    checkpoint=Checkpoint.from_dict({"step": step}))
+        tune.report(
+            {
+                "score": config["x"] * step,
+                "step": step,
+                "place": os.environ.get("CAIRN_TEST_PLACE", "?"),
+            },
+            checkpoint=Checkpoint.from_dict({"step": step}),
+        )
 
 
 def main(argv: list[str]) -> int:
     out = os.path.join(argv[1], f"grid_{os.environ['RANK']}.json")
     try:
         grid = tune.Tuner(
-            trainable, param_space={"x": tune.grid_search([1, 2, 3, 4])},
+            trainable,
+            param_space={"x": tune.grid_search([1, 2, 3, 4])},
             tune_config=tune.TuneConfig(metric="score", mode="max"),
-            run_config=tune.RunConfig(name="exp", storage_path=argv[1])).fit()
-        got: Any = sorted([r.trial_id, r.metrics["step"], r.metrics["place"]]
-                          for r in grid)
-    except Exception as e:  # noqa: BLE001 - reported to the test
+            run_config=tune.RunConfig(name="exp", storage_path=argv[1]),
+        ).fit()
+        got: Any = sorted([r.trial_id, r.metrics["step"], r.metrics["place"]] for r in grid)
+    except Exception as e:
         got = f"{type(e).__name__}: {e}"
     with open(out, "w") as f:
         json.dump(got, f)

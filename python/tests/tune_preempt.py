@@ -36,8 +36,10 @@ def trainable(config: dict[str, Any]) -> None:
             open(os.path.join(config["dir"], f"{config['x']}.started"), "w").close()
         last = step >= STEPS - 1 and os.path.exists(os.path.join(config["dir"], "may_finish"))
         save = train.should_checkpoint() or last
-        tune.report({"score": config["x"] * step, "step": step, "start": start},
-                    checkpoint=Checkpoint.from_dict({"step": step}) if save else None)
+        tune.report(
+            {"score": config["x"] * step, "step": step, "start": start},
+            checkpoint=Checkpoint.from_dict({"step": step}) if save else None,
+        )
         if last:
             return
         step += 1
@@ -45,12 +47,16 @@ def trainable(config: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     grid = tune.Tuner(
-        trainable, param_space={"x": tune.grid_search([1, 2, 3]), "dir": argv[1]},
+        trainable,
+        param_space={"x": tune.grid_search([1, 2, 3]), "dir": argv[1]},
         tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=2),
-        run_config=tune.RunConfig(name="exp", storage_path=argv[1])).fit()
+        run_config=tune.RunConfig(name="exp", storage_path=argv[1]),
+    ).fit()
     with open(os.path.join(argv[1], "grid.json"), "w") as out:
-        json.dump({"preempted": grid.preempted,
-                   "trials": sorted([r.trial_id, r.status] for r in grid)}, out)
+        json.dump(
+            {"preempted": grid.preempted, "trials": sorted([r.trial_id, r.status] for r in grid)},
+            out,
+        )
     return 0
 
 

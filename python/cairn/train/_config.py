@@ -54,14 +54,18 @@ def worker_range(scaling: ScalingConfig) -> tuple[int, int]:
     fixed group. Raises InvalidArgumentError for anything but an int or a
     pair of ints."""
     n = scaling.num_workers
-    if isinstance(n, tuple) and len(n) == 2 and all(
-            isinstance(x, int) and not isinstance(x, bool) for x in n):
+    if (
+        isinstance(n, tuple)
+        and len(n) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in n)
+    ):
         return n[0], n[1]
     if isinstance(n, int) and not isinstance(n, bool):
         return 0, n
     raise InvalidArgumentError(
         f"ScalingConfig.num_workers: an int or a (min, max) pair of ints, not {n!r}",
-        "invalid_argument")
+        "invalid_argument",
+    )
 
 
 @dataclass
@@ -131,7 +135,9 @@ class RunConfig:
             raise InvalidArgumentError(
                 "RunConfig.storage_filesystem: a pyarrow filesystem is not taken; give "
                 "storage_path as a local path or an s3://bucket/prefix URI (configured as "
-                "aws-cli is)", "invalid_argument")
+                "aws-cli is)",
+                "invalid_argument",
+            )
 
     def _native(self) -> dict[str, Any]:
         """The C++ RunConfig's fields (python/_train.cc)."""

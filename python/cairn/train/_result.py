@@ -19,7 +19,7 @@ class TrainingFailedError(RuntimeError):
     committed before the failure stays: ``result.checkpoint``).
     """
 
-    def __init__(self, message: str, result: Optional["Result"] = None) -> None:
+    def __init__(self, message: str, result: Optional[Result] = None) -> None:
         super().__init__(message)
         self.result = result
 
@@ -61,23 +61,25 @@ class Result:
         history = impl.metrics_history
         # As Ray's: the last round's row, with what the runtime adds to it
         # (training_iteration, time_total_s, timestamp, ...).
-        self.metrics: dict[str, Any] = {**(history[-1] if history else {}),
-                                        **(impl.metrics or {})}
+        self.metrics: dict[str, Any] = {**(history[-1] if history else {}), **(impl.metrics or {})}
         self.checkpoint: Optional[Checkpoint] = (
-            None if impl.checkpoint is None else Checkpoint(impl.checkpoint))
+            None if impl.checkpoint is None else Checkpoint(impl.checkpoint)
+        )
         # The C++ Result lists the best first; Ray's ends with it.
         self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = [
-            (Checkpoint(b.checkpoint), b.metrics) for b in reversed(impl.best_checkpoints)]
+            (Checkpoint(b.checkpoint), b.metrics) for b in reversed(impl.best_checkpoints)
+        ]
         self.config: dict[str, Any] = {}
         self.path: str = impl.path
         self.error: Optional[TrainingFailedError] = (
-            None if impl.error is None else TrainingFailedError(impl.error))
+            None if impl.error is None else TrainingFailedError(impl.error)
+        )
         self.preempted: bool = impl.preempted
         self.metrics_history: list[dict[str, Any]] = history
         self.restores: list[dict[str, Any]] = impl.restores
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> "Result":
+    def from_path(cls, path: str | os.PathLike[str]) -> Result:
         """The Result of the run stored at ``path`` (an experiment folder or URI).
 
         Raises:
@@ -115,14 +117,17 @@ class Result:
         try:
             import pandas
         except ImportError as e:
-            raise ImportError("Result.metrics_dataframe needs pandas "
-                              "(apt-get install python3-pandas); metrics_history has the rows"
-                              ) from e
+            raise ImportError(
+                "Result.metrics_dataframe needs pandas "
+                "(apt-get install python3-pandas); metrics_history has the rows"
+            ) from e
         return pandas.json_normalize(self.metrics_history, sep="/")
 
     def __repr__(self) -> str:
-        return (f"Result(metrics={self.metrics!r}, path={self.path!r}, "
-                f"checkpoint={self.checkpoint!r}, error={self.error!r})")
+        return (
+            f"Result(metrics={self.metrics!r}, path={self.path!r}, "
+            f"checkpoint={self.checkpoint!r}, error={self.error!r})"
+        )
 
 
 def _flat(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -7,7 +7,6 @@ from typing import Any, Optional
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
 
-
 # The Trainer's ``metadata`` argument and the run's resources (Ray's
 # trial resources), set in each worker (a fork) before the training
 # function runs.
@@ -53,7 +52,8 @@ class TrainContext:
         """The trial's id in a Tuner (``trial_00003``, as in ``ResultGrid``);
         outside one, the run's name (Ray runs a Trainer as one trial)."""
         return _cairn.train_environment_value("CAIRN_TRIAL_ID") or str(
-            self._values["experiment_name"])
+            self._values["experiment_name"]
+        )
 
     def get_trial_name(self) -> str:
         """The trial's name: its id (its folder's name), as :meth:`get_trial_id`."""
@@ -91,8 +91,13 @@ class TrainContext:
         return f"TrainContext({self._values!r})"
 
 
-def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, *,
-           async_report: bool = False, max_in_flight: int = 1) -> None:
+def report(
+    metrics: dict[str, Any],
+    checkpoint: Optional[Checkpoint] = None,
+    *,
+    async_report: bool = False,
+    max_in_flight: int = 1,
+) -> None:
     """Reports this round's metrics, and a checkpoint, from every worker.
 
     Collective, as in Ray: every rank calls it the same number of times.
@@ -113,8 +118,12 @@ def report(metrics: dict[str, Any], checkpoint: Optional[Checkpoint] = None, *,
             is stopping because another rank failed.
         TypeError: metrics that are not JSON values.
     """
-    _cairn.train_report(metrics, None if checkpoint is None else checkpoint._impl,
-                        bool(async_report), int(max_in_flight))
+    _cairn.train_report(
+        metrics,
+        None if checkpoint is None else checkpoint._impl,
+        bool(async_report),
+        int(max_in_flight),
+    )
 
 
 def get_checkpoint() -> Optional[Checkpoint]:

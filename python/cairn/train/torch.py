@@ -40,10 +40,12 @@ class TorchConfig:
     timeout_s: int = 1800
 
 
-def _setup_torch(context: TrainContext, scaling: ScalingConfig,
-                 torch_config: Optional[TorchConfig] = None) -> Optional[Callable[[], None]]:
-    import torch
+def _setup_torch(
+    context: TrainContext, scaling: ScalingConfig, torch_config: Optional[TorchConfig] = None
+) -> Optional[Callable[[], None]]:
     import torch.distributed as dist
+
+    import torch
 
     config = torch_config or TorchConfig()
     global _use_gpu
@@ -54,8 +56,10 @@ def _setup_torch(context: TrainContext, scaling: ScalingConfig,
     dist.init_process_group(
         backend=config.backend or ("nccl" if _use_gpu else "gloo"),
         init_method=f"tcp://{values['master_addr']}:{values['master_port']}",
-        rank=context.get_world_rank(), world_size=context.get_world_size(),
-        timeout=datetime.timedelta(seconds=config.timeout_s))
+        rank=context.get_world_rank(),
+        world_size=context.get_world_size(),
+        timeout=datetime.timedelta(seconds=config.timeout_s),
+    )
 
     _checkpoint._dict_encoders.append(_unwrap_ddp)
 
@@ -73,23 +77,30 @@ def _unwrap_ddp(data: dict[Any, Any]) -> dict[Any, Any]:
     TorchTrainer does for dict checkpoints: a DistributedDataParallel model
     becomes its module, and a state dict (tensors) whose keys all start
     with "module." (``prepare_model(m).state_dict()``) loses that prefix."""
-    import torch
     from torch.nn.parallel import DistributedDataParallel
+
+    import torch
 
     out = dict(data)
     for key, value in data.items():
         if isinstance(value, DistributedDataParallel):
             out[key] = value.module
-        elif (isinstance(value, dict) and value
-              and all(isinstance(k, str) and k.startswith("module.") for k in value)
-              and any(isinstance(v, torch.Tensor) for v in value.values())):
+        elif (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(k, str) and k.startswith("module.") for k in value)
+            and any(isinstance(v, torch.Tensor) for v in value.values())
+        ):
             stripped = type(value)() if isinstance(value, collections.OrderedDict) else {}
             for k, v in value.items():
-                stripped[k[len("module."):]] = v
+                stripped[k[len("module.") :]] = v
             if hasattr(value, "_metadata"):  # a state dict's version info, as torch keeps it
-                stripped._metadata = type(value._metadata)(  # type: ignore[attr-defined]
-                    (k[len("module."):] if k.startswith("module.") else k, v)
-                    for k, v in value._metadata.items())
+                stripped._metadata = type(
+                    value._metadata
+                )(  # type: ignore[attr-defined]
+                    (k[len("module.") :] if k.startswith("module.") else k, v)
+                    for k, v in value._metadata.items()
+                )
             out[key] = stripped
     return out
 
@@ -101,24 +112,34 @@ class TorchTrainer(DataParallelTrainer):
 
     _backend_setup = staticmethod(_setup_torch)
 
-    def __init__(self, train_loop_per_worker: Callable[..., Any], *,
-                 train_loop_config: Optional[dict[str, Any]] = None,
-                 torch_config: Optional[TorchConfig] = None,
-                 scaling_config: Optional[ScalingConfig] = None,
-                 run_config: Optional[Any] = None,
-                 resume_from_checkpoint: Optional[Any] = None,
-                 datasets: Optional[dict[str, Any]] = None,
-                 dataset_config: Optional[Any] = None,
-                 metadata: Optional[dict[str, Any]] = None) -> None:
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: Optional[dict[str, Any]] = None,
+        torch_config: Optional[TorchConfig] = None,
+        scaling_config: Optional[ScalingConfig] = None,
+        run_config: Optional[Any] = None,
+        resume_from_checkpoint: Optional[Any] = None,
+        datasets: Optional[dict[str, Any]] = None,
+        dataset_config: Optional[Any] = None,
+        metadata: Optional[dict[str, Any]] = None,
+    ) -> None:
         if torch_config is not None and not isinstance(torch_config, TorchConfig):
             raise TypeError(f"torch_config: a TorchConfig, not a {type(torch_config).__name__}")
         if torch_config is not None and torch_config.backend not in (None, "gloo", "nccl"):
             raise ValueError(f"TorchConfig.backend {torch_config.backend!r}: 'gloo' or 'nccl'")
         self._torch_config = torch_config
-        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config,
-                         scaling_config=scaling_config, run_config=run_config,
-                         resume_from_checkpoint=resume_from_checkpoint, datasets=datasets,
-                         dataset_config=dataset_config, metadata=metadata)
+        super().__init__(
+            train_loop_per_worker,
+            train_loop_config=train_loop_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            resume_from_checkpoint=resume_from_checkpoint,
+            datasets=datasets,
+            dataset_config=dataset_config,
+            metadata=metadata,
+        )
 
     def _setup_fn(self) -> Callable[[TrainContext, ScalingConfig], Optional[Callable[[], None]]]:
         torch_config = getattr(self, "_torch_config", None)
@@ -173,17 +194,21 @@ def enable_reproducibility(seed: int = 0) -> None:
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
 
 
-def prepare_model(model: Any, move_to_device: bool = True,
-                  parallel_strategy: Optional[str] = "ddp",
-                  parallel_strategy_kwargs: Optional[dict[str, Any]] = None) -> Any:
+def prepare_model(
+    model: Any,
+    move_to_device: bool = True,
+    parallel_strategy: Optional[str] = "ddp",
+    parallel_strategy_kwargs: Optional[dict[str, Any]] = None,
+) -> Any:
     """The model on this worker's device, wrapped in DistributedDataParallel.
 
     With more than one worker and ``parallel_strategy="ddp"``, a plain
     ``loss.backward()`` then averages gradients across the workers. With one
     worker, or ``parallel_strategy=None``, the model is returned unwrapped.
     """
-    import torch
     from torch.nn.parallel import DistributedDataParallel
+
+    import torch
 
     if move_to_device:
         model = model.to(get_device())
@@ -197,8 +222,9 @@ def prepare_model(model: Any, move_to_device: bool = True,
     return DistributedDataParallel(model, **kwargs)
 
 
-def prepare_data_loader(data_loader: Any, add_dist_sampler: bool = True,
-                        move_to_device: bool = True) -> Any:
+def prepare_data_loader(
+    data_loader: Any, add_dist_sampler: bool = True, move_to_device: bool = True
+) -> Any:
     """``data_loader`` with a DistributedSampler: each worker reads its share.
 
     Shuffling is kept (a RandomSampler becomes a shuffling
@@ -210,16 +236,24 @@ def prepare_data_loader(data_loader: Any, add_dist_sampler: bool = True,
     from torch.utils.data.distributed import DistributedSampler
 
     loader = data_loader
-    if (add_dist_sampler and get_context().get_world_size() > 1
-            and not isinstance(loader.sampler, DistributedSampler)):
+    if (
+        add_dist_sampler
+        and get_context().get_world_size() > 1
+        and not isinstance(loader.sampler, DistributedSampler)
+    ):
         shuffle = isinstance(loader.sampler, RandomSampler)
         loader = DataLoader(
-            loader.dataset, batch_size=loader.batch_size,
+            loader.dataset,
+            batch_size=loader.batch_size,
             sampler=DistributedSampler(loader.dataset, shuffle=shuffle),
-            num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-            timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-            generator=loader.generator)
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            drop_last=loader.drop_last,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            generator=loader.generator,
+        )
     if move_to_device and _use_gpu:
         return _DeviceLoader(loader, get_device())
     return loader
@@ -252,5 +286,14 @@ def _to(batch: Any, device: Any) -> Any:
     return batch
 
 
-__all__ = ["TorchConfig", "TorchTrainer", "backward", "enable_reproducibility", "get_device",
-           "get_devices", "prepare_data_loader", "prepare_model", "prepare_optimizer"]
+__all__ = [
+    "TorchConfig",
+    "TorchTrainer",
+    "backward",
+    "enable_reproducibility",
+    "get_device",
+    "get_devices",
+    "prepare_data_loader",
+    "prepare_model",
+    "prepare_optimizer",
+]

@@ -35,15 +35,15 @@ from cairn.errors import Error as TuneError
 from cairn.train._config import FailureConfig, RunConfig, ScalingConfig, SyncConfig
 from cairn.train._result import Result
 from cairn.train._session import get_checkpoint, get_context, report
+
+# As after ``from ray import tune``: tune.result.SHOULD_CHECKPOINT,
+# tune.schedulers.ASHAScheduler.
+from cairn.tune import result, schedulers, stopper
 from cairn.tune._callback import Callback
 from cairn.tune._space import SampleFrom
 from cairn.tune._trainable import Trainable
 from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner, with_resources
-
-# As after ``from ray import tune``: tune.result.SHOULD_CHECKPOINT,
-# tune.schedulers.ASHAScheduler.
-from cairn.tune import result, schedulers, stopper  # noqa: E402,F401  (after what they import)
-from cairn.tune.stopper import Stopper  # noqa: E402
+from cairn.tune.stopper import Stopper
 
 
 def grid_search(values: list[Any]) -> dict[str, Any]:
@@ -137,18 +137,23 @@ def with_parameters(trainable: Any, **kwargs: Any) -> Any:
     """
     if inspect.isclass(trainable):
         if not issubclass(trainable, Trainable):
-            raise TypeError(f"with_parameters: {trainable.__name__} does not subclass "
-                            "cairn.tune.Trainable")
+            raise TypeError(
+                f"with_parameters: {trainable.__name__} does not subclass cairn.tune.Trainable"
+            )
         base = trainable
 
         def setup(self: Any, config: dict[str, Any], **more: Any) -> Any:
             return base.setup(self, config, **{**kwargs, **more})
 
-        return type(base.__name__, (base,), {"setup": setup, "__module__": base.__module__,
-                                             "__qualname__": base.__qualname__})
+        return type(
+            base.__name__,
+            (base,),
+            {"setup": setup, "__module__": base.__module__, "__qualname__": base.__qualname__},
+        )
     if not callable(trainable):
-        raise TypeError(f"with_parameters: a function or a Trainable subclass, not a "
-                        f"{type(trainable).__name__}")
+        raise TypeError(
+            f"with_parameters: a function or a Trainable subclass, not a {type(trainable).__name__}"
+        )
 
     @functools.wraps(trainable)
     def inner(config: dict[str, Any]) -> Any:
@@ -158,10 +163,40 @@ def with_parameters(trainable: Any, **kwargs: Any) -> Any:
 
 
 __all__ = [
-    "Callback", "Checkpoint", "CheckpointConfig", "FailureConfig", "Result", "ResultGrid", "RunConfig",
-    "SampleFrom", "ScalingConfig", "Trainable", "TuneConfig", "Tuner", "choice", "get_checkpoint",
-    "get_context", "grid_search", "loguniform", "lograndint", "qloguniform", "qlograndint",
-    "qrandint", "qrandn", "quniform", "randint", "randn", "report", "result",
-    "sample_from", "schedulers", "Stopper", "stopper", "SyncConfig", "TuneError", "uniform", "with_parameters",
+    "Callback",
+    "Checkpoint",
+    "CheckpointConfig",
+    "FailureConfig",
+    "Result",
+    "ResultGrid",
+    "RunConfig",
+    "SampleFrom",
+    "ScalingConfig",
+    "Trainable",
+    "TuneConfig",
+    "Tuner",
+    "choice",
+    "get_checkpoint",
+    "get_context",
+    "grid_search",
+    "loguniform",
+    "lograndint",
+    "qloguniform",
+    "qlograndint",
+    "qrandint",
+    "qrandn",
+    "quniform",
+    "randint",
+    "randn",
+    "report",
+    "result",
+    "sample_from",
+    "schedulers",
+    "Stopper",
+    "stopper",
+    "SyncConfig",
+    "TuneError",
+    "uniform",
+    "with_parameters",
     "with_resources",
 ]

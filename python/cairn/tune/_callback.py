@@ -33,28 +33,34 @@ class Callback:
     own to report.
     """
 
-    def setup(self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None,
-              **info: Any) -> None:
+    def setup(
+        self, stop: Any = None, num_samples: Any = None, total_num_samples: Any = None, **info: Any
+    ) -> None:
         pass
 
-    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial,
-                       **info: Any) -> None:
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         pass
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
-                        result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         pass
 
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
-                          **info: Any) -> None:
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         pass
 
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial,
-                       **info: Any) -> None:
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         pass
 
-    def on_checkpoint(self, iteration: int, trials: list[Trial], trial: Trial,
-                      checkpoint: Checkpoint, **info: Any) -> None:
+    def on_checkpoint(
+        self, iteration: int, trials: list[Trial], trial: Trial, checkpoint: Checkpoint, **info: Any
+    ) -> None:
         pass
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:

@@ -32,7 +32,8 @@ class SampleFrom:
     def __init__(self, func: Callable[..., Any]) -> None:
         if not callable(func):
             raise InvalidArgumentError(
-                f"tune.sample_from: a function, not a {type(func).__name__}", "invalid_argument")
+                f"tune.sample_from: a function, not a {type(func).__name__}", "invalid_argument"
+            )
         self.func = func
         self._pass_spec = _takes_one_argument(func)
 
@@ -68,7 +69,9 @@ def _takes_one_argument(func: Callable[..., Any]) -> bool:
     except TypeError:
         raise InvalidArgumentError(
             f"tune.sample_from({getattr(func, '__name__', func)!r}): the function must take "
-            "the spec or no argument", "invalid_argument") from None
+            "the spec or no argument",
+            "invalid_argument",
+        ) from None
 
 
 def _guard(value: Any) -> Any:
@@ -117,8 +120,9 @@ def _escape(key: Any) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
-def split_space(space: Any, callables: bool = False
-                ) -> tuple[Any, dict[str, Callable[[Any], tuple[bool, Any]]]]:
+def split_space(
+    space: Any, callables: bool = False
+) -> tuple[Any, dict[str, Callable[[Any], tuple[bool, Any]]]]:
     """(``space`` with each SampleFrom replaced by its marker, the functions by name).
 
     With ``callables``, a plain function is taken as ``sample_from`` of it

@@ -13,9 +13,9 @@ from cairn.train._config import RunConfig, ScalingConfig, worker_range
 from cairn.train._result import Result
 from cairn.train._trainer import DataParallelTrainer, _worker_main
 from cairn.tune._callback import Callback
-from cairn.tune.stopper import FunctionStopper, Stopper
 from cairn.tune._space import split_space
 from cairn.tune._trainable import Trainable
+from cairn.tune.stopper import FunctionStopper, Stopper
 
 
 @dataclass
@@ -55,14 +55,20 @@ class TuneConfig:
     trial_dirname_creator: Optional[Callable[..., str]] = None
     chdir_to_trial_dir: Optional[bool] = None
 
-    def _native(self, stop: Any, callbacks: Optional[list[Any]] = None,
-                sample_functions: Optional[dict[str, Any]] = None,
-                resources: Optional[dict[str, float]] = None,
-                fail_fast: Optional["_FailFast"] = None) -> dict[str, Any]:
+    def _native(
+        self,
+        stop: Any,
+        callbacks: Optional[list[Any]] = None,
+        sample_functions: Optional[dict[str, Any]] = None,
+        resources: Optional[dict[str, float]] = None,
+        fail_fast: Optional[_FailFast] = None,
+    ) -> dict[str, Any]:
         if self.search_alg is not None:
             raise InvalidArgumentError(
                 "TuneConfig.search_alg: only the default (grid and random sampling of the "
-                "param space) is supported", "invalid_argument")
+                "param space) is supported",
+                "invalid_argument",
+            )
         thresholds, stopper = _stop_parts(stop)
         if fail_fast is not None:  # asked after the user's stopper, if any
             fail_fast.inner = stopper
@@ -96,8 +102,9 @@ class _FailFast(Stopper):
         outer = self
 
         class Watch(Callback):
-            def on_trial_error(self, iteration: int, trials: list[Any], trial: Any,
-                               **info: Any) -> None:
+            def on_trial_error(
+                self, iteration: int, trials: list[Any], trial: Any, **info: Any
+            ) -> None:
                 outer.failed = True
 
         self.callback = Watch()
@@ -124,7 +131,9 @@ def _stop_parts(stop: Any) -> tuple[dict[str, Any], Optional[Stopper]]:
     raise InvalidArgumentError(
         "RunConfig.stop: a dict of metric thresholds ({'training_iteration': 10}), a "
         f"cairn.tune.Stopper or a function (trial_id, result) -> bool, not a "
-        f"{type(stop).__name__}", "invalid_argument")
+        f"{type(stop).__name__}",
+        "invalid_argument",
+    )
 
 
 def _callbacks(callbacks: Optional[list[Any]]) -> list[Callback]:
@@ -132,7 +141,8 @@ def _callbacks(callbacks: Optional[list[Any]]) -> list[Callback]:
         if not isinstance(cb, Callback):
             raise InvalidArgumentError(
                 f"RunConfig.callbacks[{i}]: a cairn.tune.Callback, not a {type(cb).__name__}",
-                "invalid_argument")
+                "invalid_argument",
+            )
     return list(callbacks or [])
 
 
@@ -181,8 +191,13 @@ class ResultGrid:
         ``FailureConfig.preemption_grace_s``; ``Tuner.restore`` goes on."""
         return bool(self._impl.preempted)
 
-    def get_best_result(self, metric: Optional[str] = None, mode: Optional[str] = None,
-                        scope: str = "last", filter_nan_and_inf: bool = True) -> Result:
+    def get_best_result(
+        self,
+        metric: Optional[str] = None,
+        mode: Optional[str] = None,
+        scope: str = "last",
+        filter_nan_and_inf: bool = True,
+    ) -> Result:
         """The trial with the best ``metric`` (TuneConfig's by default).
 
         ``scope``: "last" (each trial's last result), "avg", "all" (its best
@@ -193,8 +208,9 @@ class ResultGrid:
         best = self._impl.get_best_result(metric or "", mode or "", scope)
         return next(r for r in self._results if r.trial_id == best.trial_id)
 
-    def get_dataframe(self, filter_metric: Optional[str] = None,
-                      filter_mode: Optional[str] = None) -> Any:
+    def get_dataframe(
+        self, filter_metric: Optional[str] = None, filter_mode: Optional[str] = None
+    ) -> Any:
         """One row per trial as a ``pandas.DataFrame`` (needs pandas), as Ray's:
         its last result, or with ``filter_metric`` and ``filter_mode``
         ("max"/"min") its best result by that metric; with ``trial_id`` and
@@ -202,13 +218,15 @@ class ResultGrid:
         try:
             import pandas
         except ImportError as e:
-            raise ImportError("ResultGrid.get_dataframe needs pandas (apt-get install "
-                              "python3-pandas); each result's metrics_history has the rows"
-                              ) from e
+            raise ImportError(
+                "ResultGrid.get_dataframe needs pandas (apt-get install "
+                "python3-pandas); each result's metrics_history has the rows"
+            ) from e
         return pandas.json_normalize(self._rows(filter_metric, filter_mode), sep="/")
 
-    def _rows(self, filter_metric: Optional[str],
-              filter_mode: Optional[str]) -> list[dict[str, Any]]:
+    def _rows(
+        self, filter_metric: Optional[str], filter_mode: Optional[str]
+    ) -> list[dict[str, Any]]:
         """get_dataframe's rows, before pandas."""
         if (filter_metric is None) != (filter_mode is None):
             raise ValueError("get_dataframe: give filter_metric and filter_mode together")
@@ -218,10 +236,13 @@ class ResultGrid:
         for r in self._results:
             row = r.metrics
             if filter_metric is not None:
-                scored = [h for h in r.metrics_history
-                          if isinstance(h.get(filter_metric), (int, float))
-                          and not isinstance(h.get(filter_metric), bool)
-                          and h[filter_metric] == h[filter_metric]]  # NaN never best
+                scored = [
+                    h
+                    for h in r.metrics_history
+                    if isinstance(h.get(filter_metric), (int, float))
+                    and not isinstance(h.get(filter_metric), bool)
+                    and h[filter_metric] == h[filter_metric]
+                ]  # NaN never best
                 if scored:
                     pick = max if filter_mode == "max" else min
                     row = pick(scored, key=lambda h: h[filter_metric])
@@ -261,16 +282,20 @@ def with_resources(trainable: Any, resources: dict[str, float]) -> Any:
     if not isinstance(resources, dict):
         raise InvalidArgumentError(
             f"with_resources: a dict such as {{'cpu': 1, 'gpu': 0.5}}, not a "
-            f"{type(resources).__name__}", "invalid_argument")
+            f"{type(resources).__name__}",
+            "invalid_argument",
+        )
     out = {"cpu": 0.0, "gpu": 0.0}
     for key, value in resources.items():
         if key not in out:
             raise InvalidArgumentError(
                 f"with_resources: unknown resource {key!r} (cpu and gpu are known)",
-                "invalid_argument")
+                "invalid_argument",
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InvalidArgumentError(
-                f"with_resources: {key} must be a number, not {value!r}", "invalid_argument")
+                f"with_resources: {key} must be a number, not {value!r}", "invalid_argument"
+            )
         out[key] = float(value)
     return _WithResources(trainable, out)
 
@@ -301,7 +326,9 @@ def _parts(trainable: Any, run: Optional[RunConfig]) -> tuple[Any, Any, ScalingC
         if not issubclass(trainable, Trainable):
             raise InvalidArgumentError(
                 f"trainable {trainable.__name__}: a class trainable subclasses "
-                "cairn.tune.Trainable", "invalid_argument")
+                "cairn.tune.Trainable",
+                "invalid_argument",
+            )
         return None, trainable, ScalingConfig(), run
     if callable(trainable):
         user = trainable
@@ -312,7 +339,9 @@ def _parts(trainable: Any, run: Optional[RunConfig]) -> tuple[Any, Any, ScalingC
         return fn, None, ScalingConfig(), run
     raise InvalidArgumentError(
         f"trainable: a function, a Trainable subclass or a TorchTrainer, not a "
-        f"{type(trainable).__name__}", "invalid_argument")
+        f"{type(trainable).__name__}",
+        "invalid_argument",
+    )
 
 
 class Tuner:
@@ -328,29 +357,43 @@ class Tuner:
     itself died. Results go to ``run_config.storage_path/name``.
     """
 
-    def __init__(self, trainable: Any, *, param_space: Optional[dict[str, Any]] = None,
-                 tune_config: Optional[TuneConfig] = None,
-                 run_config: Optional[RunConfig] = None) -> None:
+    def __init__(
+        self,
+        trainable: Any,
+        *,
+        param_space: Optional[dict[str, Any]] = None,
+        tune_config: Optional[TuneConfig] = None,
+        run_config: Optional[RunConfig] = None,
+    ) -> None:
         self._tune = tune_config or TuneConfig()
         trainable, resources = _unwrap(trainable)
         fn, cls, scaling, run = _parts(trainable, run_config)
-        fail_fast = (run.failure_config.fail_fast if run.failure_config is not None else False)
+        fail_fast = run.failure_config.fail_fast if run.failure_config is not None else False
         if fail_fast not in (False, True, "raise"):
             raise InvalidArgumentError(
                 f'FailureConfig.fail_fast: False, True or "raise", not {fail_fast!r}',
-                "invalid_argument")
+                "invalid_argument",
+            )
         self._fail_fast = fail_fast
         space, functions = split_space(param_space or {})
         min_workers, num_workers = worker_range(scaling)
         if min_workers:
             raise InvalidArgumentError(
                 "Tuner: ScalingConfig.num_workers as a (min, max) range is for the Trainer; "
-                "a trial runs with a fixed number of workers", "invalid_argument")
-        self._impl: Any = _cairn.Tuner(fn, cls, space,
-                                       self._tune._native(run.stop, run.callbacks, functions,
-                                                          resources,
-                                                          _FailFast() if fail_fast else None),
-                                       run._native(), num_workers, scaling.launcher)
+                "a trial runs with a fixed number of workers",
+                "invalid_argument",
+            )
+        self._impl: Any = _cairn.Tuner(
+            fn,
+            cls,
+            space,
+            self._tune._native(
+                run.stop, run.callbacks, functions, resources, _FailFast() if fail_fast else None
+            ),
+            run._native(),
+            num_workers,
+            scaling.launcher,
+        )
 
     def fit(self) -> ResultGrid:
         """Runs the experiment to its end; trial failures are in the results.
@@ -384,13 +427,19 @@ class Tuner:
         return bool(_cairn.Tuner.can_restore(path))
 
     @classmethod
-    def restore(cls, path: str | os.PathLike[str], trainable: Any, *,
-                resume_unfinished: bool = True, resume_errored: bool = False,
-                restart_errored: bool = False,
-                param_space: Optional[dict[str, Any]] = None,
-                callbacks: Optional[list[Any]] = None,
-                scheduler: Optional[Any] = None,
-                stop: Optional[Any] = None) -> "Tuner":
+    def restore(
+        cls,
+        path: str | os.PathLike[str],
+        trainable: Any,
+        *,
+        resume_unfinished: bool = True,
+        resume_errored: bool = False,
+        restart_errored: bool = False,
+        param_space: Optional[dict[str, Any]] = None,
+        callbacks: Optional[list[Any]] = None,
+        scheduler: Optional[Any] = None,
+        stop: Optional[Any] = None,
+    ) -> Tuner:
         """The experiment at ``path``, to :meth:`fit` again.
 
         Finished trials stay finished; unfinished ones resume from their
@@ -415,8 +464,19 @@ class Tuner:
         if thresholds:
             raise InvalidArgumentError(
                 "Tuner.restore(stop=...): the experiment's dict of thresholds is saved with it; "
-                "give only a Stopper or a function here", "invalid_argument")
-        self._impl = _cairn.Tuner.restore(path, fn, klass, resume_unfinished, resume_errored,
-                                          restart_errored, scheduler, _callbacks(callbacks),
-                                          functions, stopper)
+                "give only a Stopper or a function here",
+                "invalid_argument",
+            )
+        self._impl = _cairn.Tuner.restore(
+            path,
+            fn,
+            klass,
+            resume_unfinished,
+            resume_errored,
+            restart_errored,
+            scheduler,
+            _callbacks(callbacks),
+            functions,
+            stopper,
+        )
         return self

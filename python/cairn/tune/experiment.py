@@ -41,10 +41,10 @@ class Trial:
         """The trial's folder when it is local (None on ``s3://``)."""
         if "://" not in self.path:
             return self.path
-        return self.path[len("file://"):] if self.path.startswith("file://") else None
+        return self.path[len("file://") :] if self.path.startswith("file://") else None
 
     @property
-    def checkpoint(self) -> Optional["Checkpoint"]:
+    def checkpoint(self) -> Optional[Checkpoint]:
         """The trial's latest committed checkpoint, or None."""
         if not self.latest_checkpoint:
             return None
@@ -55,7 +55,7 @@ class Trial:
     def __str__(self) -> str:
         return self.trial_id
 
-    def _update(self, info: dict[str, Any]) -> "Trial":
+    def _update(self, info: dict[str, Any]) -> Trial:
         self.config = info["config"]
         self.status = info["status"]
         self.last_result = info["last_result"] or {}

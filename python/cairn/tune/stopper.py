@@ -84,9 +84,15 @@ class TrialPlateauStopper(Stopper):
     is past that threshold in ``mode``'s direction ("min": at most it,
     "max": at least it)."""
 
-    def __init__(self, metric: str, std: float = 0.01, num_results: int = 4,
-                 grace_period: int = 4, metric_threshold: Optional[float] = None,
-                 mode: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        metric: str,
+        std: float = 0.01,
+        num_results: int = 4,
+        grace_period: int = 4,
+        metric_threshold: Optional[float] = None,
+        mode: Optional[str] = None,
+    ) -> None:
         if metric_threshold is not None and mode not in ("min", "max"):
             raise ValueError('TrialPlateauStopper: metric_threshold needs mode "min" or "max"')
         self._metric = metric
@@ -97,7 +103,8 @@ class TrialPlateauStopper(Stopper):
         self._mode = mode
         self._seen: dict[str, int] = collections.defaultdict(int)
         self._window: dict[str, collections.deque[float]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=self._num_results))
+            lambda: collections.deque(maxlen=self._num_results)
+        )
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         value = result.get(self._metric)
@@ -131,5 +138,12 @@ class CombinedStopper(Stopper):
         return any(s.stop_all() for s in self._stoppers)
 
 
-__all__ = ["CombinedStopper", "FunctionStopper", "MaximumIterationStopper", "NoopStopper",
-           "Stopper", "TimeoutStopper", "TrialPlateauStopper"]
+__all__ = [
+    "CombinedStopper",
+    "FunctionStopper",
+    "MaximumIterationStopper",
+    "NoopStopper",
+    "Stopper",
+    "TimeoutStopper",
+    "TrialPlateauStopper",
+]

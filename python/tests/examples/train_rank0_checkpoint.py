@@ -2,14 +2,16 @@
 # with only its imports changed (ray -> cairn). Run by test_examples.py.
 import os
 import tempfile
-import numpy as np
-import torch
-import torch.nn as nn
-from torch.optim import Adam
+
 import cairn.train.torch
+import numpy as np
+import torch.nn as nn
 from cairn import train
 from cairn.train import Checkpoint, ScalingConfig
 from cairn.train.torch import TorchTrainer
+from torch.optim import Adam
+
+import torch
 
 
 def train_func(config):

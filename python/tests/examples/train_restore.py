@@ -3,14 +3,16 @@
 # (ray -> cairn). Run by test_examples.py.
 import os
 import tempfile
-import numpy as np
-import torch
-import torch.nn as nn
-from torch.optim import Adam
+
 import cairn.train.torch
+import numpy as np
+import torch.nn as nn
 from cairn import train
 from cairn.train import Checkpoint, ScalingConfig
 from cairn.train.torch import TorchTrainer
+from torch.optim import Adam
+
+import torch
 
 
 def train_func(config):
@@ -36,12 +38,8 @@ def train_func(config):
                 # map_location=...,  # Load onto a different device if needed.
             )
             model.module.load_state_dict(model_state_dict)
-            optimizer.load_state_dict(
-                torch.load(os.path.join(checkpoint_dir, "optimizer.pt"))
-            )
-            start_epoch = (
-                torch.load(os.path.join(checkpoint_dir, "extra_state.pt"))["epoch"] + 1
-            )
+            optimizer.load_state_dict(torch.load(os.path.join(checkpoint_dir, "optimizer.pt")))
+            start_epoch = torch.load(os.path.join(checkpoint_dir, "extra_state.pt"))["epoch"] + 1
     # ========================================================
     for epoch in range(start_epoch, config["num_epochs"]):
         y = model.forward(X)

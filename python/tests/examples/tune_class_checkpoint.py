@@ -2,9 +2,11 @@
 # "checkpoint at the end" variant, as published, with only its imports
 # changed (ray -> cairn). Run by test_examples.py.
 import os
+
+from cairn import tune
+
 import torch
 from torch import nn
-from cairn import tune
 
 
 class MyTrainableClass(tune.Trainable):
@@ -40,9 +42,7 @@ tuner = tune.Tuner(
     MyTrainableClass,
     run_config=tune.RunConfig(
         stop={"training_iteration": 2},
-        checkpoint_config=tune.CheckpointConfig(
-            checkpoint_frequency=10, checkpoint_at_end=True
-        ),
+        checkpoint_config=tune.CheckpointConfig(checkpoint_frequency=10, checkpoint_at_end=True),
     ),
 )
 tuner.fit()

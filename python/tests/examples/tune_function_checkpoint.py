@@ -3,9 +3,11 @@
 # the reader; a small one is defined here. Run by test_examples.py.
 import os
 import tempfile
-import torch
+
 from cairn import tune
 from cairn.tune import Checkpoint
+
+import torch
 
 
 class MyModel(torch.nn.Linear):
