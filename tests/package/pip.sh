@@ -2,8 +2,10 @@
 # `pip install .` checked from outside the checkout, offline, as README and
 # docs/python.md tell a user to run it:
 #
-#   1. a fresh venv over Debian's python3 (--system-site-packages, for
-#      python3-torch and python3-numpy) in a temporary folder;
+#   1. a fresh venv in a temporary folder, made from the interpreter the
+#      project venv (.venv) was made from, that sees the project venv's
+#      packages (torch, numpy) through a .pth file: a venv holding a supported
+#      torch, made offline;
 #   2. `pip install --no-index --no-build-isolation <checkout>`: the in-tree
 #      backend (python/backend/cairn_backend.py) builds _cairn with CMake and
 #      Ninja and writes the wheel; with the network unused (--no-index);
@@ -22,11 +24,12 @@
 # serves (tests/package/run.sh says how); the install is checked with
 # warnings as errors too.
 # Usage: tests/package/pip.sh     Environment: JOBS (default 2); PYTHON
-# (default /usr/bin/python3). Exits non-zero on the first failure; the
+# (default: the project venv's base interpreter). Exits non-zero on the first failure; the
 # temporary folder is removed at the exit.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
-python=${PYTHON:-/usr/bin/python3}
+project_python=$src/.venv/bin/python3
+python=${PYTHON:-$("$project_python" -c 'import sys; print(sys._base_executable)')}
 work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-pip.XXXXXX")
 build=""
 trap 'rm -rf "$work" ${build:+"$build"}' EXIT
@@ -35,8 +38,11 @@ build=$(mktemp -d "$src/build-package-pip.XXXXXX")
 source "$src/scripts/build-flags.sh"  # normal_build_flags: scripts/test.sh's build/
 version=$(sed -nE 's/^project\(cairn VERSION ([0-9.]+).*/\1/p' "$src/CMakeLists.txt")
 
-echo "pip: venv over $python (system site-packages)"
-"$python" -m venv --system-site-packages "$work/venv"
+echo "pip: venv from $python, with the project venv's packages"
+"$python" -m venv "$work/venv"
+project_site=$("$project_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+venv_site=$("$work/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$project_site" > "$venv_site/cairn-test-project-venv.pth"
 
 echo "pip: pip install --no-index --no-build-isolation $src"
 if command -v ccache >/dev/null; then
@@ -88,14 +94,13 @@ for f in dist.files or []:
 missing = sorted(w for w in wanted if f"cairn/{w}" not in recorded)
 assert not missing, f"not in the wheel: {missing}"
 assert any(n.startswith("cairn/_cairn.") and n.endswith(".so") for n in recorded), "no extension"
-# Over Debian's python3-torch (with libtorch-dev) the wheel carries the C++
-# torch helpers too, and cairn uses them.
-if torch.__file__.startswith("/usr/lib/python3/dist-packages/"):
-    import cairn._tensors  # noqa: E402
+# Built over a torch wheel (its LibTorch), the wheel carries the C++ torch
+# helpers too, and cairn uses them under that torch.
+import cairn._tensors  # noqa: E402
 
-    helpers = cairn._tensors._torch_helpers()
-    assert helpers is not None and pathlib.Path(helpers.__file__).resolve().parent == where, \
-        "cairn._cairn_torch is not installed for Debian's torch"
+helpers = cairn._tensors._torch_helpers()
+assert helpers is not None and pathlib.Path(helpers.__file__).resolve().parent == where, \
+    f"cairn._cairn_torch is not installed for torch {torch.__version__}"
 print(f"{len(recorded)} files installed, RECORD's sha256 verified")
 import cairn.torch  # noqa: E402  (a module of the package beside __init__)
 

@@ -19,7 +19,10 @@
 #      with dpkg -i, `cairn --version` and a pkg-config build run from it, and
 #      it is removed again (otherwise it is only extracted);
 #   5. `pip install .` of the Python package into a fresh venv, offline, and
-#      the package used from outside the checkout (pip.sh).
+#      the package used from outside the checkout (pip.sh);
+#   6. the release wheel (scripts/build-wheel.sh): repaired by auditwheel to
+#      a manylinux tag, installed into a fresh venv, loading no library from
+#      outside the wheel but glibc's and the C++ runtime (wheel.sh).
 #
 # One line per check ("package: ok|FAIL <check>", with its seconds), then a
 # total; exit 1 if any check failed. Everything happens in a temporary
@@ -344,6 +347,11 @@ fi
 echo "package: pip install . (the Python package, offline, into a fresh venv)"
 check "pip: offline pip install . into a venv; cairn imported from outside the checkout, save/load, CheckpointManager" \
   env TMPDIR="$work" JOBS="$jobs" bash "$src/tests/package/pip.sh"
+
+# ---- 6. the release wheel ------------------------------------------------------
+echo "package: the release wheel (scripts/build-wheel.sh), installed into a fresh venv"
+check "wheel: auditwheel-repaired manylinux wheel; only vendored libraries; smoke test outside the checkout" \
+  env TMPDIR="$work" JOBS="$jobs" bash "$src/tests/package/wheel.sh"
 
 echo "package: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
