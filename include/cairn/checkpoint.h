@@ -74,10 +74,12 @@ struct Manifest {
   // do not match was damaged after the commit: that is corruption, which
   // parse() reports and nothing removes. (Too large or nested too deeply is
   // malformed, not torn.) A JSON object without "self_check" (written by an
-  // earlier version) is whole. A text that is not whole is never a commit: readers
-  // treat its checkpoint as uncommitted, a leftover that the manager's open
-  // and `cairn gc` remove. (A whole text can still be a malformed manifest,
-  // which parse() refuses.)
+  // earlier version) is whole. A text that is not whole is a commit's only
+  // where the store can tear a write (StorageCapabilities::torn_writes): there
+  // readers treat its checkpoint as uncommitted, a leftover that the manager's
+  // open and `cairn gc` remove unless the history lists it. Everywhere else
+  // it is damage after the commit, reported and never removed. (A whole text
+  // can still be a malformed manifest, which parse() refuses.)
   static std::optional<std::string> torn(std::string_view text);
   // Parses and validates: a whole text (torn() is nullopt), well-formed JSON,
   // known version, every path a safe relative key (no "..", no absolute
@@ -153,12 +155,15 @@ class Checkpoint {
   // The user's files (everything except Cairn's manifest and metadata).
   std::vector<ObjectInfo> files() const;
 
-  // Whether the checkpoint holds a whole manifest (Manifest::torn). One read
-  // of the manifest.
+  // Whether the checkpoint was committed: it holds a manifest that is whole
+  // (Manifest::torn), or any manifest at all on a store that never tears a
+  // write (StorageCapabilities::torn_writes), where an unreadable one is
+  // damage to a commit. One read of the manifest.
   bool is_committed() const;
   // The manifest of a committed checkpoint; kNotFound if it is not committed
-  // (no manifest, or a torn one: the message says which), kCorruption if the
-  // manifest is malformed.
+  // (no manifest, or a torn one on a store that tears writes: the message
+  // says which); kCorruption naming the manifest if it is malformed or,
+  // where stores never tear writes, unreadable (damaged after the commit).
   Manifest manifest() const;
   // Checks every file in the manifest. Empty result: the checkpoint is whole.
   std::vector<VerifyProblem> verify() const;

@@ -357,6 +357,10 @@ class CheckpointManager {
   // Fills `r`'s size and file count from its manifest (a record an older
   // Cairn wrote); false when the manifest cannot be read.
   bool recount(CheckpointRecord& r) const;
+  // Open: reads the newest record's manifest; while it cannot be read (a
+  // checkpoint damaged after its commit), warns naming it and drops its
+  // record (the checkpoint stays on storage). Returns whether any was dropped.
+  bool set_aside_damaged_latest();
   // Bookkeeping after a commit (or open): records `change`, applies
   // retention, failing only into warnings. See register_checkpoint.
   void settle(std::string_view subject, const std::optional<nlohmann::json>& change);
@@ -406,6 +410,9 @@ struct ExperimentListing {
   CheckpointConfig config;                    // as last persisted
   std::vector<CheckpointRecord> checkpoints;  // committed, index order
   std::vector<std::string> uncommitted;       // names of leftover directories
+  // Committed checkpoints the history does not list whose manifest cannot be
+  // read (damaged after the commit): name -> why. Kept, never removed.
+  std::map<std::string, std::string> damaged;
 };
 ExperimentListing read_experiment(std::string_view experiment_uri);
 
@@ -420,7 +427,9 @@ std::vector<std::string> find_experiments(std::string_view uri);
 
 struct GcReport {
   std::vector<std::string> removed;  // URIs of what was removed
-  std::vector<std::string> skipped;  // experiments skipped, with the reason
+  // Experiments skipped, and damaged checkpoints kept (a committed one whose
+  // manifest cannot be read is never removed), each with the reason.
+  std::vector<std::string> skipped;
 };
 // Removes the leftovers of interrupted saves and deletions (uncommitted
 // checkpoint folders, temp files, empty folders) in every experiment at or

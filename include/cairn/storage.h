@@ -151,6 +151,16 @@ struct StorageCapabilities {
   // CAIRN_S3_UPLOAD_CUTOFF); 0 where put_stream() writes through open_writer()
   // as any write does.
   uint64_t streamed_put_limit = 0;
+  // Whether a write cut short by a crash can leave a partial object readable
+  // at its key. False for every backend Cairn ships: local files are written
+  // to a temporary name, fsynced and renamed; memory stores whole objects; an
+  // S3 PUT or multipart completion is atomic on the server. A manifest that
+  // cannot be read is then damage after its commit, never the remains of an
+  // interrupted one: readers report it and nothing removes its checkpoint
+  // (docs/ARCHITECTURE.md, "Error model"). A backend that can tear writes
+  // sets it, and an unreadable manifest that no history lists is then a
+  // leftover that the manager's open and `cairn gc` remove.
+  bool torn_writes = false;
 };
 
 // The bytes of an object for Storage::put_stream(): fills `out` with the

@@ -162,7 +162,7 @@ std::vector<ObjectInfo> Checkpoint::files() const {
 
 bool Checkpoint::is_committed() const {
   std::optional<std::string> text = read_manifest_text(*storage_);
-  return text && !Manifest::torn(*text);
+  return text && (!storage_->capabilities().torn_writes || !Manifest::torn(*text));
 }
 
 Manifest Checkpoint::manifest() const {
@@ -171,7 +171,15 @@ Manifest Checkpoint::manifest() const {
     throw Error(ErrorCode::kNotFound,
                 fmt::format("{}: not a committed checkpoint (no manifest)", uri()));
   }
-  if (std::optional<std::string> why = Manifest::torn(*text)) {
+  std::optional<std::string> why = Manifest::torn(*text);
+  if (why && !storage_->capabilities().torn_writes) {
+    throw Error(ErrorCode::kCorruption,
+                fmt::format("{}: damaged: its manifest is unreadable ({}); this store writes "
+                            "whole objects, so the checkpoint was committed and damaged "
+                            "afterwards. Its files are kept: `cairn show {}` lists them",
+                            storage_->uri_of(kManifestKey), *why, uri()));
+  }
+  if (why) {
     throw Error(ErrorCode::kNotFound,
                 fmt::format("{}: not a committed checkpoint: its manifest is torn, the remains of "
                             "an interrupted commit ({}); the manager's next open or `cairn gc` "

@@ -14,6 +14,7 @@
 #include "experiment/tuner_state.h"
 #include "manager/history_store.h"
 #include "manager/memory_tier.h"
+#include "manager/scan.h"
 #include "util/json.h"
 #include "util/log.h"
 
@@ -46,14 +47,13 @@ std::shared_ptr<Storage> open_existing(std::string_view path) {
 }
 
 // The checkpoint folders of one experiment, from a listing of its storage:
-// name -> whether it holds a manifest that is not empty (may be committed:
-// an empty manifest is a torn one, Manifest::torn; others are told apart
-// when read).
+// name -> whether a manifest is listed in it (may be committed: whether it
+// is whole, and what a torn one means, is told when it is read).
 // `listing` and `incomplete`: the experiment's list_with_incomplete("").
 std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(
     const std::vector<ObjectInfo>& listing, const std::vector<std::string>& incomplete) {
   std::map<uint64_t, std::pair<std::string, bool>> out;
-  auto note = [&](const std::string& key, bool is_object, uint64_t size) {
+  auto note = [&](const std::string& key, bool is_object) {
     size_t slash = key.find('/');
     // An object directly in the experiment is not a checkpoint's; an
     // incomplete write's id may be a whole (empty) checkpoint folder.
@@ -63,12 +63,14 @@ std::map<uint64_t, std::pair<std::string, bool>> checkpoint_dirs(
     if (!index) return;
     auto& entry = out[*index];
     entry.first = top;
-    if (is_object && size > 0 && std::string_view(key).substr(slash + 1) == kManifestKey) {
+    // Listed, whatever it holds: a torn one is damage or a leftover
+    // (damaged_not_leftover), told apart where it is read.
+    if (is_object && std::string_view(key).substr(slash + 1) == kManifestKey) {
       entry.second = true;
     }
   };
-  for (const auto& o : listing) note(o.key, true, o.size);
-  for (const auto& id : incomplete) note(id, false, 0);
+  for (const auto& o : listing) note(o.key, true);
+  for (const auto& id : incomplete) note(id, false);
   return out;
 }
 
@@ -208,6 +210,13 @@ ExperimentView trainer_experiment(const std::shared_ptr<Storage>& storage, std::
     e.checkpoints.push_back(std::move(row));
   }
   for (const auto& n : listing.uncommitted) e.checkpoints.push_back(leftover_row(*storage, n));
+  for (const auto& [n, why] : listing.damaged) {
+    CheckpointRow row = leftover_row(*storage, n);
+    row.committed = true;  // its files are what is left; `cairn verify` fails on it
+    row.error =
+        fmt::format("damaged after its commit: {}; kept (`cairn show` lists its files)", why);
+    e.checkpoints.push_back(std::move(row));
+  }
   std::stable_sort(
       e.checkpoints.begin(), e.checkpoints.end(),
       [](const CheckpointRow& a, const CheckpointRow& b) { return a.index < b.index; });
@@ -465,8 +474,17 @@ ShowView collect_show(std::string_view path) {
     }
   }
   if (view.committed) {
-    view.manifest = cp.manifest();
-    for (const auto& f : view.manifest->files) view.files.push_back({f.path, f.size, f.xxh3});
+    try {
+      view.manifest = cp.manifest();
+    } catch (const Error& e) {
+      // Damaged after its commit: what is left, for a person to salvage.
+      if (e.code() != ErrorCode::kCorruption) throw;
+      view.damage = e.what();
+      for (const auto& f : cp.files()) view.files.push_back({f.key, f.size, std::nullopt});
+    }
+    if (view.manifest) {
+      for (const auto& f : view.manifest->files) view.files.push_back({f.path, f.size, f.xxh3});
+    }
   } else {
     auto experiments = find_experiments(storage->uri());
     if (!experiments.empty()) {
@@ -477,7 +495,13 @@ ShowView collect_show(std::string_view path) {
     }
     for (const auto& f : cp.files()) view.files.push_back({f.key, f.size, std::nullopt});
   }
-  view.metadata = cp.get_metadata();
+  try {
+    view.metadata = cp.get_metadata();
+  } catch (const Error& e) {
+    // ignore-error: a damaged checkpoint's metadata may be damaged too; the
+    // files above are what show is for.
+    if (!view.damage || e.code() != ErrorCode::kCorruption) throw;
+  }
   return view;
 }
 
@@ -499,8 +523,11 @@ VerifyView collect_verify(std::string_view path) {
     // One listing serves the history's check and the checkpoints' list.
     std::vector<std::string> incomplete;
     std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+    std::map<uint64_t, history::State::Entry> known;  // what the history vouches for
     try {
-      (void)history::load_history(*storage, listing, [](const std::string& m) { log::warn(m); });
+      known = history::load_history(*storage, listing, [](const std::string& m) {
+                log::warn(m);
+              }).state.records;
     } catch (const Error& e) {
       // A damaged history is a problem to report; the checkpoints are still
       // verified from their own manifests below.
@@ -509,13 +536,18 @@ VerifyView collect_verify(std::string_view path) {
     }
     for (const auto& [index, entry] : checkpoint_dirs(listing, incomplete)) {
       const auto& [dir, committed] = entry;
-      // A torn manifest is no commit: skipped like any leftover (the
-      // manager's next open or `cairn gc` removes it).
+      // A torn manifest is damage, a failure naming it, where the history
+      // lists the checkpoint or the store never tears a write; elsewhere it
+      // is no commit, skipped like any leftover (the manager's next open or
+      // `cairn gc` removes it).
       Checkpoint cp(storage->child(dir));
       std::optional<std::string> text;
       if (committed) text = read_whole_manifest(cp.storage());
       if (text) {
         verify_checkpoint(cp, view, &*text);
+      } else if (committed && damaged_not_leftover(known.count(index) > 0,
+                                                   storage->capabilities().torn_writes)) {
+        verify_checkpoint(cp, view);
       } else {
         view.skipped.push_back(storage->uri_of(dir));
       }

@@ -391,7 +391,10 @@ nlohmann::ordered_json to_json(const ShowView& view) {
           {"command", "show"},
           {"kind", "checkpoint"},
           {"uri", view.uri},
-          {"state", view.committed ? "committed" : "uncommitted"},
+          {"state", view.damage      ? "damaged"
+                    : view.committed ? "committed"
+                                     : "uncommitted"},
+          {"damage", view.damage ? json(*view.damage) : json(nullptr)},
           {"manifest", std::move(manifest)},
           {"files", std::move(files)},
           {"metadata", view.metadata}};
@@ -401,8 +404,10 @@ std::string to_text(const ShowView& view) {
   if (view.trial) return trial_show_text(*view.trial);
   std::vector<std::vector<std::string>> head;
   head.push_back({"checkpoint", view.uri});
-  head.push_back(
-      {"state", view.committed ? "committed" : "uncommitted (not a visible checkpoint)"});
+  head.push_back({"state", view.damage      ? "damaged (committed; its manifest cannot be read)"
+                           : view.committed ? "committed"
+                                            : "uncommitted (not a visible checkpoint)"});
+  if (view.damage) head.push_back({"damage", *view.damage});
   uint64_t total = 0;
   for (const auto& f : view.files) total += f.size;
   if (view.manifest) {

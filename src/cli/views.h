@@ -112,8 +112,11 @@ struct ShowView {
   std::optional<TrialShowView> trial;  // set when the path is a trial folder, not a checkpoint
   std::string uri;
   bool committed = false;
-  std::optional<Manifest> manifest;  // present when committed
-  std::vector<FileRow> files;        // the manifest's files, or those present when uncommitted
+  std::optional<Manifest> manifest;  // present when committed and readable
+  // Set when committed but the manifest cannot be read (damaged after the
+  // commit): why; `files` then lists the files present, for salvage.
+  std::optional<std::string> damage;
+  std::vector<FileRow> files;  // the manifest's files, or those present when uncommitted
   nlohmann::json metadata = nlohmann::json::object();
 };
 

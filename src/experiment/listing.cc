@@ -29,9 +29,13 @@ ExperimentListing read_experiment(std::string_view experiment_uri) {
   const history::State& stored = found.history.state;
   out.config = stored.config;
   for (const auto& [index, name] : found.scan.uncommitted) out.uncommitted.push_back(name);
+  for (const auto& [index, damaged] : found.scan.damaged) {
+    log::warn(fmt::format("{}: {} is damaged: {}", out.uri, damaged.name, damaged.why));
+    out.damaged.emplace(damaged.name, damaged.why);
+  }
   for (const auto& [index, entry] : stored.records) {
     if (!entry.deleting && found.scan.committed.count(index) == 0 &&
-        found.scan.uncommitted.count(index) == 0) {
+        found.scan.uncommitted.count(index) == 0 && found.scan.damaged.count(index) == 0) {
       // Told, not hidden: the history names it, but its folder is gone (a
       // deletion before a crash, or by hand). The manager's next open drops
       // the record.
@@ -114,10 +118,27 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
     }
     std::vector<std::string> incomplete;
     std::vector<ObjectInfo> listing = storage->list_with_incomplete("", incomplete);
+    // The checkpoints the history lists were committed: never leftovers,
+    // whatever their manifests hold now. A damaged history vouches for none.
+    std::map<uint64_t, history::State::Entry> known;
+    try {
+      known = history::load_history(*storage, listing, [](const std::string& m) {
+                log::warn(m);
+              }).state.records;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kCorruption) throw;
+      log::warn(fmt::format("{}: reading every manifest: {}", storage->uri(), e.what()));
+    }
     Scan scan = scan_experiment(listing, std::move(incomplete));
-    // Checkpoints whose manifest is torn are leftovers too. gc is asked for,
-    // so it reads every manifest rather than trusting the history.
-    split_torn(*storage, scan, {}, [](const std::string& m) { log::info(m); });
+    // The other checkpoints' manifests are read: a torn one is a leftover
+    // where the store can tear a write, damage (kept) everywhere else.
+    split_torn(*storage, scan, known, [](const std::string& m) { log::info(m); });
+    for (const auto& [index, damaged] : scan.damaged) {
+      const std::string kept = fmt::format("{}: kept, damaged after its commit: {}",
+                                           storage->uri_of(damaged.name), damaged.why);
+      log::warn(kept);
+      report.skipped.push_back(kept);
+    }
     for (const auto& id : scan.incomplete) {
       if (!dry_run) storage->discard_incomplete(id);
       report.removed.push_back(storage->uri_of(id));

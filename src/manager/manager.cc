@@ -357,8 +357,16 @@ void CheckpointManager::open() {
                           storage_->uri_of(name)));
     dispose(name);
   }
+  for (const auto& [index, damaged] : scan.damaged) {
+    warn(
+        fmt::format("{}: {} is damaged: {}; it was committed, so it is kept on storage for "
+                    "salvage (`cairn show` lists its files) and left out of the history",
+                    uri(), damaged.name, damaged.why));
+  }
   for (const auto& [index, entry] : stored.records) {
-    if (!scan.committed.count(index)) {
+    if (scan.damaged.count(index)) {
+      changed = true;
+    } else if (!scan.committed.count(index)) {
       log::info(fmt::format(
           "{}: {} is no longer on storage (deleted before a crash); dropping its record", uri(),
           checkpoint_name(index)));
@@ -400,6 +408,7 @@ void CheckpointManager::open() {
     log::info(fmt::format("{}: adopting {} committed before a crash", uri(), name));
     add_record(index, where, m);
   }
+  changed |= set_aside_damaged_latest();
   // UINT64_MAX is never a checkpoint's index: it means "exhausted".
   const uint64_t after_scan = !scan.max_index                   ? 0
                               : *scan.max_index == kNoMoreIndex ? kNoMoreIndex
@@ -410,6 +419,32 @@ void CheckpointManager::open() {
   // A crash between a commit and its retention step leaves one extra; apply
   // the policy now, so that repeated crashes never accumulate them.
   settle(uri(), std::nullopt);
+}
+
+bool CheckpointManager::set_aside_damaged_latest() {
+  // The history vouches for its checkpoints without their manifests being
+  // read; the newest is read here (one request) because it is the one a
+  // restart restores. A damaged one is set aside, kept on storage, and the
+  // next newer intact one serves as the latest.
+  bool changed = false;
+  while (!records_.empty()) {
+    const CheckpointRecord& newest = records_.back();
+    try {
+      (void)newest.checkpoint.manifest();
+      break;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kCorruption && e.code() != ErrorCode::kNotFound) throw;
+      const std::string fallback =
+          records_.size() > 1 ? records_[records_.size() - 2].name : std::string("none");
+      warn(
+          fmt::format("{}: the latest checkpoint {} cannot be read: {}; it is kept on storage "
+                      "for salvage and left out of the history; the latest intact one is {}",
+                      uri(), newest.name, e.what(), fallback));
+      records_.pop_back();
+      changed = true;
+    }
+  }
+  return changed;
 }
 
 bool CheckpointManager::recount(CheckpointRecord& r) const {

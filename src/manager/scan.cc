@@ -26,9 +26,9 @@ Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::st
     auto index = parse_checkpoint_name(top);
     if (!index) continue;
     all[*index] = top;
-    // An empty manifest is never a commit (Manifest::torn): some servers keep
-    // an interrupted PUT as 0 bytes. Others are told apart by reading them.
-    if (o.key.substr(slash + 1) == kManifestKey && o.size > 0) with_manifest.insert(*index);
+    // Whether a listed manifest is whole is told by reading it (split_torn):
+    // an empty one is torn, a leftover or damage by the store's kind.
+    if (o.key.substr(slash + 1) == kManifestKey) with_manifest.insert(*index);
   }
   scan.incomplete = std::move(incomplete);
   for (const auto& id : scan.incomplete) {
@@ -66,6 +66,13 @@ std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
     if (text) {
       read.emplace(index, std::move(*text));
       ++it;
+      continue;
+    }
+    // (Read, so not one the history lists.)
+    if (!why.empty() && damaged_not_leftover(false, storage.capabilities().torn_writes)) {
+      scan.damaged.emplace(index, Scan::Damaged{name, fmt::format("{} is unreadable ({})",
+                                                                  storage.uri_of(key), why)});
+      it = scan.committed.erase(it);
       continue;
     }
     note(why.empty()

@@ -1,6 +1,7 @@
 // One listing of an experiment folder, grouped by checkpoint: which
-// checkpoints are committed (their manifest is listed and not empty), which
-// are leftovers, and which writes were left incomplete. Used by the
+// checkpoints are committed (their manifest is listed), which are damaged
+// (committed, but their manifest cannot be read), which are leftovers, and
+// which writes were left incomplete. Used by the
 // CheckpointManager's open and by the experiment layer's listing and gc.
 // Thread-safety: free functions over their arguments. Failure: storage
 // errors pass through; split_torn reads manifests and never throws for a
@@ -24,9 +25,25 @@ namespace cairn {
 struct Scan {
   std::map<uint64_t, std::string> committed;    // index -> name
   std::map<uint64_t, std::string> uncommitted;  // index -> name
-  std::vector<std::string> incomplete;          // incomplete-write ids
+  // Committed checkpoints whose manifest cannot be read (damage after the
+  // commit: see damaged_not_leftover): kept on storage, never removed.
+  struct Damaged {
+    std::string name;
+    std::string why;  // the manifest's URI and why it cannot be read
+  };
+  std::map<uint64_t, Damaged> damaged;  // index -> what
+  std::vector<std::string> incomplete;  // incomplete-write ids
   std::optional<uint64_t> max_index;
 };
+
+// Whether a checkpoint whose manifest is listed but cannot be read is
+// damaged (committed; kept and reported) rather than the leftover of an
+// interrupted commit (removed): damaged when the history lists it, or when
+// the store never tears a write (StorageCapabilities::torn_writes), so that
+// no interrupted commit can have left that manifest.
+inline bool damaged_not_leftover(bool history_lists_it, bool store_tears_writes) {
+  return history_lists_it || !store_tears_writes;
+}
 
 // `listing` and `incomplete` are list_with_incomplete("") of the experiment:
 // one listing tells which checkpoints are committed, with no request per
@@ -34,11 +51,13 @@ struct Scan {
 Scan scan_experiment(const std::vector<ObjectInfo>& listing, std::vector<std::string> incomplete);
 
 // Reads the manifests of the committed checkpoints that `known` (the
-// history) does not list, and moves those that are torn (Manifest::torn:
-// the remains of an interrupted commit) to the uncommitted ones, telling
-// `note` why. The history lists only checkpoints committed before it was
-// written, so the manifests it names are whole and are not read. Returns
-// the whole manifests read, by index.
+// history) does not list, and moves those that are torn (Manifest::torn)
+// out of the committed ones: to the damaged ones where the store never tears
+// a write (damaged_not_leftover), else to the uncommitted ones (the remains
+// of an interrupted commit), telling `note` why. The history lists only
+// checkpoints committed before it was written, so the manifests it names
+// are not read (their damage is found where they are read). Returns the
+// whole manifests read, by index.
 std::map<uint64_t, std::string> split_torn(Storage& storage, Scan& scan,
                                            const std::map<uint64_t, history::State::Entry>& known,
                                            const std::function<void(const std::string&)>& note);

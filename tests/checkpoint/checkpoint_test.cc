@@ -345,35 +345,36 @@ TEST(Checkpoint, ACopyOfADamagedCheckpointFailsNamingTheFileAndLeavesNoTempDir) 
   clear_memory_bucket("dest");
 }
 
-// A manifest cut short (an interrupted write: some object stores keep part
-// of an interrupted PUT, or none of it) is no commit: the checkpoint is not
-// committed, and reading its manifest says why, naming the checkpoint.
-TEST(Checkpoint, ATruncatedManifestIsNoCommitAndSaysItIsTorn) {
+// A manifest cut short or emptied on a store that never tears a write (local
+// files: a commit renames the manifest into place) was damaged after its
+// commit: the checkpoint is still committed, reading its manifest is
+// corruption naming the manifest and why, and nothing removes it or commits
+// over it. (On a store that tears writes the same text is the remains of an
+// interrupted commit, a leftover: tests/s3/end_to_end_test.cc.)
+TEST(Checkpoint, ATruncatedManifestOnLocalFilesIsDamageNamingTheManifest) {
   TempDir dir;
   auto cp = committed(dir.path());
+  ASSERT_FALSE(cp.storage().capabilities().torn_writes);
   std::string text = read_text(dir / ".cairn/manifest.json");
   write_text(dir / ".cairn/manifest.json", text.substr(0, text.size() / 2));
-  EXPECT_FALSE(cp.is_committed());
-  std::string msg = error_message_of([&] { cp.verify(); }, ErrorCode::kNotFound);
-  EXPECT_NE(msg.find(cp.uri()), std::string::npos) << msg;
-  EXPECT_NE(msg.find("torn"), std::string::npos) << msg;
-  // The leftover can be removed like any uncommitted one.
-  EXPECT_FALSE(remove_uncommitted(cp).empty());
+  EXPECT_TRUE(cp.is_committed());
+  std::string msg = error_message_of([&] { cp.verify(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find(cp.storage().uri_of(".cairn/manifest.json") + ": damaged"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("not JSON"), std::string::npos) << msg;
+  EXPECT_EQ(code_of([&] { remove_uncommitted(cp); }), ErrorCode::kFailedPrecondition);
+  EXPECT_TRUE(fs::exists(dir / "model.bin"));
 }
 
-TEST(Checkpoint, AnEmptyManifestIsNoCommit) {
+TEST(Checkpoint, AnEmptyManifestOnLocalFilesIsDamageThatNoCommitWritesOver) {
   TempDir dir;
   auto cp = committed(dir.path());
   write_text(dir / ".cairn/manifest.json", "");
-  EXPECT_FALSE(cp.is_committed());
-  std::string msg = error_message_of([&] { (void)cp.manifest(); }, ErrorCode::kNotFound);
-  EXPECT_NE(msg.find("empty (0 bytes)"), std::string::npos) << msg;
-  // A new commit may go there (it is not a committed checkpoint).
-  CheckpointWriter w(cp);
-  w.write_file("model.bin", "again");
-  w.commit({}, 2.0);
   EXPECT_TRUE(cp.is_committed());
-  EXPECT_TRUE(cp.verify().empty());
+  std::string msg = error_message_of([&] { (void)cp.manifest(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("empty (0 bytes)"), std::string::npos) << msg;
+  EXPECT_EQ(code_of([&] { CheckpointWriter w(cp); }), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(read_text(dir / ".cairn/manifest.json"), "");
 }
 
 // The manifest proves itself whole: no prefix of it is a whole manifest, nor

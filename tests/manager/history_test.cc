@@ -398,7 +398,10 @@ TEST_F(HistoryTest, AnExperimentCopyGetsTheLogFoldedIntoItsSnapshot) {
   EXPECT_EQ(s.log_seq, log_seqs().back());
 }
 
-TEST_F(HistoryTest, OpeningAKeepAllExperimentReadsNoCheckpointFolderOrManifest) {
+// The open lists no checkpoint folder and reads one manifest only: the
+// newest's, the one a restart restores, so that damage to it is found there
+// (ManagerTest.ADamagedLatestCheckpointIsSetAsideAndTheNewestIntactOneServes).
+TEST_F(HistoryTest, OpeningAKeepAllExperimentReadsOnlyTheNewestManifest) {
   {
     CheckpointManager m(uri, {}, collect());
     register_n(m, 5);
@@ -406,7 +409,10 @@ TEST_F(HistoryTest, OpeningAKeepAllExperimentReadsNoCheckpointFolderOrManifest) 
   watch_checkpoint_reads();
   CheckpointManager again(uri, {}, collect());
   EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 1, 2, 3, 4}));
-  EXPECT_TRUE(touched.empty()) << touched_text();
+  ASSERT_EQ(touched.size(), 1u) << touched_text();
+  EXPECT_NE(touched[0].find("read"), std::string::npos) << touched_text();
+  EXPECT_NE(touched[0].find(checkpoint_name(4) + "/.cairn/manifest.json"), std::string::npos)
+      << touched_text();
   EXPECT_EQ(again.history()[2].size_bytes, 7u);  // "weights"
   EXPECT_EQ(again.history()[2].file_count, 1u);
   EXPECT_TRUE(warnings.empty());

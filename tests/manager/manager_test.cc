@@ -18,6 +18,7 @@
 #include "cairn/manager.h"
 #include "cairn/transfer.h"
 #include "manager/history.h"
+#include "manager/scan.h"
 #include "storage/backends.h"
 #include "support/errors.h"
 #include "support/gate.h"
@@ -963,45 +964,82 @@ TEST_F(ManagerTest, DeeplyNestedStoredJsonIsCorruptionOrNotAdoptedNeverACrash) {
   EXPECT_NE(warnings.back().find("nested deeper"), std::string::npos) << warnings.back();
 }
 
-// What a killed save can leave on a server that keeps an interrupted PUT
-// empty or in part: a checkpoint whose files are there and whose manifest is
-// torn. That is no commit: it is not listed as committed, `gc` removes it,
-// and so does the next open, which never reuses its index.
-TEST_F(ManagerTest, ACheckpointWithATornManifestIsALeftoverThatOpenAndGcRemove) {
+// Checkpoint folders whose manifest is empty or cut short, which the history
+// does not list. On a store that never tears a write (memory, local files,
+// S3: StorageCapabilities::torn_writes) no interrupted commit leaves such a
+// manifest, so they are damage after a commit: listed as damaged, kept by gc
+// and by the next open (which warns, naming them, and never reuses their
+// indices), never adopted. (On a store that tears writes they are leftovers:
+// tests/s3/end_to_end_test.cc, with CAIRN_S3_TORN_WRITES=on.)
+TEST_F(ManagerTest, UnreadableManifestsOnAStoreThatNeverTearsWritesAreDamageThatNothingRemoves) {
   {
     CheckpointManager m(uri, {}, quiet());
     m.register_checkpoint({{"i", 0}}, source("s", "x"));
     m.register_checkpoint({{"i", 1}}, source("s", "y"));
   }
   auto storage = open_storage(uri);
+  ASSERT_FALSE(storage->capabilities().torn_writes);
   const std::string whole = storage->get("checkpoint_000001/.cairn/manifest.json");
-  auto tear = [&] {
-    storage->put("checkpoint_000002/model.bin", "z");
-    storage->put("checkpoint_000002/.cairn/manifest.json", "");
-    storage->put("checkpoint_000003/model.bin", "z");
-    storage->put("checkpoint_000003/.cairn/manifest.json", whole.substr(0, whole.size() - 9));
-  };
-  tear();
+  storage->put("checkpoint_000002/model.bin", "z");
+  storage->put("checkpoint_000002/.cairn/manifest.json", "");
+  storage->put("checkpoint_000003/model.bin", "z");
+  storage->put("checkpoint_000003/.cairn/manifest.json", whole.substr(0, whole.size() - 9));
 
   ExperimentListing listing = read_experiment(uri);
   EXPECT_EQ(indices(listing.checkpoints), (std::vector<uint64_t>{0, 1}));
-  EXPECT_EQ(listing.uncommitted,
-            (std::vector<std::string>{"checkpoint_000002", "checkpoint_000003"}));
+  EXPECT_TRUE(listing.uncommitted.empty());
+  ASSERT_EQ(listing.damaged.size(), 2u);
+  EXPECT_NE(listing.damaged.at("checkpoint_000003").find("checkpoint_000003/.cairn/manifest.json"),
+            std::string::npos);
 
   GcReport report = collect_garbage(uri);
-  EXPECT_TRUE(mentions(report.removed, "checkpoint_000002/.cairn/manifest.json"));
-  EXPECT_TRUE(mentions(report.removed, "checkpoint_000003/model.bin"));
-  EXPECT_FALSE(storage->exists("checkpoint_000003/.cairn/manifest.json"));
-  EXPECT_TRUE(storage->exists("checkpoint_000001/.cairn/manifest.json"));
+  EXPECT_FALSE(mentions(report.removed, "checkpoint_000002"));
+  EXPECT_FALSE(mentions(report.removed, "checkpoint_000003"));
+  EXPECT_TRUE(mentions(report.skipped, "checkpoint_000003: kept, damaged after its commit"));
+  EXPECT_TRUE(storage->exists("checkpoint_000002/model.bin"));
+  EXPECT_TRUE(storage->exists("checkpoint_000003/.cairn/manifest.json"));
 
-  tear();
   CheckpointManager m(uri, {}, quiet());
   EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{0, 1}));
-  EXPECT_FALSE(storage->exists("checkpoint_000002/model.bin"));
-  EXPECT_FALSE(storage->exists("checkpoint_000003/model.bin"));
-  EXPECT_TRUE(mentions(warnings, "checkpoint_000003/.cairn/manifest.json: torn manifest"))
+  EXPECT_TRUE(storage->exists("checkpoint_000002/model.bin"));
+  EXPECT_TRUE(storage->exists("checkpoint_000003/model.bin"));
+  EXPECT_TRUE(mentions(warnings, "checkpoint_000003 is damaged"))
       << (warnings.empty() ? "" : warnings.back());
   EXPECT_EQ(m.register_checkpoint({}, source("s", "w")).index, 4u) << "indices are never reused";
+  const std::string msg = error_message_of(
+      [&] { Checkpoint(storage->child("checkpoint_000002")).manifest(); }, ErrorCode::kCorruption);
+  EXPECT_NE(msg.find("checkpoint_000002/.cairn/manifest.json: damaged"), std::string::npos) << msg;
+}
+
+// The newest checkpoint, listed by the history, damaged after its commit:
+// the open reads it (the history vouches without reading), warns naming it,
+// serves the one before as the latest, and leaves its files in place;
+// retention never deletes it for being unreadable.
+TEST_F(ManagerTest, ADamagedLatestCheckpointIsSetAsideAndTheNewestIntactOneServes) {
+  CheckpointConfig keep_two;
+  keep_two.num_to_keep = 2;
+  {
+    CheckpointManager m(uri, keep_two, quiet());
+    for (int i = 0; i < 3; ++i) m.register_checkpoint({{"i", i}}, source("s", "x"));
+  }
+  auto storage = open_storage(uri);
+  const std::string key = "checkpoint_000002/.cairn/manifest.json";
+  const std::string whole = storage->get(key);
+  storage->put(key, whole.substr(0, whole.size() / 2));
+
+  CheckpointManager m(uri, keep_two, quiet());
+  ASSERT_TRUE(m.latest());
+  EXPECT_EQ(m.latest()->name, "checkpoint_000001");
+  EXPECT_TRUE(mentions(warnings, "the latest checkpoint checkpoint_000002 cannot be read"))
+      << (warnings.empty() ? "" : warnings.back());
+  EXPECT_TRUE(mentions(warnings, "the latest intact one is checkpoint_000001"));
+  // Two more saves: retention keeps two of the intact ones and never touches
+  // the damaged one's files.
+  m.register_checkpoint({{"i", 3}}, source("s", "y"));
+  m.register_checkpoint({{"i", 4}}, source("s", "z"));
+  EXPECT_EQ(indices(m.history()), (std::vector<uint64_t>{3, 4}));
+  EXPECT_TRUE(storage->exists("checkpoint_000002/model.bin"));
+  EXPECT_EQ(storage->get(key), whole.substr(0, whole.size() / 2));
 }
 
 // A manifest that is whole JSON but fails its self-check was damaged after
@@ -1100,3 +1138,18 @@ TEST_F(ManagerTest, AFlatMetricKeyMatchesTheScoreAttributeAsANestedOneDoes) {
 
 }  // namespace
 }  // namespace cairn::testing
+
+namespace cairn {
+namespace {
+
+// The rule itself: a torn manifest is a leftover only where no history
+// lists the checkpoint and the store can tear a write.
+TEST(DamagedNotLeftover, OnlyAnUnlistedTornManifestOnAStoreThatTearsWritesIsALeftover) {
+  EXPECT_TRUE(damaged_not_leftover(/*history_lists_it=*/true, /*store_tears_writes=*/true));
+  EXPECT_TRUE(damaged_not_leftover(true, false));
+  EXPECT_TRUE(damaged_not_leftover(false, false));
+  EXPECT_FALSE(damaged_not_leftover(false, true));
+}
+
+}  // namespace
+}  // namespace cairn

@@ -28,6 +28,15 @@ T env_number(const AwsEnvironment& env, std::string_view name, T fallback, T min
   return out;
 }
 
+// An on/off variable: on or 1, off or 0; unset or empty keeps `fallback`.
+bool env_switch(const AwsEnvironment& env, std::string_view name, bool fallback) {
+  std::optional<std::string> v = env.getenv(name);
+  if (!v || v->empty()) return fallback;
+  if (*v == "on" || *v == "1") return true;
+  if (*v == "off" || *v == "0") return false;
+  throw Error(ErrorCode::kInvalidArgument, fmt::format("{}=\"{}\": expected on or off", name, *v));
+}
+
 // A bucket name that can be a DNS label (virtual-hosted addressing).
 bool dns_compatible(std::string_view bucket) {
   if (bucket.size() < 3 || bucket.size() > 63) return false;
@@ -81,16 +90,8 @@ S3Options S3Options::from_environment(const AwsEnvironment& env) {
                 fmt::format("CAIRN_S3_PREFIXES={}: at most {} key prefixes", o.prefixes,
                             KeySpread::kMaxPrefixes));
   }
-  if (std::optional<std::string> v = env.getenv("CAIRN_S3_CONDITIONAL_WRITES"); v && !v->empty()) {
-    if (*v == "on" || *v == "1") {
-      o.conditional_writes = true;
-    } else if (*v == "off" || *v == "0") {
-      o.conditional_writes = false;
-    } else {
-      throw Error(ErrorCode::kInvalidArgument,
-                  fmt::format("CAIRN_S3_CONDITIONAL_WRITES=\"{}\": expected on or off", *v));
-    }
-  }
+  o.conditional_writes = env_switch(env, "CAIRN_S3_CONDITIONAL_WRITES", o.conditional_writes);
+  o.torn_writes = env_switch(env, "CAIRN_S3_TORN_WRITES", o.torn_writes);
   return o;
 }
 

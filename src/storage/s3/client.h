@@ -61,6 +61,10 @@ struct S3Options {
   // (docs/s3.md, "The experiment lock"). On (the default), a server that
   // refuses them is detected and the same fallback is used.
   bool conditional_writes = true;
+  // CAIRN_S3_TORN_WRITES=on: the server can keep an interrupted PUT's
+  // partial body (S3 and radosgw never do): StorageCapabilities::torn_writes,
+  // so that an unreadable manifest no history lists is a leftover there.
+  bool torn_writes = false;
   // CAIRN_S3_PREFIXES: the number of key prefixes objects are spread over
   // (key_spread.h; docs/s3.md, "Many ranks"). 1 stores keys as they are.
   // Every process that uses a bucket must use the same number.

@@ -281,6 +281,7 @@ class S3Storage final : public Storage {
     const auto& o = ctx_->client->options();
     StorageCapabilities caps;
     caps.verifies_uploads = true;
+    caps.torn_writes = o.torn_writes;
     caps.streamed_put_limit = std::max(o.upload_cutoff, o.part_size);
     caps.preferred_read_size =
         std::min<uint64_t>(o.part_size * static_cast<uint64_t>(o.concurrency), 256ull << 20);
