@@ -243,6 +243,13 @@ class Storage {
   // backend reads the one directory, so finding the experiments under a root
   // does not walk every checkpoint.
   virtual std::vector<std::string> list_names(std::string_view prefix);
+  // The incomplete writes directly in the folder `prefix` ("": the root),
+  // not those in its subfolders: list_incomplete(prefix) without what lies
+  // deeper, as ids list_incomplete() would give. The default filters
+  // list_incomplete(); the file backend reads the one directory, so that a
+  // manager's open cleans its history's own temporaries without walking
+  // every checkpoint.
+  virtual std::vector<std::string> list_incomplete_at(std::string_view prefix);
 
   // Writes the object `key` of `size` bytes read from `source` and commits it,
   // replacing any object with that key, durable as a Writer's commit() with

@@ -343,7 +343,30 @@ void CheckpointManager::open() {
                  std::any_of(stored.records.begin(), stored.records.end(),
                              [](const auto& r) { return r.second.deleting; });
 
-  for (const auto& id : scan.incomplete) {
+  std::vector<std::string> incomplete = scan.incomplete;
+  if (found.trusted) {
+    // The listing skipped what the history vouches for, the history's own
+    // files among them: the temporaries of its writes a crash cut short
+    // (this open holds the lock, so no live writer owns them).
+    // At the top only the snapshot's: other files there (a run's results)
+    // may have writers of their own.
+    for (auto& id : storage_->list_incomplete_at("")) {
+      if (id.find(manager_layout::kHistoryKey) != std::string::npos) incomplete.push_back(id);
+    }
+    for (auto& id : storage_->list_incomplete(manager_layout::kHistoryLogPrefix)) {
+      incomplete.push_back(std::move(id));
+    }
+    // A committed checkpoint's metadata is replaced after its commit; on a
+    // file system through a temporary file that a kill can leave. One
+    // directory read a checkpoint; object stores replace it in one PUT.
+    if (storage_->capabilities().local_root) {
+      for (const auto& [index, name] : scan.committed) {
+        const std::string folder = join_key(name, ".cairn");
+        for (auto& id : storage_->list_incomplete_at(folder)) incomplete.push_back(std::move(id));
+      }
+    }
+  }
+  for (const auto& id : incomplete) {
     log::info(fmt::format("removing incomplete write {}", storage_->uri_of(id)));
     storage_->discard_incomplete(id);
   }

@@ -370,6 +370,25 @@ class FileStorage final : public Storage {
     return out;
   }
 
+  // One directory read: the temporary files directly in it.
+  std::vector<std::string> list_incomplete_at(std::string_view prefix) override {
+    const fs::path dir = prefix.empty() ? root_ : path_of(prefix);
+    int fd = open_folder(dir, prefix);
+    if (fd < 0) {
+      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};
+      throw errno_error(errno, "list", uri_of(prefix));
+    }
+    std::vector<std::string> out;
+    for_each_entry(UniqueFd(fd), prefix, EntryStat::kTypeOnly,
+                   [&](int, const char* name, const struct stat& st) {
+                     if (S_ISREG(st.st_mode) && is_temp_name(name)) {
+                       out.push_back(join_key(prefix, name));
+                     }
+                   });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   void remove(std::string_view key) override {
     fs::path p = path_of(key);
     if (::unlink(p.c_str()) != 0) {

@@ -146,6 +146,15 @@ std::vector<std::string> Storage::list_names(std::string_view prefix) {
   return {names.begin(), names.end()};
 }
 
+std::vector<std::string> Storage::list_incomplete_at(std::string_view prefix) {
+  const size_t cut = prefix.empty() ? 0 : prefix.size() + 1;  // "prefix/"
+  std::vector<std::string> out;
+  for (auto& id : list_incomplete(prefix)) {
+    if (id.size() > cut && id.find('/', cut) == std::string::npos) out.push_back(std::move(id));
+  }
+  return out;
+}
+
 void Storage::remove_prefix(std::string_view prefix) {
   std::vector<std::string> keys;
   for (ObjectInfo& o : list(prefix)) keys.push_back(std::move(o.key));

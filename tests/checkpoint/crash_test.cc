@@ -86,6 +86,16 @@ ExperimentListing expect_intact(const std::string& exp) {
 // Waits (at most 20 s) for the worker's next byte (ready, or a commit).
 bool wait_ready(int fd) { return testing::wait_byte(fd, 20000); }
 
+// The temporary files of unfinished writes anywhere under `dir`.
+std::vector<std::string> temporaries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".cairn-tmp-") != std::string::npos) out.push_back(e.path().string());
+  }
+  return out;
+}
+
 TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
   const char* env = std::getenv("CAIRN_CRASH_ITERATIONS");
   const int iterations = env ? std::atoi(env) : 200;
@@ -192,6 +202,7 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       }
       // Retention ran on open: at most K kept plus the latest.
       EXPECT_LE(history.size(), static_cast<size_t>(kNumToKeep + 1));
+      EXPECT_EQ(temporaries(exp), std::vector<std::string>{}) << "temporaries left after the open";
     }
     if (::testing::Test::HasFailure()) break;
   }
@@ -248,6 +259,9 @@ TEST(CrashTest, KeepAllHistoryLogLosesNothingCommittedUnderSigkill) {
       EXPECT_EQ(r.metrics, r.checkpoint.manifest().metrics) << r.name;
     }
     EXPECT_EQ(history, committed);
+    // The open removed every temporary the killed writer left, the
+    // history's (its snapshot's and its log records') as the checkpoints'.
+    EXPECT_EQ(temporaries(exp), std::vector<std::string>{});
     if (::testing::Test::HasFailure()) break;
   }
   // Enough saves that kills landed among them (more than 4 for every 5

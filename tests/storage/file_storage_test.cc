@@ -88,6 +88,24 @@ TEST(FileStorage, ASymlinkInsideTheRootIsFollowed) {
   EXPECT_EQ(open_storage(root.str())->get("alias"), "ok");
 }
 
+// list_incomplete_at: the temporaries directly in one folder, not deeper,
+// from one directory read; the same as the default (filtered list_incomplete).
+TEST(FileStorage, ListIncompleteAtGivesTheTemporariesOfOneFolderOnly) {
+  TempDir root;
+  write_text(root / ".history.json.cairn-tmp-1-a-0", "half");
+  write_text(root / "log" / ".7.rec.cairn-tmp-1-a-1", "half");
+  write_text(root / "log" / "deeper" / ".x.cairn-tmp-1-a-2", "half");
+  write_text(root / "log" / "8.rec", "whole");
+  auto s = open_storage(root.str());
+  EXPECT_EQ(s->list_incomplete_at(""), (std::vector<std::string>{".history.json.cairn-tmp-1-a-0"}));
+  EXPECT_EQ(s->list_incomplete_at("log"), (std::vector<std::string>{"log/.7.rec.cairn-tmp-1-a-1"}));
+  EXPECT_TRUE(s->list_incomplete_at("missing").empty());
+  EXPECT_EQ(s->list_incomplete("log").size(), 2u);
+  for (const auto& id : s->list_incomplete_at("log")) s->discard_incomplete(id);
+  EXPECT_FALSE(fs::exists(root / "log" / ".7.rec.cairn-tmp-1-a-1"));
+  EXPECT_TRUE(fs::exists(root / "log" / "8.rec"));
+}
+
 TEST(FileStorage, ACrashedWriteLeavesOnlyAnIncompleteWriteThatCanBeDiscarded) {
   TempDir root;
   // What a writer killed before commit leaves behind.
