@@ -139,8 +139,8 @@ void S3Server::start_moto() {
   ::close(out[0]);
   if (line.rfind("port=", 0) != 0) {
     check_alive();
-    throw std::runtime_error(fmt::format("moto's S3 server ({} {}) did not start (said \"{}\")",
-                                         python, script, line));
+    throw std::runtime_error(
+        fmt::format("moto's S3 server ({} {}) did not start (said \"{}\")", python, script, line));
   }
   port_ = std::stoi(line.substr(5));
 }
