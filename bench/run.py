@@ -290,7 +290,9 @@ def main():
         action="store_true",
         help="do not set GLIBC_TUNABLES=glibc.malloc.hugetlb=1 for every child",
     )
-    ap.add_argument("--no-torch-python", action="store_true", help="skip the Python torch.save baseline")
+    ap.add_argument(
+        "--no-torch-python", action="store_true", help="skip the Python torch.save baseline"
+    )
     ap.add_argument("--smoke", action="store_true", help="16 MiB, 1 run, no targets")
     args = ap.parse_args()
     if args.smoke:
