@@ -448,7 +448,7 @@ bool CheckpointManager::set_aside_damaged_latest() {
   // The history vouches for its checkpoints without their manifests being
   // read; the newest is read here (one request) because it is the one a
   // restart restores. A damaged one is set aside, kept on storage, and the
-  // next newer intact one serves as the latest.
+  // newest intact one before it serves as the latest.
   bool changed = false;
   while (!records_.empty()) {
     const CheckpointRecord& newest = records_.back();
