@@ -344,49 +344,43 @@ class FileStorage final : public Storage {
   }
 
   std::vector<std::string> list_names(std::string_view prefix) override {
-    const fs::path dir = prefix.empty() ? root_ : path_of(prefix);
-    int fd = open_folder(dir, prefix);
-    if (fd < 0) {
-      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};
-      throw errno_error(errno, "list", uri_of(prefix));
-    }
     std::vector<std::string> out;
-    // Only the type of each entry is used: readdir's d_type tells it without
-    // reading the entry's inode, so listing an experiment of thousands of
-    // checkpoint folders reads one directory, not thousands of inodes.
-    const auto types_only = EntryStat::kTypeOnly;
-    for_each_entry(UniqueFd(fd), prefix, types_only,
-                   [&](int dfd, const char* name, const struct stat& st) {
-                     if (S_ISDIR(st.st_mode)) {
-                       out.push_back(std::string(name) + '/');
-                       return;
-                     }
-                     struct stat target = st;
-                     if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &target, 0) != 0)
-                       return;  // dangling
-                     if (S_ISREG(target.st_mode) && !is_temp_name(name)) out.emplace_back(name);
-                   });
+    for_each_in_folder(prefix, [&](int dfd, const char* name, const struct stat& st) {
+      if (S_ISDIR(st.st_mode)) {
+        out.push_back(std::string(name) + '/');
+        return;
+      }
+      struct stat target = st;
+      if (S_ISLNK(st.st_mode) && ::fstatat(dfd, name, &target, 0) != 0) return;  // dangling
+      if (S_ISREG(target.st_mode) && !is_temp_name(name)) out.emplace_back(name);
+    });
     std::sort(out.begin(), out.end());
     return out;
   }
 
   // One directory read: the temporary files directly in it.
   std::vector<std::string> list_incomplete_at(std::string_view prefix) override {
+    std::vector<std::string> out;
+    for_each_in_folder(prefix, [&](int, const char* name, const struct stat& st) {
+      if (S_ISREG(st.st_mode) && is_temp_name(name)) out.push_back(join_key(prefix, name));
+    });
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  // Calls `fn` for each entry directly in the folder `prefix` (none when it
+  // does not exist). Only the type of each entry is read: readdir's d_type
+  // tells it without reading the entry's inode, so an experiment of
+  // thousands of checkpoint folders costs one directory read.
+  template <typename Fn>
+  void for_each_in_folder(std::string_view prefix, Fn&& fn) {
     const fs::path dir = prefix.empty() ? root_ : path_of(prefix);
     int fd = open_folder(dir, prefix);
     if (fd < 0) {
-      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return {};
+      if (errno == ENOENT || errno == ENOTDIR || errno == ELOOP) return;
       throw errno_error(errno, "list", uri_of(prefix));
     }
-    std::vector<std::string> out;
-    for_each_entry(UniqueFd(fd), prefix, EntryStat::kTypeOnly,
-                   [&](int, const char* name, const struct stat& st) {
-                     if (S_ISREG(st.st_mode) && is_temp_name(name)) {
-                       out.push_back(join_key(prefix, name));
-                     }
-                   });
-    std::sort(out.begin(), out.end());
-    return out;
+    for_each_entry(UniqueFd(fd), prefix, EntryStat::kTypeOnly, std::forward<Fn>(fn));
   }
 
   void remove(std::string_view key) override {
