@@ -3,7 +3,7 @@
 // every benchmark binary prints for bench/run.py to collect.
 //
 // Every benchmark binary builds the same workload from the same --size-mib, so
-// Cairn, LibTorch and python3-torch (which asks `cairn_bench --workload`) move
+// Cairn, LibTorch and Python's torch (which asks `cairn_bench --workload`) move
 // exactly the same tensors.
 #pragma once
 

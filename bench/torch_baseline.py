@@ -81,7 +81,7 @@ def main():
     os.remove(path)
 
     report = {
-        "tool": "python3-torch " + torch.__version__,
+        "tool": "torch " + torch.__version__ + " (Python)",
         "bytes": nbytes,
         "tensors": len(state),
         "cache_drop": cache_drop,

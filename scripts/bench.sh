@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark of docs/benchmarks.md in one go: fio's disk bandwidth,
 # memcpy, Cairn's save / async-save stall / loads, LibTorch torch::save/load
-# and python3-torch torch.save/load on the same ~2 GiB transformer + Adam state,
+# and Python's torch.save/load on the same ~2 GiB transformer + Adam state,
 # then prints one table with the targets (PASS/MISS and the ratio) and writes
 # the full report to build-bench/bench-results.json. Then the Trainer's step
 # time with asynchronous, synchronous and no checkpoints every step

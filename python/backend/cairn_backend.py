@@ -203,8 +203,8 @@ def _build_extension(settings: ConfigSettings, tag: str) -> list[Path]:
     """Configures and builds the extensions; returns their files in the build folder.
 
     ``_cairn`` always; ``_cairn_torch`` and the ``_torch_target.py`` that
-    names its torch when the interpreter's torch runs on a LibTorch with
-    headers (Debian's python3-torch and libtorch-dev).
+    names its torch when the interpreter has a torch (its wheel carries
+    LibTorch's headers and CMake files) and CAIRN_PYTHON_TORCH is on.
     """
     build = Path(
         _setting(settings, "build-dir", "CAIRN_WHEEL_BUILD_DIR")

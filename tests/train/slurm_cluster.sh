@@ -45,7 +45,7 @@ for n in "${names[@]}"; do mkdir -p "$dir/spool/$n"; done
 # Ports of its own, free when checked: below the kernel's ephemeral range
 # (32768 and up), where the port-0 sockets of tests running beside this one
 # land, and above the Trainer's Slurm control ports (15000-29999).
-read -r ctld_port slurmd_ports < <(/usr/bin/python3 - "$((nodes + 1))" << 'EOF'
+read -r ctld_port slurmd_ports < <(python3 - "$((nodes + 1))" << 'EOF'
 import random
 import socket
 import sys
