@@ -1,6 +1,7 @@
 #include "support/s3_server.h"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -44,6 +46,34 @@ int free_port() {
   ::close(fd);
   return ntohs(addr.sin_port);
 }
+
+namespace {
+
+// How long a helper process (moto's server, the fault proxy) may take to say
+// its port: generous for a loaded machine, bounded so that none hangs a test.
+constexpr int kStartTimeoutMs = 120'000;
+
+// The first line `fd` gives (without its newline, at most 64 bytes), or what
+// came before end of file or `timeout_ms`.
+std::string first_line(int fd, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string line;
+  while (line.size() < 64) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    char c;
+    if (::read(fd, &c, 1) != 1 || c == '\n') break;
+    line.push_back(c);
+  }
+  return line;
+}
+
+}  // namespace
 
 bool wait_for_port(int port, int timeout_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -133,11 +163,10 @@ void S3Server::start_moto() {
   pid_ = pid;
   // The first line is port=<n>, written once the bucket exists; end of file
   // first means it died, and check_alive() says why.
-  std::string line;
-  char c;
-  while (line.size() < 64 && ::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  std::string line = first_line(out[0], kStartTimeoutMs);
   ::close(out[0]);
   if (line.rfind("port=", 0) != 0) {
+    ::kill(pid_, SIGKILL);  // silent past the timeout: stopped, and its output shown
     check_alive();
     throw std::runtime_error(
         fmt::format("moto's S3 server ({} {}) did not start (said \"{}\")", python, script, line));
@@ -254,9 +283,7 @@ FaultProxy::FaultProxy() {
   pid_ = pid;
   stdin_fd_ = in[1];
   ::fcntl(stdin_fd_, F_SETFD, FD_CLOEXEC);
-  std::string line;
-  char c;
-  while (line.size() < 64 && ::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  std::string line = first_line(out[0], kStartTimeoutMs);
   ::close(out[0]);
   if (line.rfind("port=", 0) != 0) {
     throw std::runtime_error("the fault proxy did not start (said \"" + line + "\")");
