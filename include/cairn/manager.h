@@ -357,10 +357,11 @@ class CheckpointManager {
   // Fills `r`'s size and file count from its manifest (a record an older
   // Cairn wrote); false when the manifest cannot be read.
   bool recount(CheckpointRecord& r) const;
-  // Open: reads the newest record's manifest; while it cannot be read (a
+  // Open: reads the newest record's manifest (unless it is among `read`, the
+  // manifests the open parsed already); while it cannot be read (a
   // checkpoint damaged after its commit), warns naming it and drops its
   // record (the checkpoint stays on storage). Returns whether any was dropped.
-  bool set_aside_damaged_latest();
+  bool set_aside_damaged_latest(const std::map<uint64_t, std::string>& read);
   // Bookkeeping after a commit (or open): records `change`, applies
   // retention, failing only into warnings. See register_checkpoint.
   void settle(std::string_view subject, const std::optional<nlohmann::json>& change);

@@ -431,7 +431,7 @@ void CheckpointManager::open() {
     log::info(fmt::format("{}: adopting {} committed before a crash", uri(), name));
     add_record(index, where, m);
   }
-  changed |= set_aside_damaged_latest();
+  changed |= set_aside_damaged_latest(manifests);
   // UINT64_MAX is never a checkpoint's index: it means "exhausted".
   const uint64_t after_scan = !scan.max_index                   ? 0
                               : *scan.max_index == kNoMoreIndex ? kNoMoreIndex
@@ -444,7 +444,7 @@ void CheckpointManager::open() {
   settle(uri(), std::nullopt);
 }
 
-bool CheckpointManager::set_aside_damaged_latest() {
+bool CheckpointManager::set_aside_damaged_latest(const std::map<uint64_t, std::string>& read) {
   // The history vouches for its checkpoints without their manifests being
   // read; the newest is read here (one request) because it is the one a
   // restart restores. A damaged one is set aside, kept on storage, and the
@@ -452,6 +452,7 @@ bool CheckpointManager::set_aside_damaged_latest() {
   bool changed = false;
   while (!records_.empty()) {
     const CheckpointRecord& newest = records_.back();
+    if (read.count(newest.index)) break;  // adopted above: its manifest was just parsed
     try {
       (void)newest.checkpoint.manifest();
       break;

@@ -447,7 +447,18 @@ TEST_F(HistoryTest, ACheckpointCommittedBeforeItsRecordIsAdoptedReadingOnlyItsFo
   ExperimentListing listing = read_experiment(uri);
   EXPECT_EQ(listing.checkpoints.size(), 4u);
   EXPECT_EQ(listing.uncommitted, (std::vector<std::string>{checkpoint_name(4)}));
+  touched.clear();
   CheckpointManager again(uri, {}, collect());
+  // The adopted newest one's manifest is read once, not again by the check
+  // of the latest checkpoint.
+  const std::string manifest = join_key(checkpoint_name(3), ".cairn/manifest.json");
+  EXPECT_EQ(std::count_if(touched.begin(), touched.end(),
+                          [&](const std::string& t) {
+                            return t.rfind("read ", 0) == 0 &&
+                                   t.find(manifest) != std::string::npos;
+                          }),
+            1)
+      << touched_text();
   EXPECT_EQ(history_indices(again), (std::vector<uint64_t>{0, 1, 2, 3}));
   EXPECT_EQ(again.history()[3].metrics["i"], 3);
   EXPECT_EQ(again.history()[3].size_bytes, 4u);
