@@ -32,6 +32,10 @@ namespace cairn {
 
 inline constexpr std::string_view kManifestKey = ".cairn/manifest.json";
 inline constexpr std::string_view kMetadataKey = ".cairn/metadata.json";
+// On a store that can tear a write (StorageCapabilities::torn_writes), the
+// metadata a replace is about to overwrite, kept until the next replace so
+// that a torn kMetadataKey still leaves the previous metadata readable.
+inline constexpr std::string_view kMetadataPreviousKey = ".cairn/metadata.previous.json";
 // The file from_dict() writes and to_dict() reads.
 inline constexpr std::string_view kDictFileName = "dict.json";
 inline constexpr std::string_view kCairnDir = ".cairn";
@@ -147,6 +151,12 @@ class Checkpoint {
 
   // Metadata. get_metadata() of a checkpoint without metadata is an empty
   // object; metadata that is not a JSON object is kCorruption naming the file.
+  // Replacing it is crash-safe: a process killed in set_metadata() or
+  // update_metadata() leaves the previous metadata or the new one, never
+  // neither. Stores replace objects atomically (storage.h); on one that can
+  // tear a write, the metadata being replaced is first kept as
+  // kMetadataPreviousKey, and get_metadata() reads it when kMetadataKey is
+  // torn (not a whole JSON object).
   nlohmann::json get_metadata() const;
   void set_metadata(const nlohmann::json& metadata) const;  // atomic replace
   // Merges the top-level keys of `patch` into the metadata; atomic.

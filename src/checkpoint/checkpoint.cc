@@ -1,6 +1,7 @@
 #include "cairn/checkpoint.h"
 
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -118,14 +119,59 @@ fs::path Checkpoint::to_directory(const fs::path& dest) const {
   return target;
 }
 
-nlohmann::json Checkpoint::get_metadata() const {
-  if (!storage_->exists(kMetadataKey)) return nlohmann::json::object();
-  const std::string where = storage_->uri_of(kMetadataKey);
-  nlohmann::json j = parse_json(storage_->get(kMetadataKey), where);
+namespace {
+
+// The metadata object stored at `key`, or nullopt when there is none.
+// Unparseable text or a value other than an object is kCorruption naming it.
+std::optional<nlohmann::json> read_metadata_object(Storage& storage, std::string_view key) {
+  std::optional<std::string> text;
+  try {
+    text = storage.get(key);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    return std::nullopt;
+  }
+  const std::string where = storage.uri_of(key);
+  nlohmann::json j = parse_json(*text, where);
   if (!j.is_object()) {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: metadata is not a JSON object", where));
   }
   return j;
+}
+
+// Replaces the metadata with `next`. On a store that tears writes, the text
+// being replaced is kept first (kMetadataPreviousKey), so that a torn replace
+// leaves it readable; a torn copy of it is never kept over a whole one.
+void replace_metadata(Storage& storage, const nlohmann::json& next) {
+  if (storage.capabilities().torn_writes) {
+    std::optional<nlohmann::json> current;
+    try {
+      current = read_metadata_object(storage, kMetadataKey);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kCorruption) throw;  // torn: the kept copy stays
+    }
+    if (current) storage.put(kMetadataPreviousKey, current->dump(2));
+  }
+  storage.put(kMetadataKey, next.dump(2));
+}
+
+}  // namespace
+
+nlohmann::json Checkpoint::get_metadata() const {
+  try {
+    return read_metadata_object(*storage_, kMetadataKey).value_or(nlohmann::json::object());
+  } catch (const Error& e) {
+    // A replace torn by a killed writer: the metadata it was replacing.
+    if (e.code() != ErrorCode::kCorruption || !storage_->capabilities().torn_writes) throw;
+    std::optional<nlohmann::json> previous;
+    try {
+      previous = read_metadata_object(*storage_, kMetadataPreviousKey);
+    } catch (const Error&) {
+      throw e;  // neither is readable: the error names the metadata
+    }
+    if (!previous) throw;
+    return *previous;
+  }
 }
 
 void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
@@ -136,7 +182,7 @@ void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
   }
   check_storable_json(metadata, fmt::format("{}: metadata", uri()));
   std::lock_guard<std::mutex> g(metadata_mu);
-  storage_->put(kMetadataKey, metadata.dump(2));
+  replace_metadata(*storage_, metadata);
 }
 
 void Checkpoint::update_metadata(const nlohmann::json& patch) const {
@@ -149,7 +195,7 @@ void Checkpoint::update_metadata(const nlohmann::json& patch) const {
   nlohmann::json current = get_metadata();
   for (auto it = patch.begin(); it != patch.end(); ++it) current[it.key()] = it.value();
   check_storable_json(current, fmt::format("{}: metadata", uri()));
-  storage_->put(kMetadataKey, current.dump(2));
+  replace_metadata(*storage_, current);
 }
 
 std::vector<ObjectInfo> Checkpoint::files() const {

@@ -1,6 +1,7 @@
 // The commit protocol under SIGKILL: a worker process registers and retains
-// checkpoints in a loop and is killed at random moments. After every kill:
-//   - every committed checkpoint verifies;
+// checkpoints in a loop, updating some checkpoints' metadata, and is killed
+// at random moments. After every kill:
+//   - every committed checkpoint verifies, with its metadata whole;
 //   - the latest one loads, byte for byte what was saved;
 //   - the history persisted before the kill differs from storage by at most
 //     the operation in flight, and a new manager's history equals storage.
@@ -59,8 +60,13 @@ pid_t spawn_worker(const std::string& exp, uint64_t seed, int& ready_fd,
   return testing::spawn_with_stdout_pipe(args, ready_fd);
 }
 
-// Every committed checkpoint of the experiment at `exp` verifies and the
-// newest holds exactly what the worker saved; returns the listing.
+void expect_whole_metadata(const Checkpoint& checkpoint) {
+  if (auto problem = crash_metadata_problem(checkpoint)) ADD_FAILURE() << *problem;
+}
+
+// Every committed checkpoint of the experiment at `exp` verifies, its
+// metadata is whole, and the newest holds exactly what the worker saved;
+// returns the listing.
 ExperimentListing expect_intact(const std::string& exp) {
   ExperimentListing listing = read_experiment(exp);
   for (const auto& r : listing.checkpoints) {
@@ -69,6 +75,7 @@ ExperimentListing expect_intact(const std::string& exp) {
                                   << (problems.empty()
                                           ? ""
                                           : problems[0].path + " " + problems[0].reason);
+    expect_whole_metadata(r.checkpoint);
   }
   if (!listing.checkpoints.empty()) {
     const auto& latest = listing.checkpoints.back();
@@ -157,12 +164,14 @@ TEST(CrashTest, EveryCommittedCheckpointSurvivesSigkillAtRandomMoments) {
       }
     }
 
-    // Every committed checkpoint verifies, and the latest loads exactly.
+    // Every committed checkpoint verifies with whole metadata, and the
+    // latest loads exactly.
     for (const auto& r : before.checkpoints) {
       auto problems = r.checkpoint.verify();
       EXPECT_TRUE(problems.empty())
           << r.name << ": "
           << (problems.empty() ? "" : problems[0].path + " " + problems[0].reason);
+      expect_whole_metadata(r.checkpoint);
     }
     if (!before.checkpoints.empty()) {
       const auto& latest = before.checkpoints.back();

@@ -49,7 +49,12 @@ int main(int argc, char** argv) {
       if (rng() % 8 != 0) metrics["score"] = static_cast<double>(rng() % 1000) / 10.0;
       auto record = manager.register_checkpoint(metrics, source);
       (void)!::write(STDOUT_FILENO, "c", 1);  // committed: the test may aim past it
-      if (rng() % 4 == 0) record.checkpoint.update_metadata({{"touched", seed}});
+      if (rng() % 2 == 0) {
+        // Metadata replaced after the commit, twice: a kill in either leaves
+        // the metadata before it or after it (crash_test checks).
+        record.checkpoint.update_metadata({{"touched", seed}, {"pad", std::string(8192, 'p')}});
+        record.checkpoint.update_metadata({{"again", seed}});
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "crash_worker: " << e.what() << "\n";

@@ -6,6 +6,8 @@
 //     its save wrote (none is partially visible);
 //   - every checkpoint whose save returned before the crash point, and that
 //     the workload had not begun to delete, is still committed;
+//   - a checkpoint's metadata is that of the last update that returned
+//     before the crash point or of one begun after it, whole;
 //   - a new manager opens the experiment without help, leaves no
 //     uncommitted folder, and its history equals what storage holds (with
 //     each record's metrics those of its manifest).
@@ -22,7 +24,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -143,6 +148,24 @@ struct Expectations {
   std::set<uint64_t> final;                       // committed when the workload ended
   std::map<uint64_t, size_t> committed_at;        // index -> the mark after its save
   std::map<uint64_t, size_t> deletion_starts_at;  // index -> its first removal
+  // index -> (metadata version, the mark after its update returned)
+  std::map<uint64_t, std::vector<std::pair<int, size_t>>> metadata_at;
+  // The metadata version of each checkpoint at a crash before `point`: at
+  // least the last update that returned, at most the last one begun.
+  std::map<uint64_t, std::pair<int, int>> metadata_range(size_t point) const {
+    std::map<uint64_t, std::pair<int, int>> out;
+    for (const auto& [i, updates] : metadata_at) {
+      int low = 0, high = 0;
+      for (size_t u = 0; u < updates.size(); ++u) {
+        if (updates[u].second < point) low = updates[u].first;
+        // Update u begins after update u - 1's mark (or the commit's).
+        const size_t begun = u == 0 ? committed_at.at(i) : updates[u - 1].second;
+        if (begun < point) high = updates[u].first;
+      }
+      out[i] = {low, high};
+    }
+    return out;
+  }
   // Checkpoints that must be committed at a crash before operation `point`.
   std::set<uint64_t> required(size_t point) const {
     std::set<uint64_t> out;
@@ -160,12 +183,17 @@ struct Expectations {
 
 Expectations expectations(const Trace& trace, std::set<uint64_t> initial,
                           std::set<uint64_t> final) {
-  Expectations e{std::move(initial), std::move(final), {}, {}};
+  Expectations e{std::move(initial), std::move(final), {}, {}, {}};
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const Op& op = trace.ops[i];
     uint64_t index = 0;
+    int version = 0;
     if (op.kind == OpKind::kMark && std::sscanf(op.path.c_str(), "committed %lu", &index) == 1) {
       e.committed_at[index] = i;
+    }
+    if (op.kind == OpKind::kMark &&
+        std::sscanf(op.path.c_str(), "metadata %lu %d", &index, &version) == 2) {
+      e.metadata_at[index].emplace_back(version, i);
     }
     if (op.kind == OpKind::kUnlink || op.kind == OpKind::kRmdir) {
       // exp/checkpoint_NNNNNN/...
@@ -185,6 +213,7 @@ Expectations expectations(const Trace& trace, std::set<uint64_t> initial,
 
 // The checks of one crash state, materialized at `root` (exp below it).
 void check_state(const Workload& w, const fs::path& root, const std::set<uint64_t>& required,
+                 const std::map<uint64_t, std::pair<int, int>>& metadata,
                  const std::string& where) {
   const fs::path exp = root / "exp";
   std::map<uint64_t, uint64_t> seeds;
@@ -205,6 +234,18 @@ void check_state(const Workload& w, const fs::path& root, const std::set<uint64_
         if (!problems.empty()) continue;
         expect_exact(w, r, where);
         seeds[r.index] = r.checkpoint.manifest().metrics["seed"].get<uint64_t>();
+        if (auto m = metadata.find(r.index); m != metadata.end()) {
+          // The previous metadata or the new one, never neither.
+          const nlohmann::json meta = r.checkpoint.get_metadata();
+          const int v = meta.value("v", 0);
+          EXPECT_TRUE(v >= m->second.first && v <= m->second.second)
+              << where << r.name << ": metadata version " << v << ", expected "
+              << m->second.first << " to " << m->second.second;
+          if (v > 0) {
+            EXPECT_EQ(meta.value("pad", std::string()), std::string(kMetadataPad, 'a' + v))
+                << where << r.name << ": the metadata of update " << v << " is not whole";
+          }
+        }
       } catch (const std::exception& e) {
         ADD_FAILURE() << where << r.name << " is committed but unreadable: " << e.what();
       }
@@ -314,6 +355,9 @@ TEST_P(PowerLoss, EveryCommittedCheckpointSurvivesEveryCrashState) {
     }
     EXPECT_TRUE(snapshot && log_removed) << "the history workload did not compact";
   }
+  size_t updates = 0;
+  for (const auto& [i, u] : expect.metadata_at) updates += u.size();
+  ASSERT_EQ(updates, static_cast<size_t>(w.metadata_updates * w.act_saves));
 
   const fs::path scratch =
       scratch_base() / fmt::format("cairn-powerloss-{}-{}", ::getpid(), w.name);
@@ -354,7 +398,8 @@ TEST_P(PowerLoss, EveryCommittedCheckpointSurvivesEveryCrashState) {
         const std::string where =
             fmt::format("[{} model, {}]\n", model == Model::kExt4Ordered ? "ext4" : "per-directory",
                         states.describe(s.choice));
-        check_state(w, scratch, expect.required(s.choice.crash_point), where);
+        check_state(w, scratch, expect.required(s.choice.crash_point),
+                    expect.metadata_range(s.choice.crash_point), where);
         if (HasFailure()) return;
       }
     }

@@ -25,7 +25,8 @@ void mark(const std::filesystem::path& root, const std::string& text) {
   (void)::unlink((root / (".powerloss-mark-" + text)).c_str());
 }
 
-void save_checkpoint(CheckpointManager& manager, int n, const std::filesystem::path& root) {
+void save_checkpoint(CheckpointManager& manager, int n, const std::filesystem::path& root,
+                     int metadata_updates) {
   const uint64_t seed = seed_of(n);
   auto source = Checkpoint::from_directory(fmt::format("memory://powerloss-source/{}", seed));
   const auto sizes = file_sizes(n);
@@ -35,6 +36,10 @@ void save_checkpoint(CheckpointManager& manager, int n, const std::filesystem::p
   }
   auto record = manager.register_checkpoint({{"seed", seed}}, source);
   mark(root, fmt::format("committed {}", record.index));
+  for (int v = 1; v <= metadata_updates; ++v) {
+    record.checkpoint.update_metadata({{"v", v}, {"pad", std::string(kMetadataPad, 'a' + v)}});
+    mark(root, fmt::format("metadata {} {}", record.index, v));
+  }
 }
 
 void save_state(StateCheckpointManager& manager, int n, const std::filesystem::path& root) {
@@ -87,7 +92,9 @@ int main(int argc, char** argv) {
       }
     } else {
       CheckpointManager manager(exp.string(), config_of(*w), options);
-      for (int n = first; n < first + count; ++n) save_checkpoint(manager, n, root);
+      for (int n = first; n < first + count; ++n) {
+        save_checkpoint(manager, n, root, act ? w->metadata_updates : 0);
+      }
     }
   } catch (const std::exception& e) {
     std::cerr << "powerloss_workload: " << e.what() << "\n";

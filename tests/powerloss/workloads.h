@@ -22,10 +22,15 @@ struct Workload {
   bool background_delete = false;
   bool state_dict = false;  // a direct-I/O safetensors save (StateCheckpointManager)
   std::string_view what;    // for the docs and failure messages
+  // Metadata updates after each recorded save: update v sets {"v": v} (and a
+  // pad of kMetadataPad bytes), leaving the mark "metadata N v" once it returned.
+  int metadata_updates = 0;
 };
 
+inline constexpr size_t kMetadataPad = 6000;
+
 // clang-format off
-inline constexpr std::array<Workload, 5> kWorkloads = {{
+inline constexpr std::array<Workload, 6> kWorkloads = {{
     {"save", 1, 1, std::nullopt, false, false,
      "one Checkpoint committed through CheckpointManager::register_checkpoint"},
     {"retention", 2, 2, 2, false, false,
@@ -37,6 +42,9 @@ inline constexpr std::array<Workload, 5> kWorkloads = {{
      "a StateDict saved with O_DIRECT and fallocate preallocation (StateCheckpointManager)"},
     {"background", 1, 2, 1, true, false,
      "num_to_keep=1 with ManagerOptions::background_delete: data deleted on the deleter thread"},
+    {"metadata", 1, 1, std::nullopt, false, false,
+     "a save, then its metadata replaced twice (update_metadata): the previous or the new, "
+     "never neither", 2},
 }};
 // clang-format on
 

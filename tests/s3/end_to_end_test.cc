@@ -469,6 +469,44 @@ TEST_F(S3EndToEnd, CliOnAServerThatTearsWritesRemovesOnlyTornManifestsNoHistoryL
   EXPECT_TRUE(storage->exists("checkpoint_000000/a.bin"));
 }
 
+// A metadata replace killed mid-PUT: on a server that keeps interrupted PUTs
+// in part, the metadata it was replacing is read instead of the torn object,
+// and the next update builds on it; on one that writes whole objects (the
+// default) unreadable metadata is damage, named.
+TEST_F(S3EndToEnd, ATornMetadataReplaceLeavesThePreviousMetadataReadable) {
+  TempDir src;
+  write_file(src.path() / "a.bin", "aaaa");
+  const std::string exp = root + "/metadata";
+  const Checkpoint cp = CheckpointManager(exp, {})
+                            .register_checkpoint({}, Checkpoint::from_directory(src.str()))
+                            .checkpoint;
+  auto storage = open_storage(exp);
+  const std::string key = "checkpoint_000000/.cairn/metadata.json";
+  {
+    testing::ScopedEnv torn("CAIRN_S3_TORN_WRITES", "on");
+    const Checkpoint tearing(open_storage(cp.uri()));
+    tearing.set_metadata({{"v", 1}});
+    tearing.update_metadata({{"v", 2}});
+    // What a kill in the middle of the next update's PUT leaves.
+    tearing.update_metadata({{"v", 3}});
+    const std::string whole = storage->get(key);
+    storage->put(key, whole.substr(0, whole.size() / 2));
+    EXPECT_EQ(tearing.get_metadata(), (nlohmann::json{{"v", 2}}));
+    tearing.update_metadata({{"w", 1}});
+    EXPECT_EQ(tearing.get_metadata(), (nlohmann::json{{"v", 2}, {"w", 1}}));
+    // Torn again, from the empty object a killed first write leaves.
+    storage->put(key, "");
+    EXPECT_EQ(tearing.get_metadata(), (nlohmann::json{{"v", 2}}));
+  }
+  try {
+    cp.get_metadata();
+    ADD_FAILURE() << "unreadable metadata on a server that writes whole objects was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCorruption);
+    EXPECT_NE(std::string(e.what()).find(storage->uri_of(key)), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(S3EndToEnd, CpCopiesAnExperimentToS3AndBackAndAReRunCopiesNothing) {
   TempDir src;
   const std::string local = (src.path() / "exp").string();

@@ -5,7 +5,8 @@
 // radosgw). After every kill, without anyone's
 // help:
 //   - every checkpoint listed as committed verifies and loads (its files are
-//     byte for byte what was saved);
+//     byte for byte what was saved) and its metadata is whole (the worker
+//     updates it after some commits);
 //   - the next CheckpointManager open succeeds, and what it holds verifies;
 //   - a `cairn cp` run again to the same destination finishes (it never
 //     refuses what an interrupted copy left).
@@ -108,6 +109,7 @@ void check_worker_experiment(const std::string& exp) {
     EXPECT_TRUE(problems.empty()) << r.checkpoint.uri() << ": " << problems[0].path << " "
                                   << problems[0].reason;
     expect_loads_as_saved(r.checkpoint, r.checkpoint.manifest().metrics);
+    if (auto problem = testing::crash_metadata_problem(r.checkpoint)) ADD_FAILURE() << *problem;
   }
   const std::set<uint64_t> listed = indices(listing.checkpoints);
   {
