@@ -140,7 +140,10 @@ GcReport collect_garbage(std::string_view uri, bool dry_run) {
       report.skipped.push_back(kept);
     }
     for (const auto& id : scan.incomplete) {
-      if (!dry_run) storage->discard_incomplete(id);
+      if (!dry_run) {
+        log::info(fmt::format("removing incomplete write {}", storage->uri_of(id)));
+        storage->discard_incomplete(id);
+      }
       report.removed.push_back(storage->uri_of(id));
     }
     std::vector<std::string> leftovers;

@@ -507,6 +507,54 @@ TEST_F(S3EndToEnd, ATornMetadataReplaceLeavesThePreviousMetadataReadable) {
   }
 }
 
+// A multipart upload killed while its marker was being written can leave
+// the marker empty (on a server that tears writes) or unreadable: it is an
+// incomplete write like any other. `cairn gc` and the next manager open each
+// remove such markers, and say so at info level, never as an error.
+TEST_F(S3EndToEnd, EmptyUploadMarkersOfKilledUploadsAreRemovedByGcAndByTheOpenAtInfoLevel) {
+  TempDir src;
+  write_file(src.path() / "a.bin", "aaaa");
+  for (const bool by_gc : {true, false}) {
+    SCOPED_TRACE(by_gc ? "cairn gc" : "the manager's open");
+    const std::string exp = root + (by_gc ? "/markers-gc" : "/markers-open");
+    CheckpointManager(exp, {}).register_checkpoint({}, Checkpoint::from_directory(src.str()));
+    auto storage = open_storage(exp);
+    // A save of checkpoint 1 killed in its upload of model.bin: one file
+    // done, the marker of the next empty, another's not JSON.
+    storage->put("checkpoint_000001/a.bin", "aaaa");
+    const std::vector<std::string> markers = {
+        "checkpoint_000001/.model.bin.cairn-upload-00000000000000aa",
+        "checkpoint_000001/.opt.bin.cairn-upload-00000000000000bb"};
+    storage->put(markers[0], "");
+    storage->put(markers[1], "{\"key\": ");
+    ASSERT_EQ(storage->list_incomplete("").size(), 2u);
+
+    ::testing::internal::CaptureStderr();
+    GcReport report;
+    if (by_gc) {
+      report = collect_garbage(exp);
+    } else {
+      CheckpointManager reopened(exp, {});
+      EXPECT_EQ(reopened.history().size(), 1u);
+    }
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(storage->list_incomplete("").empty());
+    EXPECT_FALSE(storage->exists("checkpoint_000001/a.bin"));
+    EXPECT_TRUE(storage->exists("checkpoint_000000/a.bin"));
+    for (const auto& marker : markers) {
+      if (by_gc) {
+        EXPECT_NE(std::find(report.removed.begin(), report.removed.end(), storage->uri_of(marker)),
+                  report.removed.end())
+            << marker;
+      }
+      EXPECT_NE(log.find(storage->uri_of(marker)), std::string::npos) << log;
+    }
+    EXPECT_EQ(log.find("[warning]"), std::string::npos) << log;
+    EXPECT_EQ(log.find("[error]"), std::string::npos) << log;
+    EXPECT_EQ(log.find("JSON"), std::string::npos) << log;
+  }
+}
+
 TEST_F(S3EndToEnd, CpCopiesAnExperimentToS3AndBackAndAReRunCopiesNothing) {
   TempDir src;
   const std::string local = (src.path() / "exp").string();

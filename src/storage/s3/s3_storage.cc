@@ -252,14 +252,17 @@ class S3Storage final : public Storage {
     get.key = marker;
     get.accept = {404};
     HttpResponse resp = ctx_->call(get);
+    // A marker cut short by a kill during its own PUT (empty, or not JSON)
+    // names no upload: an expected remains of a killed upload, not an error.
+    // The listing below finds its upload, if it was ever started.
     if (resp.status != 404) {
-      try {
-        nlohmann::json m = parse_json(resp.body, ctx_->uri(marker));
-        if (m.is_object() && m.contains("upload_id") && m["upload_id"].is_string()) {
-          uploads.push_back(m["upload_id"].get<std::string>());
-        }
-      } catch (const Error& e) {  // ignore-error: the listing below finds the upload
-        log::warn(e.what());
+      const auto m = nlohmann::json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
+      if (m.is_object() && m.contains("upload_id") && m["upload_id"].is_string()) {
+        uploads.push_back(m["upload_id"].get<std::string>());
+      } else {
+        log::debug(fmt::format("{}: upload marker names no upload ({} bytes); finding it by "
+                               "listing",
+                               ctx_->uri(marker), resp.body.size()));
       }
     }
     if (uploads.empty() && !ctx_->no_list_uploads) {
