@@ -549,24 +549,35 @@ TEST_F(S3Storage, BucketNamesTheServerCannotHaveAreRefusedAndMissingOnesNamed) {
   EXPECT_NE(message.find("cairn-no-such-bucket-anywhere"), std::string::npos) << message;
 }
 
-// Observed, not timed: the lease object is rewritten by its holder until its
-// write time has moved past a whole lifetime (6 s in the tests), and a taker
-// is still refused. The holder renews every third of a lifetime, so a check
-// right after a renewal has two thirds to spare.
+// The holder's heartbeat renews its lease every third of a lifetime (6 s in
+// the tests) on the lease clock, which the test moves by hand: four periods,
+// more than a lifetime, each answered by a renewal of the same lease (same
+// holder, same token) while a taker is refused. No step depends on how fast
+// the machine is: each waits (at most 60 s) for the renewal it caused.
 TEST_F(S3Storage, AHeldLeaseIsRenewedPastItsLifetime) {
+  auto now = std::make_shared<std::atomic<int64_t>>(1000);
+  s3::set_lease_clock_for_testing(
+      [now] { return std::chrono::steady_clock::time_point(std::chrono::seconds(now->load())); });
   auto lock = s->try_lock("exp/.cairn.lock");
   const std::string lease = s->get("exp/.cairn.lock");
-  const double first = s->stat("exp/.cairn.lock")->modified;
-  const double lifetime = 6.0;
-  double last = first;
-  for (int polls = 0; polls < 600 && last < first + lifetime + 1.0; ++polls) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    last = s->stat("exp/.cairn.lock")->modified;
+  // The clock stands still: no renewal, however long the machine takes.
+  const uint64_t before = s3::lease_renewals();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(s3::lease_renewals(), before);
+  for (int period = 1; period <= 4; ++period) {
+    *now += 2;  // a third of the lifetime
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (s3::lease_renewals() < before + static_cast<uint64_t>(period) &&
+           std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(s3::lease_renewals(), before + static_cast<uint64_t>(period))
+        << "no renewal for period " << period << " within 60 s";
+    EXPECT_EQ(s->get("exp/.cairn.lock"), lease);  // the same holder, the same token
+    EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
+    EXPECT_EQ(code_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }),
+              ErrorCode::kLocked);
   }
-  ASSERT_GE(last, first + lifetime + 1.0) << "the lease was not rewritten within 60 s";
-  EXPECT_EQ(s->get("exp/.cairn.lock"), lease);  // the same holder, the same token
-  EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
-  EXPECT_EQ(code_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }), ErrorCode::kLocked);
 }
 
 // Servers that take If-Match / If-None-Match and ignore them are

@@ -59,9 +59,15 @@ enum class IfMatchForm { kUnknown, kQuoted, kBare, kUnsupported };
 // The clock leases are measured with on the holder's side (steady, so a
 // wall-clock step changes nothing). Tests replace it to act out a holder
 // paused past its lease's lifetime; nullptr restores the real one.
+// A holder's heartbeat follows this clock too: it looks at it at least once
+// a second of real time and renews once a renewal period has passed on it.
 using LeaseClock = std::function<std::chrono::steady_clock::time_point()>;
 void set_lease_clock_for_testing(LeaseClock clock);
 std::chrono::steady_clock::time_point lease_now();
+
+// Renewals by heartbeats in this process so far (every lease), for tests and
+// diagnostics.
+uint64_t lease_renewals();
 
 // Fencing. A lease last confirmed (written by its holder, the time taken
 // before the request was sent) at `confirmed` cannot have been taken over

@@ -35,6 +35,10 @@
 #include "util/log.h"
 
 namespace cairn {
+namespace s3 {
+void count_lease_renewal();  // one more for lease_renewals()
+}  // namespace s3
+
 namespace s3_impl {
 namespace {
 
@@ -500,8 +504,18 @@ class S3Lock final : public Lock {
     std::unique_lock<std::mutex> g(mu_);
     // A fourth of the lifetime where a renewal must be sent within half of
     // it (LeaseGuard::renew without conditional writes).
-    auto period = [&] { return ctx_->client->options().lock_ttl / (ctx_->conditional() ? 3 : 4); };
-    while (!cv_.wait_for(g, period(), [&] { return stop_; })) {
+    auto period = [&] {
+      return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          ctx_->client->options().lock_ttl / (ctx_->conditional() ? 3 : 4));
+    };
+    auto due = s3::lease_now() + period();
+    for (;;) {
+      // Due on the lease clock (s3::lease_now), looked at at least once a
+      // second of real time: a test moves that clock by hand.
+      const auto left = std::clamp(due - s3::lease_now(), std::chrono::steady_clock::duration(0),
+                                   std::chrono::steady_clock::duration(std::chrono::seconds(1)));
+      if (cv_.wait_for(g, left, [&] { return stop_; })) return;
+      if (s3::lease_now() < due) continue;
       g.unlock();
       try {
         std::lock_guard<std::mutex> lease(guard_->mu);
@@ -511,10 +525,12 @@ class S3Lock final : public Lock {
           g.lock();
           return;
         }
+        s3::count_lease_renewal();
       } catch (const Error& e) {  // ignore-error: the next beat tries again
         log::warn(
             fmt::format("{}: renewing the lock failed: {}", ctx_->uri(guard_->key), e.what()));
       }
+      due = s3::lease_now() + period();
       g.lock();
     }
   }
@@ -595,7 +611,11 @@ namespace s3 {
 namespace {
 std::mutex lease_clock_mu;
 LeaseClock lease_clock;
+std::atomic<uint64_t> renewals{0};
 }  // namespace
+
+void count_lease_renewal() { renewals.fetch_add(1, std::memory_order_relaxed); }
+uint64_t lease_renewals() { return renewals.load(std::memory_order_relaxed); }
 
 void set_lease_clock_for_testing(LeaseClock clock) {
   std::lock_guard<std::mutex> g(lease_clock_mu);
