@@ -278,8 +278,9 @@ void bind_train(py::module_& m) {
   m.def("train_should_checkpoint", [] { return train::should_checkpoint(); });
   // A variable of the C environment: os.environ is a copy made at start-up,
   // and the runtime sets some in a forked worker after that.
-  m.def("train_environment_value",
-        [](const std::string& name) { return train::environment_value(name); });
+  m.def(
+      "train_environment_value",
+      [](const std::string& name) { return train::environment_value(name); }, py::arg("name"));
   m.def("train_wait_for_reports", [] {
     py::gil_scoped_release release;
     train::wait_for_reports();

@@ -251,30 +251,53 @@ void set_common(Options& o, const std::string& time_attr, const std::string& met
 
 // The search-space functions (tune.grid_search, choice, ...).
 void bind_search_space(py::module_& m) {
-  m.def("tune_grid_search", [](py::handle v) { return from_json(tune::grid_search(to_json(v))); });
-  m.def("tune_choice", [](py::handle v) { return from_json(tune::choice(to_json(v))); });
-  m.def("tune_uniform", [](double lo, double hi) { return from_json(tune::uniform(lo, hi)); });
-  m.def("tune_loguniform",
-        [](double lo, double hi) { return from_json(tune::loguniform(lo, hi)); });
-  m.def("tune_randint",
-        [](std::int64_t lo, std::int64_t hi) { return from_json(tune::randint(lo, hi)); });
-  m.def("tune_quniform",
-        [](double lo, double hi, double q) { return from_json(tune::quniform(lo, hi, q)); });
-  m.def("tune_qloguniform",
-        [](double lo, double hi, double q) { return from_json(tune::qloguniform(lo, hi, q)); });
-  m.def("tune_qrandint", [](std::int64_t lo, std::int64_t hi, std::int64_t q) {
-    return from_json(tune::qrandint(lo, hi, q));
-  });
-  m.def("tune_lograndint",
-        [](std::int64_t lo, std::int64_t hi) { return from_json(tune::lograndint(lo, hi)); });
-  m.def("tune_qlograndint", [](std::int64_t lo, std::int64_t hi, std::int64_t q) {
-    return from_json(tune::qlograndint(lo, hi, q));
-  });
-  m.def("tune_randn", [](double mean, double sd) { return from_json(tune::randn(mean, sd)); });
-  m.def("tune_qrandn",
-        [](double mean, double sd, double q) { return from_json(tune::qrandn(mean, sd, q)); });
-  m.def("tune_sample_from",
-        [](const std::string& name) { return from_json(tune::sample_from(name)); });
+  const auto lo = py::arg("lo"), hi = py::arg("hi"), q = py::arg("q");
+  m.def(
+      "tune_grid_search", [](py::handle v) { return from_json(tune::grid_search(to_json(v))); },
+      py::arg("values"));
+  m.def(
+      "tune_choice", [](py::handle v) { return from_json(tune::choice(to_json(v))); },
+      py::arg("values"));
+  m.def(
+      "tune_uniform", [](double l, double h) { return from_json(tune::uniform(l, h)); }, lo, hi);
+  m.def(
+      "tune_loguniform", [](double l, double h) { return from_json(tune::loguniform(l, h)); }, lo,
+      hi);
+  m.def(
+      "tune_randint", [](std::int64_t l, std::int64_t h) { return from_json(tune::randint(l, h)); },
+      lo, hi);
+  m.def(
+      "tune_quniform",
+      [](double l, double h, double s) { return from_json(tune::quniform(l, h, s)); }, lo, hi, q);
+  m.def(
+      "tune_qloguniform",
+      [](double l, double h, double s) { return from_json(tune::qloguniform(l, h, s)); }, lo, hi,
+      q);
+  m.def(
+      "tune_qrandint",
+      [](std::int64_t l, std::int64_t h, std::int64_t s) {
+        return from_json(tune::qrandint(l, h, s));
+      },
+      lo, hi, q);
+  m.def(
+      "tune_lograndint",
+      [](std::int64_t l, std::int64_t h) { return from_json(tune::lograndint(l, h)); }, lo, hi);
+  m.def(
+      "tune_qlograndint",
+      [](std::int64_t l, std::int64_t h, std::int64_t s) {
+        return from_json(tune::qlograndint(l, h, s));
+      },
+      lo, hi, q);
+  m.def(
+      "tune_randn", [](double mean, double sd) { return from_json(tune::randn(mean, sd)); },
+      py::arg("mean"), py::arg("sd"));
+  m.def(
+      "tune_qrandn",
+      [](double mean, double sd, double s) { return from_json(tune::qrandn(mean, sd, s)); },
+      py::arg("mean"), py::arg("sd"), q);
+  m.def(
+      "tune_sample_from",
+      [](const std::string& name) { return from_json(tune::sample_from(name)); }, py::arg("name"));
 }
 
 // The schedulers: FIFO, ASHA, PBT.

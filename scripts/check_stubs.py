@@ -9,7 +9,10 @@ Usage: .venv/bin/python3 scripts/check_stubs.py BUILD_PYTHON_DIR
 package.)
 
 pybind11 gives its functions no introspectable signatures, so stubtest
-checks their names and kinds there, not their parameters. Two of its
+checks their names and kinds there, not their parameters; this script then
+compares each stub's parameter names, in order, with the signature pybind11
+writes on the first line of the function's docstring (every signature of an
+overloaded one: the stub must match one of them). Two of its
 reports say only that a class is pybind11's and are left out: "metaclass
 differs" (pybind11's classes have a metaclass of their own, which stubs do
 not spell) and an "__init__" without "*args" where the class has no
@@ -18,6 +21,8 @@ stubtest must not check are in scripts/stubtest-allowlist.txt, each with its
 reason.
 """
 
+import ast
+import importlib
 import os
 import re
 import subprocess
@@ -32,6 +37,80 @@ PYBIND11 = [
     re.compile(r"^\S+ is inconsistent, metaclass differs$"),
     re.compile(r'^\S+\.__init__ is inconsistent, stub does not have \*args parameter "args"$'),
 ]
+
+
+def _split_params(text: str) -> list[str]:
+    """The comma-separated parts of a parameter list, brackets respected."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if text[start:].strip():
+        parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def _pybind_signatures(name: str, doc: str) -> list[list[str]]:
+    """The parameter names (self left out) of each signature pybind11 wrote
+    for `name` in `doc`: one line "name(a: T, b: U = ...) -> R" per overload."""
+    out = []
+    for line in doc.splitlines():
+        m = re.match(r"^\s*(?:\d+\. )?" + re.escape(name) + r"\((.*)\) -> ", line)
+        if not m:
+            continue
+        names = [p.split(":")[0].split("=")[0].strip() for p in _split_params(m.group(1))]
+        out.append([n.lstrip("*") for n in names if n and n not in ("self", "*", "/")])
+    return out
+
+
+def _stub_params(fn: ast.FunctionDef) -> list[str] | None:
+    """The stub's parameter names in order (self left out), or None for one
+    taking *args (a catch-all the docstring cannot be compared with)."""
+    a = fn.args
+    if a.vararg is not None:
+        return None
+    names = [x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs]]
+    if a.kwarg is not None:
+        names.append(a.kwarg.arg)
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def check_parameters(build: str, module_name: str) -> list[str]:
+    """Stub functions whose parameter names differ from pybind11's signature."""
+    stub = os.path.join(build, *module_name.split(".")) + ".pyi"
+    sys.path.insert(0, build)
+    try:
+        module = importlib.import_module(module_name)
+    finally:
+        sys.path.pop(0)
+    tree = ast.parse(open(stub).read())
+    problems = []
+
+    def visit(body: list[ast.stmt], owner: object, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                cls = getattr(owner, node.name, None)
+                if cls is not None:
+                    visit(node.body, cls, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.FunctionDef):
+                params = _stub_params(node)
+                target = getattr(owner, node.name, None)
+                doc = getattr(target, "__doc__", None) or ""
+                signatures = _pybind_signatures(node.name, doc)
+                if params is None or not signatures or params in signatures:
+                    continue
+                problems.append(
+                    f"{module_name}.{prefix}{node.name}: the stub's parameters {params} are "
+                    f"not the module's {' or '.join(str(s) for s in signatures)}"
+                )
+
+    visit(tree.body, module, "")
+    return problems
 
 
 def main() -> int:
@@ -70,7 +149,12 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"stubtest: the stubs of {', '.join(modules)} agree with the modules")
+    mismatched = [p for m in modules for p in check_parameters(build, m)]
+    if mismatched:
+        print("\n".join(mismatched), file=sys.stderr)
+        print(f"check_stubs: {len(mismatched)} stubs name other parameters", file=sys.stderr)
+        return 1
+    print(f"stubtest: the stubs of {', '.join(modules)} agree with the modules, parameters too")
     return 0
 
 

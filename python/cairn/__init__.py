@@ -23,6 +23,7 @@ while a checkpoint is written or read.
 from __future__ import annotations
 
 from cairn import errors
+from cairn._args import check_public as _check_public
 from cairn._cairn import CUDA, __version__
 from cairn._checkpoint import Checkpoint, VerifyProblem
 from cairn._manager import (
@@ -72,3 +73,7 @@ __all__ = [
     "PermissionDeniedError",
     "UnavailableError",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

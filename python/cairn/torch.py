@@ -27,6 +27,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, NamedTuple, Optional, Union
 
 from cairn import _cairn
+from cairn._args import check_public as _check_public
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointManager, CheckpointRecord
 from cairn._tensors import (
@@ -788,3 +789,7 @@ def load_sharded(
     tensors = _writable(flat)
     reader = _cairn.ShardedReader(_checkpoint_arg(src))
     reader.load(tensors, specs, strict)
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

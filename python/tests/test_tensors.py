@@ -369,7 +369,7 @@ def test_bad_values_are_invalid_argument_errors_naming_the_tensor(
         with pytest.raises(cairn.InvalidArgumentError, match=words):
             cairn.save(state, path)
         assert path.read_bytes() == before  # nothing lost
-    with pytest.raises(cairn.InvalidArgumentError):
+    with pytest.raises(TypeError, match="'state_dict' must be"):
         cairn.save([torch.ones(1)], path)  # type: ignore[arg-type]
     with pytest.raises(cairn.InvalidArgumentError):
         cairn.load(path, framework="tf")  # type: ignore[arg-type]

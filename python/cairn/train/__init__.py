@@ -25,6 +25,7 @@ when ``report`` returns (docs/python.md, "Training").
 
 from __future__ import annotations
 
+from cairn._args import check_public as _check_public
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointConfig, MemoryTierConfig
 from cairn.train._config import FailureConfig, RunConfig, ScalingConfig, SyncConfig
@@ -57,3 +58,7 @@ __all__ = [
     "should_checkpoint",
     "wait_for_reports",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from cairn import _checkpoint
+from cairn._args import check_public as _check_public
 from cairn.train._config import ScalingConfig
 from cairn.train._session import TrainContext, get_context
 from cairn.train._trainer import DataParallelTrainer
@@ -297,3 +298,7 @@ __all__ = [
     "prepare_model",
     "prepare_optimizer",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

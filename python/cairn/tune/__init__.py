@@ -29,6 +29,7 @@ import inspect
 from typing import Any, Callable
 
 from cairn import _cairn
+from cairn._args import check_public as _check_public
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointConfig
 from cairn.errors import Error as TuneError
@@ -200,3 +201,7 @@ __all__ = [
     "with_parameters",
     "with_resources",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from cairn import _cairn
+from cairn._args import check_public as _check_public
 from cairn.errors import InvalidArgumentError
 from cairn.tune._space import split_space
 
@@ -126,3 +127,7 @@ __all__ = [
     "PopulationBasedTraining",
     "TrialScheduler",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())

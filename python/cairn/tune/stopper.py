@@ -17,6 +17,8 @@ import math
 import time
 from typing import Any, Callable, Optional
 
+from cairn._args import check_public as _check_public
+
 
 class Stopper(abc.ABC):
     """Ray's ``tune.Stopper``: subclass it and override ``__call__`` (and
@@ -147,3 +149,7 @@ __all__ = [
     "TimeoutStopper",
     "TrialPlateauStopper",
 ]
+
+
+# A wrong type in a public call is a TypeError naming the parameter.
+_check_public(globals())
