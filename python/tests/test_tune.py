@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any, Optional, Union
 
 import cairn
@@ -432,6 +433,106 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
         # Resumed from its latest committed checkpoint, not from scratch.
         assert after and {row["start"] for row in after} == {tune_driver.HOLD_AT}, r.trial_id
         assert [row["step"] for row in after] == list(range(tune_driver.HOLD_AT, tune_driver.STEPS))
+
+
+def test_a_killed_driver_restored_without_resume_unfinished_runs_no_started_trial_again(
+    tmp_path: pathlib.Path,
+) -> None:
+    # As Ray: trials that were running when the driver died end TERMINATED
+    # where they stood, with their committed checkpoints and results.
+    import tune_driver
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    exp = tmp_path / "exp"
+    held = [
+        exp
+        / f"trial_{i:05d}"
+        / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}"
+        / ".cairn"
+        / "manifest.json"
+        for i in range(3)
+    ]
+    with driver_process.started(tune_driver.__file__, str(tmp_path)) as driver:
+        driver_process.wait_for(driver, *held)
+        driver.kill()
+    hold.unlink()
+
+    grid = tune.Tuner.restore(exp, tune_driver.trainable, resume_unfinished=False).fit()
+    assert grid.num_errors == 0, grid.errors
+    assert sorted(r.config["x"] for r in grid) == [1, 2, 3]
+    for r in grid:
+        assert r.status == "TERMINATED", r.trial_id
+        assert r.checkpoint is not None
+        assert r.checkpoint.to_dict() == {"step": tune_driver.HOLD_AT - 1}, r.trial_id
+        assert [row["step"] for row in r.metrics_history] == list(range(tune_driver.HOLD_AT))
+        assert r.metrics["step"] == tune_driver.HOLD_AT - 1
+
+
+def test_a_result_row_lost_between_a_commit_and_a_kill_is_written_from_the_checkpoint(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The driver dies after a trial committed a checkpoint and before its
+    # row reached result.json (acted out: the rows are cut back to before
+    # the last commit). The restore writes that row from the metrics
+    # committed with the checkpoint: every result once, no step skipped.
+    import tune_driver
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    exp = tmp_path / "exp"
+    results = [exp / f"trial_{i:05d}" / "result.json" for i in range(3)]
+    with driver_process.started(tune_driver.__file__, str(tmp_path)) as driver:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+            f.exists() and f.read_text().count("\n") == tune_driver.HOLD_AT for f in results
+        ):
+            assert driver.poll() is None, "the driver ended early"
+            time.sleep(0.05)
+        driver.kill()
+    hold.unlink()
+    for f in results:
+        lines = f.read_text().splitlines(keepends=True)
+        assert len(lines) == tune_driver.HOLD_AT, f
+        f.write_text("".join(lines[:-1]))  # the last report's row, lost
+
+    grid = tune.Tuner.restore(exp, tune_driver.trainable).fit()
+    assert grid.num_errors == 0, grid.errors
+    for r in grid:
+        steps = [row["step"] for row in r.metrics_history]
+        assert steps == list(range(tune_driver.STEPS)), (r.trial_id, steps)
+        iterations = [row["training_iteration"] for row in r.metrics_history]
+        assert iterations == list(range(1, tune_driver.STEPS + 1)), (r.trial_id, iterations)
+        backfilled = r.metrics_history[tune_driver.HOLD_AT - 1]
+        assert backfilled["checkpoint_dir_name"] == f"checkpoint_{tune_driver.HOLD_AT - 1:06d}"
+        with open(pathlib.Path(r.path) / "progress.csv") as f:
+            assert len(f.read().splitlines()) == tune_driver.STEPS + 1  # the header too
+
+
+def _report_steps(config: dict[str, Any]) -> None:
+    for step in range(4):
+        tune.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
+
+
+def test_a_restore_applies_the_retention_an_ended_trial_missed_when_its_driver_died(
+    tmp_path: pathlib.Path,
+) -> None:
+    # The state a driver killed between a trial's end and its deferred
+    # retention leaves: the trial TERMINATED with one checkpoint more than
+    # it keeps. The next start converges.
+    run = _run_config(tmp_path, checkpoint_config=CheckpointConfig(num_to_keep=2))
+    grid = tune.Tuner(_report_steps, param_space={"x": tune.grid_search([1])}, run_config=run).fit()
+    trial = pathlib.Path(grid[0].path)
+    with cairn.CheckpointManager(trial.parent, trial.name) as keep_all:  # no retention
+        keep_all.register_checkpoint({"step": 3}, Checkpoint.from_dict({"step": 3}))
+    names = sorted(p.name for p in trial.glob("checkpoint_0*"))
+    assert len(names) == 3, names
+
+    grid = tune.Tuner.restore(tmp_path / "exp", _report_steps).fit()
+    assert grid[0].status == "TERMINATED"
+    assert sorted(p.name for p in trial.glob("checkpoint_0*")) == names[1:]
+    assert grid[0].checkpoint is not None
+    assert pathlib.Path(grid[0].checkpoint.path).name == names[-1]
 
 
 def _restore_tune_preempt_to_the_end(tmp_path: pathlib.Path) -> None:

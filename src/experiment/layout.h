@@ -39,5 +39,10 @@ inline constexpr std::string_view kProgressCsvKey = "progress.csv";
 inline constexpr std::string_view kEventFilePrefix = "events.out.tfevents.";
 
 inline constexpr std::string_view kClonesFolder = ".cairn_clones";
+// The metadata key of a trial's checkpoint copied from another trial (PBT's
+// exploit): "<trial id>/<checkpoint name>" it was copied from. Such a
+// checkpoint was not reported by the trial, so no result row is written
+// for it when a restore backfills rows.
+inline constexpr std::string_view kClonedFromKey = "cairn.cloned_from";
 
 }  // namespace cairn::experiment

@@ -131,6 +131,20 @@ std::vector<std::pair<std::string, float>> numeric_scalars(const nlohmann::json&
   return out;
 }
 
+int64_t tensorboard_step(const nlohmann::json& row) {
+  for (const char* key : {"timesteps_total", "training_iteration"}) {
+    const nlohmann::json v = row.value(key, nlohmann::json());
+    if (v.is_number_integer()) return v.get<int64_t>();
+  }
+  return 0;
+}
+
+std::vector<std::pair<std::string, float>> tensorboard_scalars(const nlohmann::json& row) {
+  nlohmann::json rest = row.is_object() ? row : nlohmann::json::object();
+  for (const char* axis : {"training_iteration", "timestamp", "time_total_s"}) rest.erase(axis);
+  return numeric_scalars(rest);
+}
+
 std::string csv_field(const nlohmann::json& value) {
   if (value.is_null()) return "";
   std::string s = value.is_string() ? value.get<std::string>() : dump_for_output(value);
@@ -303,12 +317,11 @@ void RunResults::record(const nlohmann::json& metrics,
   row["checkpoint_dir_name"] =
       checkpoint_dir_name ? nlohmann::json(*checkpoint_dir_name) : nlohmann::json(nullptr);
   row["attempt"] = attempt;
-  const int64_t step = static_cast<int64_t>(rows_.size()) + 1;
   const std::string line = row.dump() + "\n";
   const nlohmann::json flat = flatten_metrics(row);
+  const std::string record =
+      tfrecord(encode_scalars_event(now, tensorboard_step(row), tensorboard_scalars(row)));
   rows_.push_back(std::move(row));
-
-  const std::string record = tfrecord(encode_scalars_event(now, step, numeric_scalars(metrics)));
   events_ += record;
   try {
     append(*results_, line, [&] {

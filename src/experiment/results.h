@@ -43,6 +43,13 @@ std::string encode_scalars_event(double wall_time, int64_t step,
 nlohmann::json flatten_metrics(const nlohmann::json& metrics);
 // The numbers (not booleans) of flatten_metrics(metrics), for TensorBoard.
 std::vector<std::pair<std::string, float>> numeric_scalars(const nlohmann::json& metrics);
+// What a result row's TensorBoard event holds, as Ray's TensorBoard logger
+// writes it: every numeric key of the row (the user's metrics and the
+// row's own, iterations_since_restore and time_this_iter_s among them)
+// except the axes training_iteration, timestamp and time_total_s; at the
+// step timesteps_total when the row has it, else training_iteration.
+std::vector<std::pair<std::string, float>> tensorboard_scalars(const nlohmann::json& row);
+int64_t tensorboard_step(const nlohmann::json& row);
 
 // One CSV field (RFC 4180): null is empty, a string is itself, anything else
 // its JSON text; quoted (with '"' doubled) when it holds ',', '"', CR or LF,

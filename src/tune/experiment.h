@@ -165,7 +165,10 @@ class Experiment {
 
   void fill_slots();
 
-  void add_suggested_trial();
+  // Adds the trial the searcher suggests next; nullptr when it suggests
+  // none now. On a restore the trial may have ended already (its folder
+  // says so), so it is not always one to start.
+  const Trial* add_suggested_trial();
 
   Trial* find(const std::string& id);
 
@@ -230,6 +233,9 @@ class Experiment {
   // retire), now that none will commit again: opening the trial's manager
   // applies its retention.
   void apply_deferred_retention(Trial& t);
+  // Opens the trial's manager, which applies its retention (the state is
+  // saved first if it names a checkpoint to go).
+  void apply_retention(Trial& t);
 
   // The staged copy of a clone the trial no longer needs.
   void drop_clone(Trial& t);

@@ -32,6 +32,7 @@
 #include "cairn/manager.h"
 #include "experiment/layout.h"
 #include "experiment/location.h"
+#include "experiment/results.h"
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
 #include "train/control/channel.h"
@@ -129,7 +130,14 @@ void Experiment::fill_slots() {
   while (running_count() < max_concurrent_) {
     bool have_pending = false;
     for (const auto& t : trials_) have_pending |= t.info.status == TrialStatus::kPending;
-    if (!have_pending && !searcher_->finished()) add_suggested_trial();
+    // A suggestion found ended on storage (a restore) is not one to start:
+    // ask for the next.
+    while (!have_pending && !searcher_->finished()) {
+      const Trial* added = add_suggested_trial();
+      if (added == nullptr) break;
+      have_pending = added->info.status == TrialStatus::kPending ||
+                     added->info.status == TrialStatus::kPaused;
+    }
     std::vector<TrialView> candidates;
     for (const auto& t : trials_) {
       if (t.place < 0 &&
@@ -182,11 +190,11 @@ void Experiment::fill_slots() {
   }
 }
 
-void Experiment::add_suggested_trial() {
+const Trial* Experiment::add_suggested_trial() {
   const std::size_t index = next_index_;
   const std::string id = trial_id_for(index);
   std::optional<nlohmann::json> config = searcher_->suggest(id);
-  if (!config) return;
+  if (!config) return nullptr;
   ++next_index_;
   Trial t;
   t.info.trial_id = id;
@@ -194,17 +202,34 @@ void Experiment::add_suggested_trial() {
   t.info.config = *config;
   t.info.path = trial_path(id);
   // A folder the saved state did not know yet (the driver died after the
-  // trial started, before the next save) is that trial: it goes on, with
-  // the configuration it ran with.
+  // trial started, before the next save) is that trial, with the
+  // configuration it ran with. On a restore, what its folder says happened
+  // decides, as for the trials the state names (reconcile): a trial that was
+  // running goes on only with RestoreOptions::resume_unfinished.
   auto trial_storage = storage_->child(id);
   if (trial_storage->exists(kParamsKey)) {
     t.info.config = parse_json(trial_storage->get(kParamsKey), trial_storage->uri_of(kParamsKey));
     refresh_checkpoints(t);
+    if (spec_.restore) {
+      const std::vector<nlohmann::json> rows = experiment::read_result_rows(*trial_storage);
+      if (!rows.empty()) t.info.last_result = rows.back();
+      t.info.status = TrialStatus::kRunning;
+      t.expected_starts = 0;
+      reconcile(t);
+    }
   }
   check_storable_json(t.info.config, fmt::format("trial {}: config", id));
   scheduler_->on_trial_add(view_of(t));
+  if (t.info.status == TrialStatus::kTerminated) {
+    scheduler_->on_trial_complete(view_of(t), with_flat_keys(t.info.last_result));
+    tell_searcher(t, false);
+  } else if (t.info.status == TrialStatus::kError) {
+    scheduler_->on_trial_error(view_of(t));
+    tell_searcher(t, true);
+  }
   trials_.push_back(std::move(t));
   dirty_ = true;
+  return &trials_.back();
 }
 
 Trial* Experiment::find(const std::string& id) {
@@ -455,6 +480,10 @@ std::vector<std::string> Experiment::retire(Trial& t, const std::vector<std::str
 // applies its retention.
 void Experiment::apply_deferred_retention(Trial& t) {
   if (t.deferred.empty()) return;
+  apply_retention(t);
+}
+
+void Experiment::apply_retention(Trial& t) {
   ManagerOptions options;
   options.before_delete = [this, &t](const std::vector<std::string>& doomed,
                                      const std::vector<std::string>& kept) {

@@ -293,9 +293,16 @@ void Experiment::load_saved_state() {
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: {}", where, e.what()));
   }
+  const std::optional<int> keep = spec_.run.checkpoint_config.num_to_keep;
   for (auto& t : trials_) {
     t.info.path = trial_path(t.info.trial_id);
     reconcile(t);
+    // A driver that died between a trial's end and its deferred retention
+    // left it more checkpoints than it keeps; no runner of an ended trial
+    // will open its manager again, so this restore applies the retention.
+    const bool ended =
+        t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError;
+    if (ended && keep && t.kept.size() > static_cast<size_t>(*keep)) apply_retention(t);
     // Ended after the state was saved: the searcher did not hear it then.
     if (t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError) {
       tell_searcher(t, t.info.status == TrialStatus::kError);

@@ -10,8 +10,9 @@ Cairn's code:
   - the TensorBoard event file: TFRecord framing with both masked CRC32C
     checked byte for byte, a first Event with file_version "brain.Event:2",
     then per round an Event whose step is training_iteration and whose
-    summary holds every numeric metric (tags, simple_value floats), the
-    protobuf wire format decoded by hand.
+    summary holds every numeric key of the row but the axes (as Ray's
+    TensorBoard logger: iterations_since_restore and time_this_iter_s too;
+    tags, simple_value floats), the protobuf wire format decoded by hand.
 Usage: history_reader_test.py PATH_TO_HISTORY_TOOL [--tune]
 (with --tune the tool runs the same loop as a Tuner's one trial and the
 trial's folder is read)
@@ -184,15 +185,7 @@ def main():
                 for k, v in flatten(line).items()
                 if isinstance(v, (int, float))
                 and not isinstance(v, bool)
-                and k
-                not in (
-                    "training_iteration",
-                    "timestamp",
-                    "time_total_s",
-                    "time_this_iter_s",
-                    "iterations_since_restore",
-                    "attempt",
-                )
+                and k not in ("training_iteration", "timestamp", "time_total_s")
             }
             assert event["values"] == want, (event["values"], want)
             assert "eval/inner/n" in event["values"] and "note" not in event["values"]

@@ -4,6 +4,7 @@
 #include "experiment/results.h"
 
 #include <filesystem>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -78,6 +79,33 @@ TEST(ExperimentHistory, FlattenJoinsNestedKeysAndKeepsOnlyNumbersForScalars) {
   EXPECT_EQ(s[0], (std::pair<std::string, float>{"eval/acc", 1.0f}));
   EXPECT_EQ(s[1], (std::pair<std::string, float>{"eval/deep/x", -2.0f}));
   EXPECT_EQ(s[2], (std::pair<std::string, float>{"loss", 0.25f}));
+}
+
+// As Ray's TensorBoard logger: every numeric key of a row but the axes, at
+// the step of its training_iteration (timesteps_total where the row has it),
+// whatever the row's number in the file (a restored run's first row may be
+// iteration 17).
+TEST(ExperimentHistory, TensorBoardEventsHoldEveryNumericKeyOfARowAtItsTrainingIteration) {
+  const json row = {{"loss", 0.5},
+                    {"training_iteration", 17},
+                    {"timestamp", 1700000000},
+                    {"time_total_s", 12.5},
+                    {"time_this_iter_s", 0.75},
+                    {"iterations_since_restore", 1},
+                    {"attempt", 0},
+                    {"checkpoint_dir_name", "checkpoint_000016"},
+                    {"done", false}};
+  EXPECT_EQ(tensorboard_step(row), 17);
+  const auto s = tensorboard_scalars(row);
+  std::map<std::string, float> got(s.begin(), s.end());
+  EXPECT_EQ(got, (std::map<std::string, float>{{"attempt", 0.0f},
+                                               {"iterations_since_restore", 1.0f},
+                                               {"loss", 0.5f},
+                                               {"time_this_iter_s", 0.75f}}));
+  json with_timesteps = row;
+  with_timesteps["timesteps_total"] = 4096;
+  EXPECT_EQ(tensorboard_step(with_timesteps), 4096);
+  EXPECT_EQ(tensorboard_scalars(with_timesteps).size(), 5u);  // timesteps_total is a value too
 }
 
 TEST(ExperimentHistory, CsvEscapesCommasQuotesAndNewlines) {
@@ -216,7 +244,7 @@ TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {
   EXPECT_EQ(h.event_file().substr(h.event_file().size() - 2), ".1") << h.event_file();
   EXPECT_EQ(storage->get(h.event_file()),
             tfrecord(encode_file_version_event(1000.0)) +
-                tfrecord(encode_scalars_event(1000.0, 3, {{"x", 3.0f}})));
+                tfrecord(encode_scalars_event(1000.0, 3, tensorboard_scalars(h.rows()[2]))));
   storage->remove_prefix("");
 }
 
