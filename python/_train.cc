@@ -195,6 +195,7 @@ void bind_train(py::module_& m) {
                                  d["tier"] = x.tier;
                                  d["world_size"] = x.world_size;
                                  d["rank_tiers"] = x.rank_tiers;
+                                 d["damaged"] = x.damaged;
                                  out.append(d);
                                }
                                return out;

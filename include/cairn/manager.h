@@ -292,6 +292,14 @@ class CheckpointManager {
 
   // The newest checkpoint across the tiers (its memory copy when both hold it).
   std::optional<CheckpointRecord> latest() const;
+  // latest(), checked where a copy in memory is what it names: that copy is
+  // verified against its manifest's checksums (a bit flip in RAM), and a
+  // damaged one is dropped from the memory tier with a warning naming the
+  // file, its description appended to `dropped` when given, and the next
+  // copy taken: the persistent copy of the same checkpoint, else the next
+  // newest in either tier. A persistent copy is returned unverified. Without
+  // the memory tier, latest(). Not concurrently with saves on other threads.
+  std::optional<CheckpointRecord> latest_intact(std::vector<std::string>* dropped = nullptr);
   // Every kept checkpoint, best first (by score, or newest first without one).
   // With the memory tier, the checkpoints of both tiers, each once.
   std::vector<CheckpointRecord> best() const;
@@ -311,6 +319,15 @@ class CheckpointManager {
   // calls return nullopt/false when the tier does not take the call (off,
   // full and falling back, or a persistent reservation).
   void open_memory_tier();
+  // Removes the memory tier's copy of checkpoint `index` (a damaged one).
+  void drop_from_memory(uint64_t index);
+  // Deletes committed checkpoints `doomed` of this manager, as retention
+  // does: the deletion announced in the history, each manifest first, then
+  // its data. Call with mu_ held.
+  void remove_committed_locked(const std::vector<uint64_t>& doomed);
+  // The deletions of announced checkpoints `doomed` (those still recorded),
+  // their indices appended to `removed`. Call with mu_ held.
+  void delete_announced(const std::vector<uint64_t>& doomed, std::vector<uint64_t>& removed);
   std::optional<CheckpointRecord> register_in_memory(const nlohmann::json& metrics,
                                                      const Checkpoint& checkpoint);
   std::optional<Checkpoint> reserve_in_memory();

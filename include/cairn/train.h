@@ -258,13 +258,17 @@ struct Result {
   // With the memory tier across hosts, `rank_tiers` says, by rank, where its
   // files came from: "memory" (its own host's memory) or "peer" (a peer
   // host's replica, copied to its host first); empty otherwise (every rank
-  // was served by `tier`).
+  // was served by `tier`). `damaged`: the copies in memory that failed their
+  // checksums when the attempt looked for its checkpoint, each dropped and
+  // described (file and problem); the attempt took the next copy
+  // (CheckpointManager::latest_intact).
   struct Restore {
     int attempt = 0;
     std::string checkpoint;
     std::string tier;
     int world_size = 0;  // the ranks this attempt ran with (elastic: ScalingConfig::min_workers)
     std::vector<std::string> rank_tiers;
+    std::vector<std::string> damaged;
   };
   std::vector<Restore> restores;
 

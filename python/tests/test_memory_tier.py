@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from typing import Any
 
 import cairn
@@ -128,9 +129,66 @@ def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> N
             "tier": "memory",
             "world_size": 2,
             "rank_tiers": [],
+            "damaged": [],
         }
     ]
     assert [row["step"] for row in result.metrics_history] == [0, 1, 2, 3]
     assert result.checkpoint is not None and str(root) not in result.checkpoint.path
     assert result.checkpoint.to_dict() == {"step": 3}
     assert _tiers(root) == []
+
+
+@pytest.mark.parametrize("persisted", [True, False])
+def test_a_bit_flip_in_memory_is_found_on_restart_and_the_next_copy_is_taken(
+    tmp_path: pathlib.Path, persisted: bool
+) -> None:
+    # Attempt 0 commits steps 0..2 to memory, flips one bit of the newest
+    # copy there, and fails. The restart finds the damage by the manifest's
+    # checksum, drops that copy and restores from the next one: the
+    # persistent copy of the same checkpoint, or (nothing persisted) the
+    # older checkpoint in memory.
+    root = tmp_path / "shm"
+    root.mkdir()
+
+    def loop(config: dict[str, Any]) -> None:
+        ckpt = train.get_checkpoint()
+        start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
+        for step in range(start, 4):
+            train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
+            if step == 2 and train.get_context().attempt == 0:
+                if persisted:  # the flip comes after the background copy
+                    manifest = tmp_path / "exp" / "checkpoint_000002" / ".cairn" / "manifest.json"
+                    deadline = time.monotonic() + 120
+                    while not manifest.exists() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                [newest] = sorted(root.glob("cairn-tier-*/*/checkpoints/checkpoint_000002"))
+                target = newest / "dict.json"
+                data = bytearray(target.read_bytes())
+                data[len(data) // 2] ^= 0x01
+                target.write_bytes(bytes(data))
+                raise RuntimeError("failing after the bit flip")
+
+    result = train.DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(
+            name="exp",
+            storage_path=tmp_path,
+            checkpoint_config=_config(root, persist_every_n=1 if persisted else 0),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+    ).fit()
+    assert result.error is None, result.error
+    [restore] = result.restores
+    assert len(restore["damaged"]) == 1, restore
+    assert "checkpoint_000002" in restore["damaged"][0]
+    assert "dict.json" in restore["damaged"][0]
+    if persisted:
+        assert (restore["checkpoint"], restore["tier"]) == ("checkpoint_000002", "persistent")
+        resumed_at = 3
+    else:
+        assert (restore["checkpoint"], restore["tier"]) == ("checkpoint_000001", "memory")
+        resumed_at = 2
+    steps = [row["step"] for row in result.metrics_history]
+    assert steps == [0, 1, 2] + list(range(resumed_at, 4))
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3}

@@ -592,9 +592,15 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
   }
   if (doomed.empty()) return;
   announce_deletion(doomed);
+  delete_announced(doomed, removed);
+}
+
+void CheckpointManager::delete_announced(const std::vector<uint64_t>& doomed,
+                                         std::vector<uint64_t>& removed) {
   for (uint64_t index : doomed) {
     auto it = std::find_if(records_.begin(), records_.end(),
                            [&](const auto& r) { return r.index == index; });
+    if (it == records_.end()) continue;
     // Uncommitted first: the manifest goes, durably, before any data.
     it->checkpoint.storage().remove(kManifestKey);
     dispose(it->name);
@@ -602,6 +608,14 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
     deleting_.erase(index);
     removed.push_back(index);
   }
+}
+
+void CheckpointManager::remove_committed_locked(const std::vector<uint64_t>& doomed) {
+  if (doomed.empty()) return;
+  announce_deletion(doomed);
+  std::vector<uint64_t> removed;
+  delete_announced(doomed, removed);
+  if (!removed.empty()) append_change(history::remove_record(0, removed));
 }
 
 void CheckpointManager::dispose(const std::string& name) {

@@ -337,6 +337,39 @@ struct CheckpointManager::MemoryTier {
 
 void CheckpointManager::MemoryTierDeleter::operator()(MemoryTier* tier) const { delete tier; }
 
+std::optional<CheckpointRecord> CheckpointManager::latest_intact(
+    std::vector<std::string>* dropped) {
+  for (;;) {
+    std::optional<CheckpointRecord> r = latest();
+    if (!r || r->tier != "memory") return r;
+    const std::vector<VerifyProblem> problems = r->checkpoint.verify();
+    if (problems.empty()) return r;
+    const std::string why = fmt::format(
+        "{}: {} in the memory tier is damaged ({}: {}{}); dropped from memory, taking the "
+        "next copy",
+        uri(), r->name, r->checkpoint.storage().uri_of(problems.front().path),
+        problems.front().reason,
+        problems.size() > 1 ? fmt::format(", and {} more", problems.size() - 1) : "");
+    warn(why);
+    if (dropped) dropped->push_back(why);
+    drop_from_memory(r->index);
+  }
+}
+
+void CheckpointManager::drop_from_memory(uint64_t index) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!tier_) return;
+  {
+    // Not persisted from memory any more; a copy under way fails its
+    // checks against the manifest (a warning) and is not recorded.
+    std::lock_guard<std::mutex> t(tier_->mu);
+    if (tier_->pending && tier_->pending->index == index) tier_->pending.reset();
+  }
+  CheckpointManager& store = *tier_->store;
+  std::lock_guard<std::mutex> s(store.mu_);
+  store.remove_committed_locked({index});
+}
+
 void CheckpointManager::open_memory_tier() {
   if (config_.memory_tier.enabled) tier_.reset(new MemoryTier(*this, config_.memory_tier));
 }

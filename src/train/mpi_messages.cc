@@ -44,7 +44,8 @@ nlohmann::json result_to_json(const Result& r) {
                         {"checkpoint", x.checkpoint},
                         {"tier", x.tier},
                         {"world_size", x.world_size},
-                        {"rank_tiers", x.rank_tiers}});
+                        {"rank_tiers", x.rank_tiers},
+                        {"damaged", x.damaged}});
   }
   return {{"metrics", r.metrics},
           {"restores", restores},
@@ -74,7 +75,8 @@ Result result_from_json(const nlohmann::json& j) {
     r.restores.push_back(
         {x.at("attempt").get<int>(), x.at("checkpoint").get<std::string>(),
          x.at("tier").get<std::string>(), x.value("world_size", 0),
-         x.value("rank_tiers", nlohmann::json::array()).get<std::vector<std::string>>()});
+         x.value("rank_tiers", nlohmann::json::array()).get<std::vector<std::string>>(),
+         x.value("damaged", nlohmann::json::array()).get<std::vector<std::string>>()});
   }
   return r;
 }

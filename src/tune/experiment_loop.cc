@@ -135,8 +135,8 @@ void Experiment::fill_slots() {
     while (!have_pending && !searcher_->finished()) {
       const Trial* added = add_suggested_trial();
       if (added == nullptr) break;
-      have_pending = added->info.status == TrialStatus::kPending ||
-                     added->info.status == TrialStatus::kPaused;
+      have_pending =
+          added->info.status == TrialStatus::kPending || added->info.status == TrialStatus::kPaused;
     }
     std::vector<TrialView> candidates;
     for (const auto& t : trials_) {

@@ -215,6 +215,55 @@ TEST_F(MemoryTierTest, ACrashLeavesTheTierAndTheNextOpenResumesFromMemory) {
   EXPECT_EQ(stored.checkpoints[0].checkpoint.storage().get("model.bin"), "v4");
 }
 
+// A bit flip in RAM: latest_intact() finds it by the manifest's checksum,
+// drops the damaged copy (reported) and takes the next one: the persistent
+// copy of the same checkpoint, else the newest older copy in memory. An
+// intact memory copy is returned as it is.
+TEST_F(MemoryTierTest, ADamagedCopyInMemoryIsDroppedAndTheNextCopyTaken) {
+  auto flip = [](const CheckpointRecord& r) {
+    std::string bytes = r.checkpoint.storage().get("model.bin");
+    bytes[bytes.size() / 2] ^= 0x01;
+    r.checkpoint.storage().put("model.bin", bytes);
+  };
+  CheckpointManager m(experiment(), config(/*keep_in_memory=*/3, /*persist_every_n=*/2));
+  for (int i = 0; i < 4; ++i) {
+    m.register_checkpoint({{"i", i}}, source("s" + std::to_string(i), std::string(4096, 'a' + i)));
+  }
+  m.wait_for_persistence();  // 1 and 3 persisted; 0..3 in memory (3 kept there: 1..3)
+  std::vector<std::string> dropped;
+  auto intact = m.latest_intact(&dropped);
+  ASSERT_TRUE(intact && intact->index == 3 && intact->tier == "memory");
+  EXPECT_TRUE(dropped.empty());
+
+  flip(*intact);
+  intact = m.latest_intact(&dropped);
+  ASSERT_TRUE(intact);
+  EXPECT_EQ(intact->index, 3u);
+  EXPECT_EQ(intact->tier, "persistent");
+  EXPECT_EQ(contents(*intact), std::string(4096, 'd'));
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_NE(dropped[0].find("checkpoint_000003"), std::string::npos) << dropped[0];
+  EXPECT_NE(dropped[0].find("model.bin"), std::string::npos) << dropped[0];
+
+  // Nothing persisted of 2: its damaged memory copy gives way to 1 in memory.
+  m.register_checkpoint({{"i", 4}}, source("s4", std::string(4096, 'e')));
+  const auto newest = m.latest();  // 4, in memory only (persisted every 2nd: 5)
+  ASSERT_TRUE(newest && newest->index == 4 && newest->tier == "memory" && !newest->persisted);
+  flip(*newest);
+  dropped.clear();
+  intact = m.latest_intact(&dropped);
+  ASSERT_TRUE(intact);
+  EXPECT_EQ(intact->index, 3u);
+  EXPECT_EQ(dropped.size(), 1u);
+  // The dropped copies are gone from the tier and from the history.
+  for (const auto& r : m.history()) {
+    if (r.tier == "memory") {
+      EXPECT_NE(r.index, 4u);
+    }
+  }
+  EXPECT_EQ(indices(m.history()).back(), 3u);
+}
+
 TEST_F(MemoryTierTest, ATierLeftByAnEarlierExperimentAtTheSameUriIsNotUsed) {
   const CheckpointConfig c = config(2, 0);
   in_crashing_child([&] {

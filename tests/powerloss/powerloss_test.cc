@@ -239,8 +239,8 @@ void check_state(const Workload& w, const fs::path& root, const std::set<uint64_
           const nlohmann::json meta = r.checkpoint.get_metadata();
           const int v = meta.value("v", 0);
           EXPECT_TRUE(v >= m->second.first && v <= m->second.second)
-              << where << r.name << ": metadata version " << v << ", expected "
-              << m->second.first << " to " << m->second.second;
+              << where << r.name << ": metadata version " << v << ", expected " << m->second.first
+              << " to " << m->second.second;
           if (v > 0) {
             EXPECT_EQ(meta.value("pad", std::string()), std::string(kMetadataPad, 'a' + v))
                 << where << r.name << ": the metadata of update " << v << " is not whole";

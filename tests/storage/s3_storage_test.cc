@@ -575,8 +575,7 @@ TEST_F(S3Storage, AHeldLeaseIsRenewedPastItsLifetime) {
         << "no renewal for period " << period << " within 60 s";
     EXPECT_EQ(s->get("exp/.cairn.lock"), lease);  // the same holder, the same token
     EXPECT_TRUE(s->is_locked("exp/.cairn.lock"));
-    EXPECT_EQ(code_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }),
-              ErrorCode::kLocked);
+    EXPECT_EQ(code_of([&] { open_storage(uri)->try_lock("exp/.cairn.lock"); }), ErrorCode::kLocked);
   }
 }
 

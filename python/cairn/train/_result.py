@@ -48,12 +48,14 @@ class Result:
         metrics_history: every report round's row (``result.json``'s lines).
         restores: what each attempt of this ``fit()`` started from, in order:
             ``{"attempt": n, "checkpoint": "checkpoint_000012", "tier": t,
-            "world_size": w, "rank_tiers": [...]}`` with ``t`` "memory"
+            "world_size": w, "rank_tiers": [...], "damaged": [...]}`` with ``t`` "memory"
             (``CheckpointConfig(memory_tier=...)``), "persistent" or
             "external" (``resume_from_checkpoint``), ``w`` the ranks the
             attempt ran with (an elastic group's vary), and, with the memory
             tier across hosts, by rank "memory" or "peer" (its files came
-            from a peer host's replica; otherwise the list is empty).
+            from a peer host's replica; otherwise the list is empty);
+            ``damaged`` describes each copy in memory that failed its
+            checksums and was dropped before the attempt took the next copy.
     """
 
     def __init__(self, impl: _cairn.TrainResult) -> None:

@@ -260,9 +260,10 @@ class S3Storage final : public Storage {
       if (m.is_object() && m.contains("upload_id") && m["upload_id"].is_string()) {
         uploads.push_back(m["upload_id"].get<std::string>());
       } else {
-        log::debug(fmt::format("{}: upload marker names no upload ({} bytes); finding it by "
-                               "listing",
-                               ctx_->uri(marker), resp.body.size()));
+        log::debug(
+            fmt::format("{}: upload marker names no upload ({} bytes); finding it by "
+                        "listing",
+                        ctx_->uri(marker), resp.body.size()));
       }
     }
     if (uploads.empty() && !ctx_->no_list_uploads) {

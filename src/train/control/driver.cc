@@ -156,12 +156,18 @@ class Driver {
     for (int attempt = 0;; ++attempt) {
       if (!size_attempt(result, attempt)) break;
       std::optional<std::string> from = resume;
-      // A restart, or a restored run, resumes from what this experiment committed.
-      if ((attempt > 0 || continuing_) && manager_->latest()) {
-        from = manager_->latest()->checkpoint.uri();
+      // A restart, or a restored run, resumes from what this experiment
+      // committed: a copy in this host's memory is verified first, and a
+      // damaged one dropped for the next copy. (Across hosts each host holds
+      // only its ranks' files: that tier is not checked here.)
+      std::vector<std::string> damaged;
+      if (attempt > 0 || continuing_) {
+        std::optional<CheckpointRecord> latest =
+            spec_.tier_hosts ? manager_->latest() : manager_->latest_intact(&damaged);
+        if (latest) from = latest->checkpoint.uri();
       }
       if (spec_.iteration_from_checkpoint) iteration_ = iteration_at(manager_->latest(), from);
-      if (from) note_restore(result, attempt, *from);
+      if (from) note_restore(result, attempt, *from, std::move(damaged));
       Outcome out = run_attempt(attempt, from);
       if (out.preempted) {
         result.preempted = true;
@@ -233,8 +239,9 @@ class Driver {
   }
 
   // Records, and logs, which checkpoint and tier an attempt starts from.
-  void note_restore(Result& result, int attempt, const std::string& from) {
-    Result::Restore r{attempt, last_component(from), "persistent", world_, {}};
+  void note_restore(Result& result, int attempt, const std::string& from,
+                    std::vector<std::string> damaged) {
+    Result::Restore r{attempt, last_component(from), "persistent", world_, {}, std::move(damaged)};
     std::optional<CheckpointRecord> latest = manager_->latest();
     if (latest && latest->checkpoint.uri() == from) {
       r.tier = latest->tier;
@@ -708,9 +715,10 @@ class Driver {
         if (!it.is_number_integer() || it.get<int64_t>() <= last_iteration) continue;
         iteration = last_iteration = it.get<int64_t>();
       }
-      log::info(fmt::format("{}: {} was committed but its result row was not written (the run "
-                            "was killed in between); writing the row from its metrics",
-                            spec_.experiment_uri, r.name));
+      log::info(
+          fmt::format("{}: {} was committed but its result row was not written (the run "
+                      "was killed in between); writing the row from its metrics",
+                      spec_.experiment_uri, r.name));
       history_->record(r.metrics, r.name, attempt, iteration);
     }
   }
