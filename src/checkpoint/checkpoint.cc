@@ -9,6 +9,7 @@
 #include "checkpoint/copy.h"
 #include "checkpoint/local_view.h"
 #include "checkpoint/manifest_text.h"
+#include "util/fork_safe.h"
 #include "util/fs.h"
 #include "util/hash.h"
 #include "util/json.h"
@@ -24,7 +25,7 @@ bool is_cairn_key(std::string_view key) {
 }
 
 // Serializes read-modify-write of metadata within this process.
-std::mutex metadata_mu;
+ForkSafeMutex metadata_mu(10);
 
 }  // namespace
 
@@ -181,7 +182,7 @@ void Checkpoint::set_metadata(const nlohmann::json& metadata) const {
         fmt::format("{}: metadata must be a JSON object, got {}", uri(), metadata.type_name()));
   }
   check_storable_json(metadata, fmt::format("{}: metadata", uri()));
-  std::lock_guard<std::mutex> g(metadata_mu);
+  std::lock_guard<ForkSafeMutex> g(metadata_mu);
   replace_metadata(*storage_, metadata);
 }
 
@@ -191,7 +192,7 @@ void Checkpoint::update_metadata(const nlohmann::json& patch) const {
         ErrorCode::kInvalidArgument,
         fmt::format("{}: metadata update must be a JSON object, got {}", uri(), patch.type_name()));
   }
-  std::lock_guard<std::mutex> g(metadata_mu);
+  std::lock_guard<ForkSafeMutex> g(metadata_mu);
   nlohmann::json current = get_metadata();
   for (auto it = patch.begin(); it != patch.end(); ++it) current[it.key()] = it.value();
   check_storable_json(current, fmt::format("{}: metadata", uri()));

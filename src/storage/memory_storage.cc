@@ -13,6 +13,7 @@
 
 #include "cairn/error.h"
 #include "storage/backends.h"
+#include "util/fork_safe.h"
 
 namespace cairn {
 namespace {
@@ -60,14 +61,14 @@ struct Bucket {
   }
 };
 
-std::mutex registry_mu;
+ForkSafeMutex registry_mu(20);
 std::unordered_map<std::string, std::shared_ptr<Bucket>>& registry() {
   static std::unordered_map<std::string, std::shared_ptr<Bucket>> r;
   return r;
 }
 
 std::shared_ptr<Bucket> bucket_named(std::string_view name) {
-  std::lock_guard<std::mutex> g(registry_mu);
+  std::lock_guard<ForkSafeMutex> g(registry_mu);
   auto& slot = registry()[std::string(name)];
   if (!slot) {
     slot = std::make_shared<Bucket>();

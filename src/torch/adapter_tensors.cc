@@ -12,6 +12,7 @@
 #include "cairn/cuda.h"
 #endif
 #include "cairn/error.h"
+#include "util/fork_safe.h"
 
 namespace cairn::libtorch_internal {
 
@@ -94,10 +95,10 @@ std::shared_ptr<const Device> engine_device_of(const torch::Tensor& t) {
 #ifdef CAIRN_TORCH_CUDA
   // One engine device per CUDA device, whose producer is the current stream
   // of whichever thread saves or loads.
-  static std::mutex mu;
+  static ForkSafeMutex mu(30);
   static std::map<int, std::shared_ptr<const Device>> devices;
   const int index = t.device().index();
-  std::lock_guard<std::mutex> g(mu);
+  std::lock_guard<ForkSafeMutex> g(mu);
   std::shared_ptr<const Device>& d = devices[index];
   if (!d) {
     d = cuda::device(index, [index] {

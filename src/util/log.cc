@@ -1,7 +1,7 @@
 #include "util/log.h"
+#include "util/fork_safe.h"
 #include "util/settings.h"
 
-#include <pthread.h>
 
 #include <cstdlib>
 #include <memory>
@@ -19,17 +19,12 @@ namespace {
 // logging) would otherwise start with spdlog's lock held and hang at its
 // first message. The child's copy of this lock is its forking thread's, so
 // it may unlock it.
-std::mutex& fork_guard() {
-  static std::mutex m;
+// Innermost of the fork-safe locks (util/fork_safe.h): a thread that
+// holds another may log, never the reverse.
+ForkSafeMutex& fork_guard() {
+  static ForkSafeMutex m(100);
   return m;
 }
-
-void lock_for_fork() { fork_guard().lock(); }
-void unlock_after_fork() { fork_guard().unlock(); }
-
-// Registered at load time, before any thread of the library exists.
-[[maybe_unused]] const int registered =
-    ::pthread_atfork(lock_for_fork, unlock_after_fork, unlock_after_fork);
 
 spdlog::logger& logger() {
   static std::shared_ptr<spdlog::logger> instance = [] {
@@ -43,7 +38,7 @@ spdlog::logger& logger() {
 }
 
 void write(spdlog::level::level_enum level, std::string_view message) {
-  std::lock_guard<std::mutex> g(fork_guard());
+  std::lock_guard<ForkSafeMutex> g(fork_guard());
   logger().log(level, "{}", message);
 }
 

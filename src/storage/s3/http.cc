@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cairn/error.h"
+#include "util/fork_safe.h"
 
 namespace cairn::s3 {
 
@@ -149,7 +150,7 @@ class CurlClient final : public HttpClient {
  private:
   CURL* take() {
     {
-      std::lock_guard<std::mutex> g(mu_);
+      std::lock_guard<ForkSafeMutex> g(mu_);
       if (owner_ != ::getpid()) {
         // A forked child inherited the parent's pooled connections: using
         // them would interleave both processes' requests on one socket, and
@@ -169,7 +170,7 @@ class CurlClient final : public HttpClient {
   }
 
   void give_back(CURL* h) {
-    std::lock_guard<std::mutex> g(mu_);
+    std::lock_guard<ForkSafeMutex> g(mu_);
     if (owner_ == ::getpid() && idle_.size() < max_connections_) {
       idle_.push_back(h);
     } else {
@@ -259,7 +260,7 @@ class CurlClient final : public HttpClient {
   }
 
   const size_t max_connections_;
-  std::mutex mu_;
+  ForkSafeMutex mu_{50};      // a heartbeat or persister may hold it at a fork
   pid_t owner_ = ::getpid();  // the process whose connections idle_ holds
   std::vector<CURL*> idle_;
 };

@@ -30,6 +30,7 @@
 #include "storage/s3/s3_context.h"
 #include "storage/s3/sigv4.h"
 #include "storage/s3/xml.h"
+#include "util/fork_safe.h"
 #include "util/hash.h"
 #include "util/json.h"
 #include "util/log.h"
@@ -78,9 +79,9 @@ std::string process_start_time(long pid) {
 
 Holder this_process() {
   // Computed per process: a forked child must not claim its parent's pid.
-  static std::mutex mu;
+  static ForkSafeMutex mu(30);
   static Holder self;
-  std::lock_guard<std::mutex> g(mu);
+  std::lock_guard<ForkSafeMutex> g(mu);
   if (self.pid != static_cast<long>(::getpid())) {
     char name[256] = {};
     gethostname(name, sizeof(name) - 1);
@@ -609,7 +610,7 @@ bool lease_is_live(Context& ctx, const std::string& key) {
 
 namespace s3 {
 namespace {
-std::mutex lease_clock_mu;
+ForkSafeMutex lease_clock_mu(40);
 LeaseClock lease_clock;
 std::atomic<uint64_t> renewals{0};
 }  // namespace
@@ -618,12 +619,12 @@ void count_lease_renewal() { renewals.fetch_add(1, std::memory_order_relaxed); }
 uint64_t lease_renewals() { return renewals.load(std::memory_order_relaxed); }
 
 void set_lease_clock_for_testing(LeaseClock clock) {
-  std::lock_guard<std::mutex> g(lease_clock_mu);
+  std::lock_guard<ForkSafeMutex> g(lease_clock_mu);
   lease_clock = std::move(clock);
 }
 
 std::chrono::steady_clock::time_point lease_now() {
-  std::lock_guard<std::mutex> g(lease_clock_mu);
+  std::lock_guard<ForkSafeMutex> g(lease_clock_mu);
   return lease_clock ? lease_clock() : std::chrono::steady_clock::now();
 }
 }  // namespace s3

@@ -59,6 +59,7 @@
 #include "train/control/channel.h"
 #include "train/control/collective.h"
 #include "train/control/group.h"
+#include "util/fork_safe.h"
 
 namespace cairn::train_internal {
 
@@ -555,7 +556,7 @@ rlimit raise_open_file_limit(rlim_t need, std::string_view who, std::string_view
                              std::string_view remedy) {
   // The limit before this process's first raise: a driver of a torchrun-style
   // launch raises it for its connections before its own worker's group does.
-  static std::mutex mutex;
+  static ForkSafeMutex mutex(30);
   static std::optional<rlimit> before_raise;
   const std::lock_guard lock(mutex);
   rlimit now{};
