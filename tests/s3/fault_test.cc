@@ -180,6 +180,19 @@ TEST_F(S3Faults, AServerRefusingConditionalWritesStillGivesEachLeaseOneHolder) {
   }
   EXPECT_GE(taken, 1);
   EXPECT_GT(nlohmann::json::parse(proxy.stats())["refused_conditional"].get<int>(), 0);
+  // Writes slowed at random (the takers' objects and the lease's own PUT):
+  // a write landing late must not let a second taker hold the lease.
+  proxy.configure(R"({"refuse_conditional_writes": true, "rate": 0.5, "faults": ["delay"],
+    "delay_ms": 60, "methods": ["PUT"], "seed": 5})");
+  taken = 0;
+  for (int round = 0; round < 10; ++round) {
+    int holders =
+        testing::race_for_lapsed_lease(root, fmt::format("slow-writes{}/.cairn.lock", round), 6);
+    EXPECT_LE(holders, 1) << "round " << round;
+    taken += holders;
+  }
+  EXPECT_GE(taken, 1);
+  EXPECT_GT(nlohmann::json::parse(proxy.stats())["faults"]["delay"].get<int>(), 0);
   proxy.configure(R"({"rate": 0})");
   // A manager and its retention work the same behind such a server.
   CheckpointConfig config;
