@@ -9,12 +9,14 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include <fmt/format.h>
 
 #include "cairn/error.h"
 #include "util/fs.h"
 #include "util/json.h"
+#include "util/log.h"
 
 namespace cairn::experiment {
 
@@ -346,6 +348,50 @@ void RunResults::record(const nlohmann::json& metrics,
       f->broken = true;
     }
     throw;
+  }
+}
+
+namespace {
+
+bool cloned(const Checkpoint& checkpoint) {
+  try {
+    return checkpoint.get_metadata().contains(kClonedFromKey);
+  } catch (const Error&) {  // ignore-error: unreadable metadata is no clone's marker
+    return false;
+  }
+}
+
+}  // namespace
+
+void RunResults::backfill(const std::vector<CheckpointRecord>& committed, bool by_iteration,
+                          const std::string& experiment_uri) {
+  std::set<std::string> named;
+  std::optional<uint64_t> newest_named;
+  for (const auto& row : rows_) {
+    const nlohmann::json dir = row.value("checkpoint_dir_name", nlohmann::json());
+    if (!dir.is_string()) continue;
+    named.insert(dir.get<std::string>());
+    if (auto index = parse_checkpoint_name(dir.get<std::string>())) {
+      newest_named = std::max(newest_named.value_or(0), *index);
+    }
+  }
+  const nlohmann::json last = rows_.empty() ? nlohmann::json::object() : rows_.back();
+  int64_t last_iteration = last.value("training_iteration", int64_t{0});
+  const int attempt = last.value("attempt", 0);
+  for (const CheckpointRecord& r : committed) {
+    if (named.count(r.name) || (newest_named && r.index <= *newest_named)) continue;
+    if (cloned(r.checkpoint)) continue;
+    std::optional<int64_t> iteration;
+    if (by_iteration) {
+      const nlohmann::json it = r.metrics.value("training_iteration", nlohmann::json());
+      if (!it.is_number_integer() || it.get<int64_t>() <= last_iteration) continue;
+      iteration = last_iteration = it.get<int64_t>();
+    }
+    log::info(
+        fmt::format("{}: {} was committed but its result row was not written (the run "
+                    "was killed in between); writing the row from its metrics",
+                    experiment_uri, r.name));
+    record(r.metrics, r.name, attempt, iteration);
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "experiment/layout.h"
 
@@ -101,6 +102,20 @@ class RunResults {
   // record() then rewrites that file whole.
   void record(const nlohmann::json& metrics, const std::optional<std::string>& checkpoint_dir_name,
               int attempt, std::optional<int64_t> iteration = std::nullopt);
+
+  // A driver killed between a report's commit and its row leaves a
+  // committed checkpoint that no row names: writes its row now from the
+  // metrics committed with it (timestamped now, the attempt of the last
+  // row), so that the history holds every committed result once.
+  // Candidates among `committed` (the experiment's checkpoints, in index
+  // order): those newer than every checkpoint a row names; with
+  // `by_iteration` (the Tuner's trials, whose checkpoints carry their
+  // training_iteration), only those whose training_iteration is past the
+  // last row's, each written at its own. A checkpoint copied from another
+  // trial (metadata kClonedFromKey) was not reported here: no row. Logs each
+  // row it writes at info level, naming `experiment_uri`.
+  void backfill(const std::vector<CheckpointRecord>& committed, bool by_iteration,
+                const std::string& experiment_uri);
 
   // Every row of result.json, this run's and those of earlier drivers.
   const std::vector<nlohmann::json>& rows() const { return rows_; }

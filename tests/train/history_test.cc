@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "cairn/error.h"
+#include "cairn/manager.h"
+#include "experiment/layout.h"
 #include "support/errors.h"
 #include "support/temp_dir.h"
 
@@ -225,6 +227,52 @@ TEST(ExperimentHistory, ATornLineIsDroppedOnReopeningAndTheNextAppendStartsALine
             "timestamp,training_iteration,x\n"
             "0,,1,0.0,0.0,1000,1,1\n"
             "0,,1,0.0,0.0,1000,2,3\n");
+}
+
+// A kill between a commit and its row: the next driver writes the row from
+// the checkpoint's committed metrics, once, and invents none (not for a
+// checkpoint a row names, an older one, or a PBT copy from another trial).
+TEST(ExperimentHistory, ACommittedCheckpointWithoutItsRowGetsItsRowOnce) {
+  const std::string uri = "memory://history-backfill/exp";
+  auto storage = open_storage(uri);
+  FakeClock clock;
+  TempDir src;
+  write_text(src.path() / "w.bin", "w");
+  CheckpointManager m(uri, {});
+  auto commit = [&](const json& metrics) {
+    return m.register_checkpoint(metrics, Checkpoint::from_directory(src.str()));
+  };
+  {
+    RunResults h(storage, clock.fn());
+    h.record({{"loss", 1.0}}, commit({{"loss", 1.0}, {"training_iteration", 1}}).name, 0, 1);
+    h.record({{"loss", 0.5}}, std::nullopt, 0, 2);
+    commit({{"loss", 0.25}, {"training_iteration", 3}});  // killed before its row
+  }
+  for (bool by_iteration : {true, false}) {
+    SCOPED_TRACE(by_iteration ? "by iteration" : "by checkpoint");
+    RunResults h(storage, clock.fn());
+    h.backfill(m.history(), by_iteration, uri);
+    ASSERT_EQ(h.rows().size(), 3u);
+    EXPECT_EQ(h.rows()[2]["loss"], 0.25);
+    EXPECT_EQ(h.rows()[2]["checkpoint_dir_name"], "checkpoint_000001");
+    EXPECT_EQ(h.rows()[2]["training_iteration"], 3);  // its own, or the row number
+    if (by_iteration) {
+      // Rewind the file to the two rows for the other mode.
+      storage->put("result.json", h.rows()[0].dump() + "\n" + h.rows()[1].dump() + "\n");
+    }
+  }
+  {
+    RunResults h(storage, clock.fn());  // once written, not again
+    h.backfill(m.history(), true, uri);
+    EXPECT_EQ(h.rows().size(), 3u);
+  }
+  // A PBT copy from another trial carries the marker and gets no row.
+  const CheckpointRecord copy = commit({{"loss", 0.1}, {"training_iteration", 9}});
+  copy.checkpoint.update_metadata({{std::string(kClonedFromKey), "trial_00001/checkpoint_000004"}});
+  RunResults h(storage, clock.fn());
+  h.backfill(m.history(), true, uri);
+  EXPECT_EQ(h.rows().size(), 3u);
+  storage->remove_prefix("");
 }
 
 TEST(ExperimentHistory, ObjectStoresGetWholeObjects) {

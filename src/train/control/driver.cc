@@ -134,7 +134,10 @@ class Driver {
     // Before the state says "running": a damaged result.json refuses the run
     // (kCorruption naming it) with nothing changed.
     history_ = std::make_unique<experiment::RunResults>(storage_, wall_seconds);
-    if (continuing_) backfill_rows();
+    if (continuing_) {
+      history_->backfill(manager_->history(), spec_.iteration_from_checkpoint,
+                         spec_.experiment_uri);
+    }
     save_state();
     if (spec_.before_start) spec_.before_start();
     if (spec_.sweep_scratch) {
@@ -681,54 +684,6 @@ class Driver {
       }
     }
     return static_cast<int64_t>(rows.size());
-  }
-
-  // A driver killed between a report's commit and its row leaves a
-  // committed checkpoint that no row of result.json names. Its row is
-  // written now from the metrics committed with it (timestamped now), so
-  // that the history holds every committed result once. Candidates: the
-  // checkpoints newer than every one a row names; with
-  // DriverSpec::iteration_from_checkpoint, those whose training_iteration
-  // is past the last row's. A checkpoint cloned from another trial
-  // (metadata key kClonedFromKey) was not reported here and gets no row.
-  void backfill_rows() {
-    std::set<std::string> named;
-    std::optional<uint64_t> newest_named;
-    for (const auto& row : history_->rows()) {
-      const nlohmann::json dir = row.value("checkpoint_dir_name", nlohmann::json());
-      if (!dir.is_string()) continue;
-      named.insert(dir.get<std::string>());
-      if (auto index = parse_checkpoint_name(dir.get<std::string>())) {
-        newest_named = std::max(newest_named.value_or(0), *index);
-      }
-    }
-    const nlohmann::json last =
-        history_->rows().empty() ? nlohmann::json::object() : history_->rows().back();
-    int64_t last_iteration = last.value("training_iteration", int64_t{0});
-    const int attempt = last.value("attempt", 0);
-    for (const CheckpointRecord& r : manager_->history()) {
-      if (named.count(r.name) || (newest_named && r.index <= *newest_named)) continue;
-      if (cloned(r.checkpoint)) continue;
-      std::optional<int64_t> iteration;
-      if (spec_.iteration_from_checkpoint) {
-        const nlohmann::json it = r.metrics.value("training_iteration", nlohmann::json());
-        if (!it.is_number_integer() || it.get<int64_t>() <= last_iteration) continue;
-        iteration = last_iteration = it.get<int64_t>();
-      }
-      log::info(
-          fmt::format("{}: {} was committed but its result row was not written (the run "
-                      "was killed in between); writing the row from its metrics",
-                      spec_.experiment_uri, r.name));
-      history_->record(r.metrics, r.name, attempt, iteration);
-    }
-  }
-
-  static bool cloned(const Checkpoint& checkpoint) {
-    try {
-      return checkpoint.get_metadata().contains(experiment::kClonedFromKey);
-    } catch (const Error&) {  // ignore-error: unreadable metadata is no clone's marker
-      return false;
-    }
   }
 
   // Appends a released round to the run's history before its ranks go on,
