@@ -2,7 +2,6 @@
 #include "util/fork_safe.h"
 #include "util/settings.h"
 
-
 #include <cstdlib>
 #include <memory>
 #include <mutex>
