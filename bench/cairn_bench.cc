@@ -289,6 +289,52 @@ void bench_reserve_in_background(const cb::Options& opts, const cairn::StateDict
   std::filesystem::remove_all(dir);
   results.push_back(call);
   results.push_back(first);
+
+  // A resumed run, in the default configuration: a fresh manager opens an
+  // experiment a synchronous save left and restore()s it, which readies the
+  // staging on the saver's thread (StateCheckpointOptions::
+  // prepare_async_on_restore) while the run trains; then its first
+  // save_async(). cairn.async_resume_prepare is how long that background
+  // work took after restore() returned (no one waits for it unless the first
+  // save comes sooner), cairn.async_first_resumed the first save's stall
+  // once it is done.
+  cb::Measurement prepare{"cairn.async_resume_prepare",
+                          "after StateCheckpointManager::restore returns: the staging readied "
+                          "on the saver's thread (background, not a stall)",
+                          bytes,
+                          {}};
+  cb::Measurement resumed{"cairn.async_first_resumed",
+                          "StateCheckpointManager::save_async stall of a resumed run's first "
+                          "save, after restore()'s preparation, default options (every run a "
+                          "first save)",
+                          bytes,
+                          {}};
+  for (int run = 0; run < opts.runs; ++run) {
+    std::filesystem::remove_all(dir);
+    cairn::StateCheckpointOptions o;
+    o.max_to_keep = 1;
+    cairn::StateCheckpointManager(dir.string(), o).save(sd, 0);
+    cairn::StateCheckpointManager mgr(dir.string(), o);
+    cairn::StateDict target = sd;
+    mgr.restore(target);
+    const double restored = cb::now_seconds();
+    for (;;) {  // bounded by the preparation, which ends or fails
+      const auto stats = mgr.async_stats();
+      if (!stats) throw std::runtime_error("restore() prepared no staging");
+      if (stats->staging_bytes >= bytes) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    prepare.runs_s.push_back(cb::now_seconds() - restored);
+    cb::sync_all();
+    const double t0 = cb::now_seconds();
+    auto h = mgr.save_async(sd, 1);
+    resumed.runs_s.push_back(cb::now_seconds() - t0);
+    if (!h) throw std::runtime_error("save_async skipped the first save");
+    h->wait();
+  }
+  std::filesystem::remove_all(dir);
+  results.push_back(prepare);
+  results.push_back(resumed);
 }
 
 // ---- async saves: staging reserved ahead, and saves issued while one writes ----
@@ -451,8 +497,9 @@ nlohmann::json async_ratios(const std::vector<cb::Measurement>& results) {
   std::cerr << fmt::format("async stalls vs memcpy of the state ({:.3f} s, steady):\n", ref);
   for (const char* name :
        {"cairn.async_stall", "cairn.async_reserve", "cairn.async_reserved",
-        "cairn.async_reserve_call", "cairn.async_first_reserved", "cairn.async_busy_wait",
-        "cairn.async_busy_extra", "cairn.async_busy_skip", "cairn.async_sharded_stall"}) {
+        "cairn.async_reserve_call", "cairn.async_first_reserved", "cairn.async_resume_prepare",
+        "cairn.async_first_resumed", "cairn.async_busy_wait", "cairn.async_busy_extra",
+        "cairn.async_busy_skip", "cairn.async_sharded_stall"}) {
     const cb::Measurement* m = find(name);
     if (!m || m->runs_s.empty()) continue;
     const double first = m->runs_s.front() / ref, later = steady(*m) / ref;

@@ -181,24 +181,26 @@ void bind_state_manager(py::module_& m) {
       .def_property_readonly("record", &SaveHandle::record);
 
   py::class_<PyStateManager>(m, "StateCheckpointManager")
-      .def(
-          py::init([](py::handle directory, std::optional<int> max_to_keep,
-                      std::optional<double> keep_checkpoint_every_n_hours,
-                      std::optional<uint64_t> checkpoint_interval, std::string best_metric,
-                      std::string best_mode, unsigned max_in_flight, const std::string& when_busy) {
-            StateCheckpointOptions o;
-            o.max_to_keep = max_to_keep;
-            o.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
-            o.checkpoint_interval = checkpoint_interval;
-            o.best_metric = std::move(best_metric);
-            o.best_mode = std::move(best_mode);
-            o.async.max_in_flight = max_in_flight;
-            o.async.when_busy = when_busy_from(when_busy);
-            return std::make_unique<PyStateManager>(path_arg(directory), std::move(o));
-          }),
-          py::arg("directory"), py::arg("max_to_keep"), py::arg("keep_checkpoint_every_n_hours"),
-          py::arg("checkpoint_interval"), py::arg("best_metric"), py::arg("best_mode"),
-          py::arg("max_in_flight"), py::arg("when_busy"))
+      .def(py::init([](py::handle directory, std::optional<int> max_to_keep,
+                       std::optional<double> keep_checkpoint_every_n_hours,
+                       std::optional<uint64_t> checkpoint_interval, std::string best_metric,
+                       std::string best_mode, unsigned max_in_flight, const std::string& when_busy,
+                       bool prepare_async_on_restore) {
+             StateCheckpointOptions o;
+             o.prepare_async_on_restore = prepare_async_on_restore;
+             o.max_to_keep = max_to_keep;
+             o.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
+             o.checkpoint_interval = checkpoint_interval;
+             o.best_metric = std::move(best_metric);
+             o.best_mode = std::move(best_mode);
+             o.async.max_in_flight = max_in_flight;
+             o.async.when_busy = when_busy_from(when_busy);
+             return std::make_unique<PyStateManager>(path_arg(directory), std::move(o));
+           }),
+           py::arg("directory"), py::arg("max_to_keep"), py::arg("keep_checkpoint_every_n_hours"),
+           py::arg("checkpoint_interval"), py::arg("best_metric"), py::arg("best_mode"),
+           py::arg("max_in_flight"), py::arg("when_busy"),
+           py::arg("prepare_async_on_restore") = true)
       .def(
           "save",
           [](PyStateManager& m, const py::list& tensors, py::handle metadata,

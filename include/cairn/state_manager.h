@@ -60,6 +60,13 @@ struct StateCheckpointOptions {
   std::string best_mode = "max";  // "max" or "min"
   SaveOptions write = {};
   AsyncSaveOptions async = {};  // for save_async()
+  // restore() readies save_async()'s staging for the restored state in the
+  // background, as reserve() does, so that the first save_async() of a
+  // resumed run stalls for a copy of the state rather than for the first
+  // touch of fresh memory. It holds staging of the state's size (what that
+  // save_async() allocates anyway); a synchronous save() before any
+  // save_async() frees it. false: restore() allocates nothing.
+  bool prepare_async_on_restore = true;
   ManagerOptions manager = {};  // clock, warnings (injected for tests), background_delete
   // Saves to this host's memory first, every N-th persisted in the
   // background (CheckpointConfig::memory_tier; off by default). A restore
@@ -129,11 +136,16 @@ class StateCheckpointManager {
   // with the assert_consumed check: every saved tensor matched and every
   // entry found with its dtype and shape, else kInvalidArgument listing the
   // missing, unexpected and mismatched tensors (nothing is written then).
-  // kNotFound if there is no checkpoint. Replaces state.metadata.
+  // kNotFound if there is no checkpoint. Replaces state.metadata. Prepares
+  // save_async()'s staging (StateCheckpointOptions::prepare_async_on_restore).
   RestoreResult restore(StateDict& state) const;
   RestoreResult restore(StateDict& state, const CheckpointRecord& which) const;
   // Zero-copy access to a checkpoint's state (file backend: mapped).
   MappedState open(const CheckpointRecord& which) const;
+
+  // The statistics of save_async()'s saver (AsyncSaver::Stats); nullopt
+  // before save_async(), reserve() or a restore() that prepared it.
+  std::optional<AsyncSaver::Stats> async_stats() const;
 
   // The foundation manager underneath (history, config, uri).
   CheckpointManager& base();

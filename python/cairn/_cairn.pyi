@@ -181,6 +181,7 @@ class StateCheckpointManager:
         best_mode: str,
         max_in_flight: int,
         when_busy: str,
+        prepare_async_on_restore: bool = ...,
     ) -> None: ...
     def save(
         self,

@@ -387,6 +387,13 @@ class StateCheckpointManager:
     ``best_metric``), plus one every ``keep_checkpoint_every_n_hours``
     (pinned). ``checkpoint_interval`` skips saves fewer steps after the last.
 
+    :meth:`restore` readies :meth:`save_async`'s staging memory for the
+    restored state on a background thread (``prepare_async_on_restore``),
+    so that the first asynchronous save of a resumed run stalls for a copy
+    of the state, not for the first touch of fresh memory; a synchronous
+    :meth:`save` before any :meth:`save_async` frees it. A fresh run calls
+    :meth:`reserve` for the same.
+
     Opening takes the directory's lock (``cairn.LockedError`` while another
     manager holds it); :meth:`close` or leaving a ``with`` block releases it.
     Calls from several threads are serialized.
@@ -403,6 +410,7 @@ class StateCheckpointManager:
         best_mode: str = "max",
         max_in_flight: int = 1,
         when_busy: str = "wait",
+        prepare_async_on_restore: bool = True,
     ) -> None:
         self._impl = _cairn.StateCheckpointManager(
             directory,
@@ -413,6 +421,7 @@ class StateCheckpointManager:
             best_mode,
             max_in_flight,
             when_busy,
+            prepare_async_on_restore,
         )
 
     def save(

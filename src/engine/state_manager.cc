@@ -38,6 +38,9 @@ struct StateCheckpointManager::Impl {
   StateCheckpointOptions options;
   std::unique_ptr<CheckpointManager> base;
   std::unique_ptr<AsyncSaver> saver;  // created by the first save_async
+  // The saver exists only because restore() prepared it: a synchronous
+  // save() frees it (the run saves synchronously).
+  bool only_prepared = false;
   mutable std::mutex mu;
   std::optional<uint64_t> last_step;
 
@@ -82,6 +85,14 @@ struct StateCheckpointManager::Impl {
   void wait_async() {
     if (saver) saver->wait_all();
   }
+
+  // Readies the saver's staging for `state` on its own thread. Call with mu.
+  void prepare(const StateDict& state) {
+    // The largest step makes the largest header: every later image fits.
+    StateDict sized = with_step(state, std::numeric_limits<uint64_t>::max());
+    if (!saver) saver = std::make_unique<AsyncSaver>(options.async);
+    saver->reserve(sized, 1, AsyncSaver::Reserve::kBackground);
+  }
 };
 
 StateCheckpointManager::StateCheckpointManager(std::string_view directory_or_uri,
@@ -123,6 +134,10 @@ std::optional<CheckpointRecord> StateCheckpointManager::save(const StateDict& st
                                                              bool force) {
   std::lock_guard<std::mutex> g(impl_->mu);
   impl_->wait_async();  // commits stay in call order; an async error surfaces here
+  if (impl_->only_prepared) {
+    impl_->saver.reset();  // prepared by restore(), but this run saves synchronously
+    impl_->only_prepared = false;
+  }
   auto s = impl_->next_step(step, force);
   if (!s) return std::nullopt;
   nlohmann::json m = impl_->checked_metrics(metrics, *s);
@@ -157,6 +172,7 @@ std::optional<SaveHandle> StateCheckpointManager::save_async(const StateDict& st
   nlohmann::json m = impl_->checked_metrics(metrics, *s);
   StateDict copy = Impl::with_step(state, *s);
   if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>(impl_->options.async);
+  impl_->only_prepared = false;
   SaveHandle h = impl_->saver->save(copy, *impl_->base, std::move(m));
   // A save skipped by WhenBusy::kSkip saved nothing: the interval still
   // counts from the last step taken.
@@ -166,10 +182,14 @@ std::optional<SaveHandle> StateCheckpointManager::save_async(const StateDict& st
 
 void StateCheckpointManager::reserve(const StateDict& state) {
   std::lock_guard<std::mutex> g(impl_->mu);
-  // The largest step makes the largest header: every later image fits.
-  StateDict sized = Impl::with_step(state, std::numeric_limits<uint64_t>::max());
-  if (!impl_->saver) impl_->saver = std::make_unique<AsyncSaver>(impl_->options.async);
-  impl_->saver->reserve(sized, 1, AsyncSaver::Reserve::kBackground);
+  impl_->prepare(state);
+  impl_->only_prepared = false;
+}
+
+std::optional<AsyncSaver::Stats> StateCheckpointManager::async_stats() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  if (!impl_->saver) return std::nullopt;
+  return impl_->saver->stats();
 }
 
 void StateCheckpointManager::wait() {
@@ -226,6 +246,21 @@ RestoreResult StateCheckpointManager::restore(StateDict& state,
   RestoreResult out{which, 0, state.metadata};
   if (state.metadata.contains("step") && state.metadata["step"].is_number_unsigned()) {
     out.step = state.metadata["step"].get<uint64_t>();
+  }
+  if (impl_->options.prepare_async_on_restore) {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    if (!impl_->saver) {
+      try {
+        impl_->prepare(state);
+        impl_->only_prepared = true;
+      } catch (const Error& e) {
+        // ignore-error: the restore succeeded; save_async() allocates as usual
+        log::warn(fmt::format("{}: preparing the async saves' staging after restoring {} "
+                              "failed: {}",
+                              impl_->base->uri(), which.name, e.what()));
+        impl_->saver.reset();
+      }
+    }
   }
   return out;
 }

@@ -317,6 +317,47 @@ TEST_F(StateManagerTest, AsyncSavesCommitAndRestore) {
   EXPECT_EQ(w, std::vector<float>(6, 2.0f));
 }
 
+// A resumed run: restore() readies save_async()'s staging in the
+// background, so the first save_async() allocates nothing (its stall is a
+// copy, not the first touch of fresh memory); a run that saves
+// synchronously gets the memory back at its first save(); the option off
+// allocates nothing.
+TEST_F(StateManagerTest, RestorePreparesTheStagingOfTheFirstAsyncSaveOfAResumedRun) {
+  {
+    StateCheckpointManager first(uri, opts());
+    first.save(state(), 1);
+  }
+  {
+    StateCheckpointManager resumed(uri, opts());
+    EXPECT_FALSE(resumed.async_stats());
+    StateDict target = state();
+    resumed.restore(target);
+    resumed.wait();  // the preparation has finished
+    auto prepared = resumed.async_stats();
+    ASSERT_TRUE(prepared);
+    EXPECT_EQ(prepared->staging_allocations, 1u);
+    EXPECT_GT(prepared->staging_bytes, 6 * sizeof(float) + sizeof(int64_t));
+    ASSERT_TRUE(resumed.save_async(state(), 2));
+    resumed.wait();
+    EXPECT_EQ(resumed.async_stats()->staging_allocations, 1u);  // the prepared buffer
+    EXPECT_EQ(resumed.async_stats()->saves, 1u);
+  }
+  {
+    StateCheckpointManager synchronous(uri, opts());
+    StateDict target = state();
+    synchronous.restore(target);
+    ASSERT_TRUE(synchronous.async_stats());
+    synchronous.save(state(), 3);
+    EXPECT_FALSE(synchronous.async_stats());  // freed for a run that saves synchronously
+  }
+  StateCheckpointOptions off = opts();
+  off.prepare_async_on_restore = false;
+  StateCheckpointManager plain(uri, off);
+  StateDict target = state();
+  EXPECT_EQ(plain.restore(target).step, 3u);
+  EXPECT_FALSE(plain.async_stats());
+}
+
 TEST_F(StateManagerTest, ASecondManagerOnTheSameDirectoryIsLocked) {
   StateCheckpointManager m(uri, opts());
   try {
