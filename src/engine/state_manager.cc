@@ -255,9 +255,10 @@ RestoreResult StateCheckpointManager::restore(StateDict& state,
         impl_->only_prepared = true;
       } catch (const Error& e) {
         // ignore-error: the restore succeeded; save_async() allocates as usual
-        log::warn(fmt::format("{}: preparing the async saves' staging after restoring {} "
-                              "failed: {}",
-                              impl_->base->uri(), which.name, e.what()));
+        log::warn(
+            fmt::format("{}: preparing the async saves' staging after restoring {} "
+                        "failed: {}",
+                        impl_->base->uri(), which.name, e.what()));
         impl_->saver.reset();
       }
     }
