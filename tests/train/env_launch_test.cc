@@ -408,6 +408,23 @@ TEST_F(EnvLauncher, AnElasticGroupThatLosesOneOfFourRanksFinishesOnThreeWithTheS
   EXPECT_EQ(testing::expect_all_verify((dir_ / "results" / "mpi_exp").string()), 2u);
 }
 
+// A lost rank is a failure of the group, counted against max_failures as
+// Ray Train counts a worker's or node's loss (docs/train.md, "Elastic
+// groups"): with none allowed, the elastic group does not go on with three,
+// and the run ends naming the lost rank and the spent budget.
+TEST_F(EnvLauncher, AnElasticGroupWithNoFailuresAllowedEndsAtTheLossOfARank) {
+  const pid_t shell = start_and_lose_rank_3("elastic_no_retries", free_port());
+  const Launch run = wait_shell(shell, out_ / "launch.log");
+  const nlohmann::json r0 = process_result(0);
+  ASSERT_TRUE(r0.is_object()) << run.log;
+  ASSERT_TRUE(r0.at("error").is_string()) << r0.dump(2) << run.log;
+  const std::string error = r0.at("error").get<std::string>();
+  EXPECT_NE(error.find("max_failures=0 spent"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 3"), std::string::npos) << error;
+  EXPECT_TRUE(r0.at("restores").empty()) << r0.dump(2);
+  EXPECT_EQ(run.log.find("the group restarts with 3 rank(s)"), std::string::npos) << run.log;
+}
+
 // The same with every process on a host of its own: the nodes are numbered
 // again for the 3 that remain.
 TEST_F(EnvLauncher, AnElasticGroupOnSeparateHostsThatLosesOneGoesOnWithTheOthersRenumbered) {

@@ -15,7 +15,8 @@
 // asynchronous reports, two in flight) and preempt (up to 400 epochs of 50
 // ms, checkpointing only when train::should_checkpoint() says so, then
 // returning: for a test that sends SIGTERM to an MPI process), elastic and
-// elastic_rejoin (an elastic group of 2 to 4 ranks losing one: elastic_fn).
+// elastic_rejoin (an elastic group of 2 to 4 ranks losing one: elastic_fn),
+// elastic_no_retries (the same with max_failures = 0).
 // The hosts_tier scenarios run 8 epochs with the memory tier at OUT/tiers
 // (each host's own, mounted there by the test), every 2nd checkpoint
 // persisted: hosts_tier_restart (rank 1 throws at epoch 1 once;
@@ -267,7 +268,9 @@ int main(int argc, char** argv) {
   const bool elastic = scenario.starts_with("elastic");
   if (elastic) {
     scaling = {.num_workers = 4, .min_workers = 2};
-    run.failure_config.max_failures = 3;
+    // A lost rank counts against max_failures: with none allowed, the run
+    // ends at the loss (elastic_no_retries).
+    run.failure_config.max_failures = scenario == "elastic_no_retries" ? 0 : 3;
   }
 
   nlohmann::json what;
