@@ -400,9 +400,10 @@ def test_pbt_mutations_may_be_functions_as_in_ray() -> None:
         PopulationBasedTraining(hyperparam_mutations={"lr": lambda a, b: a})
 
 
-def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_starts_over(
-    tmp_path: pathlib.Path,
-) -> None:
+def _tune_driver_killed_at_its_hold(tmp_path: pathlib.Path) -> pathlib.Path:
+    """Runs tune_driver.py under tmp_path, SIGKILLs it once each of its three
+    trials has committed the checkpoint before its hold, and returns the
+    experiment's folder (the hold released)."""
     import tune_driver
 
     hold = tmp_path / "hold"
@@ -420,6 +421,15 @@ def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_st
         driver_process.wait_for(driver, *held)
         driver.kill()  # trial runners and workers die with it
     hold.unlink()
+    return exp
+
+
+def test_a_driver_killed_mid_experiment_is_restored_and_no_checkpointed_trial_starts_over(
+    tmp_path: pathlib.Path,
+) -> None:
+    import tune_driver
+
+    exp = _tune_driver_killed_at_its_hold(tmp_path)
 
     assert tune.Tuner.can_restore(exp)
     grid = tune.Tuner.restore(exp, tune_driver.trainable).fit()
@@ -442,21 +452,7 @@ def test_a_killed_driver_restored_without_resume_unfinished_runs_no_started_tria
     # where they stood, with their committed checkpoints and results.
     import tune_driver
 
-    hold = tmp_path / "hold"
-    hold.touch()
-    exp = tmp_path / "exp"
-    held = [
-        exp
-        / f"trial_{i:05d}"
-        / f"checkpoint_{tune_driver.HOLD_AT - 1:06d}"
-        / ".cairn"
-        / "manifest.json"
-        for i in range(3)
-    ]
-    with driver_process.started(tune_driver.__file__, str(tmp_path)) as driver:
-        driver_process.wait_for(driver, *held)
-        driver.kill()
-    hold.unlink()
+    exp = _tune_driver_killed_at_its_hold(tmp_path)
 
     grid = tune.Tuner.restore(exp, tune_driver.trainable, resume_unfinished=False).fit()
     assert grid.num_errors == 0, grid.errors
