@@ -105,6 +105,40 @@ TEST(Preemption, SigtermToTheDriverEndsWithAnEmergencyCheckpointAndTheRunResumes
   expect_no_children();
 }
 
+// SIGTERM and a failure at once (mpirun signals the other processes after
+// one of them died): the driver does not start a group only to stop it; the
+// run ends preempted at once, to be restored from the newest checkpoint.
+void sigterm_the_driver_then_fail(const nlohmann::json& config) {
+  const int rank = train::get_context().world_rank;
+  if (auto ckpt = train::get_checkpoint()) {
+    throw std::runtime_error("restarted after a preemption notice");
+  }
+  train::report({{"step", 0}}, Checkpoint::from_dict({{"step", 0}}));
+  if (rank == 0) {
+    ::kill(config.at("driver").get<pid_t>(), SIGTERM);
+    throw std::runtime_error("lost with its node");
+  }
+  for (int i = 0; i < 6000; ++i) {  // until the group is stopped (at most 60 s)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+TEST(Preemption, ASigtermThatComesWithAFailureEndsTheRunWithoutARestart) {
+  TempDir dir;
+  Trainer t(sigterm_the_driver_then_fail, {{"driver", ::getpid()}}, ScalingConfig{.num_workers = 2},
+            run_in(dir));
+  Result r = t.fit();
+  ASSERT_TRUE(r.preempted) << r.error.value_or("no error");
+  ASSERT_TRUE(r.error);
+  EXPECT_NE(r.error->find("came while the group failed"), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("lost with its node"), std::string::npos) << *r.error;
+  EXPECT_NE(r.error->find("Trainer::restore"), std::string::npos) << *r.error;
+  EXPECT_TRUE(r.restores.empty()) << "a group was started again";
+  ASSERT_TRUE(r.checkpoint);
+  EXPECT_EQ(r.checkpoint->to_dict().at("step"), 0);
+  expect_no_children();
+}
+
 TEST(Preemption, AWorkersOwnSigtermReachesEveryRankAtTheSameReport) {
   TempDir dir;
   const nlohmann::json config = {

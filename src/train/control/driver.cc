@@ -172,17 +172,13 @@ class Driver {
       if (spec_.iteration_from_checkpoint) iteration_ = iteration_at(manager_->latest(), from);
       if (from) note_restore(result, attempt, *from, std::move(damaged));
       Outcome out = run_attempt(attempt, from);
-      if (out.preempted) {
-        result.preempted = true;
-        auto latest = manager_->latest();
-        result.error =
-            fmt::format("preempted: {} stopped the group ({}); {}", preempt_reason_,
-                        emergency_committed_ ? "after its emergency checkpoint"
-                        : out.finished       ? "after train_fn returned"
-                                             : "when FailureConfig::preemption_grace_s ran out",
-                        latest ? fmt::format("Trainer::restore(\"{}\") resumes from {}",
-                                             spec_.experiment_path, latest->checkpoint.uri())
-                               : std::string("no checkpoint was committed"));
+      // A notice that came with a failure (mpirun's SIGTERM after one of its
+      // processes died) wins: no group is started again only to be stopped.
+      if (!out.preempted && !out.finished && sigterm_ != nullptr && sigterm_->received()) {
+        note_preemption("the driver received SIGTERM", monotonic_seconds());
+      }
+      if (out.preempted || (preempt_requested_ && !out.finished)) {
+        end_preempted(result, out);
         break;
       }
       if (out.finished) break;
@@ -214,6 +210,22 @@ class Driver {
       save_state();
     }
     return failures;
+  }
+
+  // Ends the run as preempted: how the group stopped, where a restore resumes.
+  void end_preempted(Result& result, const Outcome& out) {
+    result.preempted = true;
+    const std::string how =
+        emergency_committed_ ? "stopped the group after its emergency checkpoint"
+        : out.finished       ? "stopped the group after train_fn returned"
+        : out.failure ? fmt::format("came while the group failed, so it is not restarted ({})",
+                                    out.failure->message)
+                      : "stopped the group when FailureConfig::preemption_grace_s ran out";
+    auto latest = manager_->latest();
+    result.error = fmt::format("preempted: {} {}; {}", preempt_reason_, how,
+                               latest ? fmt::format("Trainer::restore(\"{}\") resumes from {}",
+                                                    spec_.experiment_path, latest->checkpoint.uri())
+                                      : std::string("no checkpoint was committed"));
   }
 
   // Sets world_ for `attempt`: every rank, or for an elastic group
