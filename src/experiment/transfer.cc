@@ -129,10 +129,18 @@ std::optional<std::string> get_if_exists(Storage& storage, std::string_view key)
 }
 
 // Metadata may change after a commit (update_metadata), so a re-run brings
-// it up to date; it is never removed at the destination.
+// it up to date; it is never removed at the destination. What is copied is
+// what get_metadata() reads.
 void copy_metadata(Storage& src, Storage& dst) {
   std::optional<std::string> metadata = get_if_exists(src, kMetadataKey);
   if (!metadata) return;
+  if (src.capabilities().torn_writes &&
+      !nlohmann::json::parse(*metadata, nullptr, /*allow_exceptions=*/false).is_object()) {
+    // A replace torn by a kill, on a store that tears writes: the metadata
+    // it was replacing is the checkpoint's (Checkpoint::get_metadata).
+    metadata = get_if_exists(src, kMetadataPreviousKey);
+    if (!metadata) return;
+  }
   if (get_if_exists(dst, kMetadataKey) == metadata) return;
   dst.put(kMetadataKey, *metadata);
 }

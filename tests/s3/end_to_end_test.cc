@@ -492,6 +492,11 @@ TEST_F(S3EndToEnd, ATornMetadataReplaceLeavesThePreviousMetadataReadable) {
     const std::string whole = storage->get(key);
     storage->put(key, whole.substr(0, whole.size() / 2));
     EXPECT_EQ(tearing.get_metadata(), (nlohmann::json{{"v", 2}}));
+    // `cairn cp` copies what get_metadata() reads, not the torn bytes.
+    TempDir out;
+    transfer(tearing.uri(), (out.path() / "copy").string());
+    EXPECT_EQ(Checkpoint::from_directory((out.path() / "copy").string()).get_metadata(),
+              (nlohmann::json{{"v", 2}}));
     tearing.update_metadata({{"w", 1}});
     EXPECT_EQ(tearing.get_metadata(), (nlohmann::json{{"v", 2}, {"w", 1}}));
     // Torn again, from the empty object a killed first write leaves.
