@@ -301,11 +301,11 @@ void RunResults::append(Appender& file, std::string_view data,
 
 void RunResults::record(const nlohmann::json& metrics,
                         const std::optional<std::string>& checkpoint_dir_name, int attempt,
-                        std::optional<int64_t> iteration) {
+                        std::optional<int64_t> iteration, std::optional<double> reported_at) {
   const double now = clock_();
   nlohmann::json row = metrics.is_object() ? metrics : nlohmann::json::object();
   row["training_iteration"] = iteration ? *iteration : static_cast<int64_t>(rows_.size()) + 1;
-  row["timestamp"] = static_cast<int64_t>(std::floor(now));
+  row["timestamp"] = static_cast<int64_t>(std::floor(reported_at.value_or(now)));
   row["time_total_s"] = time_before_ + std::max(0.0, now - opened_at_);
   // As Ray's: the time since the previous row (or since this driver
   // started), and the rows since the last (re)start from a checkpoint.
@@ -391,7 +391,7 @@ void RunResults::backfill(const std::vector<CheckpointRecord>& committed, bool b
         fmt::format("{}: {} was committed but its result row was not written (the run "
                     "was killed in between); writing the row from its metrics",
                     experiment_uri, r.name));
-    record(r.metrics, r.name, attempt, iteration);
+    record(r.metrics, r.name, attempt, iteration, r.created_at);
   }
 }
 

@@ -97,16 +97,18 @@ class RunResults {
   // time_total_s, time_this_iter_s (since the previous row of this object, or
   // since it was made), iterations_since_restore (rows of this object since
   // `attempt` last changed: 1, 2, ...), checkpoint_dir_name (or null) and
-  // attempt.
+  // attempt. `reported_at` (seconds since the epoch) is the timestamp of a
+  // round reported before now (a backfilled row); the clock's time otherwise.
   // Throws cairn::Error naming the file that could not be written; the next
   // record() then rewrites that file whole.
   void record(const nlohmann::json& metrics, const std::optional<std::string>& checkpoint_dir_name,
-              int attempt, std::optional<int64_t> iteration = std::nullopt);
+              int attempt, std::optional<int64_t> iteration = std::nullopt,
+              std::optional<double> reported_at = std::nullopt);
 
   // A driver killed between a report's commit and its row leaves a
   // committed checkpoint that no row names: writes its row now from the
-  // metrics committed with it (timestamped now, the attempt of the last
-  // row), so that the history holds every committed result once.
+  // metrics committed with it (timestamped with its commit, the attempt of
+  // the last row), so that the history holds every committed result once.
   // Candidates among `committed` (the experiment's checkpoints, in index
   // order): those newer than every checkpoint a row names; with
   // `by_iteration` (the Tuner's trials, whose checkpoints carry their

@@ -3,6 +3,7 @@
 // across reopening.
 #include "experiment/results.h"
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -255,6 +256,9 @@ TEST(ExperimentHistory, ACommittedCheckpointWithoutItsRowGetsItsRowOnce) {
     ASSERT_EQ(h.rows().size(), 3u);
     EXPECT_EQ(h.rows()[2]["loss"], 0.25);
     EXPECT_EQ(h.rows()[2]["checkpoint_dir_name"], "checkpoint_000001");
+    // Timestamped with its commit, not with the restore.
+    EXPECT_EQ(h.rows()[2]["timestamp"],
+              static_cast<int64_t>(std::floor(m.history().back().created_at)));
     EXPECT_EQ(h.rows()[2]["training_iteration"], 3);  // its own, or the row number
     if (by_iteration) {
       // Rewind the file to the two rows for the other mode.
