@@ -98,6 +98,23 @@ def test_bad_memory_tier_settings_raise_naming_the_field() -> None:
     assert cairn.MemoryTierConfig(replicas=2).replicas == 2
 
 
+def _fit_with_one_restart(
+    loop: Any, tmp_path: pathlib.Path, root: pathlib.Path, *, workers: int, persist_every_n: int
+) -> Any:
+    """Trains `loop` on `workers` ranks as experiment tmp_path/exp, the
+    memory tier at `root`, one restart allowed."""
+    return train.DataParallelTrainer(
+        loop,
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(
+            name="exp",
+            storage_path=tmp_path,
+            checkpoint_config=_config(root, persist_every_n=persist_every_n),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+    ).fit()
+
+
 def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> None:
     root = tmp_path / "shm"
     root.mkdir()
@@ -111,16 +128,7 @@ def test_a_trainer_restarts_from_memory_and_says_so(tmp_path: pathlib.Path) -> N
                 os.kill(os.getpid(), signal.SIGKILL)
             train.report({"step": step}, checkpoint=Checkpoint.from_dict({"step": step}))
 
-    result = train.DataParallelTrainer(
-        loop,
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(
-            name="exp",
-            storage_path=tmp_path,
-            checkpoint_config=_config(root, persist_every_n=0),
-            failure_config=FailureConfig(max_failures=1),
-        ),
-    ).fit()
+    result = _fit_with_one_restart(loop, tmp_path, root, workers=2, persist_every_n=0)
     assert result.error is None, result.error
     assert result.restores == [
         {
@@ -168,16 +176,9 @@ def test_a_bit_flip_in_memory_is_found_on_restart_and_the_next_copy_is_taken(
                 target.write_bytes(bytes(data))
                 raise RuntimeError("failing after the bit flip")
 
-    result = train.DataParallelTrainer(
-        loop,
-        scaling_config=ScalingConfig(num_workers=1),
-        run_config=RunConfig(
-            name="exp",
-            storage_path=tmp_path,
-            checkpoint_config=_config(root, persist_every_n=1 if persisted else 0),
-            failure_config=FailureConfig(max_failures=1),
-        ),
-    ).fit()
+    result = _fit_with_one_restart(
+        loop, tmp_path, root, workers=1, persist_every_n=1 if persisted else 0
+    )
     assert result.error is None, result.error
     [restore] = result.restores
     assert len(restore["damaged"]) == 1, restore
