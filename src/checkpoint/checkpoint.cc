@@ -168,7 +168,7 @@ nlohmann::json Checkpoint::get_metadata() const {
     try {
       previous = read_metadata_object(*storage_, kMetadataPreviousKey);
     } catch (const Error&) {
-      throw e;  // neither is readable: the error names the metadata
+      // ignore-error: neither is readable; the rethrown error names the metadata
     }
     if (!previous) throw;
     return *previous;
