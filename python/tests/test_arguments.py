@@ -133,6 +133,15 @@ def test_paths_take_str_or_path_objects_and_numbers_take_numpy_scalars(
         cairn.CheckpointConfig(num_to_keep=2.5)  # type: ignore[arg-type]
 
 
+def test_search_spaces_take_any_sequence_as_ray_does() -> None:
+    from cairn import tune
+
+    assert tune.grid_search((1, 2)) == tune.grid_search([1, 2])
+    assert tune.choice(range(3)) == tune.choice([0, 1, 2])
+    with pytest.raises(TypeError, match="'categories' must be"):
+        tune.choice(3)  # type: ignore[arg-type]
+
+
 def test_the_checks_follow_each_kind_of_hint() -> None:
     m = _args._matches
     assert m(3, float) and m(np.float32(1), float) and not m("3", float)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
 from cairn import _cairn
@@ -47,12 +48,12 @@ from cairn.tune._tuner import ResultGrid, TuneConfig, Tuner, with_resources
 from cairn.tune.stopper import Stopper
 
 
-def grid_search(values: list[Any]) -> dict[str, Any]:
+def grid_search(values: Iterable[Any]) -> dict[str, Any]:
     """Every value, one trial each (times ``num_samples``)."""
     return _cairn.tune_grid_search(list(values))
 
 
-def choice(categories: list[Any]) -> dict[str, Any]:
+def choice(categories: Sequence[Any]) -> dict[str, Any]:
     """One of ``categories``, drawn uniformly per trial."""
     return _cairn.tune_choice(list(categories))
 
