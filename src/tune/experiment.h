@@ -236,6 +236,9 @@ class Experiment {
   // Opens the trial's manager, which applies its retention (the state is
   // saved first if it names a checkpoint to go).
   void apply_retention(Trial& t);
+  // Writes the result rows a driver's death lost for the trial whose folder
+  // is `trial` (RunResults::backfill), before a restore judges it.
+  void backfill_rows(const std::shared_ptr<Storage>& trial);
 
   // The staged copy of a clone the trial no longer needs.
   void drop_clone(Trial& t);

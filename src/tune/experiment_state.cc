@@ -339,6 +339,7 @@ void Experiment::reconcile(Trial& t) {
   // A result the driver died before judging may already meet the stop
   // criteria: the trial is done, not resumed for one more.
   if (t.info.status == TrialStatus::kPaused && !t.clone) {
+    backfill_rows(trial_storage);
     const std::vector<nlohmann::json> rows = experiment::read_result_rows(*trial_storage);
     if (!rows.empty()) {
       t.info.last_result = rows.back();
@@ -364,6 +365,20 @@ void Experiment::reconcile(Trial& t) {
       t.info.num_failures = 0;
     }
   }
+}
+
+// A result committed with its checkpoint whose row the driver's death lost
+// is a result too: its row is written before the trial is judged, so that a
+// trial it ends keeps it (the runner of a resumed one would write it too).
+void Experiment::backfill_rows(const std::shared_ptr<Storage>& trial) {
+  const std::vector<CheckpointRecord> committed = read_experiment(trial->uri()).checkpoints;
+  const std::vector<nlohmann::json> rows = experiment::read_result_rows(*trial);
+  const int64_t last = rows.empty() ? 0 : rows.back().value("training_iteration", int64_t{0});
+  const bool lost = std::any_of(committed.begin(), committed.end(), [&](const auto& r) {
+    const nlohmann::json it = r.metrics.value("training_iteration", nlohmann::json());
+    return it.is_number_integer() && it.get<int64_t>() > last;
+  });
+  if (lost) experiment::RunResults(trial, wall_seconds).backfill(committed, true, trial->uri());
 }
 
 void Experiment::refresh_checkpoints(Trial& t) {
