@@ -178,7 +178,11 @@ struct ManagerOptions {
   // deleted checkpoint: it defers deleting those its saved state still names
   // until its next save). A deferred checkpoint stays committed and in the
   // history, and retention asks again on the next save or open. An exception
-  // leaves them all in place, as a deferral.
+  // leaves them all in place, as a deferral. With a memory tier it also
+  // hears of checkpoints only memory holds as they leave (the tier's
+  // retention; release_memory_tier(), which persists those it keeps), and
+  // it is called from the saving thread or the tier's persister, one call
+  // at a time: it must not call the manager.
   std::function<std::vector<std::string>(const std::vector<std::string>& doomed,
                                          const std::vector<std::string>& kept)>
       before_delete;
@@ -348,6 +352,9 @@ class CheckpointManager {
                const std::vector<ManifestEntry>* written = nullptr);
   // The records of both tiers, one per index (under mu_).
   std::vector<CheckpointRecord> merged_records() const;
+  // On releasing the tier: the checkpoints only memory holds, older than
+  // `newest`, go through before_delete; those it keeps are persisted.
+  void persist_what_the_hook_keeps(const CheckpointRecord& newest);
   uint64_t take_index();
   // Writes the whole history as a new snapshot and removes the log objects
   // it folds in (src/manager/history.h).

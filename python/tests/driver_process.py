@@ -51,3 +51,20 @@ def wait_for(driver: subprocess.Popen[bytes], *paths: pathlib.Path) -> None:
                 f"{[str(p) for p in paths if not p.exists()]} did not appear within {WAIT_S} s"
             )
         time.sleep(0.05)
+
+
+def wait_for_matches(
+    driver: subprocess.Popen[bytes], folder: pathlib.Path, pattern: str, count: int
+) -> None:
+    """Returns once ``folder.glob(pattern)`` finds ``count`` paths; fails as wait_for."""
+    deadline = time.monotonic() + WAIT_S
+    while len(list(folder.glob(pattern))) < count:
+        if driver.poll() is not None:
+            assert driver.stderr is not None
+            raise AssertionError(
+                f"the driver ended (status {driver.returncode}) before {count} of "
+                f"{folder / pattern} existed: {driver.stderr.read().decode(errors='replace')}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} of {folder / pattern} did not appear within {WAIT_S} s")
+        time.sleep(0.05)

@@ -1,11 +1,13 @@
 """A Tuner's driver for test_tune.py's driver-kill test.
 
-    python3 tune_driver.py STORAGE_PATH
+    python3 tune_driver.py STORAGE_PATH [MEMORY_TIER_ROOT]
 
 Runs ``trainable`` (which test_tune.py imports to restore the experiment)
 over three trials: steps 0..STEPS-1, a checkpoint each. Before step HOLD_AT
 each trial waits while the file STORAGE_PATH/hold exists, so the test can
-SIGKILL this process mid-experiment, whatever the machine's speed.
+SIGKILL this process mid-experiment, whatever the machine's speed. With
+MEMORY_TIER_ROOT the trials save into memory tiers there, persisted only
+when a trial's run ends.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 import time
 from typing import Any
 
+import cairn
 from cairn import tune
 from cairn.tune import Checkpoint
 
@@ -36,11 +39,18 @@ def trainable(config: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    checkpoint_config = cairn.CheckpointConfig()
+    if len(argv) > 2:
+        checkpoint_config = cairn.CheckpointConfig(
+            memory_tier=cairn.MemoryTierConfig(root=argv[2], persist_every_n=0)
+        )
     tune.Tuner(
         trainable,
         param_space={"x": tune.grid_search([1, 2, 3]), "hold": os.path.join(argv[1], "hold")},
         tune_config=tune.TuneConfig(metric="score", mode="max", max_concurrent_trials=3),
-        run_config=tune.RunConfig(name="exp", storage_path=argv[1]),
+        run_config=tune.RunConfig(
+            name="exp", storage_path=argv[1], checkpoint_config=checkpoint_config
+        ),
     ).fit()
     return 0
 

@@ -579,7 +579,8 @@ void CheckpointManager::apply_retention(std::vector<uint64_t>& removed) {
   if (options_.before_delete) {
     std::vector<std::string> names;
     std::vector<std::string> kept;
-    for (const auto& r : records_) {
+    // Kept: what either tier holds (checkpoints only memory holds included).
+    for (const auto& r : merged_records()) {
       const bool dies = std::find(doomed.begin(), doomed.end(), r.index) != doomed.end();
       (dies ? names : kept).push_back(r.name);
     }

@@ -30,6 +30,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -179,15 +180,17 @@ struct CheckpointManager::MemoryTier {
     options.warn = outer.options_.warn;
     options.background_delete = false;  // freeing tmpfs pages is quick
     options.before_delete = [this](const std::vector<std::string>& doomed,
-                                   const std::vector<std::string>&) {
-      std::lock_guard<std::mutex> g(mu);
+                                   const std::vector<std::string>& kept) {
       std::vector<std::string> busy;
-      for (const auto& name : doomed) {
-        auto index = parse_checkpoint_name(name);
-        if (index && ((pending && pending->index == *index) || in_flight == *index))
-          busy.push_back(name);
+      {
+        std::lock_guard<std::mutex> g(mu);
+        for (const auto& name : doomed) {
+          auto index = parse_checkpoint_name(name);
+          if (index && ((pending && pending->index == *index) || in_flight == *index))
+            busy.push_back(name);
+        }
       }
-      return busy;
+      return with_outer_hook(doomed, kept, std::move(busy));
     };
     store = std::make_unique<CheckpointManager>((folder / kCheckpointsFolder).string(),
                                                 store_config, options);
@@ -200,6 +203,44 @@ struct CheckpointManager::MemoryTier {
   }
 
   ~MemoryTier() { stop(); }
+
+  // A checkpoint only memory holds leaves the history when the tier's
+  // retention deletes it: the outer manager's ManagerOptions::before_delete
+  // hears of it (with every checkpoint either tier keeps) as of any
+  // deletion, and what it defers stays too. Under outer.mu_ (the tier's
+  // saves run under it, and its opening while the outer manager is built).
+  std::vector<std::string> with_outer_hook(const std::vector<std::string>& doomed,
+                                           const std::vector<std::string>& tier_kept,
+                                           std::vector<std::string> busy) {
+    if (!outer.options_.before_delete) return busy;
+    auto persisted = [&](uint64_t index) {
+      return std::binary_search(
+          outer.records_.begin(), outer.records_.end(), index,
+          [](const auto& a, const auto& b) { return index_of(a) < index_of(b); });
+    };
+    std::vector<std::string> lost;
+    for (const auto& name : doomed) {
+      auto index = parse_checkpoint_name(name);
+      const bool is_busy = std::find(busy.begin(), busy.end(), name) != busy.end();
+      if (index && !is_busy && !persisted(*index)) lost.push_back(name);
+    }
+    if (lost.empty()) return busy;
+    std::set<uint64_t> kept_indices;
+    for (const auto& r : outer.records_) kept_indices.insert(r.index);
+    for (const auto& name : tier_kept) {
+      if (auto index = parse_checkpoint_name(name)) kept_indices.insert(*index);
+    }
+    for (const auto& name : busy) {
+      if (auto index = parse_checkpoint_name(name)) kept_indices.insert(*index);
+    }
+    std::vector<std::string> kept;
+    for (uint64_t index : kept_indices) kept.push_back(checkpoint_name(index));
+    for (auto& name : outer.options_.before_delete(lost, kept)) busy.push_back(std::move(name));
+    return busy;
+  }
+
+  static uint64_t index_of(uint64_t index) { return index; }
+  static uint64_t index_of(const CheckpointRecord& r) { return r.index; }
 
   void stop() {
     {
@@ -468,6 +509,7 @@ void CheckpointManager::release_memory_tier() {
     // Persistent storage holds it, or a newer one saved there directly.
     persisted = !newest || (!records_.empty() && records_.back().index >= newest->index);
   }
+  if (newest) persist_what_the_hook_keeps(*newest);
   if (!persisted) persist(newest->index, newest->checkpoint);
   std::unique_ptr<MemoryTier, MemoryTierDeleter> tier;
   {
@@ -482,6 +524,39 @@ void CheckpointManager::release_memory_tier() {
   if (ec)
     warn(fmt::format("{}: freeing the memory tier {} failed: {}", uri(), folder.string(),
                      ec.message()));
+}
+
+// The checkpoints only memory holds, older than `newest`, leave the history
+// with the tier: ManagerOptions::before_delete hears of them first, as of
+// any deletion, and those it keeps (a Tuner's saved state still names
+// them) are persisted instead, oldest first.
+void CheckpointManager::persist_what_the_hook_keeps(const CheckpointRecord& newest) {
+  if (!options_.before_delete) return;
+  std::vector<CheckpointRecord> memory_only;
+  std::vector<std::string> kept;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& r : merged_records()) {
+      if (r.tier == "memory" && !r.persisted && r.index < newest.index) {
+        memory_only.push_back(r);
+      } else {
+        kept.push_back(r.name);
+      }
+    }
+  }
+  if (memory_only.empty()) return;
+  std::vector<std::string> doomed;
+  for (const auto& r : memory_only) doomed.push_back(r.name);
+  std::vector<std::string> keep = doomed;
+  try {
+    keep = options_.before_delete(doomed, kept);
+  } catch (const std::exception& e) {
+    // ignore-error: a failed hook defers, as for any deletion; they are persisted
+    warn(fmt::format("{}: before freeing the memory tier: {}", uri(), e.what()));
+  }
+  for (const auto& r : memory_only) {
+    if (std::find(keep.begin(), keep.end(), r.name) != keep.end()) persist(r.index, r.checkpoint);
+  }
 }
 
 std::vector<CheckpointRecord> CheckpointManager::merged_records() const {

@@ -143,6 +143,13 @@ class Experiment {
 
   void refresh_checkpoints(Trial& t);
 
+  // A trial's checkpoints as its runner sees them: the persistent ones and,
+  // with CheckpointConfig::memory_tier, those only this host's memory
+  // holds (a running trial's newest, or what a killed runner left).
+  ExperimentListing read_trial(const std::string& trial_id) const;
+  // Whether this host's memory holds a tier a runner of the trial left.
+  bool holds_memory_tier(const Trial& t) const;
+
   // The state as text. A trial that has ended (TERMINATED, ERROR) does not
   // change until it is resumed, so its JSON is kept as text and spliced in:
   // the cost of a save grows with the trials that are still going, not with

@@ -30,6 +30,7 @@
 #include "experiment/results.h"
 #include "experiment/trainer_state.h"
 #include "experiment/tuner_state.h"
+#include "manager/memory_tier.h"
 #include "train/control/channel.h"
 #include "train/control/net.h"
 #include "train/control/scratch.h"
@@ -365,13 +366,23 @@ void Experiment::reconcile(Trial& t) {
       t.info.num_failures = 0;
     }
   }
+  // No runner will open an ended trial's manager again: the memory tier a
+  // killed runner left is persisted (its newest checkpoint) and freed now.
+  const bool ended =
+      t.info.status == TrialStatus::kTerminated || t.info.status == TrialStatus::kError;
+  if (ended && holds_memory_tier(t)) {
+    apply_retention(t);
+    refresh_checkpoints(t);
+  }
 }
 
 // A result committed with its checkpoint whose row the driver's death lost
 // is a result too: its row is written before the trial is judged, so that a
 // trial it ends keeps it (the runner of a resumed one would write it too).
 void Experiment::backfill_rows(const std::shared_ptr<Storage>& trial) {
-  const std::vector<CheckpointRecord> committed = read_experiment(trial->uri()).checkpoints;
+  ExperimentListing listing = read_experiment(trial->uri());
+  merge_memory_tier(trial->uri(), listing);
+  const std::vector<CheckpointRecord>& committed = listing.checkpoints;
   const std::vector<nlohmann::json> rows = experiment::read_result_rows(*trial);
   const int64_t last = rows.empty() ? 0 : rows.back().value("training_iteration", int64_t{0});
   const bool lost = std::any_of(committed.begin(), committed.end(), [&](const auto& r) {
@@ -381,9 +392,21 @@ void Experiment::backfill_rows(const std::shared_ptr<Storage>& trial) {
   if (lost) experiment::RunResults(trial, wall_seconds).backfill(committed, true, trial->uri());
 }
 
+ExperimentListing Experiment::read_trial(const std::string& trial_id) const {
+  const std::string uri = storage_->child(trial_id)->uri();
+  ExperimentListing listing = read_experiment(uri);
+  merge_memory_tier(uri, listing);
+  return listing;
+}
+
+bool Experiment::holds_memory_tier(const Trial& t) const {
+  const MemoryTierConfig& tier = spec_.run.checkpoint_config.memory_tier;
+  return tier.enabled &&
+         find_memory_tier(storage_->child(t.info.trial_id)->uri(), tier.root).has_value();
+}
+
 void Experiment::refresh_checkpoints(Trial& t) {
-  auto trial_storage = storage_->child(t.info.trial_id);
-  ExperimentListing listing = read_experiment(trial_storage->uri());
+  ExperimentListing listing = read_trial(t.info.trial_id);
   t.kept.clear();
   for (const auto& r : listing.checkpoints) t.kept.push_back(r.name);
   if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -60,8 +61,13 @@ int iteration_of(const Checkpoint& c) {
 }
 
 // Sends `message` to the Tuner and waits for its answer; dies with the Tuner
-// if it went away.
+// if it went away. One question at a time: the round is asked on the
+// driver's thread while retention may ask from the memory tier's persister
+// (the Tuner answers in order, so each answer must go to its asker). The
+// runner's forked workers never ask.
 nlohmann::json ask_the_tuner(train_internal::Channel& channel, const nlohmann::json& message) {
+  static std::mutex asking;
+  std::lock_guard<std::mutex> one_at_a_time(asking);
   std::optional<nlohmann::json> reply;
   try {
     channel.send(message);

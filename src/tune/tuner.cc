@@ -236,13 +236,6 @@ void Tuner::check() {
                 "Tuner: ScalingConfig::min_workers (an elastic group) is for the Trainer; a trial "
                 "runs with a fixed number of workers");
   }
-  if (run_config_.checkpoint_config.memory_tier.enabled) {
-    // PBT's exploit and the experiment state name trials' checkpoints on
-    // persistent storage; a trial's memory tier is not shared with them yet.
-    throw Error(ErrorCode::kInvalidArgument,
-                "Tuner: CheckpointConfig.memory_tier is for the Trainer and the checkpoint "
-                "managers; trials save to persistent storage");
-  }
   if (scaling_.num_workers < 1) {
     throw Error(ErrorCode::kInvalidArgument,
                 fmt::format("Tuner: ScalingConfig::num_workers must be >= 1, got {}",
@@ -284,6 +277,13 @@ ResultGrid Tuner::fit() {
   // The name is fixed now, so that the probe and the experiment agree.
   experiment::ExperimentLocation loc;
   try {
+    if (spec.run.checkpoint_config.memory_tier.enabled) {
+      // A trial's tier is in the memory of the host that runs it, where
+      // PBT's exploit and a restore on this host cannot read it.
+      throw Error(ErrorCode::kInvalidArgument,
+                  "Tuner: CheckpointConfig.memory_tier is for a Tuner on one host; with trial "
+                  "hosts (ScalingConfig::launcher) trials save to persistent storage");
+    }
     loc = experiment::locate_experiment(spec.run.storage_path, spec.run.name);
   } catch (const Error& e) {
     refuse_hosts(*boot, e);

@@ -131,9 +131,10 @@ int main(int argc, char** argv) {
     tc.mode = "min";
     TrainFn fn = stepping;
     nlohmann::json space = {{"out", out.string()}, {"steps", 3}};
-    if (scenario == "spread") {
+    if (scenario == "spread" || scenario == "memory_tier") {
       tc.resources_per_trial.cpu = 0.5;
       space["x"] = tune::grid_search({1, 2, 3, 4, 5, 6});
+      run.checkpoint_config.memory_tier.enabled = scenario == "memory_tier";
     } else if (scenario == "gpus") {
       tc.metric = "";
       tc.mode = "";

@@ -386,5 +386,19 @@ TEST_F(TunerOnHosts, NodeLocalStorageIsRefusedOnEveryProcessNamingTheHost) {
   }
 }
 
+// A trial's memory tier would be in the memory of the host that runs it,
+// out of reach of PBT's exploit and of a restore on process 0: refused
+// before any trial starts, on every process.
+TEST_F(TunerOnHosts, TheMemoryTierIsRefusedOnEveryProcess) {
+  const testing::ShellRun run = loop("memory_tier", false);
+  for (int r = 0; r < 2; ++r) {
+    const nlohmann::json p = process_result(r);
+    ASSERT_TRUE(p.is_object()) << run.log;
+    EXPECT_EQ(p.value("code", ""), "invalid_argument") << p.dump(2);
+    EXPECT_TRUE(has(p.value("threw", ""), "CheckpointConfig.memory_tier")) << p.dump(2);
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "results" / "hosts_exp" / "tuner_state.json"));
+}
+
 }  // namespace
 }  // namespace cairn

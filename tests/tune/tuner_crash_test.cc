@@ -20,7 +20,9 @@
 #include <gtest/gtest.h>
 
 #include "cairn/manager.h"
+#include "cairn/storage.h"
 #include "cairn/tuner.h"
+#include "manager/memory_tier.h"
 #include "support/temp_dir.h"
 #include "train/train_support.h"
 #include "tune/trial_runner.h"
@@ -32,6 +34,14 @@ namespace fs = std::filesystem;
 using testing::slurp;
 using testing::TempDir;
 using testing::write_file;
+
+// A trial's checkpoints in either tier (this host's memory tier, when the
+// run has one, and persistent storage).
+ExperimentListing trial_checkpoints(const std::string& path) {
+  ExperimentListing listing = read_experiment(path);
+  merge_memory_tier(open_storage(path)->uri(), listing);
+  return listing;
+}
 
 void append_line(const fs::path& p, const std::string& line) {
   std::ofstream out(p, std::ios::app);
@@ -48,7 +58,7 @@ void slow_counter(const nlohmann::json& config) {
   std::optional<Checkpoint> c = train::get_checkpoint();
   if (c) {
     start = std::stoi(slurp(c->as_directory().path() / "step.txt"));
-  } else if (!read_experiment(ctx.experiment_path).checkpoints.empty()) {
+  } else if (!trial_checkpoints(ctx.experiment_path).checkpoints.empty()) {
     append_line(fs::path(ctx.storage_path).parent_path() / "violations.txt",
                 ctx.experiment_name + " started from scratch with a checkpoint");
   }
@@ -61,13 +71,31 @@ void slow_counter(const nlohmann::json& config) {
   }
 }
 
-RunConfig run_config(const fs::path& storage) {
+// With `tier_root`, trials save into a memory tier there, every 3rd
+// checkpoint persisted: most kills leave a trial's newest in memory only.
+RunConfig run_config(const fs::path& storage, const fs::path& tier_root = {}) {
   RunConfig r;
   r.name = "crashy";
   r.storage_path = storage.string();
   r.checkpoint_config.num_to_keep = 1;
+  if (!tier_root.empty()) {
+    r.checkpoint_config.memory_tier.enabled = true;
+    r.checkpoint_config.memory_tier.root = tier_root.string();
+    r.checkpoint_config.memory_tier.persist_every_n = 3;
+    fs::create_directories(tier_root);
+  }
   r.failure_config.max_failures = 3;
   return r;
+}
+
+// The memory tiers (one per trial) held under `root`.
+size_t tiers_under(const fs::path& root) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& user : fs::directory_iterator(root, ec)) {
+    for ([[maybe_unused]] const auto& tier : fs::directory_iterator(user.path())) ++n;
+  }
+  return n;
 }
 
 // Runs fit() (or restore + fit) in a child process leading its own process
@@ -75,7 +103,7 @@ RunConfig run_config(const fs::path& storage) {
 // group exists before either goes on: set by the child alone, a kill that
 // came before the child ran (a few ms under load) found no group and left
 // the whole driver running.
-pid_t spawn_driver(const fs::path& storage, bool restore) {
+pid_t spawn_driver(const fs::path& storage, bool restore, const fs::path& tier_root = {}) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid != 0) {
@@ -98,7 +126,7 @@ pid_t spawn_driver(const fs::path& storage, bool restore) {
         restore && Tuner::can_restore(path)
             ? Tuner::restore(path, slow_counter).fit()
             : Tuner(slow_counter, {{"x", grid_search({1.0, 2.0, 3.0, 4.0, 5.0})}, {"iters", 60}},
-                    tc, run_config(storage))
+                    tc, run_config(storage, tier_root))
                   .fit();
     code = grid.num_terminated() == grid.size() && grid.size() == 5 ? 0 : 3;
   } catch (const std::exception& e) {
@@ -153,35 +181,40 @@ size_t expect_state_references_exist(const fs::path& experiment, int round) {
   for (const auto& t : s.at("trials")) {
     std::vector<std::string> names = t.at("checkpoints").get<std::vector<std::string>>();
     if (t.at("latest_checkpoint").is_string()) names.push_back(t["latest_checkpoint"]);
+    const fs::path trial = experiment / t.at("dir").get<std::string>();
+    std::set<std::string> committed;
+    if (fs::exists(trial)) {
+      for (const auto& r : trial_checkpoints(trial.string()).checkpoints) committed.insert(r.name);
+    }
     for (const auto& name : names) {
-      const fs::path manifest =
-          experiment / t.at("dir").get<std::string>() / name / ".cairn" / "manifest.json";
-      EXPECT_TRUE(fs::exists(manifest))
+      EXPECT_TRUE(committed.count(name))
           << "after kill " << round << ": the state names " << t.at("dir") << "/" << name
-          << ", which is not a committed checkpoint";
+          << ", which is not a committed checkpoint in either tier";
       ++checked;
     }
   }
   return checked;
 }
 
-TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
+// Kills the Tuner's driver `kKills` times at random moments, restoring it
+// each time, then lets the last restore run to the end. With `tier_root`,
+// the trials save into memory tiers there.
+void kill_and_restore_until_the_end(const fs::path& dir, const int kKills,
+                                    const fs::path& tier_root = {}) {
   // Orphans of a killed driver are reparented here, not to init, so that
   // kill_group can wait for them (init may reap zombies only now and then).
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  TempDir dir;
   const fs::path storage = dir / "results";
   fs::create_directories(storage);
   const fs::path experiment = storage / "crashy";
   std::mt19937 rng(20261125);
-  constexpr int kKills = 50;
   int kills = 0;
   size_t checked = 0;  // checkpoint names in the states left by the kills
   for (int round = 0; round < kKills; ++round) {
     const fs::path state_file = experiment / "tuner_state.json";
     std::error_code ec;
     const auto saved_before = fs::last_write_time(state_file, ec);
-    const pid_t pid = spawn_driver(storage, round > 0);
+    const pid_t pid = spawn_driver(storage, round > 0, tier_root);
     if (round % 2 == 1) {
       // Odd rounds wait (bounded) until this driver has saved a state that
       // names a checkpoint, however slow the machine (sanitizers), so that
@@ -207,7 +240,7 @@ TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
     ASSERT_FALSE(::testing::Test::HasFailure());
   }
   // The last restore runs to the end.
-  const pid_t pid = spawn_driver(storage, true);
+  const pid_t pid = spawn_driver(storage, true, tier_root);
   int status = 0;
   ::waitpid(pid, &status, 0);
   kill_group(pid);
@@ -229,6 +262,25 @@ TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
     testing::expect_all_verify(trial.string());
   }
   expect_state_references_exist(experiment, kKills);
+  // Every trial's newest checkpoint is persisted (read from persistent
+  // storage above) and no trial's memory is left.
+  if (!tier_root.empty()) {
+    EXPECT_EQ(tiers_under(tier_root), 0u);
+  }
+}
+
+TEST(TunerCrash, DriverKilledAtRandomMomentsIsRestoredUntilEveryTrialFinishes) {
+  TempDir dir;
+  kill_and_restore_until_the_end(dir.path(), 50);
+}
+
+// The same with the trials' checkpoints in memory tiers, every 3rd
+// persisted: a killed driver's runners leave their tiers, the restore
+// resumes each trial from its newest checkpoint in memory, and the state
+// never names a checkpoint neither tier holds.
+TEST(TunerCrash, TrialsInTheMemoryTierSurviveTheirDriversKillsAndEndPersisted) {
+  TempDir dir;
+  kill_and_restore_until_the_end(dir.path(), 25, dir / "shm");
 }
 
 // PBT's trainable: value grows by lr each step; the checkpoint holds value
@@ -308,6 +360,46 @@ TEST(TunerPbt, ClonesResumeFromIntactCopiesEvenWithNumToKeepOne) {
   }
   EXPECT_GE(cloned, 1u) << "no trial was ever cloned";
   // No pending copy is left behind.
+  const fs::path clones = dir / "pbt" / ".cairn_clones";
+  EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
+}
+
+// The trials' checkpoints in memory, persisted only when a runner ends:
+// the first exploits copy a running source's newest checkpoint, which only
+// its memory tier holds (with persistent storage alone there would be
+// nothing to clone), and every trial ends with its newest persisted and
+// its memory freed.
+TEST(TunerPbt, ClonesAreCopiedFromTheSourcesMemoryTier) {
+  TempDir dir;
+  RunConfig run;
+  run.name = "pbt";
+  run.storage_path = dir.str();
+  run.checkpoint_config.num_to_keep = 1;
+  run.checkpoint_config.memory_tier.enabled = true;
+  run.checkpoint_config.memory_tier.root = (dir / "shm").string();
+  run.checkpoint_config.memory_tier.persist_every_n = 0;
+  fs::create_directories(dir / "shm");
+  TuneConfig tc = pbt_config(nullptr);
+  tc.max_concurrent_trials = 4;
+  ResultGrid grid =
+      Tuner(pbt_trainable, {{"lr", grid_search({0.1, 0.2, 5.0, 8.0})}}, tc, run).fit();
+  ASSERT_EQ(grid.size(), 4u);
+  size_t cloned = 0;
+  for (const auto& r : grid) {
+    EXPECT_EQ(r.status, TrialStatus::kTerminated) << r.trial_id << " " << r.error.value_or("");
+    std::set<double> lrs;
+    for (const auto& row : r.metrics_history) lrs.insert(row.at("lr").get<double>());
+    cloned += lrs.size() > 1 ? 1 : 0;
+    const fs::path trial = dir / "pbt" / r.trial_id;
+    ExperimentListing listing = read_experiment(trial.string());
+    ASSERT_FALSE(listing.checkpoints.empty()) << r.trial_id;
+    const nlohmann::json st = nlohmann::json::parse(
+        slurp(listing.checkpoints.back().checkpoint.as_directory().path() / "state.json"));
+    EXPECT_EQ(st.at("step"), 12) << r.trial_id;
+    testing::expect_all_verify(trial.string());
+  }
+  EXPECT_GE(cloned, 1u) << "no trial was ever cloned";
+  EXPECT_EQ(tiers_under(dir / "shm"), 0u);
   const fs::path clones = dir / "pbt" / ".cairn_clones";
   EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
 }
@@ -402,7 +494,9 @@ TEST(TunerPbt, ClassTrainablesTakeClonesInPlaceWithResetConfigOrAFreshInstance) 
 // The driver killed as a clone restarts (right after the copy was committed
 // into the trial) and at results around perturbations: restore finishes
 // every trial, each to its last step, with nothing left in .cairn_clones.
-TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
+// With `in_memory`, the trials save into memory tiers persisted only when a
+// runner ends, so that the kills leave the newest checkpoints in memory.
+void kill_around_clones_and_restore(bool in_memory) {
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);  // see kill_group
   const std::vector<std::pair<int, int>> kill_points = {{5, -1}, {6, -1},  {7, -1},
                                                         {-1, 9}, {-1, 14}, {-1, 23}};
@@ -413,6 +507,12 @@ TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
     run.name = "pbt";
     run.storage_path = dir.str();
     run.checkpoint_config.num_to_keep = 1;
+    if (in_memory) {
+      run.checkpoint_config.memory_tier.enabled = true;
+      run.checkpoint_config.memory_tier.root = (dir / "shm").string();
+      run.checkpoint_config.memory_tier.persist_every_n = 0;
+      fs::create_directories(dir / "shm");
+    }
     std::fflush(nullptr);
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -439,7 +539,18 @@ TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
     }
     const fs::path clones = dir / "pbt" / ".cairn_clones";
     EXPECT_TRUE(!fs::exists(clones) || fs::is_empty(clones));
+    if (in_memory) {
+      EXPECT_EQ(tiers_under(dir / "shm"), 0u);
+    }
   }
+}
+
+TEST(TunerPbt, DriverKilledAroundClonesIsRestoredAndEveryTrialRunsToItsEnd) {
+  kill_around_clones_and_restore(false);
+}
+
+TEST(TunerPbt, DriverKilledAroundClonesFromMemoryTiersIsRestoredAndEveryTrialRunsToItsEnd) {
+  kill_around_clones_and_restore(true);
 }
 
 // The runner's death signal (PR_SET_PDEATHSIG) comes after the kernel closed

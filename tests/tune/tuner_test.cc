@@ -308,16 +308,6 @@ TEST(TunerResources, GpusGoWholeOrInSharesToTrialsAndAreNeverOverbooked) {
                                    "whole number");
 }
 
-TEST(Tuner, TheMemoryTierIsRefusedForTrialsNamingIt) {
-  TempDir dir;
-  RunConfig run = run_in(dir);
-  run.checkpoint_config.memory_tier.enabled = true;
-  testing::expect_invalid_argument(
-      [&] { Tuner([](const nlohmann::json&) {}, {}, TuneConfig{}, run); },
-      "CheckpointConfig.memory_tier");
-  EXPECT_FALSE(fs::exists(dir / "search"));
-}
-
 TEST(Tuner, AnElasticScalingConfigIsRefusedForTrialsNamingIt) {
   TempDir dir;
   testing::expect_invalid_argument(
