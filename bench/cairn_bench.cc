@@ -27,6 +27,7 @@
 #include "reshard.h"
 
 #include "cairn/async_save.h"
+#include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/state.h"
 #include "cairn/state_manager.h"
@@ -335,6 +336,44 @@ void bench_reserve_in_background(const cb::Options& opts, const cairn::StateDict
   std::filesystem::remove_all(dir);
   results.push_back(prepare);
   results.push_back(resumed);
+
+  // A fresh run written as restore-or-start, default options: its restore()
+  // finds no checkpoint, readies the staging for the state it was given
+  // (then raises kNotFound), and the run's first save_async() comes once
+  // that background work is done.
+  cb::Measurement fresh{"cairn.async_first_fresh",
+                        "StateCheckpointManager::save_async stall of a fresh run's first save "
+                        "after a restore() that found no checkpoint, default options (every run "
+                        "a first save)",
+                        bytes,
+                        {}};
+  for (int run = 0; run < opts.runs; ++run) {
+    std::filesystem::remove_all(dir);
+    cairn::StateCheckpointOptions o;
+    o.max_to_keep = 1;
+    cairn::StateCheckpointManager mgr(dir.string(), o);
+    cairn::StateDict target = sd;
+    try {
+      mgr.restore(target);
+      throw std::runtime_error("a fresh directory had a checkpoint");
+    } catch (const cairn::Error& e) {
+      if (e.code() != cairn::ErrorCode::kNotFound) throw;
+    }
+    for (;;) {  // bounded by the preparation, which ends or fails
+      const auto stats = mgr.async_stats();
+      if (!stats) throw std::runtime_error("restore() prepared no staging");
+      if (stats->staging_bytes >= bytes) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    cb::sync_all();
+    const double t0 = cb::now_seconds();
+    auto h = mgr.save_async(sd, 0);
+    fresh.runs_s.push_back(cb::now_seconds() - t0);
+    if (!h) throw std::runtime_error("save_async skipped the first save");
+    h->wait();
+  }
+  std::filesystem::remove_all(dir);
+  results.push_back(fresh);
 }
 
 // ---- async saves: staging reserved ahead, and saves issued while one writes ----
@@ -498,8 +537,8 @@ nlohmann::json async_ratios(const std::vector<cb::Measurement>& results) {
   for (const char* name :
        {"cairn.async_stall", "cairn.async_reserve", "cairn.async_reserved",
         "cairn.async_reserve_call", "cairn.async_first_reserved", "cairn.async_resume_prepare",
-        "cairn.async_first_resumed", "cairn.async_busy_wait", "cairn.async_busy_extra",
-        "cairn.async_busy_skip", "cairn.async_sharded_stall"}) {
+        "cairn.async_first_resumed", "cairn.async_first_fresh", "cairn.async_busy_wait",
+        "cairn.async_busy_extra", "cairn.async_busy_skip", "cairn.async_sharded_stall"}) {
     const cb::Measurement* m = find(name);
     if (!m || m->runs_s.empty()) continue;
     const double first = m->runs_s.front() / ref, later = steady(*m) / ref;

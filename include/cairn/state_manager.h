@@ -63,7 +63,9 @@ struct StateCheckpointOptions {
   // restore() readies save_async()'s staging for the restored state in the
   // background, as reserve() does, so that the first save_async() of a
   // resumed run stalls for a copy of the state rather than for the first
-  // touch of fresh memory. It holds staging of the state's size (what that
+  // touch of fresh memory; so does a restore() that finds no checkpoint (a
+  // fresh run's restore-or-start, before its kNotFound), for the state it
+  // was given. It holds staging of the state's size (what that
   // save_async() allocates anyway); a synchronous save() before any
   // save_async() frees it. false: restore() allocates nothing.
   bool prepare_async_on_restore = true;
@@ -137,7 +139,8 @@ class StateCheckpointManager {
   // entry found with its dtype and shape, else kInvalidArgument listing the
   // missing, unexpected and mismatched tensors (nothing is written then).
   // kNotFound if there is no checkpoint. Replaces state.metadata. Prepares
-  // save_async()'s staging (StateCheckpointOptions::prepare_async_on_restore).
+  // save_async()'s staging (StateCheckpointOptions::prepare_async_on_restore),
+  // with no checkpoint too (before the kNotFound).
   RestoreResult restore(StateDict& state) const;
   RestoreResult restore(StateDict& state, const CheckpointRecord& which) const;
   // Zero-copy access to a checkpoint's state (file backend: mapped).
@@ -151,6 +154,10 @@ class StateCheckpointManager {
   CheckpointManager& base();
 
  private:
+  // StateCheckpointOptions::prepare_async_on_restore's work, after `after`
+  // (for its warning).
+  void prepare_after_restore(const StateDict& state, const std::string& after) const;
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

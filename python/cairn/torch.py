@@ -391,8 +391,10 @@ class StateCheckpointManager:
     restored state on a background thread (``prepare_async_on_restore``),
     so that the first asynchronous save of a resumed run stalls for a copy
     of the state, not for the first touch of fresh memory; a synchronous
-    :meth:`save` before any :meth:`save_async` frees it. A fresh run calls
-    :meth:`reserve` for the same.
+    :meth:`save` before any :meth:`save_async` frees it. A :meth:`restore`
+    that finds no checkpoint (a fresh run's restore-or-start) readies it for
+    the state it was given before raising; a fresh run that does not try a
+    restore calls :meth:`reserve` for the same.
 
     Opening takes the directory's lock (``cairn.LockedError`` while another
     manager holds it); :meth:`close` or leaving a ``with`` block releases it.

@@ -218,6 +218,8 @@ std::optional<uint64_t> StateCheckpointManager::last_step() const {
 RestoreResult StateCheckpointManager::restore(StateDict& state) const {
   auto rec = latest();
   if (!rec) {
+    // A fresh run's restore-or-start: the state it will save is known now.
+    prepare_after_restore(state, "finding no checkpoint");
     throw Error(ErrorCode::kNotFound,
                 fmt::format("{}: no checkpoint to restore from", impl_->base->uri()));
   }
@@ -247,23 +249,24 @@ RestoreResult StateCheckpointManager::restore(StateDict& state,
   if (state.metadata.contains("step") && state.metadata["step"].is_number_unsigned()) {
     out.step = state.metadata["step"].get<uint64_t>();
   }
-  if (impl_->options.prepare_async_on_restore) {
-    std::lock_guard<std::mutex> g(impl_->mu);
-    if (!impl_->saver) {
-      try {
-        impl_->prepare(state);
-        impl_->only_prepared = true;
-      } catch (const Error& e) {
-        // ignore-error: the restore succeeded; save_async() allocates as usual
-        log::warn(
-            fmt::format("{}: preparing the async saves' staging after restoring {} "
-                        "failed: {}",
-                        impl_->base->uri(), which.name, e.what()));
-        impl_->saver.reset();
-      }
-    }
-  }
+  prepare_after_restore(state, "restoring " + which.name);
   return out;
+}
+
+void StateCheckpointManager::prepare_after_restore(const StateDict& state,
+                                                   const std::string& after) const {
+  if (!impl_->options.prepare_async_on_restore) return;
+  std::lock_guard<std::mutex> g(impl_->mu);
+  if (impl_->saver) return;
+  try {
+    impl_->prepare(state);
+    impl_->only_prepared = true;
+  } catch (const Error& e) {
+    // ignore-error: what the restore does goes on; save_async() allocates as usual
+    log::warn(fmt::format("{}: preparing the async saves' staging after {} failed: {}",
+                          impl_->base->uri(), after, e.what()));
+    impl_->saver.reset();
+  }
 }
 
 MappedState StateCheckpointManager::open(const CheckpointRecord& which) const {

@@ -11,6 +11,7 @@
 #include "cairn/error.h"
 #include "cairn/state_manager.h"
 #include "storage/backends.h"
+#include "support/errors.h"
 #include "support/temp_dir.h"
 
 namespace cairn::testing {
@@ -355,6 +356,29 @@ TEST_F(StateManagerTest, RestorePreparesTheStagingOfTheFirstAsyncSaveOfAResumedR
   StateCheckpointManager plain(uri, off);
   StateDict target = state();
   EXPECT_EQ(plain.restore(target).step, 3u);
+  EXPECT_FALSE(plain.async_stats());
+}
+
+// A fresh run's restore-or-start: the restore finds no checkpoint (and
+// says so), and the state it was given readies the first save_async()'s
+// staging all the same.
+TEST_F(StateManagerTest, ARestoreThatFindsNoCheckpointStillPreparesTheFirstAsyncSave) {
+  StateCheckpointManager fresh(uri, opts());
+  StateDict target = state();
+  testing::expect_error_naming(ErrorCode::kNotFound, "no checkpoint",
+                               [&] { fresh.restore(target); });
+  fresh.wait();
+  auto prepared = fresh.async_stats();
+  ASSERT_TRUE(prepared);
+  EXPECT_EQ(prepared->staging_allocations, 1u);
+  ASSERT_TRUE(fresh.save_async(state(), 1));
+  fresh.wait();
+  EXPECT_EQ(fresh.async_stats()->staging_allocations, 1u);  // the prepared buffer
+  StateCheckpointOptions off = opts();
+  off.prepare_async_on_restore = false;
+  StateCheckpointManager plain(uri + "-off", off);
+  testing::expect_error_naming(ErrorCode::kNotFound, "no checkpoint",
+                               [&] { plain.restore(target); });
   EXPECT_FALSE(plain.async_stats());
 }
 
