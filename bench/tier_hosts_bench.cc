@@ -14,7 +14,9 @@
 //                    with init_<r> and load_<r>); then the run ends.
 //
 // With --tier-root the run keeps the memory tier there (each host's own
-// memory, mounted there by the script), persisting only at the end.
+// memory, mounted there by the script), persisting only at the end; with
+// --own-files too, MemoryTierConfig::ranks_read_own_files (each rank reads
+// only its own file, as it does here anyway).
 // Every process writes MARKS/pid-<MPI rank>; process 0 writes
 // MARKS/result.json (the Result's restores). Times are on the steady clock,
 // which every process on the machine shares.
@@ -81,6 +83,7 @@ void train_loop(const nlohmann::json& config) {
 
 int main(int argc, char** argv) {
   std::string phase, storage, marks, tier_root;
+  bool own_files = false;
   uint64_t state_mib = 1024;
   CLI::App app("Recovery of a job across two hosts, by the tier that serves the restore",
                "tier_hosts_bench");
@@ -89,6 +92,8 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--marks", marks, "a folder every process sees, for the marks")->required();
   app.add_option("--tier-root", tier_root, "use the memory tier there (default: none)");
+  app.add_flag("--own-files", own_files,
+               "MemoryTierConfig::ranks_read_own_files (each rank reads its own file only)");
   app.add_option("--state-mib", state_mib, "each rank's state")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -112,6 +117,7 @@ int main(int argc, char** argv) {
         run.checkpoint_config.memory_tier.root = tier_root;
         run.checkpoint_config.memory_tier.num_to_keep = 1;
         run.checkpoint_config.memory_tier.persist_every_n = 0;
+        run.checkpoint_config.memory_tier.ranks_read_own_files = own_files;
       }
       return cairn::Trainer(train_loop, config, cairn::ScalingConfig{.num_workers = 0}, run).fit();
     }();

@@ -12,6 +12,9 @@ mode:
   3. what the mode loses is dropped:
        memory      nothing: both hosts' memory holds the checkpoint
        peer        host 1's memory: its rank's file comes from host 0's replica
+                   (every file of the checkpoint is moved there)
+       peer_own    the same with MemoryTierConfig::ranks_read_own_files: only
+                   host 1's rank's file is moved there
        disk        no memory tier; the page cache evicted
        s3          no memory tier; the experiment on moto's S3 server (started here)
   4. the restore phase (a new mpirun, Trainer::restore), whose ranks note
@@ -104,8 +107,10 @@ def one_round(args, mode, storage, env_vars):
             "--state-mib",
             str(args.state_mib),
         ]
-        if mode in ("memory", "peer"):
+        if mode in ("memory", "peer", "peer_own"):
             bench += ["--tier-root", tiers]
+        if mode == "peer_own":
+            bench += ["--own-files"]
         mpirun = MPIRUN + [x for name in env_vars for x in ("-x", name)]
         command = mpirun + wrapper(memory, tiers) + bench
         env = dict(os.environ, **env_vars)
@@ -126,7 +131,7 @@ def one_round(args, mode, storage, env_vars):
                 if save.poll() is None:
                     os.killpg(save.pid, signal.SIGKILL)
                     save.wait()
-        if mode == "peer":
+        if mode in ("peer", "peer_own"):
             shutil.rmtree(os.path.join(memory, "bench-node1"))
         if mode in ("disk", "s3"):
             drop_caches()
@@ -145,7 +150,7 @@ def one_round(args, mode, storage, env_vars):
         staged = [
             line.split("replicas: ", 1)[1]
             for line in restore.stdout.splitlines()
-            if "completed on every host from the replicas: " in line
+            if "from the replicas: " in line
         ]
         ranks = range(2)
         first = max(float(read(os.path.join(marks, "first_step_{}".format(r)))) for r in ranks)
@@ -170,7 +175,7 @@ def main():
     ap.add_argument("--memory", default="/dev/shm", help="RAM for the hosts' memory")
     ap.add_argument("--state-mib", type=int, default=2048, help="state per rank")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--modes", default="memory,peer,disk,s3")
+    ap.add_argument("--modes", default="memory,peer,peer_own,disk,s3")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args()
     if os.geteuid() != 0:

@@ -192,7 +192,7 @@ PYBIND11_MODULE(_cairn, m) {
   py::class_<cairn::MemoryTierConfig>(m, "MemoryTierConfig")
       .def(py::init([](int num_to_keep, int persist_every_n, double persist_every_minutes,
                        uint64_t max_bytes, std::string on_insufficient_memory,
-                       std::optional<std::string> root, int replicas) {
+                       std::optional<std::string> root, int replicas, bool ranks_read_own_files) {
              cairn::MemoryTierConfig t;
              t.enabled = true;
              t.num_to_keep = num_to_keep;
@@ -202,6 +202,7 @@ PYBIND11_MODULE(_cairn, m) {
              t.on_insufficient_memory = std::move(on_insufficient_memory);
              t.root = root.value_or("");
              t.replicas = replicas;
+             t.ranks_read_own_files = ranks_read_own_files;
              cairn::CheckpointConfig c;
              c.memory_tier = t;
              c.validate();
@@ -210,13 +211,14 @@ PYBIND11_MODULE(_cairn, m) {
            py::kw_only(), py::arg("num_to_keep") = 2, py::arg("persist_every_n") = 10,
            py::arg("persist_every_minutes") = 0.0, py::arg("max_bytes") = 0,
            py::arg("on_insufficient_memory") = "error", py::arg("root") = py::none(),
-           py::arg("replicas") = 1)
+           py::arg("replicas") = 1, py::arg("ranks_read_own_files") = false)
       .def_readonly("num_to_keep", &cairn::MemoryTierConfig::num_to_keep)
       .def_readonly("persist_every_n", &cairn::MemoryTierConfig::persist_every_n)
       .def_readonly("persist_every_minutes", &cairn::MemoryTierConfig::persist_every_minutes)
       .def_readonly("max_bytes", &cairn::MemoryTierConfig::max_bytes)
       .def_readonly("on_insufficient_memory", &cairn::MemoryTierConfig::on_insufficient_memory)
       .def_readonly("replicas", &cairn::MemoryTierConfig::replicas)
+      .def_readonly("ranks_read_own_files", &cairn::MemoryTierConfig::ranks_read_own_files)
       .def_property_readonly("root", [](const cairn::MemoryTierConfig& t) {
         return t.root.empty() ? std::optional<std::string>() : std::optional<std::string>(t.root);
       });

@@ -115,6 +115,12 @@ struct MemoryTierConfig {
   // in a ring of the hosts; >= 0. With fewer other hosts, every other host
   // does. A checkpoint survives the loss of up to this many hosts at once.
   int replicas = 1;
+  // Across hosts: a restored job moves to each host only the files its
+  // ranks wrote (the manifest keeps each file's ranks), not the whole
+  // checkpoint, so a rank may read only the files its own rank passed to
+  // report() (other ranks' files may be absent from its folder). false: every
+  // host is made to hold every file, and any rank may read any rank's files.
+  bool ranks_read_own_files = false;
 
   bool operator==(const MemoryTierConfig&) const = default;
 };

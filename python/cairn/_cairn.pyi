@@ -50,6 +50,7 @@ class MemoryTierConfig:
         on_insufficient_memory: str = "error",
         root: Optional[str] = None,
         replicas: int = 1,
+        ranks_read_own_files: bool = False,
     ) -> None: ...
     @property
     def num_to_keep(self) -> int: ...
@@ -65,6 +66,8 @@ class MemoryTierConfig:
     def root(self) -> Optional[str]: ...
     @property
     def replicas(self) -> int: ...
+    @property
+    def ranks_read_own_files(self) -> bool: ...
 
 class CheckpointConfig:
     def __init__(

@@ -96,6 +96,10 @@ def test_bad_memory_tier_settings_raise_naming_the_field() -> None:
         cairn.MemoryTierConfig(replicas=-1)
     assert cairn.MemoryTierConfig().replicas == 1
     assert cairn.MemoryTierConfig(replicas=2).replicas == 2
+    assert cairn.MemoryTierConfig().ranks_read_own_files is False
+    assert cairn.MemoryTierConfig(ranks_read_own_files=True).ranks_read_own_files is True
+    with pytest.raises(TypeError, match="ranks_read_own_files"):
+        cairn.MemoryTierConfig(ranks_read_own_files="yes")  # type: ignore[arg-type]
 
 
 def _fit_with_one_restart(

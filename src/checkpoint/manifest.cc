@@ -139,6 +139,35 @@ std::optional<std::string> self_check_fails(std::string_view text, const nlohman
   return std::nullopt;
 }
 
+// "ranks"."files" (optional): {"<rank>": [paths]}, each rank a contributed
+// one, each path a file of the manifest.
+void check_rank_files(const nlohmann::json& ranks, const std::set<std::string>& paths,
+                      std::string_view source) {
+  if (!ranks.contains("files")) return;
+  const nlohmann::json* files = &ranks["files"];
+  if (!files->is_object()) corrupt(source, "manifest \"ranks\".\"files\" is not an object");
+  const nlohmann::json& contributed = ranks.at("contributed");
+  for (const auto& [rank, list] : files->items()) {
+    const bool known = std::any_of(contributed.begin(), contributed.end(),
+                                   [&](const nlohmann::json& r) { return r.dump() == rank; });
+    if (!known) {
+      corrupt(source, fmt::format("manifest \"ranks\".\"files\" names rank \"{}\", which "
+                                  "contributed nothing",
+                                  rank));
+    }
+    if (!list.is_array()) {
+      corrupt(source,
+              fmt::format("manifest \"ranks\".\"files\": rank {}'s are not an array", rank));
+    }
+    for (const nlohmann::json& p : list) {
+      if (!p.is_string() || !paths.count(p.get<std::string>())) {
+        corrupt(source, fmt::format("manifest \"ranks\".\"files\": rank {}'s file {} is not a "
+                                    "file of the manifest",
+                                    rank, p.dump()));
+      }
+    }
+  }
+}
 }  // namespace
 
 std::optional<std::string> Manifest::torn(std::string_view text) {
@@ -255,6 +284,7 @@ Manifest Manifest::parse(std::string_view text, std::string_view source) {
   }
   std::sort(m.files.begin(), m.files.end(),
             [](const auto& a, const auto& b) { return a.path < b.path; });
+  if (!m.ranks.is_null()) check_rank_files(m.ranks, seen, source);
   return m;
 }
 

@@ -118,7 +118,8 @@ nlohmann::json CheckpointConfig::to_json() const {
                         {"persist_every_minutes", memory_tier.persist_every_minutes},
                         {"max_bytes", memory_tier.max_bytes},
                         {"on_insufficient_memory", memory_tier.on_insufficient_memory},
-                        {"replicas", memory_tier.replicas}};
+                        {"replicas", memory_tier.replicas},
+                        {"ranks_read_own_files", memory_tier.ranks_read_own_files}};
   }
   return j;
 }
@@ -146,6 +147,7 @@ CheckpointConfig CheckpointConfig::from_json(const nlohmann::json& j) {
     m.max_bytes = t.value("max_bytes", m.max_bytes);
     m.on_insufficient_memory = t.value("on_insufficient_memory", m.on_insufficient_memory);
     m.replicas = t.value("replicas", m.replicas);
+    m.ranks_read_own_files = t.value("ranks_read_own_files", m.ranks_read_own_files);
   }
   return c;
 }

@@ -233,7 +233,24 @@ Held held_from_json(const nlohmann::json& j) {
   return held;
 }
 
-RestorePlan plan_restore(const std::vector<Held>& by_host, const std::optional<std::string>& only) {
+std::optional<std::vector<std::set<std::string>>> files_by_host(const Manifest& m,
+                                                                const HostLayout& layout) {
+  if (!m.ranks.is_object() || !m.ranks.contains("files")) return std::nullopt;
+  if (m.ranks.value("world_size", 0) != static_cast<int>(layout.host_of.size())) {
+    return std::nullopt;
+  }
+  std::vector<std::set<std::string>> out(layout.count());
+  for (const auto& [rank, paths] : m.ranks.at("files").items()) {
+    const size_t r = std::stoul(rank);  // Manifest::parse checked it is a rank of the group
+    for (const auto& p : paths) {
+      out.at(static_cast<size_t>(layout.host_of.at(r))).insert(p.get<std::string>());
+    }
+  }
+  return out;
+}
+
+RestorePlan plan_restore(const std::vector<Held>& by_host, const std::optional<std::string>& only,
+                         const HostLayout* own_files) {
   // Every checkpoint some host holds, newest first.
   std::map<uint64_t, std::string, std::greater<>> names;
   for (const Held& h : by_host) {
@@ -283,8 +300,13 @@ RestorePlan plan_restore(const std::vector<Held>& by_host, const std::optional<s
     }
     plan.newest = name;
     plan.control = control;
+    std::optional<std::vector<std::set<std::string>>> needs;
+    if (own_files && static_cast<int>(own_files->count()) == hosts) {
+      needs = files_by_host(*manifest, *own_files);
+    }
     for (int h = 0; h < hosts; ++h) {
       for (const auto& f : manifest->files) {
+        if (needs && !(*needs)[static_cast<size_t>(h)].count(f.path)) continue;
         const int from = *holder(f, h);
         if (from == h) continue;
         plan.moves.push_back({name, f, from, h});

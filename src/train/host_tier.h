@@ -90,8 +90,19 @@ struct RestorePlan {
 };
 // `only`: plan for that checkpoint alone and remove nothing (a restart
 // within a launch, whose hosts all hold the tier as the driver wrote it).
+// `own_files` (MemoryTierConfig::ranks_read_own_files; the launch's hosts,
+// in the order of `by_host`): each host is completed with only the files
+// its ranks wrote (files_by_host), not the whole checkpoint.
 RestorePlan plan_restore(const std::vector<Held>& by_host,
-                         const std::optional<std::string>& only = std::nullopt);
+                         const std::optional<std::string>& only = std::nullopt,
+                         const HostLayout* own_files = nullptr);
+
+// The paths of `m` that the ranks of each host of `layout` passed to
+// report(), from the manifest's "ranks"."files"; nullopt when it has no such
+// map or its group had another size than the launch (every host then
+// needs every file).
+std::optional<std::vector<std::set<std::string>>> files_by_host(const Manifest& m,
+                                                                const HostLayout& layout);
 
 // The part of an operation this process carries out as the leader of host
 // `host` of `layout` (the launch's MPI rank of each host's leader takes part

@@ -48,7 +48,8 @@ PeerTier::PeerTier(std::vector<Agent>& agents, const std::vector<std::string>& h
       layout_(layout_hosts(hosts)),
       folder_(memory_tier_folder(experiment_uri, config.root)),
       root_(memory_tier_checkpoints(folder_)),
-      replicas_(std::min(config.replicas, static_cast<int>(layout_.count()) - 1)) {
+      replicas_(std::min(config.replicas, static_cast<int>(layout_.count()) - 1)),
+      own_files_(config.ranks_read_own_files) {
   log::info(fmt::format(
       "{}: the memory tier spans {} hosts ({}); each host's checkpoint files are replicated "
       "to the memory of the next {} host(s)",
@@ -119,9 +120,10 @@ void PeerTier::stage(const RestorePlan& plan) {
     uint64_t bytes = 0;
     for (const Move& m : plan.moves) bytes += m.file.size;
     log::info(
-        fmt::format("memory tier: {} completed on every host from the replicas: {} "
+        fmt::format("memory tier: {} completed on every host{} from the replicas: {} "
                     "file(s), {:.1f} MiB moved in {:.2f} s",
-                    *plan.newest, plan.moves.size(), static_cast<double>(bytes) / (1 << 20),
+                    *plan.newest, own_files_ ? " (with its ranks' files)" : "", plan.moves.size(),
+                    static_cast<double>(bytes) / (1 << 20),
                     std::chrono::duration<double>(Clock::now() - start).count()));
   }
 }
@@ -136,7 +138,7 @@ std::vector<std::string> PeerTier::rank_tiers(const RestorePlan& plan, int world
 
 void PeerTier::prepare_launch() {
   const std::vector<Held> held = inventory();
-  const RestorePlan plan = plan_restore(held);
+  const RestorePlan plan = plan_restore(held, std::nullopt, own_files_ ? &layout_ : nullptr);
   for (const auto& name : plan.remove) {
     const bool committed = std::any_of(held.begin(), held.end(), [&](const Held& h) {
       auto it = h.find(name);
@@ -177,7 +179,7 @@ std::vector<std::string> PeerTier::restoring(const CheckpointRecord& from, int w
     out.resize(std::min(out.size(), static_cast<size_t>(world)));
     return out;
   }
-  const RestorePlan plan = plan_restore(inventory(), name);
+  const RestorePlan plan = plan_restore(inventory(), name, own_files_ ? &layout_ : nullptr);
   if (!plan.newest) {
     throw Error(ErrorCode::kUnavailable,
                 fmt::format("{}: the hosts no longer hold all of its files in the memory tier",
@@ -253,15 +255,19 @@ void PeerTier::dispatch(uint64_t index) {
     log::warn(fmt::format("{}: not persisting {}: {}", manager_->uri(), source->uri(), e.what()));
     return;
   }
-  // Each file is persisted by the first host that wrote it (after a
-  // restore, every host holds the newest whole: this one then does it all).
+  // Each file is persisted by the first host that wrote it: as replicated
+  // by this driver, else (a checkpoint an earlier job saved) as the
+  // manifest's ranks say; with neither, by this host, which a restore made
+  // hold every file.
   std::vector<nlohmann::json> assigned(layout_.count(), nlohmann::json::array());
   const auto own = own_.find(index);
+  const std::optional<std::vector<std::set<std::string>>> wrote =
+      own != own_.end() ? std::optional(own->second) : files_by_host(manifest, layout_);
   for (const ManifestEntry& f : manifest.files) {
     size_t host = 0;
-    if (own != own_.end()) {
-      for (size_t h = 0; h < own->second.size(); ++h) {
-        if (own->second[h].count(f.path)) {
+    if (wrote) {
+      for (size_t h = 0; h < wrote->size(); ++h) {
+        if ((*wrote)[h].count(f.path)) {
           host = h;
           break;
         }

@@ -95,6 +95,7 @@ class PeerTier final : public TierHosts {
   std::filesystem::path root_;    // its checkpoints
   std::string owner_;             // this host's owner.json, for the other hosts' copies
   int replicas_ = 1;              // MemoryTierConfig::replicas, at most the other hosts
+  bool own_files_ = false;        // MemoryTierConfig::ranks_read_own_files
   CheckpointManager* manager_ = nullptr;
   std::map<uint64_t, std::vector<std::set<std::string>>> own_;  // index -> by host: files it wrote
   std::optional<uint64_t> due_;

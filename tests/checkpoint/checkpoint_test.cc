@@ -508,6 +508,26 @@ TEST(Manifest, TheRanksOfADistributedCommitRoundTripAndAreAbsentOtherwise) {
   }
 }
 
+// "ranks"."files": which rank passed which file (the memory tier's
+// ranks_read_own_files); each rank one that contributed, each path a file.
+TEST(Manifest, TheFilesOfEachRankRoundTripAndMustNameContributedRanksAndListedFiles) {
+  Manifest m;
+  m.files = {{"a", 1, 7}, {"b", 1, 8}};
+  m.ranks = {
+      {"world_size", 4}, {"contributed", {0, 2}}, {"files", {{"0", {"a"}}, {"2", {"a", "b"}}}}};
+  EXPECT_EQ(Manifest::parse(m.to_json(), "M").ranks, m.ranks);
+  for (const char* bad :
+       {R"([])", R"({"1":["a"]})", R"({"0":"a"})", R"({"0":["c"]})", R"({"0":[1]})"}) {
+    nlohmann::json j = nlohmann::json::parse(m.to_json());
+    j.erase("self_check");
+    j["ranks"]["files"] = nlohmann::json::parse(bad);
+    const std::string text = j.dump();
+    const std::string message =
+        error_message_of([&] { Manifest::parse(text, "M"); }, ErrorCode::kCorruption);
+    EXPECT_NE(message.find("\"files\""), std::string::npos) << bad << ": " << message;
+  }
+}
+
 TEST(Manifest, BlockChecksumsRoundTripAndOlderEntriesHaveNone) {
   Manifest m;
   m.files = {{"a", 3 * 4096 + 1, 7, 4096, {1, 2, 3, 0xfedcba9876543210ull}}, {"b", 5, 9}};

@@ -70,6 +70,23 @@ TEST(ReportRound, CommitSaysWhichRanksUploaded) {
   EXPECT_EQ(commit.uploaders, (std::vector<int>{1, 2}));
 }
 
+// The manifest keeps which rank passed which file (a file two ranks passed
+// alike is under both), so a restore can give a host only its ranks' files.
+TEST(ReportRound, CommitSaysWhichRankPassedWhichFileForTheManifest) {
+  ReportRound r(3, 10.0);
+  r.on_report(0, 1, {}, true, 0.0);
+  r.on_report(1, 1, {}, false, 0.0);
+  ASSERT_EQ(r.on_report(2, 1, {}, true, 0.0).type, Action::kBeginUpload);
+  r.on_uploaded(2, 1, {entry("c", 1, 2), entry("shared", 1, 9)}, kNoMeta, 0.1);
+  Action commit = r.on_uploaded(0, 1, {entry("a", 1, 3), entry("shared", 1, 9)}, kNoMeta, 0.1);
+  ASSERT_EQ(commit.type, Action::kCommit);
+  EXPECT_EQ(commit.files.size(), 3u);
+  EXPECT_EQ(manifest_ranks(commit, 3),
+            nlohmann::json({{"world_size", 3},
+                            {"contributed", {0, 2}},
+                            {"files", {{"0", {"a", "shared"}}, {"2", {"c", "shared"}}}}}));
+}
+
 // Ranks that saw different preemption notices are saving different steps
 // (one its emergency checkpoint, another a step earlier): their files
 // together would be a checkpoint of no step of the run.

@@ -20,12 +20,15 @@ TEST(HostLayout, HostsAreOrderedByTheirLowestRankAndLedByIt) {
   EXPECT_EQ(l.prev(0), 2);
 }
 
-// The manifest text of a checkpoint holding `files` (name -> bytes).
-std::string manifest_of(const std::map<std::string, std::string>& files) {
+// The manifest text of a checkpoint holding `files` (name -> bytes), with
+// `ranks` (the manifest's "ranks") when given.
+std::string manifest_of(const std::map<std::string, std::string>& files,
+                        const nlohmann::json& ranks = nullptr) {
   static int made = 0;
   auto storage = open_storage("memory://host-tier-test/" + std::to_string(++made));
   CheckpointWriter w{Checkpoint(storage)};
   for (const auto& [name, bytes] : files) w.write_file(name, bytes);
+  if (!ranks.is_null()) w.set_ranks(ranks);
   w.commit(nlohmann::json::object(), 0);
   return storage->get(kManifestKey);
 }
@@ -104,6 +107,53 @@ TEST(PlanRestore, OnlyPlansForTheNamedCheckpointAndRemovesNothing) {
   EXPECT_TRUE(plan.remove.empty());
   ASSERT_EQ(plan.moves.size(), 1u);
   EXPECT_EQ(plan.filled, (std::set<int>{1}));
+}
+
+// ranks_read_own_files: 4 ranks, two to a host; host 1 (ranks 2 and 3) lost
+// its memory, host 0 holds everything (its own files and host 1's replica).
+// Host 1 receives only its ranks' files and the file every rank wrote; host
+// 0 receives nothing although it lacks nothing anyway; a third host of
+// another layout would be completed whole (no map for its size).
+TEST(PlanRestore, WithOwnFilesEachHostReceivesOnlyWhatItsRanksWrote) {
+  const nlohmann::json ranks = {{"world_size", 4},
+                                {"contributed", {0, 1, 2, 3}},
+                                {"files",
+                                 {{"0", {"common", "s0"}},
+                                  {"1", {"common", "s1"}},
+                                  {"2", {"common", "s2"}},
+                                  {"3", {"common", "s3"}}}}};
+  const std::string m =
+      manifest_of({{"common", "c"}, {"s0", "00"}, {"s1", "11"}, {"s2", "22"}, {"s3", "33"}}, ranks);
+  std::vector<Held> by_host(2);
+  by_host[0]["checkpoint_000002"] =
+      held(m, {{"common", 1}, {"s0", 2}, {"s1", 2}, {"s2", 2}, {"s3", 2}});
+  const HostLayout layout = layout_hosts({"a", "a", "b", "b"});
+  const RestorePlan own = plan_restore(by_host, std::nullopt, &layout);
+  ASSERT_TRUE(own.newest);
+  std::set<std::pair<int, std::string>> moved;
+  for (const Move& mv : own.moves) moved.insert({mv.to, mv.file.path});
+  EXPECT_EQ(moved, (std::set<std::pair<int, std::string>>{{1, "common"}, {1, "s2"}, {1, "s3"}}));
+  EXPECT_EQ(own.filled, (std::set<int>{1}));
+  // Without the option host 1 receives every file.
+  EXPECT_EQ(plan_restore(by_host).moves.size(), 5u);
+  // A launch of another size than the group that saved: every file.
+  const HostLayout other = layout_hosts({"a", "b"});
+  EXPECT_EQ(plan_restore(by_host, std::nullopt, &other).moves.size(), 5u);
+  const Manifest parsed = Manifest::parse(m, "test");
+  EXPECT_FALSE(files_by_host(parsed, other));
+  const auto wrote = files_by_host(parsed, layout);
+  ASSERT_TRUE(wrote);
+  EXPECT_EQ((*wrote)[0], (std::set<std::string>{"common", "s0", "s1"}));
+}
+
+// A manifest without the map (saved before it was kept): every file.
+TEST(PlanRestore, WithOwnFilesAManifestWithoutTheMapCompletesEveryHost) {
+  const std::string m =
+      manifest_of({{"s0", "00"}, {"s1", "11"}}, {{"world_size", 2}, {"contributed", {0, 1}}});
+  std::vector<Held> by_host(2);
+  by_host[0]["checkpoint_000001"] = held(m, {{"s0", 2}, {"s1", 2}});
+  const HostLayout layout = layout_hosts({"a", "b"});
+  EXPECT_EQ(plan_restore(by_host, std::nullopt, &layout).moves.size(), 2u);
 }
 
 TEST(HeldJson, RoundTrips) {

@@ -23,7 +23,9 @@
 // max_failures=1), hosts_tier_crash (at epoch 5 of its first run, rank 1's
 // worker waits (up to 60 s) until checkpoint 3's persistent copy is
 // committed, writes OUT/crashed and waits for the test to SIGKILL the job;
-// hosts_tier_crash_r2 the same with MemoryTierConfig::replicas = 2),
+// hosts_tier_crash_r2 the same with MemoryTierConfig::replicas = 2,
+// hosts_tier_crash_own with ranks_read_own_files and epoch.txt written by
+// every rank),
 // hosts_tier_restore
 // (Trainer::restore of the experiment, then fit), hosts_tier_soak (epochs
 // of 5 ms with shards of 1 MiB, every 2nd checkpoint persisted, restoring
@@ -132,7 +134,9 @@ void train_fn(const nlohmann::json& config) {
     cairn::train::TemporaryDirectory tmp;
     write_file_atomically(fs::path(tmp.path()) / fmt::format("shard-{}.bin", rank),
                           shard(rank, epoch, config.value("shard_bytes", size_t{0})));
-    if (rank == 0) write_file_atomically(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    if (rank == 0 || config.value("every_rank_writes_epoch", false)) {
+      write_file_atomically(fs::path(tmp.path()) / "epoch.txt", std::to_string(epoch));
+    }
     cairn::train::report({{"epoch", epoch}, {"loss", 1.0 / (epoch + 1)}},
                          cairn::Checkpoint::from_directory(tmp.path()),
                          {.async = scenario == "async", .max_in_flight = 2});
@@ -258,6 +262,11 @@ int main(int argc, char** argv) {
     run.checkpoint_config.memory_tier.root = (out / "tiers").string();
     if (hosts_tier) run.checkpoint_config.memory_tier.persist_every_n = 2;
     if (scenario == "hosts_tier_crash_r2") run.checkpoint_config.memory_tier.replicas = 2;
+    if (scenario == "hosts_tier_crash_own") {
+      // Each rank reads only its own files (epoch.txt is every rank's).
+      run.checkpoint_config.memory_tier.ranks_read_own_files = true;
+      config["every_rank_writes_epoch"] = true;
+    }
     if (scenario == "hosts_tier_small") {
       run.checkpoint_config.memory_tier.on_insufficient_memory = "persistent_only";
     }

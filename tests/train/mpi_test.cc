@@ -661,6 +661,36 @@ TEST_F(MpiLauncher, OnThreeHostsALostHostsFilesComeFromTheNextHostInTheRing) {
       << log;
 }
 
+// With MemoryTierConfig::ranks_read_own_files, the manifest maps each file
+// to the ranks that wrote it, and a lost host receives only its rank's files
+// (its shard and epoch.txt, which every rank wrote) from the next host's
+// replica; the other hosts receive nothing, where without the option every
+// host is completed (the test above).
+TEST_F(MpiLauncher, RanksThatReadOwnFilesMoveOnlyTheLostHostsFilesOnRestore) {
+  if (auto why = root_only(); !why.empty()) GTEST_SKIP() << why;
+  crash_at_epoch_5(results(), out_, {"CAIRN_MPI_ADDRESS=127.0.0.1"}, 3, 1, "hosts_tier_crash_own");
+  const Manifest persisted =
+      Checkpoint::from_directory((fs::path(experiment()) / "checkpoint_000003").string())
+          .manifest();
+  EXPECT_EQ(persisted.ranks["files"], nlohmann::json({{"0", {"epoch.txt", "shard-0.bin"}},
+                                                      {"1", {"epoch.txt", "shard-1.bin"}},
+                                                      {"2", {"epoch.txt", "shard-2.bin"}}}))
+      << persisted.ranks.dump();
+  fs::remove_all(out_ / "hosts" / "cairn-node1");
+  const auto [r, log] = expect_restored_job(results(), out_, experiment(), "checkpoint_000004",
+                                            "memory", 4, /*np=*/3);
+  ASSERT_TRUE(r.is_object()) << log;
+  EXPECT_EQ(r["restores"][0]["rank_tiers"], nlohmann::json({"memory", "peer", "memory"}));
+  for (const std::string file : {"shard-1.bin", "epoch.txt"}) {
+    EXPECT_TRUE(has(log, file + " of checkpoint_000004 goes to host cairn-node1 from host "
+                                "cairn-node2's replica"))
+        << log;
+  }
+  EXPECT_FALSE(has(log, "goes to host cairn-node0")) << log;
+  EXPECT_FALSE(has(log, "goes to host cairn-node2")) << log;
+  EXPECT_TRUE(has(log, "(with its ranks' files) from the replicas: 2 file(s)")) << log;
+}
+
 // With two replicas on three hosts, each host's files are in the memory of
 // both others: two hosts lost at once, the third serves every rank.
 TEST_F(MpiLauncher, WithTwoReplicasTwoHostsLostAtOnceRestoreFromTheThirdsMemory) {

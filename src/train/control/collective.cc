@@ -88,6 +88,14 @@ std::vector<ManifestEntry> merge_rank_files(
   return out;  // std::map keeps them sorted by path
 }
 
+nlohmann::json manifest_ranks(const ReportRound::Action& commit, int world_size) {
+  nlohmann::json ranks = {{"world_size", world_size}, {"contributed", commit.uploaders}};
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [rank, paths] : commit.paths_by_rank) files[std::to_string(rank)] = paths;
+  ranks["files"] = std::move(files);
+  return ranks;
+}
+
 ReportRound::ReportRound(int world_size, double timeout_s, std::string score_attribute)
     : world_size_(world_size),
       timeout_s_(timeout_s),
@@ -221,6 +229,8 @@ ReportRound::Action ReportRound::maybe_advance(double now) {
       if (r.state == State::kUploaded) {
         a.uploaders.push_back(i);
         by_rank[i] = r.files;
+        std::vector<std::string>& paths = a.paths_by_rank[i];
+        for (const ManifestEntry& f : r.files) paths.push_back(f.path);
         if (r.metadata.is_object() && !r.metadata.empty()) a.metadata[i] = r.metadata;
       }
     }

@@ -69,9 +69,12 @@ class ReportRound {
     enum Type { kNone, kAck, kBeginUpload, kCommit, kFinished, kFailed };
     Type type = kNone;
     int round = 0;
-    nlohmann::json metrics;                  // rank 0's, for kAck and kCommit
-    std::vector<int> uploaders;              // kBeginUpload; kCommit: who uploaded
-    std::vector<ManifestEntry> files;        // kCommit, merged
+    nlohmann::json metrics;            // rank 0's, for kAck and kCommit
+    std::vector<int> uploaders;        // kBeginUpload; kCommit: who uploaded
+    std::vector<ManifestEntry> files;  // kCommit, merged
+    // kCommit: the paths each uploader passed (a path two ranks passed alike
+    // is under both), for the manifest's "ranks" (which rank wrote what).
+    std::map<int, std::vector<std::string>> paths_by_rank;
     std::map<int, nlohmann::json> metadata;  // kCommit: per-rank checkpoint metadata
     Failure failure;                         // kFailed
   };
@@ -151,6 +154,11 @@ class ReportRound {
   std::optional<Failure> failure_;
   std::vector<std::string> concurrent_;  // failed exits seen after failure_
 };
+
+// The manifest's "ranks" of a kCommit round of `world_size` ranks:
+// {"world_size", "contributed": [uploaders], "files": {"<rank>": [paths]}}
+// (docs/format.md).
+nlohmann::json manifest_ranks(const ReportRound::Action& commit, int world_size);
 
 // Whether the group should restart after `failure`, given the restarts used
 // so far (`failures` counts this one) and the configured budget (-1: none).

@@ -572,7 +572,7 @@ class Driver {
             reserved->set_metadata(merged);
           }
           // A checkpoint attached to the previous row carries that row's metrics.
-          const nlohmann::json ranks = {{"world_size", world_}, {"contributed", a.uploaders}};
+          const nlohmann::json ranks = manifest_ranks(a, world_);
           if (spec_.tier_hosts) spec_.tier_hosts->replicate(*reserved, a.files);
           CheckpointRecord rec = manager_->commit_reserved(
               *reserved, checkpoint_metrics(attach ? last_metrics_ : a.metrics, attach), a.files,
