@@ -1,7 +1,8 @@
 """The memory tier from Python: CheckpointConfig(memory_tier=MemoryTierConfig(...)).
 
 The behaviour is the C++ manager's (tests/manager/memory_tier_test.cc); these
-tests prove the binding passes the settings through and reports the tiers.
+tests prove the binding passes the settings through and reports the tiers,
+and that a Tuner's trials in memory outlive a killed driver.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from typing import Any
 
 import cairn
 import pytest
-from cairn import train
+from cairn import train, tune
 from cairn.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+
+sys.path.insert(0, os.path.dirname(__file__))
+import driver_process
 
 
 def _config(root: pathlib.Path, **tier: Any) -> cairn.CheckpointConfig:
@@ -197,3 +201,42 @@ def test_a_bit_flip_in_memory_is_found_on_restart_and_the_next_copy_is_taken(
     steps = [row["step"] for row in result.metrics_history]
     assert steps == [0, 1, 2] + list(range(resumed_at, 4))
     assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3}
+
+
+@pytest.mark.parametrize("resume_unfinished", [True, False])
+def test_trials_in_the_memory_tier_outlive_a_killed_driver_and_end_persisted(
+    tmp_path: pathlib.Path, resume_unfinished: bool
+) -> None:
+    # The trials' checkpoints are in memory only (persisted when a trial's
+    # run ends) when the driver is killed: the restore resumes each trial
+    # from its memory, or ends it where it stood, and either way its newest
+    # checkpoint is persisted and its memory freed.
+    import tune_driver
+
+    hold = tmp_path / "hold"
+    hold.touch()
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    exp = tmp_path / "exp"
+    held = (
+        f"cairn-tier-*/*/checkpoints/checkpoint_{tune_driver.HOLD_AT - 1:06d}/.cairn/manifest.json"
+    )
+    with driver_process.started(tune_driver.__file__, str(tmp_path), str(shm)) as driver:
+        driver_process.wait_for_matches(driver, shm, held, 3)
+        driver.kill()
+    hold.unlink()
+    assert not list(exp.glob("trial_*/checkpoint_0*")), "only memory held the checkpoints"
+
+    grid = tune.Tuner.restore(exp, tune_driver.trainable, resume_unfinished=resume_unfinished).fit()
+    assert grid.num_errors == 0, grid.errors
+    last = tune_driver.STEPS - 1 if resume_unfinished else tune_driver.HOLD_AT - 1
+    for r in grid:
+        assert r.status == "TERMINATED", r.trial_id
+        assert r.checkpoint is not None
+        assert r.checkpoint.to_dict() == {"step": last}, r.trial_id
+        assert r.checkpoint.path.startswith(str(exp)), r.checkpoint.path
+        assert [row["step"] for row in r.metrics_history] == list(range(last + 1))
+        if resume_unfinished:
+            # Resumed from the checkpoint only memory held.
+            assert r.metrics_history[-1]["start"] == tune_driver.HOLD_AT, r.trial_id
+    assert not list(shm.glob("cairn-tier-*/*")), "a trial's memory was left"

@@ -460,6 +460,7 @@ void Experiment::reply(Trial& t, const nlohmann::json& message) {
 std::vector<std::string> Experiment::retire(Trial& t, const std::vector<std::string>& doomed,
                                             const std::vector<std::string>& kept, bool may_defer) {
   t.kept = kept;
+  t.text.clear();  // an ended trial's saved JSON names what it kept
   if (!kept.empty()) t.info.latest_checkpoint = kept.back();
   dirty_ = true;
   const auto& refs = saved_refs_[t.info.trial_id];

@@ -407,6 +407,7 @@ bool Experiment::holds_memory_tier(const Trial& t) const {
 
 void Experiment::refresh_checkpoints(Trial& t) {
   ExperimentListing listing = read_trial(t.info.trial_id);
+  t.text.clear();  // an ended trial's saved JSON names what it kept
   t.kept.clear();
   for (const auto& r : listing.checkpoints) t.kept.push_back(r.name);
   if (!t.kept.empty()) t.info.latest_checkpoint = t.kept.back();

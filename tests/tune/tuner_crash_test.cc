@@ -71,6 +71,15 @@ void slow_counter(const nlohmann::json& config) {
   }
 }
 
+// Trials save into memory tiers under `root` (created), every
+// `persist_every_n`-th checkpoint persisted (0: only when a runner ends).
+void in_memory_tier(RunConfig& r, const fs::path& root, int persist_every_n) {
+  r.checkpoint_config.memory_tier.enabled = true;
+  r.checkpoint_config.memory_tier.root = root.string();
+  r.checkpoint_config.memory_tier.persist_every_n = persist_every_n;
+  fs::create_directories(root);
+}
+
 // With `tier_root`, trials save into a memory tier there, every 3rd
 // checkpoint persisted: most kills leave a trial's newest in memory only.
 RunConfig run_config(const fs::path& storage, const fs::path& tier_root = {}) {
@@ -78,12 +87,7 @@ RunConfig run_config(const fs::path& storage, const fs::path& tier_root = {}) {
   r.name = "crashy";
   r.storage_path = storage.string();
   r.checkpoint_config.num_to_keep = 1;
-  if (!tier_root.empty()) {
-    r.checkpoint_config.memory_tier.enabled = true;
-    r.checkpoint_config.memory_tier.root = tier_root.string();
-    r.checkpoint_config.memory_tier.persist_every_n = 3;
-    fs::create_directories(tier_root);
-  }
+  if (!tier_root.empty()) in_memory_tier(r, tier_root, 3);
   r.failure_config.max_failures = 3;
   return r;
 }
@@ -375,10 +379,7 @@ TEST(TunerPbt, ClonesAreCopiedFromTheSourcesMemoryTier) {
   run.name = "pbt";
   run.storage_path = dir.str();
   run.checkpoint_config.num_to_keep = 1;
-  run.checkpoint_config.memory_tier.enabled = true;
-  run.checkpoint_config.memory_tier.root = (dir / "shm").string();
-  run.checkpoint_config.memory_tier.persist_every_n = 0;
-  fs::create_directories(dir / "shm");
+  in_memory_tier(run, dir / "shm", 0);
   TuneConfig tc = pbt_config(nullptr);
   tc.max_concurrent_trials = 4;
   ResultGrid grid =
@@ -507,12 +508,7 @@ void kill_around_clones_and_restore(bool in_memory) {
     run.name = "pbt";
     run.storage_path = dir.str();
     run.checkpoint_config.num_to_keep = 1;
-    if (in_memory) {
-      run.checkpoint_config.memory_tier.enabled = true;
-      run.checkpoint_config.memory_tier.root = (dir / "shm").string();
-      run.checkpoint_config.memory_tier.persist_every_n = 0;
-      fs::create_directories(dir / "shm");
-    }
+    if (in_memory) in_memory_tier(run, dir / "shm", 0);
     std::fflush(nullptr);
     const pid_t pid = ::fork();
     if (pid == 0) {
