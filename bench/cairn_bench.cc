@@ -248,6 +248,30 @@ double median(std::vector<double> v) {
 
 // ---- the first async save, its staging reserved in the background ----
 //
+// After a restore() that began readying `mgr`'s staging: waits for that
+// background work to hold `bytes` (bounded by it: it ends or fails), then
+// times the first save_async() of `sd` as `step`. Returns {the wait, the
+// save's stall}.
+std::pair<double, double> first_save_after_preparation(cairn::StateCheckpointManager& mgr,
+                                                       const cairn::StateDict& sd, uint64_t bytes,
+                                                       uint64_t step) {
+  const double begin = cb::now_seconds();
+  for (;;) {
+    const auto stats = mgr.async_stats();
+    if (!stats) throw std::runtime_error("restore() prepared no staging");
+    if (stats->staging_bytes >= bytes) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const double waited = cb::now_seconds() - begin;
+  cb::sync_all();
+  const double t0 = cb::now_seconds();
+  auto h = mgr.save_async(sd, step);
+  const double stall = cb::now_seconds() - t0;
+  if (!h) throw std::runtime_error("save_async skipped the first save");
+  h->wait();
+  return {waited, stall};
+}
+
 // StateCheckpointManager::reserve() readies the staging on the saver's
 // thread while the caller goes on: here a sleep standing for a training
 // loop's first steps, twice as long as a foreground reserve() took
@@ -318,20 +342,9 @@ void bench_reserve_in_background(const cb::Options& opts, const cairn::StateDict
     cairn::StateCheckpointManager mgr(dir.string(), o);
     cairn::StateDict target = sd;
     mgr.restore(target);
-    const double restored = cb::now_seconds();
-    for (;;) {  // bounded by the preparation, which ends or fails
-      const auto stats = mgr.async_stats();
-      if (!stats) throw std::runtime_error("restore() prepared no staging");
-      if (stats->staging_bytes >= bytes) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    prepare.runs_s.push_back(cb::now_seconds() - restored);
-    cb::sync_all();
-    const double t0 = cb::now_seconds();
-    auto h = mgr.save_async(sd, 1);
-    resumed.runs_s.push_back(cb::now_seconds() - t0);
-    if (!h) throw std::runtime_error("save_async skipped the first save");
-    h->wait();
+    const auto [waited, stall] = first_save_after_preparation(mgr, sd, bytes, 1);
+    prepare.runs_s.push_back(waited);
+    resumed.runs_s.push_back(stall);
   }
   std::filesystem::remove_all(dir);
   results.push_back(prepare);
@@ -359,18 +372,7 @@ void bench_reserve_in_background(const cb::Options& opts, const cairn::StateDict
     } catch (const cairn::Error& e) {
       if (e.code() != cairn::ErrorCode::kNotFound) throw;
     }
-    for (;;) {  // bounded by the preparation, which ends or fails
-      const auto stats = mgr.async_stats();
-      if (!stats) throw std::runtime_error("restore() prepared no staging");
-      if (stats->staging_bytes >= bytes) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    cb::sync_all();
-    const double t0 = cb::now_seconds();
-    auto h = mgr.save_async(sd, 0);
-    fresh.runs_s.push_back(cb::now_seconds() - t0);
-    if (!h) throw std::runtime_error("save_async skipped the first save");
-    h->wait();
+    fresh.runs_s.push_back(first_save_after_preparation(mgr, sd, bytes, 0).second);
   }
   std::filesystem::remove_all(dir);
   results.push_back(fresh);

@@ -147,7 +147,9 @@ void check_rank_files(const nlohmann::json& ranks, const std::set<std::string>& 
   const nlohmann::json* files = &ranks["files"];
   if (!files->is_object()) corrupt(source, "manifest \"ranks\".\"files\" is not an object");
   const nlohmann::json& contributed = ranks.at("contributed");
-  for (const auto& [rank, list] : files->items()) {
+  for (const auto& item : files->items()) {
+    const std::string rank = item.key();
+    const nlohmann::json& list = item.value();
     const bool known = std::any_of(contributed.begin(), contributed.end(),
                                    [&](const nlohmann::json& r) { return r.dump() == rank; });
     if (!known) {

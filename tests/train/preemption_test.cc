@@ -207,7 +207,13 @@ TEST(Preemption, WithAsyncReportsTheNoticeChangesOnlyAtAReportAndEveryRankSavesT
     EXPECT_EQ(nlohmann::json::parse(testing::read_text(file)).at("step"), 5) << file;
   }
   const Manifest m = r.checkpoint->manifest();
-  EXPECT_EQ(m.ranks, (nlohmann::json{{"world_size", 4}, {"contributed", {0, 1, 2, 3}}}));
+  EXPECT_EQ(m.ranks, (nlohmann::json{{"world_size", 4},
+                                     {"contributed", {0, 1, 2, 3}},
+                                     {"files",
+                                      {{"0", {"rank-0.json"}},
+                                       {"1", {"rank-1.json"}},
+                                       {"2", {"rank-2.json"}},
+                                       {"3", {"rank-3.json"}}}}}));
   EXPECT_EQ(expect_all_verify(r.path), 1u);
   expect_no_children();
 }

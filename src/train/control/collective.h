@@ -157,7 +157,7 @@ class ReportRound {
 
 // The manifest's "ranks" of a kCommit round of `world_size` ranks:
 // {"world_size", "contributed": [uploaders], "files": {"<rank>": [paths]}}
-// (docs/format.md).
+// (docs/train.md; Manifest::parse checks it).
 nlohmann::json manifest_ranks(const ReportRound::Action& commit, int world_size);
 
 // Whether the group should restart after `failure`, given the restarts used
