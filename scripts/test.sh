@@ -122,8 +122,9 @@ if [ "$sanitize" -eq 1 ]; then
   exit 0
 fi
 
-phase "architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes)"
-if python3 scripts/check_layers.py --self-test && python3 scripts/check_layers.py; then
+phase "architecture (scripts/check_layers.py: layers, settings, experiment names, file sizes; scripts/check_docs.py: the files the docs name)"
+if python3 scripts/check_layers.py --self-test && python3 scripts/check_layers.py &&
+  python3 scripts/check_docs.py --self-test && python3 scripts/check_docs.py; then
   passed=$((passed + 1))
 else
   echo "test: architecture check failed"
