@@ -9,6 +9,7 @@
 #include "checkpoint/copy.h"
 #include "checkpoint/local_view.h"
 #include "checkpoint/manifest_text.h"
+#include "checkpoint/metadata.h"
 #include "util/fork_safe.h"
 #include "util/fs.h"
 #include "util/hash.h"
@@ -124,7 +125,7 @@ namespace {
 
 // The metadata object stored at `key`, or nullopt when there is none.
 // Unparseable text or a value other than an object is kCorruption naming it.
-std::optional<nlohmann::json> read_metadata_object(Storage& storage, std::string_view key) {
+std::optional<StoredMetadata> read_metadata_object(Storage& storage, std::string_view key) {
   std::optional<std::string> text;
   try {
     text = storage.get(key);
@@ -137,7 +138,7 @@ std::optional<nlohmann::json> read_metadata_object(Storage& storage, std::string
   if (!j.is_object()) {
     throw Error(ErrorCode::kCorruption, fmt::format("{}: metadata is not a JSON object", where));
   }
-  return j;
+  return StoredMetadata{std::move(*text), std::move(j)};
 }
 
 // Replaces the metadata with `next`. On a store that tears writes, the text
@@ -145,34 +146,39 @@ std::optional<nlohmann::json> read_metadata_object(Storage& storage, std::string
 // leaves it readable; a torn copy of it is never kept over a whole one.
 void replace_metadata(Storage& storage, const nlohmann::json& next) {
   if (storage.capabilities().torn_writes) {
-    std::optional<nlohmann::json> current;
+    std::optional<StoredMetadata> current;
     try {
       current = read_metadata_object(storage, kMetadataKey);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kCorruption) throw;  // torn: the kept copy stays
     }
-    if (current) storage.put(kMetadataPreviousKey, current->dump(2));
+    if (current) storage.put(kMetadataPreviousKey, current->text);
   }
   storage.put(kMetadataKey, next.dump(2));
 }
 
 }  // namespace
 
-nlohmann::json Checkpoint::get_metadata() const {
+std::optional<StoredMetadata> read_checkpoint_metadata(Storage& storage) {
   try {
-    return read_metadata_object(*storage_, kMetadataKey).value_or(nlohmann::json::object());
+    return read_metadata_object(storage, kMetadataKey);
   } catch (const Error& e) {
     // A replace torn by a killed writer: the metadata it was replacing.
-    if (e.code() != ErrorCode::kCorruption || !storage_->capabilities().torn_writes) throw;
-    std::optional<nlohmann::json> previous;
+    if (e.code() != ErrorCode::kCorruption || !storage.capabilities().torn_writes) throw;
+    std::optional<StoredMetadata> previous;
     try {
-      previous = read_metadata_object(*storage_, kMetadataPreviousKey);
+      previous = read_metadata_object(storage, kMetadataPreviousKey);
     } catch (const Error&) {
       // ignore-error: neither is readable; the rethrown error names the metadata
     }
     if (!previous) throw;
-    return *previous;
+    return previous;
   }
+}
+
+nlohmann::json Checkpoint::get_metadata() const {
+  std::optional<StoredMetadata> m = read_checkpoint_metadata(*storage_);
+  return m ? std::move(m->value) : nlohmann::json::object();
 }
 
 void Checkpoint::set_metadata(const nlohmann::json& metadata) const {

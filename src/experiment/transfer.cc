@@ -42,6 +42,7 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "checkpoint/manifest_text.h"
+#include "checkpoint/metadata.h"
 #include "experiment/file_pass.h"
 #include "experiment/layout.h"
 #include "manager/history_store.h"
@@ -130,17 +131,17 @@ std::optional<std::string> get_if_exists(Storage& storage, std::string_view key)
 
 // Metadata may change after a commit (update_metadata), so a re-run brings
 // it up to date; it is never removed at the destination. What is copied is
-// what get_metadata() reads.
+// what get_metadata() reads (on a store that tears writes, a torn replace
+// leaves the metadata it was replacing).
 void copy_metadata(Storage& src, Storage& dst) {
-  std::optional<std::string> metadata = get_if_exists(src, kMetadataKey);
-  if (!metadata) return;
-  if (src.capabilities().torn_writes &&
-      !nlohmann::json::parse(*metadata, nullptr, /*allow_exceptions=*/false).is_object()) {
-    // A replace torn by a kill, on a store that tears writes: the metadata
-    // it was replacing is the checkpoint's (Checkpoint::get_metadata).
-    metadata = get_if_exists(src, kMetadataPreviousKey);
-    if (!metadata) return;
+  std::optional<std::string> metadata;
+  if (src.capabilities().torn_writes) {
+    std::optional<StoredMetadata> m = read_checkpoint_metadata(src);
+    if (m) metadata = std::move(m->text);
+  } else {
+    metadata = get_if_exists(src, kMetadataKey);
   }
+  if (!metadata) return;
   if (get_if_exists(dst, kMetadataKey) == metadata) return;
   dst.put(kMetadataKey, *metadata);
 }
