@@ -208,15 +208,17 @@ struct CheckpointManager::MemoryTier {
   // retention deletes it: the outer manager's ManagerOptions::before_delete
   // hears of it (with every checkpoint either tier keeps) as of any
   // deletion, and what it defers stays too. Under outer.mu_ (the tier's
-  // saves run under it, and its opening while the outer manager is built).
+  // saves run under it, and its opening while the outer manager is built)
+  // and under the tier manager's own lock, so it reads outer.records_ and
+  // the tier's `tier_kept` rather than merged_records().
   std::vector<std::string> with_outer_hook(const std::vector<std::string>& doomed,
                                            const std::vector<std::string>& tier_kept,
                                            std::vector<std::string> busy) {
     if (!outer.options_.before_delete) return busy;
     auto persisted = [&](uint64_t index) {
-      return std::binary_search(
-          outer.records_.begin(), outer.records_.end(), index,
-          [](const auto& a, const auto& b) { return index_of(a) < index_of(b); });
+      auto it = std::lower_bound(outer.records_.begin(), outer.records_.end(), index,
+                                 [](const CheckpointRecord& r, uint64_t i) { return r.index < i; });
+      return it != outer.records_.end() && it->index == index;
     };
     std::vector<std::string> lost;
     for (const auto& name : doomed) {
@@ -238,9 +240,6 @@ struct CheckpointManager::MemoryTier {
     for (auto& name : outer.options_.before_delete(lost, kept)) busy.push_back(std::move(name));
     return busy;
   }
-
-  static uint64_t index_of(uint64_t index) { return index; }
-  static uint64_t index_of(const CheckpointRecord& r) { return r.index; }
 
   void stop() {
     {
