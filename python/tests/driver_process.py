@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 WAIT_S = 180.0
 
@@ -35,36 +35,39 @@ def started(program: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
         driver.stderr.close()
 
 
-def wait_for(driver: subprocess.Popen[bytes], *paths: pathlib.Path) -> None:
-    """Returns once every path exists; fails if the driver ends first or WAIT_S pass."""
+def _wait_until(
+    driver: subprocess.Popen[bytes], done: Callable[[], bool], missing: Callable[[], str]
+) -> None:
+    """Returns once ``done()``; fails, saying ``missing()``, if the driver ends
+    first or WAIT_S pass."""
     deadline = time.monotonic() + WAIT_S
-    while not all(p.exists() for p in paths):
+    while not done():
         if driver.poll() is not None:
             assert driver.stderr is not None
             raise AssertionError(
-                f"the driver ended (status {driver.returncode}) before "
-                f"{[str(p) for p in paths if not p.exists()]} existed: "
+                f"the driver ended (status {driver.returncode}) before {missing()} existed: "
                 f"{driver.stderr.read().decode(errors='replace')}"
             )
         if time.monotonic() > deadline:
-            raise AssertionError(
-                f"{[str(p) for p in paths if not p.exists()]} did not appear within {WAIT_S} s"
-            )
+            raise AssertionError(f"{missing()} did not appear within {WAIT_S} s")
         time.sleep(0.05)
+
+
+def wait_for(driver: subprocess.Popen[bytes], *paths: pathlib.Path) -> None:
+    """Returns once every path exists; fails if the driver ends first or WAIT_S pass."""
+    _wait_until(
+        driver,
+        lambda: all(p.exists() for p in paths),
+        lambda: str([str(p) for p in paths if not p.exists()]),
+    )
 
 
 def wait_for_matches(
     driver: subprocess.Popen[bytes], folder: pathlib.Path, pattern: str, count: int
 ) -> None:
     """Returns once ``folder.glob(pattern)`` finds ``count`` paths; fails as wait_for."""
-    deadline = time.monotonic() + WAIT_S
-    while len(list(folder.glob(pattern))) < count:
-        if driver.poll() is not None:
-            assert driver.stderr is not None
-            raise AssertionError(
-                f"the driver ended (status {driver.returncode}) before {count} of "
-                f"{folder / pattern} existed: {driver.stderr.read().decode(errors='replace')}"
-            )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} of {folder / pattern} did not appear within {WAIT_S} s")
-        time.sleep(0.05)
+    _wait_until(
+        driver,
+        lambda: len(list(folder.glob(pattern))) >= count,
+        lambda: f"{count} of {folder / pattern}",
+    )
