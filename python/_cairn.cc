@@ -8,16 +8,21 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "binding.h"
 #include "cairn/checkpoint.h"
+#include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
 #include "cairn/version.h"
@@ -333,9 +338,95 @@ PYBIND11_MODULE(_cairn, m) {
              py::gil_scoped_release release;
              manager.release_memory_tier();
            })
+      // A checkpoint other processes write into (cairn.torch.dcp): reserved,
+      // then committed from its files' entries (path, size, XXH3-64) or
+      // abandoned.
+      .def("reserve_next",
+           [](PyManager& m) {
+             cairn::CheckpointManager& manager = m.get();
+             py::gil_scoped_release release;
+             return manager.reserve_next();
+           })
+      .def(
+          "commit_reserved",
+          [](PyManager& m, const cairn::Checkpoint& reserved, py::handle metrics,
+             const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& entries,
+             py::handle metadata) {
+            const json jm = to_json(metrics);
+            std::optional<json> jd;
+            if (!metadata.is_none()) jd = to_json(metadata);
+            std::vector<cairn::ManifestEntry> files;
+            for (const auto& [path, size, xxh3] : entries) files.push_back({path, size, xxh3});
+            cairn::CheckpointManager& manager = m.get();
+            py::gil_scoped_release release;
+            return manager.commit_reserved(reserved, jm, files, nullptr, jd ? &*jd : nullptr);
+          },
+          py::arg("reserved"), py::arg("metrics"), py::arg("entries"), py::arg("metadata"))
+      .def(
+          "abandon_reserved",
+          [](PyManager& m, const cairn::Checkpoint& reserved) {
+            cairn::CheckpointManager& manager = m.get();
+            py::gil_scoped_release release;
+            manager.abandon_reserved(reserved);
+          },
+          py::arg("reserved"))
       .def_property_readonly("uri", [](PyManager& m) { return m.get().uri(); })
       .def_property_readonly("closed", &PyManager::closed)
       .def("close", &PyManager::close);
+  // The files of a save several processes write into one checkpoint
+  // (cairn.torch.dcp): each streamed in pieces, its entry (path, size,
+  // XXH3-64) sent to the one process that commits them all.
+  py::class_<cairn::CheckpointFileWriter>(m, "CheckpointFileWriter")
+      .def(py::init([](const cairn::Checkpoint& dest, const std::string& path) {
+             py::gil_scoped_release release;
+             return std::make_unique<cairn::CheckpointFileWriter>(dest, path);
+           }),
+           py::arg("dest"), py::arg("path"))
+      .def(
+          "append",
+          [](cairn::CheckpointFileWriter& f, py::handle data) {
+            Py_buffer view;  // PyBUF_SIMPLE: C-contiguous bytes, else a TypeError
+            if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_SIMPLE) != 0) {
+              throw py::error_already_set();
+            }
+            struct Held {
+              Py_buffer* view;
+              ~Held() { PyBuffer_Release(view); }
+            } held{&view};
+            const std::span<const std::byte> bytes(static_cast<const std::byte*>(view.buf),
+                                                   static_cast<size_t>(view.len));
+            py::gil_scoped_release release;
+            f.append(bytes);
+          },
+          py::arg("data"))
+      .def_property_readonly("size", &cairn::CheckpointFileWriter::size)
+      .def("commit", [](cairn::CheckpointFileWriter& f) {
+        cairn::ManifestEntry e;
+        {
+          py::gil_scoped_release release;
+          e = f.commit();
+        }
+        return py::make_tuple(e.path, e.size, e.xxh3);
+      });
+  m.def(
+      "commit_files",
+      [](const cairn::Checkpoint& dest,
+         const std::vector<std::tuple<std::string, uint64_t, uint64_t>>& entries,
+         py::handle metrics, py::handle metadata) {
+        const json jm = metrics.is_none() ? json() : to_json(metrics);
+        std::optional<json> jd;
+        if (!metadata.is_none()) jd = to_json(metadata);
+        std::vector<cairn::ManifestEntry> files;
+        for (const auto& [path, size, xxh3] : entries) files.push_back({path, size, xxh3});
+        py::gil_scoped_release release;
+        cairn::CheckpointWriter w(dest);
+        w.add_written(files);
+        const double now =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        return w.commit(jm, now, jd ? &*jd : nullptr).to_json();
+      },
+      py::arg("dest"), py::arg("entries"), py::arg("metrics"), py::arg("metadata"));
   cairn::python::bind_state(m);
   cairn::python::bind_train(m);
   cairn::python::bind_tune(m);

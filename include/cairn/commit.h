@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +76,34 @@ class CheckpointWriter {
   nlohmann::json layout_;
   nlohmann::json ranks_;
   bool committed_ = false;
+};
+
+// Streams one file into an uncommitted checkpoint piece by piece, so that a
+// writer whose bytes are never all in memory at once (a rank of a
+// torch.distributed.checkpoint save) gets the file's size and XXH3-64 as it
+// goes, for the committer's CheckpointWriter::add_written.
+//
+// Thread-safety: one thread at a time per object; objects for different
+// files may be used concurrently, from several processes.
+class CheckpointFileWriter {
+ public:
+  // Opens `path` (a safe relative key: kInvalidArgument otherwise) in
+  // `dest`, which must not be committed (kAlreadyExists).
+  CheckpointFileWriter(const Checkpoint& dest, std::string_view path);
+  // Abandons the file unless commit() returned: nothing of it is visible.
+  ~CheckpointFileWriter();
+  CheckpointFileWriter(const CheckpointFileWriter&) = delete;
+  CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
+
+  void append(std::span<const std::byte> data);
+  uint64_t size() const;
+  // Makes the file durable and visible, and returns its entry. Later calls
+  // are kFailedPrecondition.
+  ManifestEntry commit();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // Deletes a checkpoint so that it is never visible half-deleted: the manifest

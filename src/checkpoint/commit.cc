@@ -95,6 +95,51 @@ std::vector<ManifestEntry> CheckpointWriter::copy_from(const Checkpoint& source)
   return copied;
 }
 
+struct CheckpointFileWriter::State {
+  std::string path;
+  std::string uri;
+  std::unique_ptr<Writer> out;
+  Hasher hash;
+  uint64_t size = 0;
+  bool committed = false;
+};
+
+CheckpointFileWriter::CheckpointFileWriter(const Checkpoint& dest, std::string_view path)
+    : state_(std::make_unique<State>()) {
+  check_user_path(path);
+  if (dest.is_committed()) {
+    throw Error(
+        ErrorCode::kAlreadyExists,
+        fmt::format("{}: already a committed checkpoint; refusing to write into it", dest.uri()));
+  }
+  state_->path = std::string(path);
+  state_->uri = dest.storage().uri_of(path);
+  state_->out = dest.storage().open_writer(path);
+}
+
+// The storage writer's own destructor abandons an uncommitted write.
+CheckpointFileWriter::~CheckpointFileWriter() = default;
+
+void CheckpointFileWriter::append(std::span<const std::byte> data) {
+  if (state_->committed) {
+    throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: already committed", state_->uri));
+  }
+  state_->out->append(data);
+  state_->hash.update(data);
+  state_->size += data.size();
+}
+
+uint64_t CheckpointFileWriter::size() const { return state_->size; }
+
+ManifestEntry CheckpointFileWriter::commit() {
+  if (state_->committed) {
+    throw Error(ErrorCode::kFailedPrecondition, fmt::format("{}: already committed", state_->uri));
+  }
+  state_->out->commit();
+  state_->committed = true;
+  return ManifestEntry{state_->path, state_->size, state_->hash.digest()};
+}
+
 namespace {
 
 // Throws unless `entry` is on `storage` with its size: kNotFound or

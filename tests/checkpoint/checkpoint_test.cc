@@ -11,7 +11,9 @@
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <span>
 #include <sstream>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -677,6 +679,44 @@ TEST(CheckpointWriter, ManyWrittenFilesAreCheckedTogetherAndAFaultyOneIsNamed) {
         << msg;
     EXPECT_FALSE(cp.is_committed());
   }
+}
+
+// A file streamed in pieces by one process is committed by another from its
+// entry; one abandoned before its commit leaves nothing behind.
+TEST(CheckpointFileWriter, PiecesMakeOneCheckedFileAndAnAbandonedOneIsInvisible) {
+  clear_memory_bucket("pieces");
+  TempDir dir;
+  for (const std::string& uri : {dir.str(), std::string("memory://pieces/ck")}) {
+    auto cp = Checkpoint::from_directory(uri);
+    const std::string a(300000, 'a'), b = "tail";
+    ManifestEntry e;
+    {
+      CheckpointFileWriter f(cp, "r/__0_0.distcp");
+      f.append(std::as_bytes(std::span(a)));
+      f.append(std::as_bytes(std::span(b)));
+      EXPECT_EQ(f.size(), a.size() + b.size());
+      e = f.commit();
+      error_message_of([&] { f.commit(); }, ErrorCode::kFailedPrecondition);
+    }
+    EXPECT_EQ(e.path, "r/__0_0.distcp");
+    EXPECT_EQ(e.size, a.size() + b.size());
+    EXPECT_EQ(e.xxh3, xxh3_64(a + b));
+    {
+      CheckpointFileWriter abandoned(cp, "r/__1_0.distcp");
+      abandoned.append(std::as_bytes(std::span(b)));
+    }
+    EXPECT_FALSE(cp.storage().stat("r/__1_0.distcp").has_value()) << uri;
+    CheckpointWriter w(cp);
+    w.add_written(e);
+    w.commit({}, 1.0);
+    EXPECT_TRUE(cp.verify().empty()) << uri;
+    error_message_of([&] { CheckpointFileWriter late(cp, "x"); }, ErrorCode::kAlreadyExists);
+    TempDir fresh;
+    error_message_of(
+        [&] { CheckpointFileWriter bad(Checkpoint::from_directory(fresh.str()), "../x"); },
+        ErrorCode::kInvalidArgument);
+  }
+  clear_memory_bucket("pieces");
 }
 
 TEST(DeleteCheckpoint, TheManifestGoesFirstSoAnInterruptedDeleteIsNeverVisible) {
