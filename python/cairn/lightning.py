@@ -48,10 +48,10 @@ import uuid
 from typing import Any, Optional, Union
 
 import numpy as np
-import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+import torch
 from cairn._args import check_public as _check_public
 from cairn._cairn import CheckpointConfig
 from cairn._checkpoint import Checkpoint

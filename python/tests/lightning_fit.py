@@ -20,9 +20,10 @@ import warnings
 from typing import Any, Optional
 
 import lightning.pytorch as pl
-import torch
 from cairn.lightning import AsyncCairnCheckpointIO, CairnCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+import torch
 
 # The weights are big enough (about 4 MiB) for a save to take a while, so
 # that a kill lands inside one.
