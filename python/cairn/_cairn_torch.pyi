@@ -9,3 +9,18 @@ def describe(flat: dict[str, Any]) -> list[tuple[str, str, tuple[int, ...], int,
 def views(
     data: Any, described: list[tuple[str, str, tuple[int, ...], int, int]]
 ) -> dict[str, Any] | None: ...
+
+# Hugging Face's layout through the LibTorch adapter (present where the
+# adapter was built); used by cairn.torch.save_pretrained / load_pretrained.
+def save_pretrained(
+    uri: str,
+    flat: dict[str, Any],
+    max_shard_size: int,
+    weights_name: str,
+    metadata: dict[str, str],
+    files: dict[str, bytes],
+    user_metadata: str | None,
+) -> list[str]: ...
+def load_pretrained(
+    uri: str, flat: dict[str, Any], strict: bool, weights_name: str
+) -> tuple[list[str], list[str]]: ...
