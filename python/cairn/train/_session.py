@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from cairn import _cairn
 from cairn._checkpoint import Checkpoint
@@ -12,6 +12,15 @@ from cairn._checkpoint import Checkpoint
 # function runs.
 _metadata: dict[str, Any] = {}
 _resources: dict[str, float] = {"CPU": 1.0, "GPU": 0.0}
+
+# A framework trainer's say in which ranks' checkpoint files are uploaded
+# (set in a worker by its set-up, before the training function runs): given
+# the checkpoint passed to report(), it returns the one to upload (None: this
+# rank contributes no files) and what to run once the round has returned.
+CheckpointFilter = Callable[
+    [Checkpoint], "tuple[Optional[Checkpoint], Optional[Callable[[], None]]]"
+]
+_checkpoint_filter: Optional[CheckpointFilter] = None
 
 
 class TrainContext:
@@ -118,12 +127,19 @@ def report(
             is stopping because another rank failed.
         TypeError: metrics that are not JSON values.
     """
-    _cairn.train_report(
-        metrics,
-        None if checkpoint is None else checkpoint._impl,
-        bool(async_report),
-        int(max_in_flight),
-    )
+    after: Optional[Callable[[], None]] = None
+    if checkpoint is not None and _checkpoint_filter is not None:
+        checkpoint, after = _checkpoint_filter(checkpoint)
+    try:
+        _cairn.train_report(
+            metrics,
+            None if checkpoint is None else checkpoint._impl,
+            bool(async_report),
+            int(max_in_flight),
+        )
+    finally:
+        if after is not None:
+            after()
 
 
 def get_checkpoint() -> Optional[Checkpoint]:
