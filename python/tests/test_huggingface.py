@@ -175,6 +175,8 @@ def test_bad_folders_name_the_file_and_tensor(tmp_path: Path) -> None:
         ct.load_pretrained(plain, other)
     unchanged()
 
+    with pytest.raises(cairn.InvalidArgumentError, match="memory://"):
+        ct.save_pretrained(model, "memory://bucket/m")
     with pytest.raises(TypeError, match="model"):
         ct.save_pretrained(42, tmp_path / "x")
     with pytest.raises(cairn.InvalidArgumentError, match="max_shard_size"):

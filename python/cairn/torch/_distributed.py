@@ -260,8 +260,9 @@ def load_distributed(
     mesh, placements and world size: saved by 4 ranks, loaded by 2 or 1, or
     the reverse), a plain tensor whole (one process loading a model that is
     not sharded). Not collective: no process group is needed. Tensors are
-    filled in place (a non-contiguous local tensor through a contiguous
-    copy); the non-tensor values (``param_groups``' hyperparameters, ints,
+    filled in place (a non-contiguous local tensor, or a device tensor where
+    Cairn was built without CUDA, through a contiguous host copy); the
+    non-tensor values (``param_groups``' hyperparameters, ints,
     floats) are put into ``state_dict`` as saved. Then hand it to
     ``torch.distributed.checkpoint.state_dict.set_state_dict``.
 
@@ -314,7 +315,13 @@ def load_distributed(
                 continue
         else:
             shape, offsets, local = list(value.shape), [0] * value.dim(), value
-        into = local if local.is_contiguous() else torch.empty_like(local).contiguous()
+        host_only = local.device.type != "cpu" and not (local.device.type == "cuda" and _cairn.CUDA)
+        if host_only:  # this Cairn reads into host memory only: stage there
+            into = torch.empty(local.shape, dtype=local.dtype)
+        elif local.is_contiguous():
+            into = local
+        else:
+            into = torch.empty_like(local, memory_format=torch.contiguous_format)
         if into is not local:
             copies.append((local, into))
         request[name] = Shard(into, shape, offsets)

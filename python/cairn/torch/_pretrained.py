@@ -62,8 +62,15 @@ def _shard_bytes(max_shard_size: Union[int, str]) -> int:
     return size
 
 
-def _uri(where: Union[Checkpoint, PathLike]) -> str:
-    return where.uri if isinstance(where, Checkpoint) else _path(where)
+def _uri(where: Union[Checkpoint, PathLike], parameter: str) -> str:
+    uri = where.uri if isinstance(where, Checkpoint) else _path(where)
+    if uri.startswith("memory://"):
+        # The adapter runs in cairn._cairn_torch with storage clients of its
+        # own: its memory:// buckets are not those of the rest of cairn.
+        raise _invalid(
+            f"{parameter}: {uri}: memory:// is not supported here (use a folder or s3://)"
+        )
+    return uri
 
 
 def _state_of(model: Any, parameter: str) -> Mapping[str, Any]:
@@ -129,7 +136,7 @@ def save_pretrained(
         TypeError: ``model`` or ``config`` of a wrong kind (naming it).
         cairn.AlreadyExistsError: ``dest`` is already committed (nothing written).
         cairn.InvalidArgumentError: a bad ``max_shard_size`` or ``weights_name``,
-            a tensor safetensors cannot hold (naming it).
+            a tensor safetensors cannot hold (naming it), a ``memory://`` URI.
         cairn.Error: a write failed; nothing is committed then.
     """
     state = _state_of(model, "model")
@@ -149,7 +156,7 @@ def save_pretrained(
         files["generation_config.json"] = generation.to_json_string(use_diff=True).encode()
     user_metadata = None if metadata is None else json.dumps(dict(metadata))
     return _extension().save_pretrained(
-        _uri(dest),
+        _uri(dest, "dest"),
         flat,
         _shard_bytes(max_shard_size),
         weights_name,
@@ -204,9 +211,11 @@ def load_pretrained(
         groups.setdefault((t.data_ptr(), tuple(t.shape)), []).append(name)
     tied = [names for names in groups.values() if len(names) > 1]
     if not tied:
-        missing, unexpected = ext.load_pretrained(_uri(src), dict(state), strict, weights_name)
+        missing, unexpected = ext.load_pretrained(
+            _uri(src, "src"), dict(state), strict, weights_name
+        )
         return LoadResult(missing, unexpected)
-    missing, unexpected = ext.load_pretrained(_uri(src), dict(state), False, weights_name)
+    missing, unexpected = ext.load_pretrained(_uri(src, "src"), dict(state), False, weights_name)
     missing_set = set(missing)
     for names in tied:
         if any(n not in missing_set for n in names):
@@ -214,7 +223,7 @@ def load_pretrained(
     missing = [n for n in missing if n in missing_set]
     if strict and (missing or unexpected):
         raise _invalid(
-            f"loading weights from {_uri(src)}: "
+            f"loading weights from {_uri(src, 'src')}: "
             + "; ".join(
                 [f"{n} is missing from the files" for n in missing]
                 + [f"{n} is in the files but not in the model" for n in unexpected]
