@@ -66,6 +66,7 @@ _FORMAT = 1
 _OBJECTS = "cairn.lightning.objects"
 _FILE = "state.safetensors"
 _REMOVING = ".cairn-removing-"
+_NEW = ".cairn-new-"
 # The pickled objects are padded to a multiple of this, so that a state
 # whose objects grow by a few bytes keeps the async saver's staging size.
 _OBJECTS_ALIGN = 1 << 16
@@ -250,8 +251,14 @@ class CairnCheckpointIO(CheckpointIO):
         tensors, meta = _split(checkpoint)
         from cairn.torch import StateCheckpointManager
 
-        with StateCheckpointManager(_target(where), max_to_keep=1) as manager:
+        target = _target(where)
+        staging = _staging(target)
+        if staging is not None:
+            _sweep(os.path.dirname(target), keep=())
+        with StateCheckpointManager(staging or target, max_to_keep=1) as manager:
             manager.save(None, tensors, metadata=meta)
+        if staging is not None:
+            _publish(staging, target)
 
     def load_checkpoint(
         self,
@@ -348,7 +355,7 @@ class CairnCheckpointIO(CheckpointIO):
                 "delete them with the store's tools"
             )
         local = os.path.abspath(_local(where))
-        _sweep(os.path.dirname(local))
+        _sweep(os.path.dirname(local), keep=self._staging_in_use())
         if os.path.islink(local) or os.path.isfile(local):
             os.remove(local)
         elif os.path.isdir(local):
@@ -361,6 +368,10 @@ class CairnCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         """Nothing to release: each save opened and closed what it used."""
+
+    def _staging_in_use(self) -> tuple[str, ...]:
+        """Staging folders of saves still behind (none for synchronous saves)."""
+        return ()
 
 
 class AsyncCairnCheckpointIO(CairnCheckpointIO):
@@ -387,7 +398,7 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
             )
         self._max_in_flight = max_in_flight
         self._saver: Any = None
-        self._pending: dict[str, Any] = {}  # target -> SaveHandle
+        self._pending: dict[str, _Behind] = {}  # by target
         self._lock = threading.Lock()
 
     def save_checkpoint(
@@ -415,19 +426,22 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
             # which the saver releases at its next call after the save.
             previous = self._pending.pop(target, None)
             if previous is not None:
-                previous.wait()
+                previous.finish()
                 self._saver.wait_all()
             if self._saver is None:
                 from cairn.torch import AsyncSaver
 
                 self._saver = AsyncSaver(max_in_flight=self._max_in_flight)
-            parent, name = _parent_and_name(target)
+            staging = _staging(target)
+            if staging is not None:
+                _sweep(os.path.dirname(target), keep=self._staging_in_use())
+            parent, name = _parent_and_name(staging or target)
             manager = CheckpointManager(parent, name, CheckpointConfig(num_to_keep=1))
             try:
                 handle = self._saver.save(tensors, manager, metadata=meta)
             finally:
                 manager.close()  # the saver keeps it open until the save is done
-            self._pending[target] = handle
+            self._pending[target] = _Behind(handle, staging, target)
 
     def load_checkpoint(
         self,
@@ -443,9 +457,9 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
         """As :meth:`CairnCheckpointIO.remove_checkpoint`, after a save behind to ``path``."""
         target = _target(_where(path))
         with self._lock:
-            handle = self._pending.pop(target, None)
-            if handle is not None:
-                handle.wait()
+            behind = self._pending.pop(target, None)
+            if behind is not None:
+                behind.finish()
                 self._saver.wait_all()  # releases the experiment's lock
         super().remove_checkpoint(path)
 
@@ -454,8 +468,8 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
             saver = self._saver
-        for handle in pending:
-            handle.wait()
+        for behind in pending:
+            behind.finish()
         if saver is not None:
             saver.wait_all()
 
@@ -472,11 +486,14 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
     def _raise_finished(self, keep: str) -> None:
         """Raises the error of a finished save behind and forgets the finished
         ones, but for ``keep``'s (the caller holds the lock)."""
-        for target, handle in list(self._pending.items()):
-            if handle.done():
+        for target, behind in list(self._pending.items()):
+            if behind.done():
                 if target != keep:
                     del self._pending[target]
-                handle.wait()
+                behind.finish()
+
+    def _staging_in_use(self) -> tuple[str, ...]:
+        return tuple(b.staging for b in self._pending.values() if b.staging is not None)
 
 
 def _target(where: str) -> str:
@@ -522,15 +539,80 @@ def _latest(where: str) -> Checkpoint:
     return result.checkpoint
 
 
-def _sweep(folder: str) -> None:
-    """Deletes what removals killed midway left in ``folder`` (hidden, renamed)."""
+def _sweep(folder: str, keep: tuple[str, ...]) -> None:
+    """Deletes what saves and removals killed midway left in ``folder`` (hidden
+    folders with a staging or removal mark), but for the paths in ``keep``."""
     try:
         names = os.listdir(folder)
     except OSError:  # ignore-error: no folder, nothing left to sweep
         return
     for name in names:
-        if name.startswith(".") and _REMOVING in name:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        path = os.path.join(folder, name)
+        if name.startswith(".") and (_REMOVING in name or _NEW in name) and path not in keep:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _staging(target: str) -> Optional[str]:
+    """A hidden sibling to save a local checkpoint into when ``target`` does
+    not exist yet (it is renamed to ``target`` once committed), else None.
+
+    An existing name (a Cairn experiment) takes the save itself: its newest
+    checkpoint stays whole until the new one commits. A new name appears only
+    whole, by the rename. In a store (no rename) the new name's objects appear
+    as they are written; a load finds no committed checkpoint there until the
+    commit and says so.
+    """
+    if _is_remote(target) or os.path.lexists(target):
+        return None
+    parent, name = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    return os.path.join(parent, f".{name}{_NEW}{uuid.uuid4().hex}")
+
+
+def _publish(staging: str, target: str) -> None:
+    """Renames the committed ``staging`` folder to ``target`` and syncs the folder."""
+    os.rename(staging, target)
+    fd = os.open(os.path.dirname(target), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Behind:
+    """An asynchronous save still behind: its handle and, for a new local
+    name, the thread that renames its staging folder once it commits."""
+
+    def __init__(self, handle: Any, staging: Optional[str], target: str) -> None:
+        self.handle = handle
+        self.staging = staging
+        self.error: Optional[BaseException] = None
+        self.thread: Optional[threading.Thread] = None
+        if staging is not None:
+            self.thread = threading.Thread(
+                target=self._publish, args=(target,), name="cairn-lightning-publish", daemon=True
+            )
+            self.thread.start()
+
+    def _publish(self, target: str) -> None:
+        try:
+            self.handle.wait()
+            assert self.staging is not None
+            _publish(self.staging, target)
+        except BaseException as e:  # raised by finish(), on the caller's thread
+            self.error = e
+
+    def done(self) -> bool:
+        return self.handle.done() and (self.thread is None or not self.thread.is_alive())
+
+    def finish(self) -> None:
+        """Waits for the save (and the rename); raises its error."""
+        if self.thread is None:
+            self.handle.wait()
+            return
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 __all__ = ["CairnCheckpointIO", "AsyncCairnCheckpointIO"]

@@ -25,20 +25,24 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import torch
 
-# The weights are big enough (about 4 MiB) for a save to take a while, so
-# that a kill lands inside one.
+# The weights (1 MiB, 3 MiB with Adam's state) are big enough for a save to
+# take a while, so that a kill lands inside one.
 WIDTH = 512
 STEPS_PER_EPOCH = 4
 
 
 class TinyModule(pl.LightningModule):
-    """Two linear layers on fixed data; Adam; logs train_loss and val_loss."""
+    """Three linear layers on fixed data; Adam; logs train_loss and val_loss."""
 
     def __init__(self, width: int = WIDTH, lr: float = 1e-3) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 1)
+            torch.nn.Linear(16, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, width),
+            torch.nn.ReLU(),
+            torch.nn.Linear(width, 1),
         )
         g = torch.Generator().manual_seed(7)
         self.x = torch.randn(8 * STEPS_PER_EPOCH, 16, generator=g)
