@@ -250,7 +250,13 @@ class Writer(StorageWriter):
             items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
             items += [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
             for item in items:
-                data = planner.resolve_data(item)
+                try:
+                    data = planner.resolve_data(item)
+                except Exception as e:  # DCP pickles a non-tensor value here
+                    raise _invalid(
+                        f"rank {self._rank}: state entry {item.index.fqn!r} cannot be saved: "
+                        f"{type(e).__name__}: {e}"
+                    ) from e
                 offset = out.size
                 if item.type == WriteItemType.BYTE_IO:
                     out.append(data.getbuffer())
