@@ -270,9 +270,13 @@ def _describe(name: str, value: Any) -> tuple[Any, ...]:
             value.nbytes,
             value,
         )
+    if kind in ("tensorflow", "keras", "tf_keras"):
+        from cairn.tensorflow._tensors import describe
+
+        return describe(name, value)
     raise InvalidArgumentError(
         f"tensor {name!r}: a {type(value).__module__}.{type(value).__name__} is not a "
-        "torch.Tensor or numpy.ndarray",
+        "torch.Tensor, numpy.ndarray, tf.Tensor, tf.Variable or keras.Variable",
         "invalid_argument",
     )
 
@@ -287,8 +291,11 @@ def save(
     """Write ``state_dict`` as a safetensors file at ``path``.
 
     Args:
-        state_dict: names to ``torch.Tensor`` or ``numpy.ndarray`` values, in any
-            mix; nested dicts are flattened with dots (:func:`flatten_state_dict`).
+        state_dict: names to ``torch.Tensor``, ``numpy.ndarray``, ``tf.Tensor``,
+            ``tf.Variable`` or ``keras.Variable`` values, in any mix; nested dicts
+            are flattened with dots (:func:`flatten_state_dict`). TensorFlow
+            values are read through their host buffer (no copy; a variable's
+            current value; a GPU tensor is copied to host memory first).
             Every dtype both sides have is supported, ``bfloat16`` and float8
             included (torch). Tensors must be contiguous and dense. CUDA
             tensors are copied to host memory by the engine through pinned
@@ -366,12 +373,17 @@ def _describe_all(
                 kinds.add(type(keep).__module__.split(".")[0])
         if "torch" in kinds:
             fmt = "pt"
+        elif kinds & {"tensorflow", "keras", "tf_keras"}:
+            fmt = "tf"  # as Hugging Face marks TensorFlow weights
     kept.append(flat)
     return described, fmt, kept
 
 
 def load(
-    path: PathLike, device: Any = None, mmap: bool = True, framework: Literal["pt", "np"] = "pt"
+    path: PathLike,
+    device: Any = None,
+    mmap: bool = True,
+    framework: Literal["pt", "np", "tf"] = "pt",
 ) -> dict[str, Any]:
     """Read a safetensors file (any writer's) into a dict of tensors.
 
@@ -392,7 +404,11 @@ def load(
             into memory.
         framework: ``"pt"`` for ``torch.Tensor`` values, ``"np"`` for
             ``numpy.ndarray`` (numpy has no bfloat16 or float8: such a tensor
-            is an :class:`~cairn.InvalidArgumentError` naming it).
+            is an :class:`~cairn.InvalidArgumentError` naming it), ``"tf"``
+            for ``tf.Tensor`` values in host memory that view the loaded
+            data through DLPack (no copy; bfloat16 and float8 included;
+            ``device`` does not apply). To assign into existing variables use
+            :func:`cairn.tensorflow.load_variables`.
 
     Returns:
         The tensors by name, in the order of their data in the file (which
@@ -404,8 +420,10 @@ def load(
         cairn.CorruptionError: the file is not a valid safetensors file (naming
             it, the tensor and the byte offset).
     """
-    if framework not in ("pt", "np"):
-        raise InvalidArgumentError(f"framework {framework!r}: 'pt' or 'np'", "invalid_argument")
+    if framework not in ("pt", "np", "tf"):
+        raise InvalidArgumentError(
+            f"framework {framework!r}: 'pt', 'np' or 'tf'", "invalid_argument"
+        )
     if device is not None and framework == "pt" and _cairn.CUDA:
         import torch
 
@@ -416,6 +434,10 @@ def load(
     # description's tuples are made with it paused, in C++); making the
     # tensors pauses it here.
     described, data, _, _ = _cairn.load_tensors(_path(path), bool(mmap))
+    if framework == "tf":
+        from cairn.tensorflow._tensors import make_tensors
+
+        return make_tensors(path, described, data)
     with _gc_paused():
         return _make_tensors(path, described, data, device, framework)
 

@@ -1,0 +1,555 @@
+"""cairn.tensorflow.CheckpointManager: ``tf.train.CheckpointManager`` over Cairn commits.
+
+Save protocol (one ``save()``; the numbers are the crash points a test
+kills at):
+
+1. TensorFlow writes its TensorBundle files (``<name>-<n>.index``,
+   ``<name>-<n>.data-00000-of-00001``) into a fresh staging folder
+   (``<directory>/.cairn-tf-staging/`` for a local directory, a temporary
+   folder for a store). Nothing in the experiment changes.
+2. From TensorFlow's write callback (after its write finished, on its
+   background thread for an asynchronous save), the staging folder is
+   registered with ``cairn.CheckpointManager``: copied into the next
+   ``checkpoint_NNNNNN/``, committed manifest-last (every file's size and
+   XXH3-64), then retention runs. A crash before the manifest leaves a
+   leftover the next open removes; the previous checkpoint stays the latest.
+3. For a local directory, TensorFlow's ``checkpoint`` state file is
+   replaced atomically (write a temporary file, fsync, rename, fsync the
+   folder), naming only committed checkpoints by relative path. A crash
+   before the rename leaves it naming the previous committed checkpoint;
+   the next open rewrites it from Cairn's history.
+4. The staging folder is removed (a crash leaves it to the next open).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Optional, Union
+
+import cairn
+from cairn.errors import CorruptionError, FailedPreconditionError, NotFoundError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+STATE_FILE = "checkpoint"  # TensorFlow's CheckpointState file (tf.train.latest_checkpoint)
+STAGING = ".cairn-tf-staging"  # staging folder in a local directory
+_METADATA_KEY = "tensorflow"  # the checkpoint metadata this manager stores
+# RAM staging is used while /dev/shm has this much free, and twice the last save.
+_RAM_HEADROOM = 256 << 20
+_RAM = "/dev/shm"
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _checkpoint_name(index: int) -> str:
+    """Cairn's folder name for a checkpoint index (as src/manager/naming.cc)."""
+    digits = str(index)
+    if len(digits) <= 6:
+        return f"checkpoint_{index:06d}"
+    return f"checkpoint_{chr(ord('a') + len(digits) - 7)}{digits}"
+
+
+def _tree_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """``tf.train.CheckpointManager`` whose saves are crash-safe Cairn commits.
+
+    The constructor and methods are TensorFlow's (2.21): ``save()``,
+    ``latest_checkpoint``, ``checkpoints``, ``restore_or_initialize()``,
+    ``sync()``, ``directory``, ``checkpoint``, ``checkpoint_interval``, so
+    the code of ``tf.train.CheckpointManager`` runs with the name changed.
+    ``directory`` may be a local path or a store URI (``s3://bucket/run``).
+    Each save is one Cairn checkpoint ``directory/checkpoint_NNNNNN/``
+    holding TensorFlow's own files ``<checkpoint_name>-<n>.index`` and
+    ``.data-00000-of-00001``; prefixes returned and listed name the files
+    there. A save killed at any instant leaves the previous checkpoint the
+    latest; only committed checkpoints are ever named.
+
+    Cairn adds: retention by a metric (``save(metrics=...)`` with
+    ``score_attribute`` / ``score_order``: the ``max_to_keep`` best are kept,
+    the newest always); :meth:`restore`, which checks every file against the
+    manifest before TensorFlow reads it (and downloads a store's checkpoint);
+    the experiment lock (a second manager on the directory raises
+    ``cairn.LockedError``, until :meth:`close`); ``cairn ls/show/verify/gc/cp``
+    on the directory. For a local directory TensorFlow's ``checkpoint`` state
+    file is kept up to date atomically, so ``tf.train.latest_checkpoint`` and
+    ``tf.train.Checkpoint.restore`` work on it directly.
+
+    Thread safety: saves and restores belong to the thread that trains, as in
+    TensorFlow; the properties may be read from any thread.
+    """
+
+    def __init__(
+        self,
+        checkpoint: Any,
+        directory: PathLike,
+        max_to_keep: Optional[int],
+        keep_checkpoint_every_n_hours: Optional[float] = None,
+        checkpoint_name: str = "ckpt",
+        step_counter: Any = None,
+        checkpoint_interval: Optional[int] = None,
+        init_fn: Optional[Callable[[], Any]] = None,
+        last_checkpoint_step: Optional[int] = None,
+        *,
+        score_attribute: Optional[str] = None,
+        score_order: str = "max",
+        staging_dir: Optional[PathLike] = None,
+    ) -> None:
+        """Opens (or creates) the experiment at ``directory`` for ``checkpoint``.
+
+        Args are TensorFlow's, plus:
+            score_attribute: the metric (``"a/b"`` reaches
+                ``metrics["a"]["b"]``) by which the ``max_to_keep`` best are
+                kept; None keeps the most recent, as TensorFlow.
+            score_order: ``"max"`` or ``"min"``: which scores are better.
+            staging_dir: where TensorFlow writes before the commit. Default,
+                for a local directory: ``/dev/shm`` while it has room (twice
+                the last checkpoint and 256 MiB free), else
+                ``directory/.cairn-tf-staging``; for a store, a temporary
+                folder. RAM staging spares the save one disk write.
+
+        Raises:
+            ValueError: ``max_to_keep`` is 0 or negative, ``checkpoint_interval``
+                is given without ``step_counter``, ``score_order`` is neither
+                ``"max"`` nor ``"min"``, ``checkpoint_name`` is empty or has a
+                ``/`` (TensorFlow's messages where it has one).
+            TypeError: ``checkpoint`` is not a ``tf.train.Checkpoint``.
+            cairn.LockedError: another manager has the directory open.
+            cairn.PermissionDeniedError, cairn.Error: the directory cannot
+                be created or written (naming it).
+        """
+        if max_to_keep is not None and max_to_keep <= 0:
+            raise ValueError(
+                "Expected a positive integer or `None` for `max_to_keep`, got %d." % (max_to_keep,)
+            )
+        if checkpoint_interval is not None and step_counter is None:
+            raise ValueError(
+                "`step_counter` should be passed if `checkpoint_interval` is not None."
+            )
+        if score_order not in ("max", "min"):
+            raise ValueError(f"score_order {score_order!r}: 'max' or 'min'")
+        if not checkpoint_name or "/" in checkpoint_name:
+            raise ValueError(f"checkpoint_name {checkpoint_name!r}: a non-empty file name")
+        if not (hasattr(checkpoint, "write") and hasattr(checkpoint, "save_counter")):
+            raise TypeError(f"checkpoint: a tf.train.Checkpoint, not a {type(checkpoint).__name__}")
+        self._checkpoint = checkpoint
+        self._directory = os.fspath(directory)
+        self._local = not _is_uri(self._directory) or self._directory.startswith("file://")
+        self._path = self._directory.removeprefix("file://") if self._local else ""
+        self._checkpoint_name = checkpoint_name
+        self._init_fn = init_fn
+        self._checkpoint_interval = checkpoint_interval
+        self._step_counter = step_counter
+        self._last_checkpoint_step = last_checkpoint_step
+        self._lock = threading.Lock()
+        self._pending: Optional[Future[None]] = None
+        self._executor: Optional[ThreadPoolExecutor] = None
+        self._last_size = 0
+        self._restored_copies: list[str] = []
+        config = cairn.CheckpointConfig(
+            num_to_keep=max_to_keep,
+            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+            checkpoint_score_attribute=score_attribute,
+            checkpoint_score_order=score_order,
+        )
+        if self._local:
+            os.makedirs(self._path, exist_ok=True)
+        self._cairn = cairn.CheckpointManager(self._directory, "", config)
+        try:
+            # The lock is ours: what an interrupted save left is ours to remove.
+            self._ram_root: Optional[str] = None
+            if staging_dir is not None:
+                self._staging_root = os.path.join(
+                    os.fspath(staging_dir), f"cairn-tf-{uuid.uuid4().hex[:12]}"
+                )
+            elif self._local:
+                self._staging_root = os.path.join(self._path, STAGING)
+                shutil.rmtree(self._staging_root, ignore_errors=True)
+                if os.path.isdir(_RAM) and os.access(_RAM, os.W_OK):
+                    # Named for the directory, so the next open (holding the
+                    # lock) removes what a killed save left there.
+                    key = hashlib.sha256(os.path.abspath(self._path).encode()).hexdigest()[:16]
+                    self._ram_root = os.path.join(_RAM, f"cairn-tf-staging-{key}")
+                    shutil.rmtree(self._ram_root, ignore_errors=True)
+            else:
+                self._staging_root = tempfile.mkdtemp(prefix="cairn-tf-")
+            self._prefixes: dict[str, str] = {}  # Cairn checkpoint name -> TF prefix name
+            for record in self._cairn.history():
+                self._prefixes[record.name] = self._prefix_of(record)
+            latest = self._cairn.latest()
+            self._next_index = 0 if latest is None else latest.index + 1
+            if self._local:
+                for leftover in glob.glob(os.path.join(self._path, f".{STATE_FILE}.tmp-*")):
+                    os.unlink(leftover)
+                self._write_state_file()
+        except BaseException:
+            self._cairn.close()
+            raise
+
+    # --- TensorFlow's properties -------------------------------------------
+
+    @property
+    def directory(self) -> str:
+        """The directory (path or URI) as given."""
+        return self._directory
+
+    @property
+    def checkpoint(self) -> Any:
+        """The ``tf.train.Checkpoint`` saved and restored."""
+        return self._checkpoint
+
+    @property
+    def checkpoint_interval(self) -> Optional[int]:
+        return self._checkpoint_interval
+
+    @property
+    def latest_checkpoint(self) -> Optional[str]:
+        """The prefix of the newest committed checkpoint, or None.
+
+        As ``tf.train.latest_checkpoint(directory)`` for a local directory;
+        ``directory/checkpoint_NNNNNN/<checkpoint_name>-<n>``.
+        """
+        with self._lock:
+            records = self._published()
+            return self._full(records[-1].name) if records else None
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The prefixes of the kept checkpoints, oldest first.
+
+        As TensorFlow's, checkpoints kept by ``keep_checkpoint_every_n_hours``
+        (pinned) are left out; Cairn's ``history()`` lists them.
+        """
+        with self._lock:
+            return [self._full(r.name) for r in self._published() if not r.pinned]
+
+    @property
+    def cairn_manager(self) -> cairn.CheckpointManager:
+        """The Cairn experiment underneath (records, metrics, ``best()``)."""
+        return self._cairn
+
+    # --- saving ------------------------------------------------------------
+
+    def save(
+        self,
+        checkpoint_number: Any = None,
+        check_interval: bool = True,
+        options: Any = None,
+        *,
+        metrics: Optional[dict[str, Any]] = None,
+    ) -> Optional[str]:
+        """Writes the checkpoint and commits it; returns its prefix, or None if skipped.
+
+        As ``tf.train.CheckpointManager.save``: numbered by
+        ``checkpoint_number`` (an int, or an integer Variable or Tensor) or
+        else by ``checkpoint.save_counter``, which is incremented either way;
+        skipped (None) within ``checkpoint_interval`` steps of the last save.
+        ``metrics`` (JSON values) are recorded with the checkpoint, for
+        ``score_attribute`` and ``cairn ls``.
+
+        Synchronous: the checkpoint is committed (durable, verified by its
+        manifest, retention applied) when this returns. With
+        ``options=tf.train.CheckpointOptions(enable_async=True)`` this
+        returns once TensorFlow has written the staging copy (in RAM when the
+        staging folder is); the copy into the experiment, the commit and
+        retention run on a background thread, one save at a time (the next
+        save first waits for the previous commit). :meth:`sync` waits for it.
+        The prefix returned is then the one the checkpoint gets once
+        committed; ``latest_checkpoint`` names it only once it is.
+        (TensorFlow's own asynchronous writer is not used: in TensorFlow
+        2.21 with Keras 3 it fails from the second save on.)
+
+        Raises:
+            cairn.InvalidArgumentError: ``metrics`` not JSON, or a
+                ``score_attribute`` that is not a number.
+            cairn.Error, tf.errors.OpError: the write or the commit failed
+                (for an asynchronous save: raised by the next save or
+                :meth:`sync`); nothing committed earlier is lost and the
+                failed checkpoint is not visible.
+        """
+        import tensorflow as tf
+
+        self._check_open()
+        self.sync()  # the previous asynchronous commit, and its error
+        if self._checkpoint_interval is not None:
+            current_step = int(self._step_counter.numpy())
+            if self._last_checkpoint_step is not None:
+                if current_step == self._last_checkpoint_step:
+                    return None
+                if check_interval and current_step < (
+                    self._last_checkpoint_step + self._checkpoint_interval
+                ):
+                    return None
+            self._last_checkpoint_step = current_step
+        save_counter = self._checkpoint.save_counter
+        save_counter.assign_add(1)
+        if checkpoint_number is None:
+            checkpoint_number = save_counter
+        if not isinstance(checkpoint_number, int):
+            # A Variable or Tensor, as TensorFlow's training_util.global_step reads it.
+            checkpoint_number = int(tf.keras.ops.convert_to_numpy(checkpoint_number))
+        number = int(checkpoint_number)
+        name = f"{self._checkpoint_name}-{number}"
+        is_async = options is not None and bool(options.experimental_enable_async_checkpoint)
+        if options is not None:
+            options = copy.copy(options)
+            options.experimental_enable_async_checkpoint = False
+        staging = self._new_staging(name)
+        mets = {} if metrics is None else dict(metrics)
+        with self._lock:
+            expected = self._full(_checkpoint_name(self._next_index), name)
+        try:
+            self._checkpoint.write(os.path.join(staging, name), options=options)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self._last_size = _tree_size(staging)
+        if is_async:
+            self._pending = self._pool().submit(
+                self._commit_in_background, staging, name, number, mets
+            )
+            return expected
+        self._commit(staging, name, number, mets)
+        return self.latest_checkpoint
+
+    def _new_staging(self, name: str) -> str:
+        """A fresh staging folder: in RAM (``/dev/shm``) when it has room, else on disk."""
+        root = self._staging_root
+        if self._ram_root is not None:
+            try:
+                st = os.statvfs(os.path.dirname(self._ram_root))
+                free = st.f_bavail * st.f_frsize
+            except OSError:
+                free = 0
+            if free > max(2 * self._last_size, _RAM_HEADROOM):
+                root = self._ram_root
+        staging = os.path.join(root, f"{name}.{uuid.uuid4().hex[:8]}")
+        os.makedirs(staging)
+        return staging
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="cairn-tf-commit")
+        return self._executor
+
+    def _commit_in_background(
+        self, staging: str, name: str, number: int, metrics: dict[str, Any]
+    ) -> None:
+        try:
+            self._commit(staging, name, number, metrics)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def _commit(self, staging: str, name: str, number: int, metrics: dict[str, Any]) -> None:
+        """Commits the staged TensorFlow files as the next Cairn checkpoint (steps 2-4)."""
+        import tensorflow as tf
+
+        source = cairn.Checkpoint.from_directory(staging)
+        source.set_metadata(
+            {_METADATA_KEY: {"prefix": name, "number": number, "version": tf.__version__}}
+        )
+        record = self._cairn.register_checkpoint(metrics, source)
+        with self._lock:
+            self._prefixes[record.name] = name
+            self._next_index = record.index + 1
+            kept = {r.name for r in self._cairn.history()}
+            for gone in set(self._prefixes) - kept:
+                del self._prefixes[gone]
+            if self._local:
+                self._write_state_file()
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def sync(self) -> None:
+        """Waits for an asynchronous save's commit; raises its error if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    # --- restoring ---------------------------------------------------------
+
+    def restore(self, save_path: Optional[str] = None, options: Any = None) -> Any:
+        """Verifies a committed checkpoint, then ``checkpoint.restore()``s it.
+
+        ``save_path``: a prefix this manager listed (default: the latest).
+        Every file is checked against the manifest (sizes and checksums)
+        before TensorFlow reads any; a store's checkpoint is downloaded (and
+        verified while copied) into a local folder kept until :meth:`close`.
+        Returns TensorFlow's load status (``assert_consumed()`` checks that
+        every saved value found its variable and every variable a value).
+        With no checkpoint at all, returns ``checkpoint.restore(None)``.
+
+        Raises:
+            cairn.CorruptionError: a file does not match the manifest (naming
+                it); nothing was restored.
+            cairn.NotFoundError: ``save_path`` is no kept checkpoint of this
+                manager.
+        """
+        self._check_open()
+        self.sync()
+        record = self._record_for(save_path)
+        if record is None:
+            return self._checkpoint.restore(None, options=options)
+        prefix = self._prefixes[record.name]
+        ckpt = record.checkpoint
+        if self._local:
+            problems = ckpt.verify()
+            if problems:
+                raise CorruptionError(
+                    f"{ckpt.path}: does not match its manifest, not restored: "
+                    + "; ".join(f"{p.path}: {p.reason}" for p in problems),
+                    "corruption",
+                )
+            return self._checkpoint.restore(os.path.join(ckpt.path, prefix), options=options)
+        local = tempfile.mkdtemp(prefix="cairn-tf-restore-")
+        self._restored_copies.append(local)
+        ckpt.to_directory(local)  # verified while copied
+        return self._checkpoint.restore(os.path.join(local, prefix), options=options)
+
+    def restore_or_initialize(self) -> Optional[str]:
+        """As TensorFlow's: restores the latest checkpoint (through :meth:`restore`,
+        so verified) and returns its prefix, or calls ``init_fn`` and returns None."""
+        latest = self.latest_checkpoint
+        if latest is not None:
+            self.restore(latest)
+            if self._checkpoint_interval is not None:
+                self._last_checkpoint_step = int(self._step_counter.numpy())
+            return latest
+        if self._init_fn is not None:
+            self._init_fn()
+        return None
+
+    # --- lifetime ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Waits for an asynchronous save, then releases the directory's lock.
+
+        Removes the staging folder and restored copies. Raises an error of an
+        asynchronous save not yet seen (the lock is released regardless).
+        """
+        if self._cairn.closed:
+            return
+        try:
+            self.sync()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            self._cairn.close()
+            for d in [self._staging_root, self._ram_root, *self._restored_copies]:
+                if d is not None:
+                    shutil.rmtree(d, ignore_errors=True)
+            self._restored_copies.clear()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- helpers -----------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._cairn.closed:
+            raise FailedPreconditionError(
+                f"{self._directory}: the CheckpointManager is closed", "failed_precondition"
+            )
+
+    def _prefix_of(self, record: cairn.CheckpointRecord) -> str:
+        """The TF prefix name in a committed checkpoint (from its metadata, else its files)."""
+        meta = record.checkpoint.get_metadata().get(_METADATA_KEY)
+        if isinstance(meta, dict) and isinstance(meta.get("prefix"), str):
+            return meta["prefix"]
+        for path, _ in record.checkpoint.files():
+            if path.endswith(".index") and "/" not in path:
+                return path[: -len(".index")]
+        raise CorruptionError(
+            f"{record.checkpoint.uri}: holds no TensorFlow checkpoint (no .index file)",
+            "corruption",
+        )
+
+    def _published(self) -> list[cairn.CheckpointRecord]:
+        """Cairn's kept records this manager has finished committing (lock held).
+
+        A background commit's record is in Cairn's history a moment before
+        its prefix is known here; it is named only from then on.
+        """
+        return [r for r in self._cairn.history() if r.name in self._prefixes]
+
+    def _full(self, folder: str, name: Optional[str] = None) -> str:
+        rel = f"{folder}/{name if name is not None else self._prefixes[folder]}"
+        if self._local:
+            return os.path.join(self._directory, rel)
+        return self._directory.rstrip("/") + "/" + rel
+
+    def _record_for(self, save_path: Optional[str]) -> Optional[cairn.CheckpointRecord]:
+        with self._lock:
+            records = self._published()
+            if save_path is None:
+                return records[-1] if records else None
+            want = os.fspath(save_path)
+            for r in records:
+                full = self._full(r.name)
+                if want == full or (self._local and os.path.abspath(want) == os.path.abspath(full)):
+                    return r
+        raise NotFoundError(
+            f"{want}: not a checkpoint kept by the manager of {self._directory}", "not_found"
+        )
+
+    def _write_state_file(self) -> None:
+        """Replaces ``directory/checkpoint`` atomically with the committed checkpoints.
+
+        Caller holds the lock (or is the constructor). Paths are relative to
+        the directory, so a copied or moved directory still reads right.
+        """
+        from google.protobuf import text_format
+        from tensorflow.python.training.checkpoint_state_pb2 import CheckpointState
+
+        records = self._published()
+        target = os.path.join(self._path, STATE_FILE)
+        if not records:
+            if os.path.exists(target):
+                os.unlink(target)
+                _fsync_dir(self._path)
+            return
+        rel = [f"{r.name}/{self._prefixes[r.name]}" for r in records if not r.pinned]
+        stamps = [r.created_at for r in records if not r.pinned]
+        latest = records[-1]
+        latest_rel = f"{latest.name}/{self._prefixes[latest.name]}"
+        if not rel or rel[-1] != latest_rel:
+            rel.append(latest_rel)
+            stamps.append(latest.created_at)
+        pinned = [r.created_at for r in records if r.pinned]
+        state = CheckpointState(
+            model_checkpoint_path=latest_rel,
+            all_model_checkpoint_paths=rel,
+            all_model_checkpoint_timestamps=stamps,
+            last_preserved_timestamp=max(pinned) if pinned else records[0].created_at - 1.0,
+        )
+        tmp = os.path.join(self._path, f".{STATE_FILE}.tmp-{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text_format.MessageToString(state))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(self._path)
