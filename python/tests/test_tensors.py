@@ -372,7 +372,7 @@ def test_bad_values_are_invalid_argument_errors_naming_the_tensor(
     with pytest.raises(TypeError, match="'state_dict' must be"):
         cairn.save([torch.ones(1)], path)  # type: ignore[arg-type]
     with pytest.raises(cairn.InvalidArgumentError):
-        cairn.load(path, framework="tf")  # type: ignore[arg-type]
+        cairn.load(path, framework="jax")  # type: ignore[arg-type]
     # InvalidArgumentError is a ValueError too, for code that catches those.
     with pytest.raises(ValueError):
         cairn.save({"w": [1]}, path)
