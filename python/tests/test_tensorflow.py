@@ -181,6 +181,25 @@ def test_retention_by_metric_keeps_the_best_and_the_latest(tmp_path: pathlib.Pat
     assert tf.train.latest_checkpoint(str(tmp_path)) == paths[4]
 
 
+def test_keep_checkpoint_every_n_hours_pins_for_good(tmp_path: pathlib.Path) -> None:
+    _, _, ckpt = _guide_model()
+    # One pinned every 1e-9 hours: every save is pinned, none is ever deleted.
+    with cairn.tensorflow.CheckpointManager(
+        ckpt, str(tmp_path), max_to_keep=1, keep_checkpoint_every_n_hours=1e-9
+    ) as manager:
+        paths = []
+        for _ in range(3):
+            paths.append(manager.save())  # a save takes far longer than 3.6 µs
+        history = manager.cairn_manager.history()
+        assert [r.pinned for r in history] == [True, True, True]
+        assert manager.checkpoints == paths[-1:]  # pinned older ones are not listed, as TF
+        assert tf.train.latest_checkpoint(str(tmp_path)) == paths[-1]
+    with cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=1) as manager:
+        assert len(manager.cairn_manager.history()) == 3  # kept for good
+        for p in paths:
+            manager.restore(p).assert_existing_objects_matched()
+
+
 def test_checkpoint_interval_and_numbering_as_tensorflow(tmp_path: pathlib.Path) -> None:
     _, _, ckpt = _guide_model()
     step = tf.Variable(0, dtype=tf.int64)

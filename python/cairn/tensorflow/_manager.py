@@ -159,6 +159,7 @@ class CheckpointManager:
         self._checkpoint_name = checkpoint_name
         self._init_fn = init_fn
         self._checkpoint_interval = checkpoint_interval
+        self._max_to_keep = max_to_keep
         self._step_counter = step_counter
         self._last_checkpoint_step = last_checkpoint_step
         self._lock = threading.Lock()
@@ -237,11 +238,16 @@ class CheckpointManager:
     def checkpoints(self) -> list[str]:
         """The prefixes of the kept checkpoints, oldest first.
 
-        As TensorFlow's, checkpoints kept by ``keep_checkpoint_every_n_hours``
-        (pinned) are left out; Cairn's ``history()`` lists them.
+        As TensorFlow's, checkpoints kept for good by
+        ``keep_checkpoint_every_n_hours`` (pinned) are left out once they
+        are older than the ``max_to_keep`` newest; ``cairn_manager.history()``
+        lists every kept checkpoint.
         """
         with self._lock:
-            return [self._full(r.name) for r in self._published() if not r.pinned]
+            records = self._published()
+            active = records[-self._max_to_keep :] if self._max_to_keep else records
+            names = {r.name for r in active}
+            return [self._full(r.name) for r in records if not r.pinned or r.name in names]
 
     @property
     def cairn_manager(self) -> cairn.CheckpointManager:
