@@ -18,7 +18,6 @@ import time
 
 import keras
 import numpy as np
-
 import tensorflow as tf
 from cairn.keras import BackupAndRestore, ModelCheckpoint
 

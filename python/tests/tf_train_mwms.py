@@ -32,7 +32,6 @@ GLOBAL_BATCH = 8
 def loop(config: dict[str, Any]) -> None:
     import keras
     import numpy as np
-
     import tensorflow as tf
 
     context = train.get_context()
@@ -117,8 +116,7 @@ def main(argv: list[str]) -> int:
         ),
     ).fit()
     print(
-        "RESULT "
-        + json.dumps({"metrics": result.metrics, "checkpoint": result.checkpoint.path}),
+        "RESULT " + json.dumps({"metrics": result.metrics, "checkpoint": result.checkpoint.path}),
         flush=True,
     )
     return 0
