@@ -176,3 +176,43 @@ def test_a_worker_failing_at_start_names_its_rank(tmp_path: pathlib.Path) -> Non
         ).fit()
     assert "rank 1" in str(info.value)
     assert "TF_CONFIG" not in os.environ  # the driver's environment is untouched
+
+
+def test_restore_goes_on_from_the_latest_checkpoint_with_a_new_cluster(
+    tmp_path: pathlib.Path,
+) -> None:
+    broken = tmp_path / "broken"
+    broken.write_text("rank 1 fails at step 2 while this file exists")
+
+    def loop(config: dict[str, Any]) -> None:
+        from cairn.train import Checkpoint
+
+        context = train.get_context()
+        cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]
+        assert len(set(cluster)) == 2  # a port of its own for each rank
+        ckpt = train.get_checkpoint()
+        start = 0 if ckpt is None else ckpt.to_dict()["step"] + 1
+        for step in range(start, 4):
+            if step == 2 and context.get_world_rank() == 1 and os.path.exists(config["broken"]):
+                raise RuntimeError("broken at step 2")
+            train.report(
+                {"step": step, "start": start, "cluster": cluster},
+                checkpoint=Checkpoint.from_dict({"step": step, "rank": context.get_world_rank()}),
+            )
+
+    config = {"broken": str(broken)}
+    with pytest.raises(TrainingFailedError, match="broken at step 2"):
+        TensorflowTrainer(
+            loop,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="exp", storage_path=tmp_path),
+        ).fit()
+    assert TensorflowTrainer.can_restore(tmp_path / "exp")
+    broken.unlink()
+    first = json.loads((tmp_path / "exp" / "result.json").read_text().splitlines()[0])
+    result = TensorflowTrainer.restore(tmp_path / "exp", loop, train_loop_config=config).fit()
+    assert result.metrics["step"] == 3 and result.metrics["start"] == 2
+    assert result.metrics["cluster"] != first["cluster"]  # new ports for the new group
+    # Only the chief's dict was committed (the other rank's differs by "rank").
+    assert result.checkpoint is not None and result.checkpoint.to_dict() == {"step": 3, "rank": 0}
