@@ -150,3 +150,18 @@ def test_pbt_clones_a_keras_trials_weights_and_optimizer_bit_for_bit(
             if r["trial"] != clone["trial"] and r["digest"] == clone["loaded_digest"]
         ]
         assert sources, clone
+
+
+def test_the_callbacks_commit_to_s3(tmp_path: pathlib.Path, s3_through_python: str) -> None:
+    out = _run(str(HERE / "keras_fit.py"), s3_through_python, str(tmp_path / "s3.npz"))
+    assert _line(out, "RESUMED") == {"initial_epoch": 0, "iterations": 0, "best_is_final": True}
+    with cairn.CheckpointManager(s3_through_python, "backup") as manager:
+        history = manager.history()
+        assert history[-1].metrics["completed"] is True
+        assert (history[-2].metrics["epoch"], history[-2].metrics["step"]) == (
+            3,
+            6,
+        )  # global batch 30
+        assert history[-2].checkpoint.verify() == []
+    with cairn.CheckpointManager(s3_through_python, "best") as manager:
+        assert [r.metrics["epoch"] for r in manager.history()] == [3, 4]
