@@ -333,7 +333,9 @@ class CairnCheckpointIO(CheckpointIO):
         else:
             unpickler = pickle.Unpickler(io.BytesIO(raw))
         unpickler.persistent_load = tensor
-        return unpickler.load()
+        loaded = unpickler.load()
+        self._loaded(tensors, meta)
+        return loaded
 
     def remove_checkpoint(self, path: PathLike) -> None:
         """Removes the checkpoint at ``path`` (nothing if there is none).
@@ -373,6 +375,9 @@ class CairnCheckpointIO(CheckpointIO):
         """Staging folders of saves still behind (none for synchronous saves)."""
         return ()
 
+    def _loaded(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Called with the tensors and metadata of each checkpoint loaded."""
+
 
 class AsyncCairnCheckpointIO(CairnCheckpointIO):
     """:class:`CairnCheckpointIO` whose saves return once the tensors are copied.
@@ -385,6 +390,10 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
     saves behind; so does :meth:`teardown`, which Lightning calls at the end of
     ``fit``. An error of a save behind is raised by the next
     ``save_checkpoint`` or by :meth:`teardown`.
+
+    The first save of a process allocates the staging memory (a stall longer
+    than the later ones'); a load (``fit(ckpt_path=...)``) allocates it in the
+    background for states like the loaded one.
 
     Args:
         max_in_flight: saves that may be behind at once; a save beyond waits.
@@ -494,6 +503,17 @@ class AsyncCairnCheckpointIO(CairnCheckpointIO):
 
     def _staging_in_use(self) -> tuple[str, ...]:
         return tuple(b.staging for b in self._pending.values() if b.staging is not None)
+
+    def _loaded(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        # A resumed run saves states like the one it loaded: ready the
+        # staging memory for them on the saver's thread meanwhile, so that
+        # its first save stalls for a copy, not for fresh memory.
+        with self._lock:
+            if self._saver is None:
+                from cairn.torch import AsyncSaver
+
+                self._saver = AsyncSaver(max_in_flight=self._max_in_flight)
+            self._saver.reserve(tensors, metadata=meta)
 
 
 def _target(where: str) -> str:
