@@ -122,7 +122,8 @@ def save_pretrained(
     writes the weights (include/cairn/torch.h, ``save_pretrained``), then the
     checkpoint is committed: a manifest with every file's size and checksums,
     written last. ``transformers.AutoModel...from_pretrained(dest)`` reads the
-    folder as it is. Tied weights are written under each of their names.
+    folder as it is. Tied weights (several names on one tensor) are written
+    once, under the first name, as transformers writes them.
 
     Args:
         model: a ``torch.nn.Module`` (its ``state_dict()``) or a state dict of
@@ -141,7 +142,14 @@ def save_pretrained(
     """
     state = _state_of(model, "model")
     flat = {}
+    seen: set[tuple[Any, ...]] = set()
     for name, value in state.items():
+        # Tied weights (one storage, several names) are written once, under
+        # the first name, as transformers writes them.
+        key = (value.device, value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+        if value.numel() > 0 and key in seen:
+            continue
+        seen.add(key)
         t = value.detach()
         if t.device.type != "cpu":
             t = t.cpu()
