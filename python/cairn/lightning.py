@@ -9,10 +9,13 @@ folder: a Cairn experiment (the layout of :class:`cairn.CheckpointManager`)
 that keeps one checkpoint, ``checkpoint_NNNNNN/state.safetensors`` plus its
 manifest. The Lightning checkpoint is the newest committed one. Saving under
 a name that exists (``last.ckpt`` every epoch) commits a new checkpoint
-manifest-last and only then retires the old one, so at every instant, a
-SIGKILL included, the name holds a whole checkpoint: the new one or the one
-before. A save killed midway leaves an uncommitted folder that no load
-reads and the next save under that name removes.
+manifest-last and only then retires the old one; a local name that does not
+exist yet is saved into a hidden sibling (``.<name>.cairn-new-<id>``, which
+no ``*.ckpt`` pattern matches) renamed to the name once committed. So at
+every instant, a SIGKILL included, a name holds a whole checkpoint (the new
+one or the one before) or does not exist yet. What a killed save leaves (an
+uncommitted folder, a hidden sibling) no load reads, and the next save there
+removes it.
 
 Inside the file. Every dense ``torch.Tensor`` of the checkpoint dict
 (``state_dict``, optimizer states, wherever it sits) is a tensor of the
