@@ -9,8 +9,9 @@
 # Test hooks, none in the guide: the run's name and storage come from argv
 # (NAME STORAGE), rank 1 SIGKILLs itself at the start of epoch
 # $CAIRN_EXAMPLE_KILL_AT of the first attempt, and FailureConfig(max_failures=1)
-# lets the Trainer restart the group from the latest checkpoint. Run by
-# test_lightning.py.
+# lets the Trainer restart the group from the latest checkpoint; with
+# $CAIRN_EXAMPLE_PLUGIN=cairn the Lightning Trainer saves through
+# cairn.lightning.CairnCheckpointIO. Run by test_lightning.py.
 import os
 import signal
 import sys
@@ -26,6 +27,12 @@ from cairn.train.lightning import (
 from cairn.train.torch import TorchTrainer
 
 import torch
+
+HOOK_PLUGINS = []
+if os.environ.get("CAIRN_EXAMPLE_PLUGIN") == "cairn":
+    from cairn.lightning import CairnCheckpointIO
+
+    HOOK_PLUGINS.append(CairnCheckpointIO())
 
 
 class MyLightningModule(pl.LightningModule):
@@ -73,7 +80,7 @@ def train_func():
         devices="auto",
         accelerator="auto",
         strategy=RayDDPStrategy(),
-        plugins=[RayLightningEnvironment()],
+        plugins=[RayLightningEnvironment()] + HOOK_PLUGINS,
         callbacks=[RayTrainReportCallback()],
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -294,8 +294,16 @@ def test_ray_guide_lightning_example_restores_after_a_worker_is_killed(
 ) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), PYTHONDONTWRITEBYTECODE="1")
     results = {}
-    for name, kill in (("killed", "2"), ("clean", None)):
-        run_env = dict(env, CAIRN_EXAMPLE_KILL_AT=kill) if kill else env
+    # As published (Lightning's TorchCheckpointIO inside Cairn's checkpoint),
+    # and with the Lightning Trainer saving through CairnCheckpointIO: rank 0
+    # saves, both ranks load after the restart.
+    for name, kill, plugin in (
+        ("killed", "2", ""),
+        ("killed_cairn", "2", "cairn"),
+        ("clean", None, ""),
+    ):
+        run_env = dict(env, CAIRN_EXAMPLE_KILL_AT=kill) if kill else dict(env)
+        run_env["CAIRN_EXAMPLE_PLUGIN"] = plugin
         done = subprocess.run(
             [sys.executable, str(HERE / "lightning_ray_example.py"), name, str(tmp_path)],
             cwd=tmp_path,
@@ -308,8 +316,15 @@ def test_ray_guide_lightning_example_restores_after_a_worker_is_killed(
         result = train.Result.from_path(tmp_path / name)
         assert result.error is None and result.metrics["epoch"] == 3
         with result.checkpoint.as_directory() as d:
-            results[name] = torch.load(os.path.join(d, "checkpoint.ckpt"), weights_only=False)
+            path = os.path.join(d, "checkpoint.ckpt")
+            results[name] = (
+                CairnCheckpointIO().load_checkpoint(path)
+                if plugin
+                else torch.load(path, weights_only=False)
+            )
+            assert os.path.isdir(path) == bool(plugin)
         assert done.stdout.strip().endswith(f"restores {1 if kill else 0}")
     assert len(train.Result.from_path(tmp_path / "killed").best_checkpoints) == 2
-    _equal(results["killed"]["state_dict"], results["clean"]["state_dict"])
-    _equal(results["killed"]["optimizer_states"], results["clean"]["optimizer_states"])
+    for name in ("killed", "killed_cairn"):
+        _equal(results[name]["state_dict"], results["clean"]["state_dict"])
+        _equal(results[name]["optimizer_states"], results["clean"]["optimizer_states"])
