@@ -148,6 +148,8 @@ def test_what_cairn_does_not_provide_raises_not_implemented(tmp_path: pathlib.Pa
         TensorflowTrainer(_never_called, datasets={"train": object()})
     with pytest.raises(NotImplementedError, match="dataset_config"):
         TensorflowTrainer(_never_called, dataset_config=object())
+    with pytest.raises(NotImplementedError, match="TensorflowCheckpoint"):
+        from cairn.train.tensorflow import TensorflowCheckpoint  # noqa: F401
     with pytest.raises(TypeError, match="tensorflow_config"):
         TensorflowTrainer(_never_called, tensorflow_config={})  # type: ignore[arg-type]
     TensorflowTrainer(

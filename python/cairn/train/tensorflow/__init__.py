@@ -187,6 +187,24 @@ def prepare_dataset_shard(tf_dataset_shard: Any) -> Any:
     return tf_dataset_shard.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
+# Names of Ray's ray.train.tensorflow that Cairn does not provide, with what to use.
+_NOT_PROVIDED = {
+    "TensorflowCheckpoint": (
+        "ray.train.tensorflow.TensorflowCheckpoint is not provided by Cairn: report a "
+        "cairn.train.Checkpoint.from_directory of the saved model (the Keras callback "
+        "cairn.train.tensorflow.keras.ReportCheckpointCallback does), and load it with "
+        "cairn.train.tensorflow.keras.get_model"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Ray's names that Cairn does not provide raise NotImplementedError naming them."""
+    if name in _NOT_PROVIDED:
+        raise NotImplementedError(_NOT_PROVIDED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "TensorflowConfig",
     "TensorflowTrainer",
