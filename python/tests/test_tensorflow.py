@@ -233,8 +233,9 @@ def test_async_save_commits_after_tensorflow_wrote(tmp_path: pathlib.Path) -> No
             net.weights[0].assign(tf.fill((10, 2), float(i)))
             path = manager.save(options=options)
             snaps[path] = _snapshot(ckpt)
-            # The caller may change its variables at once: the save copied them.
+            # The caller may train on at once: the save took its values.
             net.weights[0].assign(tf.fill((10, 2), -1.0))
+            _train_step(net, next(iter(_toy_dataset())), opt)
             latest = manager.latest_checkpoint
             assert latest is not None  # the previous one, or this one once committed
             manager.sync()

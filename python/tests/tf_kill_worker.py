@@ -4,11 +4,11 @@ test_tensorflow.py's SIGKILL test runs this file as a process that imports
 TensorFlow and Cairn once (about 3 s) and then, for each ``run <dir>`` line
 on stdin, forks a child that builds the model, opens a
 ``cairn.tensorflow.CheckpointManager`` on ``<dir>`` (``max_to_keep=3``) and
-saves in a loop: at each step every variable (model weights, Adam's slots
-and iteration count, the step counter) is set to values derived from the
-step alone (:func:`expected`), so a checker can tell exactly what a
-checkpoint must hold. The child writes ``c <step>`` after each committed
-save; the server writes ``pid <pid>`` after the fork and, for a ``wait``
+saves in a loop, every other save asynchronous: at each step every variable
+(model weights, Adam's slots and iteration count, the step counter) is set
+to values derived from the step alone (:func:`expected`), so a checker can
+tell exactly what a checkpoint must hold. The child writes ``c <step>`` each
+time ``save()`` returns; the server writes ``pid <pid>`` after the fork and, for a ``wait``
 line, reaps the child and writes ``dead <status>``. Forking is safe here
 because the server itself never runs a TensorFlow op (TensorFlow starts its
 runtime's threads on the first op, in the child).
@@ -69,6 +69,7 @@ def set_step(step: int, model: Any, optimizer: Any, ckpt: Any) -> None:
 
 def _child(directory: str) -> None:
     import cairn.tensorflow
+    import tensorflow as tf
 
     model, optimizer, ckpt = build()
     manager = cairn.tensorflow.CheckpointManager(ckpt, directory, max_to_keep=MAX_TO_KEEP)
@@ -76,10 +77,13 @@ def _child(directory: str) -> None:
     # step recorded with the newest checkpoint; the test restores them all.
     latest = manager.cairn_manager.latest()
     step = 0 if latest is None else int(latest.metrics["step"])
+    asynchronous = tf.train.CheckpointOptions(enable_async=True)
     while True:
         step += 1
         set_step(step, model, optimizer, ckpt)
-        manager.save(metrics={"step": step})
+        # Every other save is asynchronous: its commit runs while the next
+        # step's values are being set.
+        manager.save(metrics={"step": step}, options=asynchronous if step % 2 else None)
         os.write(1, f"c {step}\n".encode())
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import glob
 import hashlib
+import inspect
 import os
 import shutil
 import tempfile
@@ -57,6 +58,54 @@ def _checkpoint_name(index: int) -> str:
     if len(digits) <= 6:
         return f"checkpoint_{index:06d}"
     return f"checkpoint_{chr(ord('a') + len(digits) - 7)}{digits}"
+
+
+def _snapshot(checkpoint: Any) -> Any:
+    """The checkpoint's values now, for a write on another thread; None if unavailable.
+
+    TensorFlow's saver gathers what it writes (each variable's value, the
+    object graph) and then writes it; this does the gathering here, reading
+    every variable now. A value read shares the variable's buffer, and
+    TensorFlow copies a variable's buffer before updating it in place while
+    another tensor holds it (copy-on-write), so the snapshot keeps these
+    values whatever training does next, at the cost of one copy of each
+    variable updated before the write ends, as TensorFlow's own
+    asynchronous checkpoint pays. Uses the saver's internals
+    (``_saver._gather_serialized_tensors``, ``MultiDeviceSaver``) of
+    TensorFlow 2.21; when they are not there, or not executing eagerly,
+    returns None and the save writes synchronously instead.
+    """
+    import tensorflow as tf
+
+    if not tf.executing_eagerly():
+        return None
+    try:
+        from tensorflow.python.checkpoint import functional_saver, tensor_callable
+
+        saver = checkpoint._saver
+        tensors, _, registered, _ = saver._gather_serialized_tensors(None)
+    except (AttributeError, ImportError, TypeError):
+        return None
+    for values in tensors.values():
+        for key, value in list(values.items()):
+            if isinstance(value, tensor_callable.Callable):
+                with tf.device(value.device):
+                    values[key] = value.tensor  # read now
+            elif callable(value):
+                values[key] = value()
+    return functional_saver, tensors, registered
+
+
+def _write_snapshot(snapshot: Any, prefix: str, options: Any) -> None:
+    """TensorFlow's write of a :func:`_snapshot` at ``prefix``, then the user's write callbacks."""
+    functional_saver, tensors, registered = snapshot
+    functional_saver.MultiDeviceSaver(tensors, registered).save(prefix, options=options)
+    callbacks = (options.experimental_write_callbacks or []) if options is not None else []
+    for callback in callbacks:  # as TensorFlow's _execute_callbacks
+        if len(inspect.signature(callback).parameters) == 0:
+            callback()
+        else:
+            callback(prefix)
 
 
 def _tree_size(path: str) -> int:
@@ -276,14 +325,16 @@ class CheckpointManager:
         Synchronous: the checkpoint is committed (durable, verified by its
         manifest, retention applied) when this returns. With
         ``options=tf.train.CheckpointOptions(enable_async=True)`` this
-        returns once TensorFlow has written the staging copy (in RAM when the
-        staging folder is); the copy into the experiment, the commit and
-        retention run on a background thread, one save at a time (the next
-        save first waits for the previous commit). :meth:`sync` waits for it.
-        The prefix returned is then the one the checkpoint gets once
-        committed; ``latest_checkpoint`` names it only once it is.
-        (TensorFlow's own asynchronous writer is not used: in TensorFlow
-        2.21 with Keras 3 it fails from the second save on.)
+        returns once every variable's value has been taken (a snapshot that
+        shares the variables' buffers, copied on write by TensorFlow, see
+        :func:`_snapshot`): the caller may train on at once. TensorFlow's
+        write of the snapshot into the staging folder, the copy into the
+        experiment, the commit and retention run on a background thread, one
+        save at a time (the next save first waits for the previous commit);
+        :meth:`sync` waits for it. The prefix returned is the one the
+        checkpoint gets once committed; ``latest_checkpoint`` names it only
+        once it is. (TensorFlow's own asynchronous checkpointer is not used:
+        in TensorFlow 2.21 with Keras 3 it fails from the second save on.)
 
         Raises:
             cairn.InvalidArgumentError: ``metrics`` not JSON, or a
@@ -324,15 +375,18 @@ class CheckpointManager:
         mets = {} if metrics is None else dict(metrics)
         with self._lock:
             expected = self._full(_checkpoint_name(self._next_index), name)
+        prefix = os.path.join(staging, name)
         try:
-            self._checkpoint.write(os.path.join(staging, name), options=options)
+            snapshot = _snapshot(self._checkpoint) if is_async else None
+            if snapshot is None:
+                self._checkpoint.write(prefix, options=options)
+                self._last_size = _tree_size(staging)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        self._last_size = _tree_size(staging)
         if is_async:
             self._pending = self._pool().submit(
-                self._commit_in_background, staging, name, number, mets
+                self._commit_in_background, staging, name, number, mets, snapshot, options
             )
             return expected
         self._commit(staging, name, number, mets)
@@ -359,9 +413,19 @@ class CheckpointManager:
         return self._executor
 
     def _commit_in_background(
-        self, staging: str, name: str, number: int, metrics: dict[str, Any]
+        self,
+        staging: str,
+        name: str,
+        number: int,
+        metrics: dict[str, Any],
+        snapshot: Any,
+        options: Any,
     ) -> None:
+        """An asynchronous save's thread: TensorFlow writes the snapshot, then the commit."""
         try:
+            if snapshot is not None:
+                _write_snapshot(snapshot, os.path.join(staging, name), options)
+                self._last_size = _tree_size(staging)
             self._commit(staging, name, number, metrics)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
