@@ -583,7 +583,7 @@ def test_keras_dense_weights_load_into_torch_linear(tmp_path: pathlib.Path) -> N
 
 ALL_DTYPES = [
     "bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "bfloat16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
 ]  # fmt: skip
 
 
@@ -611,15 +611,20 @@ def test_every_tensorflow_dtype_round_trips_through_torch_and_safetensors(
     for key, t in values.items():
         want = np.asarray(t.numpy() if isinstance(t, tf.Variable) else t)
         for got in (ref[key], mine[key]):
-            g = (
-                got.view(torch.int16).numpy().view(want.dtype)
-                if got.dtype == torch.bfloat16
-                else got.numpy()
-            )
-            assert g.shape == want.shape and g.tobytes() == want.tobytes(), key
+            assert tuple(got.shape) == want.shape, key
+            raw = got.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            assert raw == want.tobytes(), key
         assert as_tf[key].dtype == tf.dtypes.as_dtype(want.dtype), key
         assert np.asarray(as_tf[key]).tobytes() == want.tobytes(), key
-    for bad in (tf.constant(["a"]), tf.constant([1 + 2j])):
+    assert str(ref["float8_e4m3fn"].dtype) == "torch.float8_e4m3fn"
+    assert str(ref["bfloat16"].dtype) == "torch.bfloat16"
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        assert f.metadata() == {"format": "tf"}
+    # Dtypes safetensors lacks are refused, naming the tensor; nothing is written.
+    int4 = tf.cast(tf.constant([1, 2]), tf.dtypes.experimental.int4)
+    for bad in (tf.constant(["a"]), tf.constant([1 + 2j]), int4):
         with pytest.raises(cairn.InvalidArgumentError, match="'bad'"):
             cairn.save({"bad": bad}, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
