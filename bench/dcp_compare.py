@@ -427,7 +427,7 @@ def main() -> None:
         nbytes = args.size_mib << 20
         fio = _fio_write(args.dir, nbytes)
         report["fio_write_Bps"] = fio
-        worlds = [int(w) for w in args.worlds.split(",")]
+        worlds = [int(w) for w in args.worlds.split(",") if w]
         for w in worlds:
             report["saves"][w] = _group(w, "save", args, keep=int(w == 4))
         if 4 in worlds:

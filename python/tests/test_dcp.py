@@ -290,6 +290,15 @@ def test_objects_round_trip_and_an_unpicklable_one_is_refused_by_name(
         dcp.load({"t": torch.zeros(2)}, storage_reader=Reader(str(tmp_path / "bad")))
 
 
+def test_a_wrong_argument_type_is_a_type_error_naming_the_parameter() -> None:
+    with pytest.raises(TypeError, match="'dest'"):
+        Writer(123)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'src'"):
+        Reader(4.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="'metrics'"):
+        Writer("x", metrics=[1])  # type: ignore[arg-type]
+
+
 def test_a_committed_checkpoint_is_never_overwritten(tmp_path: pathlib.Path) -> None:
     dest = str(tmp_path / "c")
     dcp.save({"t": torch.ones(3)}, storage_writer=Writer(dest))

@@ -63,7 +63,7 @@ from cairn.errors import (
 
 __all__ = ["Writer", "Reader"]
 
-PathLike = Union[str, "os.PathLike[str]"]
+PathLike = Union[str, os.PathLike]
 
 # DCP's names (torch/distributed/checkpoint/filesystem.py): FileSystemReader
 # reads a checkpoint laid out so.
