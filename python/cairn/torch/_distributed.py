@@ -168,14 +168,14 @@ def save_distributed(
 
     import torch
 
-    state = _top(state_dict, "state_dict")
     rank = dist.get_rank(process_group)
     world = dist.get_world_size(process_group)
     root = 0 if process_group is None else dist.get_global_rank(process_group, 0)
     dtensor = _dtensor_type()
 
     outcome: tuple[str, Any]
-    try:
+    try:  # every failure is reported to rank 0, so that no rank waits forever
+        state = _top(state_dict, "state_dict")
         tensors: dict[str, Any] = {}
         for k, v in state.items():
             _leaves(v, k, tensors)
