@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -154,7 +155,15 @@ def test_mirrored_strategy_on_cpu_saves_through_the_manager(tmp_path: pathlib.Pa
     model.weights[0].assign(tf.fill(model.weights[0].shape, 0.5))
     with manager:
         path = manager.save()
-    assert tf.train.latest_checkpoint(str(tmp_path / "model")) == path
+        model.weights[0].assign(tf.fill(model.weights[0].shape, 0.25))
+        async_path = manager.save(options=tf.train.CheckpointOptions(enable_async=True))
+        model.weights[0].assign(tf.fill(model.weights[0].shape, -1.0))  # after the snapshot
+        manager.sync()
+        assert manager.checkpoints == [path, async_path]
+    assert tf.train.latest_checkpoint(str(tmp_path / "model")) == async_path
+    fresh = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(2)])
+    tf.train.Checkpoint(model=fresh).restore(async_path).expect_partial()
+    assert np.array_equal(fresh.weights[0].numpy(), np.full((10, 2), 0.25, np.float32))
     fresh = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(2)])
     tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
     assert np.array_equal(fresh.weights[0].numpy(), np.full((10, 2), 0.5, np.float32))
@@ -225,17 +234,27 @@ def test_checkpoint_interval_and_numbering_as_tensorflow(tmp_path: pathlib.Path)
 def test_async_save_commits_after_tensorflow_wrote(tmp_path: pathlib.Path) -> None:
     net, opt, ckpt = _guide_model()
     opt.build(net.trainable_variables)
+    net.compile(optimizer=opt, loss="mse", jit_compile=True)
     options = tf.train.CheckpointOptions(enable_async=True)
     with cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=2) as manager:
         first = manager.save()
         snaps = {}
         for i in range(3):
             net.weights[0].assign(tf.fill((10, 2), float(i)))
+            # Hold the manager's background thread, so that the training
+            # below surely runs before TensorFlow writes the snapshot.
+            gate = threading.Event()
+            manager._pool().submit(gate.wait)
             path = manager.save(options=options)
             snaps[path] = _snapshot(ckpt)
-            # The caller may train on at once: the save took its values.
+            # The caller may train on at once: the save took its values. An
+            # eager step and an XLA-compiled Keras fit step update every
+            # variable before the write reads the snapshot.
             net.weights[0].assign(tf.fill((10, 2), -1.0))
             _train_step(net, next(iter(_toy_dataset())), opt)
+            net.fit(np.ones((2, 10), np.float32), np.ones((2, 2), np.float32), verbose=0)
+            assert not os.path.exists(path + ".index")
+            gate.set()
             latest = manager.latest_checkpoint
             assert latest is not None  # the previous one, or this one once committed
             manager.sync()

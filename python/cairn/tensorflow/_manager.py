@@ -86,13 +86,28 @@ def _snapshot(checkpoint: Any) -> Any:
         tensors, _, registered, _ = saver._gather_serialized_tensors(None)
     except (AttributeError, ImportError, TypeError):
         return None
+
+    def now(value: Any) -> Any:
+        """``value`` read now: an eager tensor, or None if it cannot be."""
+        if isinstance(value, dict):  # a sliced (partitioned) variable's parts
+            parts = {k: now(v) for k, v in value.items()}
+            return None if any(v is None for v in parts.values()) else parts
+        if isinstance(value, tensor_callable.Callable):
+            with tf.device(value.device):
+                value = value.tensor
+        elif not isinstance(value, tf.Tensor):  # a variable (a MirroredVariable...)
+            try:
+                value = tf.convert_to_tensor(value)
+            except (TypeError, ValueError):
+                return None
+        return value if hasattr(value, "_numpy") else None  # eager only
+
     for values in tensors.values():
         for key, value in list(values.items()):
-            if isinstance(value, tensor_callable.Callable):
-                with tf.device(value.device):
-                    values[key] = value.tensor  # read now
-            elif callable(value):
-                values[key] = value()
+            read = now(value)
+            if read is None:
+                return None
+            values[key] = read
     return functional_saver, tensors, registered
 
 
