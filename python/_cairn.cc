@@ -229,29 +229,29 @@ PYBIND11_MODULE(_cairn, m) {
       });
 
   py::class_<cairn::CheckpointConfig>(m, "CheckpointConfig")
-      .def(
-          py::init([](std::optional<int> num_to_keep,
-                      std::optional<std::string> checkpoint_score_attribute,
-                      std::string checkpoint_score_order,
-                      std::optional<double> keep_checkpoint_every_n_hours, int checkpoint_frequency,
-                      bool checkpoint_at_end, std::optional<cairn::MemoryTierConfig> memory_tier) {
-            cairn::CheckpointConfig c;
-            if (memory_tier) c.memory_tier = *memory_tier;
-            c.num_to_keep = num_to_keep;
-            c.checkpoint_score_attribute = checkpoint_score_attribute.value_or("");
-            c.checkpoint_score_order = std::move(checkpoint_score_order);
-            c.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
-            c.checkpoint_frequency = checkpoint_frequency;
-            c.checkpoint_at_end = checkpoint_at_end;
-            c.validate();
-            return c;
-          }),
-          py::kw_only(), py::arg("num_to_keep") = py::none(),
-          py::arg("checkpoint_score_attribute") = py::none(),
-          py::arg("checkpoint_score_order") = "max",
-          py::arg("keep_checkpoint_every_n_hours") = py::none(),
-          py::arg("checkpoint_frequency") = 0, py::arg("checkpoint_at_end") = false,
-          py::arg("memory_tier") = py::none())
+      .def(py::init([](std::optional<int> num_to_keep,
+                       std::optional<std::string> checkpoint_score_attribute,
+                       std::string checkpoint_score_order,
+                       std::optional<double> keep_checkpoint_every_n_hours,
+                       int checkpoint_frequency, std::optional<bool> checkpoint_at_end,
+                       std::optional<cairn::MemoryTierConfig> memory_tier) {
+             cairn::CheckpointConfig c;
+             if (memory_tier) c.memory_tier = *memory_tier;
+             c.num_to_keep = num_to_keep;
+             c.checkpoint_score_attribute = checkpoint_score_attribute.value_or("");
+             c.checkpoint_score_order = std::move(checkpoint_score_order);
+             c.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
+             c.checkpoint_frequency = checkpoint_frequency;
+             c.checkpoint_at_end = checkpoint_at_end;
+             c.validate();
+             return c;
+           }),
+           py::kw_only(), py::arg("num_to_keep") = py::none(),
+           py::arg("checkpoint_score_attribute") = py::none(),
+           py::arg("checkpoint_score_order") = "max",
+           py::arg("keep_checkpoint_every_n_hours") = py::none(),
+           py::arg("checkpoint_frequency") = 0, py::arg("checkpoint_at_end") = py::none(),
+           py::arg("memory_tier") = py::none())
       .def_property_readonly("memory_tier",
                              [](const cairn::CheckpointConfig& c) {
                                return c.memory_tier.enabled

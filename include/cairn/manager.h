@@ -133,10 +133,12 @@ struct CheckpointConfig {
   // When a Tuner's class trainable (cairn/tuner.h) saves: every N-th
   // iteration (0: never by count) and after its last one. A function
   // trainable (Trainer or Tuner) decides in its own loop, so those refuse
-  // them (kInvalidArgument); the manager ignores them. Not part of
-  // to_json(): they are not retention.
+  // them (kInvalidArgument; an unset checkpoint_at_end is not refused); the
+  // manager ignores them. Not part of to_json(): they are not retention.
   int checkpoint_frequency = 0;  // >= 0
-  bool checkpoint_at_end = false;
+  // Unset: Ray's default, on for a class trainable (its last state is
+  // kept) and off for a function trainable.
+  std::optional<bool> checkpoint_at_end;
   // The memory tier (above); off by default. Stored in to_json() when on,
   // so that an experiment reopened from its stored configuration (
   // Trainer::restore) finds the checkpoints its tier holds.

@@ -78,7 +78,7 @@ class CheckpointConfig:
         checkpoint_score_order: str = "max",
         keep_checkpoint_every_n_hours: Optional[float] = None,
         checkpoint_frequency: int = 0,
-        checkpoint_at_end: bool = False,
+        checkpoint_at_end: Optional[bool] = None,
         memory_tier: Optional[MemoryTierConfig] = None,
     ) -> None: ...
     @property
@@ -94,7 +94,7 @@ class CheckpointConfig:
     @property
     def checkpoint_frequency(self) -> int: ...
     @property
-    def checkpoint_at_end(self) -> bool: ...
+    def checkpoint_at_end(self) -> Optional[bool]: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 class CheckpointRecord:

@@ -565,8 +565,12 @@ nlohmann::json Experiment::on_round(Trial& t, const nlohmann::json& m) {
   if (!stop) d = scheduler_->on_trial_result(view_of(t), with_flat_keys(row));
   if (stop || d.action == SchedulerDecision::kStop) {
     t.ending = TrialStatus::kTerminated;
-    const bool save = spec_.class_trainable && spec_.run.checkpoint_config.checkpoint_at_end;
-    return {{"save", save}, {"stop", true}};
+    // checkpoint_at_end: unless this very result came with a checkpoint,
+    // which then is the final one (the runner stops at once).
+    const bool save = spec_.class_trainable &&
+                      spec_.run.checkpoint_config.checkpoint_at_end.value_or(true) &&
+                      !m["checkpoint"].is_string();
+    return {{"save", save}, {"stop", true}, {"end", true}};
   }
   if (d.action == SchedulerDecision::kPause) {
     t.ending = TrialStatus::kPaused;

@@ -420,7 +420,8 @@ void Experiment::refresh_checkpoints(Trial& t) {
 std::string Experiment::state_text() {
   nlohmann::json cc = spec_.run.checkpoint_config.to_json();
   cc["checkpoint_frequency"] = spec_.run.checkpoint_config.checkpoint_frequency;
-  cc["checkpoint_at_end"] = spec_.run.checkpoint_config.checkpoint_at_end;
+  const std::optional<bool> at_end = spec_.run.checkpoint_config.checkpoint_at_end;
+  cc["checkpoint_at_end"] = at_end ? nlohmann::json(*at_end) : nlohmann::json(nullptr);
   const nlohmann::json head = {
       {"format", std::string(experiment::kTunerStateFormat)},
       {"version", experiment::kTunerStateVersion},

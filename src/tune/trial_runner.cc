@@ -204,6 +204,7 @@ int run_trial(const RunnerSpec& rs, int fd) {
       train_internal::RoundDirective d;
       d.save = reply.value("save", false);
       d.stop = reply.value("stop", false);
+      d.ends_run = reply.value("end", false);
       if (reply.contains("reset") && reply["reset"].is_object()) d.reset = reply["reset"];
       return d;
     };

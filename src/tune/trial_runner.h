@@ -3,7 +3,7 @@
 // asks the Tuner, over a channel, what to do after every report round.
 //
 //   runner -> tuner  {"t":"round","row":{...}|null,"checkpoint":name|null,"kept":[names]}
-//   tuner -> runner  {"save":bool,"stop":bool}              (RoundDirective)
+//   tuner -> runner  {"save":bool,"stop":bool,"end":bool}   (RoundDirective)
 //   runner -> tuner  {"t":"retire","doomed":[names],"kept":[names]}  before
 //                    retention deletes checkpoints
 //   tuner -> runner  {"defer":[names]}   those to keep until the Tuner's next save

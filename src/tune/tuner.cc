@@ -254,7 +254,7 @@ ResultGrid Tuner::fit() {
   spec.class_trainable = static_cast<bool>(cls_);
   spec.train_fn = cls_ ? tune_internal::class_trainable_loop(
                              cls_, run_config_.checkpoint_config.checkpoint_frequency,
-                             run_config_.checkpoint_config.checkpoint_at_end)
+                             run_config_.checkpoint_config.checkpoint_at_end.value_or(true))
                        : fn_;
   spec.param_space = param_space_;
   spec.tune = tune_config_;
@@ -486,7 +486,11 @@ Tuner Tuner::restore_impl(std::string_view path, TrainFn fn, TrainableFactory cl
     const nlohmann::json& cc = s.at("checkpoint_config");
     run.checkpoint_config = CheckpointConfig::from_json(cc);
     run.checkpoint_config.checkpoint_frequency = cc.value("checkpoint_frequency", 0);
-    run.checkpoint_config.checkpoint_at_end = cc.value("checkpoint_at_end", false);
+    // null: unset (Ray's default for the trainable's kind).
+    if (const auto at_end = cc.find("checkpoint_at_end");
+        at_end != cc.end() && !at_end->is_null()) {
+      run.checkpoint_config.checkpoint_at_end = at_end->get<bool>();
+    }
     const nlohmann::json& fc = s.at("failure_config");
     run.failure_config.max_failures = fc.value("max_failures", 0);
     run.failure_config.report_timeout_s = fc.value("report_timeout_s", 1800.0);

@@ -485,6 +485,21 @@ TEST(Tuner, ClassTrainableCheckpointsByFrequencyFlagAndAtEnd) {
   for (const auto& row : grid[0].metrics_history) EXPECT_FALSE(row.contains("should_checkpoint"));
 }
 
+// Ray's default: checkpoint_at_end left unset is on for a class trainable.
+TEST(Tuner, ClassTrainableCheckpointsAtItsEndUnlessCheckpointAtEndIsFalse) {
+  for (const std::optional<bool> at_end : {std::optional<bool>(), std::optional<bool>(false)}) {
+    TempDir dir;
+    RunConfig run = run_in(dir);
+    run.checkpoint_config.checkpoint_at_end = at_end;
+    Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 5}}, {}, run);
+    ResultGrid grid = tuner.fit();
+    ASSERT_EQ(grid.size(), 1u);
+    EXPECT_EQ(grid[0].status, TrialStatus::kTerminated);
+    EXPECT_EQ(checkpoint_values(dir / "search" / grid[0].trial_id),
+              at_end ? std::vector<int>{} : std::vector<int>{5});
+  }
+}
+
 TEST(Tuner, ClassTrainableStoppedByTheTunerSavesAtEndWithoutAnotherStep) {
   TempDir dir;
   RunConfig run = run_in(dir);
@@ -616,7 +631,9 @@ TEST(Tuner, CallbacksSeeTheTrialLifecycleAndCanAskForACheckpoint) {
   auto rec = std::make_shared<Recorder>();
   TuneConfig tc;
   tc.callbacks = {rec};
-  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 3}}, tc, run_in(dir));
+  RunConfig run = run_in(dir);
+  run.checkpoint_config.checkpoint_at_end = false;  // only the callback's checkpoint
+  Tuner tuner([] { return std::make_unique<Counter>(); }, {{"until", 3}}, tc, run);
   ResultGrid grid = tuner.fit();
   ASSERT_EQ(grid.size(), 1u);
   const std::vector<std::string> expected = {"start trial_00000",

@@ -36,6 +36,7 @@
 #include "experiment/trainer_state.h"
 #include "train/control/collective.h"
 #include "train/control/net.h"
+#include "train/control/preemption.h"
 #include "train/control/scratch.h"
 #include "train/control/sigterm.h"
 #include "util/fs.h"
@@ -175,9 +176,13 @@ class Driver {
       // A notice that came with a failure (mpirun's SIGTERM after one of its
       // processes died) wins: no group is started again only to be stopped.
       if (!out.preempted && !out.finished && sigterm_ != nullptr && sigterm_->received()) {
-        note_preemption("the driver received SIGTERM", monotonic_seconds());
+        preemption_.note("the driver received SIGTERM", monotonic_seconds());
       }
-      if (out.preempted || (preempt_requested_ && !out.finished)) {
+      if (preemption_.ended_as_asked()) {
+        stop_now_ = true;  // the caller's end (RoundDirective::ends_run): no error
+        break;
+      }
+      if (out.preempted || (preemption_.requested() && !out.finished)) {
         end_preempted(result, out);
         break;
       }
@@ -215,17 +220,12 @@ class Driver {
   // Ends the run as preempted: how the group stopped, where a restore resumes.
   void end_preempted(Result& result, const Outcome& out) {
     result.preempted = true;
-    const std::string how =
-        emergency_committed_ ? "stopped the group after its emergency checkpoint"
-        : out.finished       ? "stopped the group after train_fn returned"
-        : out.failure ? fmt::format("came while the group failed, so it is not restarted ({})",
-                                    out.failure->message)
-                      : "stopped the group when FailureConfig::preemption_grace_s ran out";
     auto latest = manager_->latest();
-    result.error = fmt::format("preempted: {} {}; {}", preempt_reason_, how,
-                               latest ? fmt::format("Trainer::restore(\"{}\") resumes from {}",
-                                                    spec_.experiment_path, latest->checkpoint.uri())
-                                      : std::string("no checkpoint was committed"));
+    result.error = preemption_.error(
+        out.finished, out.failure ? std::optional(out.failure->message) : std::nullopt,
+        latest ? std::optional(fmt::format("Trainer::restore(\"{}\") resumes from {}",
+                                           spec_.experiment_path, latest->checkpoint.uri()))
+               : std::nullopt);
   }
 
   // Sets world_ for `attempt`: every rank, or for an elastic group
@@ -411,7 +411,7 @@ class Driver {
         finished_ = false;
         group->wait_all(10000);
         out.finished = true;
-        out.preempted = preempt_requested_;
+        out.preempted = preemption_.requested();
         return out;
       }
       if (preemption_ends_attempt(monotonic_seconds())) {
@@ -423,7 +423,7 @@ class Driver {
     }
     // A group failing while it is being preempted (the platform killing a
     // worker) is the preemption, not a failure to restart from.
-    if (preempt_requested_) out.preempted = true;
+    if (preemption_.requested()) out.preempted = true;
     // Ranks failing at about the same time are named with the first: a rank
     // killed makes its peers' collectives fail a moment later, and which
     // exit the driver sees first is up to the scheduler. A short wait lets
@@ -453,37 +453,12 @@ class Driver {
     }
   }
 
-  // Notes a preemption notice (the driver's SIGTERM, or a rank's) and says
-  // whether the attempt should stop now: once a checkpoint reported after
-  // every rank heard the notice is committed, or the grace time is spent.
+  // Notes the driver's SIGTERM and says whether the attempt should stop now
+  // (Preemption::ends_attempt).
   bool preemption_ends_attempt(double now) {
     if (sigterm_ != nullptr && sigterm_->received())
-      note_preemption("the driver received SIGTERM", now);
-    if (!preempt_requested_) return false;
-    if (emergency_committed_) return true;
-    if (now >= preempt_deadline_) {
-      log::warn(
-          fmt::format("preemption: no checkpoint committed within {} s of the notice "
-                      "(FailureConfig::preemption_grace_s); stopping the group",
-                      spec_.run.failure_config.preemption_grace_s));
-      return true;
-    }
-    return false;
-  }
-
-  // `source` names what asked, for Result::error.
-  void note_preemption(const std::string& why, double now,
-                       std::string_view source = "a SIGTERM notice") {
-    if (preempt_requested_) return;
-    preempt_requested_ = true;
-    preempt_reason_ = source;
-    preempt_deadline_ = now + spec_.run.failure_config.preemption_grace_s;
-    // A tuner's pause is routine; a platform's notice is news.
-    (source == "a SIGTERM notice" ? log::warn : log::info)(
-        fmt::format("preemption: {}; the workers are told at their next report and the "
-                    "group stops once a checkpoint they report after it is committed "
-                    "(or in {} s)",
-                    why, spec_.run.failure_config.preemption_grace_s));
+      preemption_.note("the driver received SIGTERM", now);
+    return preemption_.ends_attempt(now);
   }
 
   ReportRound::Action handle_event(ReportRound& round, const GroupEvent& e, double now) {
@@ -498,7 +473,7 @@ class Driver {
           timing.last_report = now;
         }
         if (m.value("preempted", false)) {
-          note_preemption(fmt::format("rank {} received SIGTERM", e.rank), now);
+          preemption_.note(fmt::format("rank {} received SIGTERM", e.rank), now);
         }
         if (e.rank == 0 && m.value("attach", false))
           attach_rounds_.insert(m.at("round").get<int>());
@@ -538,7 +513,7 @@ class Driver {
           if (!record_history(round, a.round, std::nullopt)) return;
         }
         round.on_released();
-        note_release(a.round, false);
+        preemption_.on_release(a.round, false);
         release(round, group, a.round, attach, std::nullopt);
         report_timing(a.round, 0);
         return;
@@ -592,7 +567,7 @@ class Driver {
           if (!record_history(round, a.round, last_component(uri))) return;
         }
         round.on_released();
-        note_release(a.round, true);
+        preemption_.on_release(a.round, true);
         release(round, group, a.round, attach, uri);
         report_timing(a.round, static_cast<int>(a.uploaders.size()));
         return;
@@ -651,17 +626,18 @@ class Driver {
       }
     }
     if (d.stop) {
-      note_preemption("the tuner asked for a final checkpoint", monotonic_seconds(),
-                      "the tuner's request for a final checkpoint");
+      if (d.save && d.ends_run) preemption_.set_ends_run();
+      preemption_.note("the tuner asked for a final checkpoint", monotonic_seconds(),
+                       "the tuner's request for a final checkpoint");
       // This release carries the notice: a checkpoint committed in a later
       // round ends the attempt.
-      if (notice_round_ == 0) notice_round_ = round_no;
+      preemption_.carried_by(round_no);
     }
     for (int r = 0; r < world_; ++r) {
       group.send(r, {{"t", "release"},
                      {"round", round_no},
                      {"checkpoint", uri ? nlohmann::json(*uri) : nlohmann::json(nullptr)},
-                     {"preempt", preempt_requested_},
+                     {"preempt", preemption_.requested()},
                      {"save", d.save},
                      {"reset", reset}});
     }
@@ -718,17 +694,6 @@ class Driver {
     }
   }
 
-  // The first release carrying the notice tells every rank; a checkpoint
-  // committed in a later round is the emergency checkpoint.
-  void note_release(int round, bool committed) {
-    if (!preempt_requested_) return;
-    if (notice_round_ == 0) {
-      notice_round_ = round;
-    } else if (committed && round > notice_round_) {
-      emergency_committed_ = true;
-    }
-  }
-
   // DriverSpec::on_round_timing, once the round is released.
   void report_timing(int round_no, int uploaders) {
     if (!spec_.on_round_timing) return;
@@ -768,15 +733,9 @@ class Driver {
   bool stop_now_ = false;               // DriverSpec::on_round said stop
   std::set<int> attach_rounds_;         // rounds rank 0 reported with report_checkpoint()
   std::map<int, RoundTiming> timings_;  // rounds not yet released (on_round_timing)
-  bool continuing_ = false;
-  // Preemption (see preemption_ends_attempt).
+  bool continuing_ = false;  // Trainer::restore, or resume_existing on an existing experiment
   const SigtermNotice* sigterm_ = nullptr;  // while run() runs
-  bool preempt_requested_ = false;
-  std::string preempt_reason_;
-  double preempt_deadline_ = 0.0;
-  int notice_round_ = 0;  // the round whose release first carried the notice
-  bool emergency_committed_ =
-      false;  // Trainer::restore, or resume_existing on an existing experiment
+  Preemption preemption_{spec_.run.failure_config.preemption_grace_s};
 };
 
 }  // namespace
@@ -787,7 +746,7 @@ Result run_driver(const DriverSpec& spec, const GroupFactory& start_group) {
 }
 
 void refuse_class_trainable_triggers(const CheckpointConfig& config, std::string_view who) {
-  if (config.checkpoint_frequency == 0 && !config.checkpoint_at_end) return;
+  if (config.checkpoint_frequency == 0 && !config.checkpoint_at_end.value_or(false)) return;
   throw Error(
       ErrorCode::kInvalidArgument,
       fmt::format("{}: CheckpointConfig.{} is for class trainables of a Tuner; a "

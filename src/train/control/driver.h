@@ -42,6 +42,11 @@ struct RoundDirective {
   // should_checkpoint() is true in the ranks). The run then ends finished,
   // or preempted, as Result says.
   bool stop = false;
+  // With save and stop: the run ends here by the caller's decision (a
+  // Tuner's checkpoint_at_end), not a pause to be resumed; once that
+  // checkpoint is committed the run ends "stopped", without an error, as
+  // a stop without a save does.
+  bool ends_run = false;
   // PBT's exploit in place (a class trainable's reset_config): commit the
   // checkpoint at reset["checkpoint"] (a committed checkpoint's URI) into
   // this run with reset["metrics"] as its newest checkpoint, make
