@@ -197,7 +197,9 @@ def load_pretrained(
             the parameters' memory) or a state dict of contiguous CPU tensors.
         strict: missing or unexpected tensors are an error. Weights tied to a
             loaded one (Hugging Face leaves ``lm_head.weight`` out when it is
-            the embedding's) do not count as missing.
+            the embedding's) do not count as missing. For a model with tied
+            weights that error comes after the matching tensors were loaded
+            (shape, dtype and file errors still come before any change).
 
     Returns:
         LoadResult(missing_keys, unexpected_keys).
