@@ -165,7 +165,13 @@ def _result(example: str, ray: dict[str, Any], ours: dict[str, Any]) -> set[str]
     found |= _keys(
         f"{api} Result.metrics_dataframe", ray["dataframe columns"], ours["dataframe columns"]
     )
-    found |= _rows(example, ray["dataframe rows"], ours["dataframe rows"])
+    rows = ours["dataframe rows"]
+    if api == "Train" and len(ray["dataframe rows"]) != len(rows):
+        # Ray Train (V2) builds the frame from the kept checkpoints' metrics.
+        kept = {c["name"] for c in ours["best_checkpoints"]}
+        rows = [r for r in rows if r.get("checkpoint_dir_name") in kept]
+        found.add("Train Result.metrics_dataframe: Ray's rows are the kept checkpoints' only")
+    found |= _rows(example, ray["dataframe rows"], rows)
     found |= _checkpoints(example, "latest checkpoint", [ray["checkpoint"]], [ours["checkpoint"]])
     found |= _checkpoints(
         example, "best_checkpoints", ray["best_checkpoints"], ours["best_checkpoints"]
