@@ -156,8 +156,11 @@ def test_mirrored_strategy_on_cpu_saves_through_the_manager(tmp_path: pathlib.Pa
     with manager:
         path = manager.save()
         model.weights[0].assign(tf.fill(model.weights[0].shape, 0.25))
+        gate = threading.Event()  # holds the commit thread until the assign below
+        manager._pool().submit(gate.wait)
         async_path = manager.save(options=tf.train.CheckpointOptions(enable_async=True))
         model.weights[0].assign(tf.fill(model.weights[0].shape, -1.0))  # after the snapshot
+        gate.set()
         manager.sync()
         assert manager.checkpoints == [path, async_path]
     assert tf.train.latest_checkpoint(str(tmp_path / "model")) == async_path
@@ -536,11 +539,12 @@ def test_sigkill_at_random_instants_leaves_committed_checkpoints_whole(
     try:
         while done < kills:
             pids = []
+            aimed = [bool((done // 2 + n) % 2) for n in range(2)]
             for s, d in zip(servers, dirs):
                 s.send(f"run {d}")
                 pids.append(int(s.expect("pid ").split()[1]))
             for n, (s, pid) in enumerate(zip(servers, pids)):
-                if (done // 2 + n) % 2:
+                if aimed[n]:
                     s.expect("c ")  # aimed: into the saves after a commit
                     time.sleep(rng.uniform(0.0, 0.08))
                 else:
@@ -555,7 +559,10 @@ def test_sigkill_at_random_instants_leaves_committed_checkpoints_whole(
                 )
                 s.buf = b""  # the killed child's progress lines
             for n, d in enumerate(dirs):
-                last[n] = _check_after_kill(d, checker, last[n])
+                newest = _check_after_kill(d, checker, last[n])
+                # An aimed kill came after the child's first (synchronous) commit.
+                assert newest > last[n] or not aimed[n], f"{d}: no progress"
+                last[n] = newest
             done += 2
     finally:
         for s in servers:

@@ -8,7 +8,8 @@ saves in a loop, every other save asynchronous: at each step every variable
 (model weights, Adam's slots and iteration count, the step counter) is set
 to values derived from the step alone (:func:`expected`), so a checker can
 tell exactly what a checkpoint must hold. The child writes ``c <step>`` each
-time ``save()`` returns; the server writes ``pid <pid>`` after the fork and, for a ``wait``
+time ``save()`` returns (the first save of a child is synchronous, so its
+line means a commit); the server writes ``pid <pid>`` after the fork and, for a ``wait``
 line, reaps the child and writes ``dead <status>``. Forking is safe here
 because the server itself never runs a TensorFlow op (TensorFlow starts its
 runtime's threads on the first op, in the child).
@@ -78,12 +79,15 @@ def _child(directory: str) -> None:
     latest = manager.cairn_manager.latest()
     step = 0 if latest is None else int(latest.metrics["step"])
     asynchronous = tf.train.CheckpointOptions(enable_async=True)
+    saves = 0
     while True:
         step += 1
         set_step(step, model, optimizer, ckpt)
-        # Every other save is asynchronous: its commit runs while the next
-        # step's values are being set.
-        manager.save(metrics={"step": step}, options=asynchronous if step % 2 else None)
+        # Every other save is asynchronous (its commit runs while the next
+        # step's values are being set); the first is not, so that the first
+        # "c" line means a commit, and every child moves the run forward.
+        manager.save(metrics={"step": step}, options=asynchronous if saves % 2 else None)
+        saves += 1
         os.write(1, f"c {step}\n".encode())
 
 
