@@ -24,6 +24,14 @@ NAMESPACES = [
     "cairn.tune",
     "cairn.tune.schedulers",
     "cairn.tune.stopper",
+    "cairn.torch.dcp",
+    "cairn.tensorflow",
+    "cairn.keras",
+    "cairn.lightning",
+    "cairn.train.lightning",
+    "cairn.train.tensorflow",
+    "cairn.train.tensorflow.keras",
+    "cairn.train.huggingface.transformers",
 ]
 
 
