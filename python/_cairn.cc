@@ -427,6 +427,21 @@ PYBIND11_MODULE(_cairn, m) {
         return w.commit(jm, now, jd ? &*jd : nullptr).to_json();
       },
       py::arg("dest"), py::arg("entries"), py::arg("metrics"), py::arg("metadata"));
+  // Copies the files of the local folder `source` into the uncommitted
+  // checkpoint `dest` and commits it with `metrics` (cairn.ray's upload).
+  m.def(
+      "commit_directory",
+      [](const std::string& source, const cairn::Checkpoint& dest, py::handle metrics) {
+        const json jm = metrics.is_none() ? json::object() : to_json(metrics);
+        py::gil_scoped_release release;
+        cairn::CheckpointWriter w(dest);
+        w.copy_from(cairn::Checkpoint::from_directory(source));
+        const double now =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        w.commit(jm, now);
+      },
+      py::arg("source"), py::arg("dest"), py::arg("metrics"));
   cairn::python::bind_state(m);
   cairn::python::bind_train(m);
   cairn::python::bind_tune(m);

@@ -158,6 +158,7 @@ def commit_files(
     metrics: Optional[dict[str, Any]],
     metadata: Optional[dict[str, Any]],
 ) -> str: ...
+def commit_directory(source: str, dest: Checkpoint, metrics: Optional[dict[str, Any]]) -> None: ...
 
 # Tensor files (_tensors.cc; wrapped by cairn.save / cairn.load).
 # (name, safetensors dtype, shape, begin, end): a tensor of a file, its bytes
