@@ -32,6 +32,7 @@ NAMESPACES = [
     "cairn.train.tensorflow",
     "cairn.train.tensorflow.keras",
     "cairn.train.huggingface.transformers",
+    "cairn.ray",
 ]
 
 
