@@ -288,8 +288,10 @@ def test_second_manager_on_the_directory_is_refused(tmp_path: pathlib.Path) -> N
     _, _, ckpt = _guide_model()
     first = cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
     path = first.save()
-    with pytest.raises(cairn.LockedError):
-        cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
+    second = cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3)
+    assert second.latest_checkpoint == path  # a reader needs no lock
+    with pytest.raises(cairn.LockedError, match="another CheckpointManager is saving"):
+        second.save()  # the lock is taken by the first save
     first.close()
     with cairn.tensorflow.CheckpointManager(ckpt, str(tmp_path), max_to_keep=3) as second:
         assert second.latest_checkpoint == path
@@ -434,9 +436,9 @@ def test_s3_directory_saves_restores_and_copies_to_a_local_folder(
         opt2.build(net2.trainable_variables)
         ckpt2.restore(str(local / rel)).assert_consumed()
         _assert_same(_snapshot(ckpt2), snaps[path])
-    # A manager opened on the copy writes TensorFlow's state file for it.
-    with cairn.tensorflow.CheckpointManager(ckpt, str(local), max_to_keep=2):
-        pass
+    # A manager that becomes the copy's writer writes TensorFlow's state file for it.
+    with cairn.tensorflow.CheckpointManager(ckpt, str(local), max_to_keep=2) as manager:
+        assert manager.cairn_manager.latest() is not None  # opens the writer
     assert tf.train.latest_checkpoint(str(local)) == str(local / list(snaps)[-1][len(uri) + 1 :])
 
 

@@ -123,6 +123,40 @@ def _write_snapshot(snapshot: Any, prefix: str, options: Any) -> None:
             callback(prefix)
 
 
+def _index_of(folder: str) -> Optional[int]:
+    """The index of a Cairn checkpoint folder name (inverse of :func:`_checkpoint_name`)."""
+    if not folder.startswith("checkpoint_"):
+        return None
+    rest = folder[len("checkpoint_") :]
+    if len(rest) == 6 and rest.isdigit():
+        return int(rest)
+    if len(rest) > 7 and "a" <= rest[0] <= "z" and rest[1:].isdigit():
+        if len(rest) - 1 == ord(rest[0]) - ord("a") + 7:
+            return int(rest[1:])
+    return None
+
+
+class _Listed:
+    """A committed checkpoint found by listing the directory (no history: never pinned)."""
+
+    __slots__ = ("index", "name", "checkpoint")
+    pinned = False
+
+    def __init__(self, index: int, name: str, checkpoint: cairn.Checkpoint) -> None:
+        self.index = index
+        self.name = name
+        self.checkpoint = checkpoint
+
+
+def _dir_id(path: str) -> Optional[tuple[int, int]]:
+    """The identity (device, inode) of a folder, or None if there is none at ``path``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _tree_size(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
@@ -153,10 +187,16 @@ class CheckpointManager:
     ``score_attribute`` / ``score_order``: the ``max_to_keep`` best are kept,
     the newest always); :meth:`restore`, which checks every file against the
     manifest before TensorFlow reads it (and downloads a store's checkpoint);
-    the experiment lock (a second manager on the directory raises
-    ``cairn.LockedError``, until :meth:`close`); ``cairn ls/show/verify/gc/cp``
-    on the directory. For a local directory TensorFlow's ``checkpoint`` state
-    file is kept up to date atomically, so ``tf.train.latest_checkpoint`` and
+    the experiment lock, taken by a manager's first :meth:`save` (a second
+    manager that saves to the directory raises ``cairn.LockedError``, until
+    the first is closed), so every worker of a distribution strategy may
+    construct a manager on one directory and only the chief save, as
+    TensorFlow's guide does: a manager that never saved reads the committed
+    checkpoints (``latest_checkpoint``, ``checkpoints``, :meth:`restore`)
+    without the lock, on a local directory (on a store the constructor
+    takes the lock); ``cairn ls/show/verify/gc/cp`` on the directory. For a
+    local directory TensorFlow's ``checkpoint`` state file is kept up to date
+    atomically, so ``tf.train.latest_checkpoint`` and
     ``tf.train.Checkpoint.restore`` work on it directly.
 
     Thread safety: saves and restores belong to the thread that trains, as in
@@ -198,9 +238,10 @@ class CheckpointManager:
                 ``"max"`` nor ``"min"``, ``checkpoint_name`` is empty or has a
                 ``/`` (TensorFlow's messages where it has one).
             TypeError: ``checkpoint`` is not a ``tf.train.Checkpoint``.
-            cairn.LockedError: another manager has the directory open.
-            cairn.PermissionDeniedError, cairn.Error: the directory cannot
-                be created or written (naming it).
+            cairn.LockedError: a store's directory (``s3://``...) has
+                another writer (a local one's lock is taken by the first
+                :meth:`save`, which raises it).
+            OSError, cairn.Error: the directory cannot be created (naming it).
         """
         if max_to_keep is not None and max_to_keep <= 0:
             raise ValueError(
@@ -231,21 +272,53 @@ class CheckpointManager:
         self._executor: Optional[ThreadPoolExecutor] = None
         self._last_size = 0
         self._restored_copies: list[str] = []
-        config = cairn.CheckpointConfig(
+        self._config = cairn.CheckpointConfig(
             num_to_keep=max_to_keep,
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             checkpoint_score_attribute=score_attribute,
             checkpoint_score_order=score_order,
         )
+        self._staging_dir = None if staging_dir is None else os.fspath(staging_dir)
+        self._staging_root: Optional[str] = None
+        self._ram_root: Optional[str] = None
+        self._prefixes: dict[str, str] = {}  # Cairn checkpoint name -> TF prefix name
+        self._next_index = 0
+        self._closed = False
+        # The writer: Cairn's manager, holding the directory's lock. Opened by
+        # the first save() on a local directory (a manager that never saves
+        # reads committed checkpoints without the lock, see _listed()); by
+        # the constructor on a store, whose committed checkpoints the Python
+        # API cannot list without it.
+        self._cairn: Optional[cairn.CheckpointManager] = None
+        self._dir_id: Optional[tuple[int, int]] = None  # the directory the writer opened
         if self._local:
             os.makedirs(self._path, exist_ok=True)
-        self._cairn = cairn.CheckpointManager(self._directory, "", config)
+        else:
+            self._open_writer()
+
+    def _open_writer(self) -> None:
+        """Opens Cairn's manager (takes the lock), then removes what interrupted saves left.
+
+        Raises:
+            cairn.LockedError: another manager (this process or another) is
+                the directory's writer; the message names the directory.
+        """
+        try:
+            manager = cairn.CheckpointManager(self._directory, "", self._config)
+        except cairn.LockedError as e:
+            raise cairn.LockedError(
+                f"{self._directory}: another CheckpointManager is saving to this directory"
+                f" ({e}); one writer at a time: under a distribution strategy only the"
+                " chief saves, or each worker saves to a directory of its own",
+                "locked",
+                e.retryable,
+            ) from e
         try:
             # The lock is ours: what an interrupted save left is ours to remove.
-            self._ram_root: Optional[str] = None
-            if staging_dir is not None:
+            self._ram_root = None
+            if self._staging_dir is not None:
                 self._staging_root = os.path.join(
-                    os.fspath(staging_dir), f"cairn-tf-{uuid.uuid4().hex[:12]}"
+                    self._staging_dir, f"cairn-tf-{uuid.uuid4().hex[:12]}"
                 )
             elif self._local:
                 self._staging_root = os.path.join(self._path, STAGING)
@@ -258,18 +331,41 @@ class CheckpointManager:
                     shutil.rmtree(self._ram_root, ignore_errors=True)
             else:
                 self._staging_root = tempfile.mkdtemp(prefix="cairn-tf-")
-            self._prefixes: dict[str, str] = {}  # Cairn checkpoint name -> TF prefix name
-            for record in self._cairn.history():
-                self._prefixes[record.name] = self._prefix_of(record)
-            latest = self._cairn.latest()
-            self._next_index = 0 if latest is None else latest.index + 1
-            if self._local:
-                for leftover in glob.glob(os.path.join(self._path, f".{STATE_FILE}.tmp-*")):
-                    os.unlink(leftover)
-                self._write_state_file()
+            prefixes = {r.name: self._prefix_of(r.checkpoint) for r in manager.history()}
+            latest = manager.latest()
+            with self._lock:
+                self._cairn = manager
+                self._dir_id = _dir_id(self._path) if self._local else None
+                self._prefixes = prefixes
+                self._next_index = 0 if latest is None else latest.index + 1
+                if self._local:
+                    for leftover in glob.glob(os.path.join(self._path, f".{STATE_FILE}.tmp-*")):
+                        os.unlink(leftover)
+                    self._write_state_file()
         except BaseException:
-            self._cairn.close()
+            self._cairn = None
+            manager.close()
             raise
+
+    def _writer(self) -> cairn.CheckpointManager:
+        """Cairn's manager, opened (and the lock taken) on first use.
+
+        A local directory removed (or replaced) since it was opened
+        (TensorFlow's multi-worker pattern: a non-chief worker deletes its
+        temporary directory after each save) is created and opened afresh,
+        as a new experiment.
+        """
+        if self._cairn is not None and self._local and _dir_id(self._path) != self._dir_id:
+            old, self._cairn = self._cairn, None
+            try:
+                old.close()  # releases the lock of the removed directory
+            except cairn.Error:
+                pass  # its files are gone with the directory: nothing to keep
+            os.makedirs(self._path, exist_ok=True)
+        if self._cairn is None:
+            self._open_writer()
+        assert self._cairn is not None
+        return self._cairn
 
     # --- TensorFlow's properties -------------------------------------------
 
@@ -315,8 +411,13 @@ class CheckpointManager:
 
     @property
     def cairn_manager(self) -> cairn.CheckpointManager:
-        """The Cairn experiment underneath (records, metrics, ``best()``)."""
-        return self._cairn
+        """The Cairn experiment underneath (records, metrics, ``best()``).
+
+        Opens it if this manager has not saved yet, which makes this manager
+        the directory's writer (``cairn.LockedError`` if another is).
+        """
+        self._check_open()
+        return self._writer()
 
     # --- saving ------------------------------------------------------------
 
@@ -351,7 +452,15 @@ class CheckpointManager:
         once it is. (TensorFlow's own asynchronous checkpointer is not used:
         in TensorFlow 2.21 with Keras 3 it fails from the second save on.)
 
+        The first save of a manager takes the directory's lock (and removes
+        what an interrupted save of an earlier writer left).
+
         Raises:
+            cairn.LockedError: another manager (in any process) is saving to
+                the directory and not closed; nothing changed (not even
+                ``save_counter``). The message names the directory and the
+                lock's holder.
+            cairn.PermissionDeniedError: the directory cannot be written.
             cairn.InvalidArgumentError: ``metrics`` not JSON, or a
                 ``score_attribute`` that is not a number.
             cairn.Error, tf.errors.OpError: the write or the commit failed
@@ -363,6 +472,7 @@ class CheckpointManager:
 
         self._check_open()
         self.sync()  # the previous asynchronous commit, and its error
+        self._writer()  # the lock: cairn.LockedError before anything changes
         if self._checkpoint_interval is not None:
             current_step = int(self._step_counter.numpy())
             if self._last_checkpoint_step is not None:
@@ -454,11 +564,13 @@ class CheckpointManager:
         source.set_metadata(
             {_METADATA_KEY: {"prefix": name, "number": number, "version": tf.__version__}}
         )
-        record = self._cairn.register_checkpoint(metrics, source)
+        manager = self._cairn
+        assert manager is not None  # save() opened it
+        record = manager.register_checkpoint(metrics, source)
         with self._lock:
             self._prefixes[record.name] = name
             self._next_index = record.index + 1
-            kept = {r.name for r in self._cairn.history()}
+            kept = {r.name for r in manager.history()}
             for gone in set(self._prefixes) - kept:
                 del self._prefixes[gone]
             if self._local:
@@ -527,20 +639,24 @@ class CheckpointManager:
     # --- lifetime ----------------------------------------------------------
 
     def close(self) -> None:
-        """Waits for an asynchronous save, then releases the directory's lock.
+        """Waits for an asynchronous save, then releases the directory's lock (if it took it).
 
         Removes the staging folder and restored copies. Raises an error of an
         asynchronous save not yet seen (the lock is released regardless).
+        Later calls but the properties ``directory``, ``checkpoint`` and
+        ``checkpoint_interval`` raise ``cairn.FailedPreconditionError``.
         """
-        if self._cairn.closed:
+        if self._closed:
             return
+        self._closed = True
         try:
             self.sync()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
-            self._cairn.close()
+            if self._cairn is not None:
+                self._cairn.close()
             for d in [self._staging_root, self._ram_root, *self._restored_copies]:
                 if d is not None:
                     shutil.rmtree(d, ignore_errors=True)
@@ -555,31 +671,66 @@ class CheckpointManager:
     # --- helpers -----------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._cairn.closed:
+        if self._closed:
             raise FailedPreconditionError(
                 f"{self._directory}: the CheckpointManager is closed", "failed_precondition"
             )
 
-    def _prefix_of(self, record: cairn.CheckpointRecord) -> str:
+    def _prefix_of(self, checkpoint: cairn.Checkpoint) -> str:
         """The TF prefix name in a committed checkpoint (from its metadata, else its files)."""
-        meta = record.checkpoint.get_metadata().get(_METADATA_KEY)
+        meta = checkpoint.get_metadata().get(_METADATA_KEY)
         if isinstance(meta, dict) and isinstance(meta.get("prefix"), str):
             return meta["prefix"]
-        for path, _ in record.checkpoint.files():
+        for path, _ in checkpoint.files():
             if path.endswith(".index") and "/" not in path:
                 return path[: -len(".index")]
         raise CorruptionError(
-            f"{record.checkpoint.uri}: holds no TensorFlow checkpoint (no .index file)",
+            f"{checkpoint.uri}: holds no TensorFlow checkpoint (no .index file)",
             "corruption",
         )
 
-    def _published(self) -> list[cairn.CheckpointRecord]:
-        """Cairn's kept records this manager has finished committing (lock held).
+    def _published(self) -> list[Any]:
+        """The kept checkpoints, oldest first, as records (``name``, ``pinned``, ``checkpoint``).
 
-        A background commit's record is in Cairn's history a moment before
-        its prefix is known here; it is named only from then on.
+        The writer (``self._lock`` held): Cairn's kept records this manager
+        has finished committing (a background commit's record is in Cairn's
+        history a moment before its prefix is known here; it is named only
+        from then on). A manager that has not saved: :meth:`_listed`.
         """
+        if self._cairn is None:
+            return self._listed()
         return [r for r in self._cairn.history() if r.name in self._prefixes]
+
+    def _listed(self) -> list[_Listed]:
+        """The committed checkpoints in the local directory, read without the lock.
+
+        One directory read, then each ``checkpoint_NNNNNN`` folder's
+        manifest: a folder is listed only if its manifest is committed
+        (written last, after every file is durable), so an uncommitted save
+        (the writer's, under way, or a killed one's leftover) is never
+        named. A folder the writer's retention removes (manifest first) drops
+        out. Refreshes ``self._prefixes`` (``self._lock`` held).
+        """
+        found: list[_Listed] = []
+        try:
+            names = os.listdir(self._path)
+        except FileNotFoundError:
+            names = []
+        prefixes: dict[str, str] = {}
+        for name in names:
+            index = _index_of(name)
+            if index is None:
+                continue
+            ckpt = cairn.Checkpoint(os.path.join(self._path, name))
+            try:
+                if not ckpt.is_committed():
+                    continue
+                prefixes[name] = self._prefix_of(ckpt)
+            except (NotFoundError, FileNotFoundError):
+                continue  # retired by the writer while read
+            found.append(_Listed(index, name, ckpt))
+        self._prefixes = prefixes
+        return sorted(found, key=lambda r: r.index)
 
     def _full(self, folder: str, name: Optional[str] = None) -> str:
         rel = f"{folder}/{name if name is not None else self._prefixes[folder]}"
