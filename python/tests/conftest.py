@@ -3,6 +3,7 @@ reached through Python threads."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import socket
 import sys
@@ -11,6 +12,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _no_ram_staging_left(tmp_path: pathlib.Path) -> Iterator[None]:
+    """Removes the RAM staging folders cairn.tensorflow keeps in /dev/shm for
+    a directory under this test's folder (named for the directory, and
+    swept by the next manager that opens it; a killed save in a directory
+    no manager opens again would leave one behind)."""
+    yield
+    shm = pathlib.Path("/dev/shm")
+    if not shm.is_dir() or not any(shm.glob("cairn-tf-staging-*")):
+        return
+    import hashlib
+    import shutil
+
+    for d in [tmp_path, *(p for p in tmp_path.rglob("*") if p.is_dir())]:
+        key = hashlib.sha256(os.path.abspath(d).encode()).hexdigest()[:16]
+        shutil.rmtree(shm / f"cairn-tf-staging-{key}", ignore_errors=True)
 
 
 @pytest.fixture
