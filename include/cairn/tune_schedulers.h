@@ -117,8 +117,7 @@ class FIFOScheduler final : public TrialScheduler {
 // ASHAScheduler). Rungs at time_attr = grace_period * reduction_factor^k
 // below max_t. When a trial reaches a rung, its metric joins that rung's
 // recorded values; it is stopped unless it is within the top
-// 1/reduction_factor of them (with fewer than reduction_factor values
-// recorded, it goes on). A trial whose time attribute reaches max_t is
+// 1/reduction_factor of them (the first value a rung records goes on). A trial whose time attribute reaches max_t is
 // stopped (it is done). Uses the metric of the first result at or past the
 // rung (a trial skipping a rung milestone is judged at the next result past
 // it, once per rung).
@@ -126,12 +125,12 @@ class FIFOScheduler final : public TrialScheduler {
 // Exactly: on a result with t < max_t and a usable metric, the rung that
 // judges is the highest one with milestone <= t; if the trial already has a
 // value there it goes on (rungs it skipped get no value from it). Otherwise
-// its score s joins the rung's values v (n of them, s included); when
-// n >= reduction_factor the cutoff is their (1 - 1/reduction_factor)
-// quantile by linear interpolation between closest ranks (numpy's default,
-// as Ray's ASHA): with v sorted ascending, p = (1 - 1/rf) * (n - 1),
-// cutoff = v[floor(p)] + frac(p) * (v[floor(p) + 1] - v[floor(p)]); the
-// trial stops when s < cutoff. Bracket b (0-based) has the rungs with
+// its score s is judged against the rung's values v recorded before it (n
+// of them; none: it goes on), then joins them. The cutoff is their
+// (1 - 1/reduction_factor) quantile by linear interpolation between closest
+// ranks (numpy's default, as Ray 2.x's ASHA): with v sorted ascending,
+// p = (1 - 1/rf) * (n - 1), cutoff = v[floor(p)] + frac(p) *
+// (v[floor(p) + 1] - v[floor(p)]); the trial stops when s < cutoff. Bracket b (0-based) has the rungs with
 // k >= b; trials go to brackets in the order they are added, round-robin.
 // Rung values stay when a trial completes or fails: they still set the bar.
 struct ASHAOptions {

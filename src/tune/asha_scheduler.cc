@@ -128,14 +128,16 @@ SchedulerDecision ASHAScheduler::on_trial_result(const TrialView& trial, const j
   std::optional<double> score = score_of(result, options_.metric, options_.mode);
   if (!score) return decision;
   // The highest rung reached is the one that judges; rungs skipped on the
-  // way get no value from this trial (as in Ray).
+  // way get no value from this trial. As in Ray (2.x): the bar is the
+  // quantile of the values the rung recorded before this one, and the
+  // first value a rung records passes.
   for (Rung& rung : brackets_[static_cast<std::size_t>(found->second)]) {
     if (t < rung.milestone) continue;
-    if (!rung.recorded.emplace(trial.trial_id, *score).second) break;  // judged here already
-    if (static_cast<double>(rung.recorded.size()) < options_.reduction_factor) break;
-    if (*score < rung_cutoff(rung.recorded, options_.reduction_factor)) {
+    if (rung.recorded.contains(trial.trial_id)) break;  // judged here already
+    if (!rung.recorded.empty() && *score < rung_cutoff(rung.recorded, options_.reduction_factor)) {
       decision.action = SchedulerDecision::kStop;
     }
+    rung.recorded.emplace(trial.trial_id, *score);
     break;
   }
   return decision;

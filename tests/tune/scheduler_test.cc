@@ -123,18 +123,23 @@ TEST(ASHAScheduler, StopsTrialsBelowTheRungQuantile) {
   EXPECT_EQ(recorded, (json{{"p", 10.0}, {"q", 20.0}, {"r", 15.0}}));
 }
 
-TEST(ASHAScheduler, GoesOnWhileFewerThanReductionFactorValuesAreRecorded) {
+// As Ray 2.x's ASHA (checked beside the real Ray by the Python
+// differential suite, python/tests/ray_compat): a value is judged by the
+// quantile of the values its rung recorded before it; the first one passes.
+TEST(ASHAScheduler, JudgesEachValueByTheValuesItsRungRecordedBefore) {
   ASHAScheduler asha(asha_options(4, 100));
-  for (const char* id : {"a", "b", "c", "d"}) asha.on_trial_add(view(id));
-  // Falling scores: the first three go on whatever they report.
+  for (const char* id : {"a", "b", "c", "d", "e"}) asha.on_trial_add(view(id));
   EXPECT_EQ(asha.on_trial_result(view("a"), result(1, 4)).action, SchedulerDecision::kContinue);
-  EXPECT_EQ(asha.on_trial_result(view("b"), result(1, 3)).action, SchedulerDecision::kContinue);
-  EXPECT_EQ(asha.on_trial_result(view("c"), result(1, 2)).action, SchedulerDecision::kContinue);
-  // {1, 2, 3, 4}: the 0.75 quantile is 3 + 0.25 * (4 - 3) = 3.25.
-  EXPECT_EQ(asha.on_trial_result(view("d"), result(1, 1)).action, SchedulerDecision::kStop);
-  // {1, 2, 3, 3.5, 4}: the 0.75 quantile is the 4th value, 3.5: not below it.
-  asha.on_trial_add(view("e"));
-  EXPECT_EQ(asha.on_trial_result(view("e"), result(1, 3.5)).action, SchedulerDecision::kContinue);
+  // {4}: the bar is 4.
+  EXPECT_EQ(asha.on_trial_result(view("b"), result(1, 3)).action, SchedulerDecision::kStop);
+  // {3, 4}: the 0.75 quantile is 3 + 0.75 * (4 - 3) = 3.75.
+  EXPECT_EQ(asha.on_trial_result(view("c"), result(1, 5)).action, SchedulerDecision::kContinue);
+  // {3, 4, 5}: 4 + 0.5 * (5 - 4) = 4.5.
+  EXPECT_EQ(asha.on_trial_result(view("d"), result(1, 4)).action, SchedulerDecision::kStop);
+  // {3, 4, 4, 5}: 4 + 0.25 * (5 - 4) = 4.25; 4.5 is not below it.
+  EXPECT_EQ(asha.on_trial_result(view("e"), result(1, 4.5)).action, SchedulerDecision::kContinue);
+  // A trial judged at a rung is not judged there again.
+  EXPECT_EQ(asha.on_trial_result(view("c"), result(2, 0)).action, SchedulerDecision::kContinue);
 }
 
 TEST(ASHAScheduler, StopsAtMaxTWithOrWithoutTheMetric) {
