@@ -68,7 +68,7 @@ run_pytest() {  # run_pytest BUILD_DIR: the Python package's tests, each counted
   local log
   log=$(mktemp)
   set +e
-  PYTHONPATH="$1/python" PYTHONDONTWRITEBYTECODE=1 .venv/bin/python3 -m pytest -q -p no:cacheprovider \
+  PYTHONPATH="$1/python" PYTHONDONTWRITEBYTECODE=1 .venv/bin/python3 -m pytest -q -p no:cacheprovider --durations=25 \
     python/tests 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
