@@ -427,6 +427,10 @@ PYBIND11_MODULE(_cairn, m) {
         return w.commit(jm, now, jd ? &*jd : nullptr).to_json();
       },
       py::arg("dest"), py::arg("entries"), py::arg("metrics"), py::arg("metadata"));
+  m.def("s3_endpoint", [] {
+    const cairn::S3Endpoint e = cairn::s3_endpoint();
+    return py::make_tuple(e.url, e.region, e.custom);
+  });
   // Copies the files of the local folder `source` into the uncommitted
   // checkpoint `dest` and commits it with `metrics` (cairn.ray's upload).
   m.def(

@@ -297,6 +297,18 @@ class Storage {
 // cannot be reached fails on first use.
 std::shared_ptr<Storage> open_storage(std::string_view uri);
 
+// Where s3:// URIs go, resolved as open_storage() resolves it for an s3://
+// root (as the AWS CLI does: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the
+// profile's configuration, else AWS's regional endpoint; docs/s3.md), for
+// tools that must reach the same server (a pyarrow filesystem for Ray).
+struct S3Endpoint {
+  std::string url;      // never a trailing slash
+  std::string region;   // the signing region
+  bool custom = false;  // whether `url` came from configuration
+};
+// Throws kInvalidArgument as open_storage() would for unusable configuration.
+S3Endpoint s3_endpoint();
+
 // A memory storage of its own, in no registry: reachable only through the
 // returned storage (and its children), freed with the last of them (the
 // storage behind Checkpoint::in_memory()). Its URI, "memory://private-<n>",

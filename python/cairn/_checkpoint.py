@@ -138,8 +138,11 @@ class Checkpoint:
             ) from e
         uri = self.uri
         if uri.startswith("s3://"):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            return pyarrow.fs.S3FileSystem(endpoint_override=endpoint)
+            # The endpoint and region Cairn's own S3 client resolves (C++).
+            url, region, custom = _cairn.s3_endpoint()
+            return pyarrow.fs.S3FileSystem(
+                endpoint_override=url if custom else None, region=region
+            )
         if uri.startswith("file://"):
             return pyarrow.fs.LocalFileSystem()
         raise ValueError(f"{uri}: no pyarrow filesystem for this kind of checkpoint")

@@ -167,3 +167,25 @@ def test_a_save_releases_the_gil_so_other_threads_run(
         assert record.checkpoint.verify() == []
         with record.checkpoint.as_directory() as view:
             assert (pathlib.Path(view) / "blob").read_bytes() == (big / "blob").read_bytes()
+
+
+def test_an_s3_checkpoints_filesystem_reaches_the_endpoint_cairn_itself_uses(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The endpoint comes from the profile's services section, which only
+    # Cairn's C++ resolution (as the AWS CLI's) knows about.
+    pytest.importorskip("pyarrow")
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile other]\nregion = eu-west-3\nservices = mine\n"
+        "[services mine]\ns3 =\n  endpoint_url = http://127.0.0.1:9999\n"
+    )
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_PROFILE", "other")
+    fs = cairn.Checkpoint("s3://bucket/run/checkpoint_000000").filesystem
+    options = fs.__reduce__()[1][0]
+    assert options["endpoint_override"] == "http://127.0.0.1:9999"
+    assert options["region"] == "eu-west-3"

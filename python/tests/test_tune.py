@@ -138,7 +138,14 @@ def test_with_resources_hands_each_trial_its_own_gpus(
         tune.with_resources(Recorder, {"gpu": 1}),
         param_space={},
         tune_config=TuneConfig(max_concurrent_trials=1),
-        run_config=RunConfig(name="class", storage_path=tmp_path, stop={"training_iteration": 1}),
+        run_config=RunConfig(
+            name="class",
+            storage_path=tmp_path,
+            stop={"training_iteration": 1},
+            # No save_checkpoint: as in Ray, a class trainable saves at its end
+            # unless told not to.
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False),
+        ),
     ).fit()
     assert grid[0].metrics["gpus"] == "3", grid[0].metrics  # its GPU, not the Tuner's "3,5"
 

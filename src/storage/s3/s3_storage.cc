@@ -339,6 +339,11 @@ bool valid_bucket_name(std::string_view b) {
 }  // namespace
 }  // namespace s3_impl
 
+S3Endpoint s3_endpoint() {
+  const s3::S3Settings settings = s3::resolve_s3_settings(s3::AwsEnvironment::process());
+  return {settings.endpoint, settings.region, settings.custom_endpoint};
+}
+
 std::shared_ptr<Storage> open_s3_storage(std::string_view bucket, std::string_view prefix) {
   if (!s3_impl::valid_bucket_name(bucket)) {
     throw Error(ErrorCode::kInvalidArgument,
