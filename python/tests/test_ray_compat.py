@@ -524,3 +524,53 @@ def test_get_results_reads_a_restored_experiment_without_running_it(
     assert [len(r.metrics_history) for r in again] == [3, 3]  # nothing ran again
     with pytest.raises(cairn.FailedPreconditionError, match="not restored"):
         tune.Tuner(trainable, run_config=RunConfig(name="new", storage_path=tmp_path)).get_results()
+
+
+# Found by running Ray's own tests against Cairn (docs/ray.md, "Ray's own tests").
+
+
+def test_result_is_built_from_ray_fields(tmp_path: pathlib.Path) -> None:
+    # Ray Train V2's tests build a Result by hand: Result(metrics, checkpoint, error, path, ...).
+    kept = [(Checkpoint(str(tmp_path / f"c{i}")), {"iter": i, "m": float(i)}) for i in range(3)]
+    result = train.Result(
+        metrics={"iter": 2},
+        checkpoint=kept[-1][0],
+        error=None,
+        path=str(tmp_path),
+        best_checkpoints=kept,
+    )
+    assert result.metrics == {"iter": 2} and result.path == str(tmp_path)
+    assert result.checkpoint == kept[-1][0] and result.error is None
+    assert result.get_best_checkpoint("m", "min") == kept[0][0]
+    assert result.get_best_checkpoint("m", "max") == kept[2][0]
+    assert "metrics={'iter': 2}" in repr(result)
+    assert train.Result({}, None, None, str(tmp_path)).best_checkpoints == []
+    with pytest.raises(TypeError, match="metrics"):
+        train.Result(metrics=[1], checkpoint=None, error=None, path=str(tmp_path))
+
+
+def _fails_after_a_checkpoint(config: dict[str, Any]) -> None:
+    train.report({"m": 1}, checkpoint=Checkpoint.from_dict({"i": 1}))
+    raise RuntimeError("worker fails on purpose")
+
+
+def test_fit_raises_worker_group_error_and_from_path_takes_a_filesystem(
+    tmp_path: pathlib.Path,
+) -> None:
+    from pyarrow.fs import LocalFileSystem
+
+    trainer = TorchTrainer(
+        _fails_after_a_checkpoint,
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(name="wge", storage_path=str(tmp_path)),
+    )
+    with pytest.raises(train.WorkerGroupError, match="on purpose") as raised:
+        trainer.fit()
+    assert isinstance(raised.value, train.TrainingFailedError)  # code written for V1 catches it
+    assert raised.value.result is not None and raised.value.result.checkpoint is not None
+    for filesystem in (None, LocalFileSystem()):
+        result = train.Result.from_path(str(tmp_path / "wge"), storage_filesystem=filesystem)
+        assert result.checkpoint is not None and result.checkpoint.to_dict() == {"i": 1}
+        assert isinstance(result.error, train.TrainingFailedError)
+    with pytest.raises(TypeError, match="filesystem"):
+        train.Result.from_path(str(tmp_path / "wge"), storage_filesystem=object())

@@ -29,7 +29,7 @@ from cairn._args import check_public as _check_public
 from cairn._checkpoint import Checkpoint
 from cairn._manager import CheckpointConfig, MemoryTierConfig
 from cairn.train._config import FailureConfig, RunConfig, ScalingConfig, SyncConfig
-from cairn.train._result import Result, TrainingFailedError
+from cairn.train._result import Result, TrainingFailedError, WorkerGroupError
 from cairn.train._session import (
     TrainContext,
     get_checkpoint,
@@ -57,6 +57,7 @@ __all__ = [
     "report",
     "should_checkpoint",
     "wait_for_reports",
+    "WorkerGroupError",
 ]
 
 

@@ -24,6 +24,14 @@ class TrainingFailedError(RuntimeError):
         self.result = result
 
 
+class WorkerGroupError(TrainingFailedError):
+    """A run whose workers failed (a worker's training function raised, or its
+    process died) more often than ``FailureConfig`` allows: what ``fit()``
+    raises then, as Ray Train's (V2). A :class:`TrainingFailedError`, so code
+    written for either catches it.
+    """
+
+
 class Result:
     """The outcome of ``fit()``, as Ray's ``Result``.
 
@@ -58,36 +66,75 @@ class Result:
             checksums and was dropped before the attempt took the next copy.
     """
 
-    def __init__(self, impl: _cairn.TrainResult) -> None:
+    def __init__(
+        self,
+        metrics: Any = None,
+        checkpoint: Optional[Checkpoint] = None,
+        error: Optional[BaseException] = None,
+        path: Optional[str] = None,
+        metrics_dataframe: Any = None,
+        best_checkpoints: Optional[list[tuple[Checkpoint, dict[str, Any]]]] = None,
+    ) -> None:
+        """A Result built from its fields, as Ray's ``Result(metrics,
+        checkpoint, error, path, metrics_dataframe, best_checkpoints)``; Cairn
+        itself builds one from the C++ Trainer's result (passed as
+        ``metrics``).
+
+        Raises:
+            TypeError: ``metrics`` is neither a dict, None nor the C++ result.
+        """
+        self._dataframe = metrics_dataframe
+        self.metrics: dict[str, Any] = {}
+        self.checkpoint: Optional[Checkpoint] = checkpoint
+        self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = []
+        self.config: dict[str, Any] = {}
+        self.path: str = "" if path is None else os.fspath(path)
+        self.error: Optional[BaseException] = error
+        self.preempted: bool = False
+        self.metrics_history: list[dict[str, Any]] = []
+        self.restores: list[dict[str, Any]] = []
+        if isinstance(metrics, _cairn.TrainResult):
+            self._from_impl(metrics)
+            return
+        if metrics is not None and not isinstance(metrics, dict):
+            raise TypeError(f"Result(metrics): a dict, not {type(metrics).__name__}")
+        self.metrics = dict(metrics or {})
+        self.best_checkpoints = list(best_checkpoints or [])
+        self.metrics_history = [self.metrics] if self.metrics else []
+
+    def _from_impl(self, impl: _cairn.TrainResult) -> None:
         self._impl = impl
         history = impl.metrics_history
         # As Ray's: the last round's row, with what the runtime adds to it
         # (training_iteration, time_total_s, timestamp, ...).
-        self.metrics: dict[str, Any] = {**(history[-1] if history else {}), **(impl.metrics or {})}
-        self.checkpoint: Optional[Checkpoint] = (
-            None if impl.checkpoint is None else Checkpoint(impl.checkpoint)
-        )
+        self.metrics = {**(history[-1] if history else {}), **(impl.metrics or {})}
+        self.checkpoint = None if impl.checkpoint is None else Checkpoint(impl.checkpoint)
         # The C++ Result lists the best first; Ray's ends with it.
-        self.best_checkpoints: list[tuple[Checkpoint, dict[str, Any]]] = [
+        self.best_checkpoints = [
             (Checkpoint(b.checkpoint), b.metrics) for b in reversed(impl.best_checkpoints)
         ]
-        self.config: dict[str, Any] = {}
-        self.path: str = impl.path
-        self.error: Optional[TrainingFailedError] = (
-            None if impl.error is None else TrainingFailedError(impl.error)
-        )
-        self.preempted: bool = impl.preempted
-        self.metrics_history: list[dict[str, Any]] = history
-        self.restores: list[dict[str, Any]] = impl.restores
+        self.path = impl.path
+        self.error = None if impl.error is None else TrainingFailedError(impl.error)
+        self.preempted = impl.preempted
+        self.metrics_history = history
+        self.restores = impl.restores
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> Result:
+    def from_path(cls, path: str | os.PathLike[str], storage_filesystem: Any = None) -> Result:
         """The Result of the run stored at ``path`` (an experiment folder or URI).
+
+        ``storage_filesystem``, as Ray's, may be a ``pyarrow.fs``
+        LocalFileSystem or S3FileSystem on which ``path`` lies ("bucket/key"
+        for S3); only its kind is used (Cairn reads with its own clients).
 
         Raises:
             cairn.NotFoundError: nothing was run there.
+            TypeError: ``storage_filesystem`` is of another kind.
         """
-        result = cls(_cairn.TrainResult.from_path(path))
+        from cairn._checkpoint import _location
+
+        location = _location(os.fspath(path), storage_filesystem)
+        result = cls(_cairn.TrainResult.from_path(location))
         result.config = _saved_config(result.path)
         return result
 
@@ -115,7 +162,10 @@ class Result:
 
     @property
     def metrics_dataframe(self) -> Any:
-        """``metrics_history`` as a ``pandas.DataFrame`` (needs pandas)."""
+        """``metrics_history`` as a ``pandas.DataFrame`` (needs pandas), or the
+        one given to the constructor."""
+        if self._dataframe is not None:
+            return self._dataframe
         try:
             import pandas
         except ImportError as e:

@@ -13,7 +13,7 @@ from cairn._checkpoint import Checkpoint
 from cairn.errors import InvalidArgumentError
 from cairn.train import _session
 from cairn.train._config import RunConfig, ScalingConfig, worker_range
-from cairn.train._result import Result, TrainingFailedError, _saved_config
+from cairn.train._result import Result, WorkerGroupError, _saved_config
 from cairn.train._session import TrainContext, get_context
 
 # Setup for a framework's process group, run in each worker before the
@@ -228,7 +228,8 @@ class DataParallelTrainer:
         The GIL is released meanwhile.
 
         Raises:
-            TrainingFailedError: the run failed: its message names the rank
+            WorkerGroupError: (a TrainingFailedError, as Ray Train V2's) the
+                run failed: its message names the rank
                 and the cause (a Python worker's traceback included);
                 ``error.result`` is the run's Result, whose checkpoint is
                 the latest committed before the failure.
@@ -242,7 +243,7 @@ class DataParallelTrainer:
         else:  # a restore given no config goes on with the saved one
             result.config = _saved_config(result.path)
         if result.error is not None and not result.preempted:
-            raise TrainingFailedError(
+            raise WorkerGroupError(
                 f"{result.error}\n(the run is at {result.path}: "
                 f"{type(self).__name__}.restore(path, train_loop_per_worker) goes on from its "
                 "latest checkpoint; FailureConfig(max_failures=...) restarts it by itself)",
