@@ -16,29 +16,14 @@ from collections.abc import Mapping
 from typing import Any, Union
 
 from cairn import _cairn
+from cairn._tensors import _TORCH_TO_FILE
 from cairn.errors import InvalidArgumentError
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 # numpy dtype name (TensorFlow's numpy view; ml_dtypes for bfloat16 and
-# float8) -> safetensors dtype.
-_NUMPY_NAME_TO_FILE = {
-    "bool": "BOOL",
-    "uint8": "U8",
-    "int8": "I8",
-    "int16": "I16",
-    "uint16": "U16",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int32": "I32",
-    "uint32": "U32",
-    "float32": "F32",
-    "float64": "F64",
-    "int64": "I64",
-    "uint64": "U64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
+# float8) -> safetensors dtype: the names are torch's, so the one table.
+_NUMPY_NAME_TO_FILE = _TORCH_TO_FILE
 _FILE_TO_NUMPY_NAME = {v: k for k, v in _NUMPY_NAME_TO_FILE.items()}
 # Same-size unsigned integers, for dtypes DLPack cannot carry from numpy.
 _UINT_OF_SIZE = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
