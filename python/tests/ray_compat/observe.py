@@ -24,20 +24,6 @@ import sys
 import tempfile
 from typing import Any
 
-# Values that differ from run to run in either framework.
-VOLATILE = {
-    "timestamp",
-    "time_this_iter_s",
-    "time_total_s",
-    "time_since_restore",
-    "date",
-    "pid",
-    "hostname",
-    "node_ip",
-    "trial_id",
-}
-
-
 # A checkpoint's folder: Tune's and Cairn's checkpoint_000000, or Ray
 # Train's checkpoint_<date and time>.
 CHECKPOINT_FOLDER = re.compile(r"checkpoint_(\d{6}|\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d+)")

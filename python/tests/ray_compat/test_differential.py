@@ -37,7 +37,7 @@ ALL = sorted(p.name for p in EXAMPLES.glob("*.py"))
 # The metrics whose values neither framework fixes: the examples draw their
 # data and initial weights without a seed, in worker processes.
 UNSEEDED = {"loss"}
-# What differs from run to run in either framework (observe.VOLATILE too).
+# What differs from run to run in either framework.
 VOLATILE = {
     "timestamp",
     "time_this_iter_s",
