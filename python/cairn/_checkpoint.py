@@ -253,7 +253,10 @@ class Checkpoint:
         return hash(self.uri)
 
     def __repr__(self) -> str:
-        return f"Checkpoint(path={self.path!r})"
+        # Ray's form: the filesystem's kind ("local", "s3", "memory") and the path.
+        scheme = self.uri.split("://", 1)[0]
+        kind = "local" if scheme == "file" else scheme
+        return f"Checkpoint(filesystem={kind}, path={self.path})"
 
 
 def _location(path: str, filesystem: Any) -> str:

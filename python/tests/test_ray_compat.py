@@ -574,3 +574,13 @@ def test_fit_raises_worker_group_error_and_from_path_takes_a_filesystem(
         assert isinstance(result.error, train.TrainingFailedError)
     with pytest.raises(TypeError, match="filesystem"):
         train.Result.from_path(str(tmp_path / "wge"), storage_filesystem=object())
+
+
+def test_checkpoint_repr_is_rays(tmp_path: pathlib.Path) -> None:
+    assert (
+        repr(Checkpoint(str(tmp_path / "c"))) == f"Checkpoint(filesystem=local, path={tmp_path}/c)"
+    )
+    assert (
+        repr(Checkpoint("s3://bucket/run/c")) == "Checkpoint(filesystem=s3, path=s3://bucket/run/c)"
+    )
+    assert repr(Checkpoint.from_dict({"a": 1})).startswith("Checkpoint(filesystem=memory, path=")
