@@ -38,8 +38,8 @@
 #include <vector>
 
 #ifdef CAIRN_PYTHON_PRETRAINED
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "cairn/checkpoint.h"
 #include "cairn/commit.h"
@@ -261,8 +261,8 @@ cairn::ManifestEntry entry_of(cairn::Storage& storage, const std::string& key) {
   XXH3_state_t whole;
   XXH3_64bits_reset(&whole);
   for (uint64_t offset = 0; offset < e.size; offset += cairn::kChecksumBlockSize) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(cairn::kChecksumBlockSize,
-                                                            e.size - offset));
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(cairn::kChecksumBlockSize, e.size - offset));
     reader->read_at(offset, std::span<std::byte>(buffer.data(), n));
     XXH3_64bits_update(&whole, buffer.data(), n);
     e.block_xxh3.push_back(XXH3_64bits(buffer.data(), n));
@@ -322,9 +322,9 @@ void check_weights(const cairn::Checkpoint& checkpoint, const std::vector<std::s
     }
     const cairn::ManifestEntry actual = entry_of(checkpoint.storage(), name);
     if (actual.size != it->size) {
-      throw cairn::Error(cairn::ErrorCode::kCorruption,
-                         where + ": " + std::to_string(actual.size) + " bytes, the manifest says " +
-                             std::to_string(it->size));
+      throw cairn::Error(cairn::ErrorCode::kCorruption, where + ": " + std::to_string(actual.size) +
+                                                            " bytes, the manifest says " +
+                                                            std::to_string(it->size));
     }
     if (actual.xxh3 == it->xxh3) continue;
     // Which bytes, and whose: the blocks that differ and the tensors there.
@@ -396,9 +396,9 @@ std::pair<std::vector<std::string>, std::vector<std::string>> load_pretrained(
         if (file.find('/') == std::string::npos && !checkpoint.storage().exists(file)) {
           std::string list;
           for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-          throw cairn::Error(cairn::ErrorCode::kCorruption,
-                             where + ": names shard " + file + " (tensors " + list +
-                                 "), which does not exist");
+          throw cairn::Error(
+              cairn::ErrorCode::kCorruption,
+              where + ": names shard " + file + " (tensors " + list + "), which does not exist");
         }
       }
     } else {
@@ -435,8 +435,8 @@ PYBIND11_MODULE(_cairn_torch, m) {
     }
   });
   m.def("save_pretrained", &save_pretrained, py::arg("uri"), py::arg("flat"),
-        py::arg("max_shard_size"), py::arg("weights_name"), py::arg("metadata"),
-        py::arg("files"), py::arg("user_metadata"));
+        py::arg("max_shard_size"), py::arg("weights_name"), py::arg("metadata"), py::arg("files"),
+        py::arg("user_metadata"));
   m.def("load_pretrained", &load_pretrained, py::arg("uri"), py::arg("flat"), py::arg("strict"),
         py::arg("weights_name"));
 #endif

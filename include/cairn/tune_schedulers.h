@@ -117,10 +117,9 @@ class FIFOScheduler final : public TrialScheduler {
 // ASHAScheduler). Rungs at time_attr = grace_period * reduction_factor^k
 // below max_t. When a trial reaches a rung, its metric joins that rung's
 // recorded values; it is stopped unless it is within the top
-// 1/reduction_factor of them (the first value a rung records goes on). A trial whose time attribute reaches max_t is
-// stopped (it is done). Uses the metric of the first result at or past the
-// rung (a trial skipping a rung milestone is judged at the next result past
-// it, once per rung).
+// 1/reduction_factor of them (the first value a rung records goes on). A trial whose time attribute
+// reaches max_t is stopped (it is done). Uses the metric of the first result at or past the rung (a
+// trial skipping a rung milestone is judged at the next result past it, once per rung).
 //
 // Exactly: on a result with t < max_t and a usable metric, the rung that
 // judges is the highest one with milestone <= t; if the trial already has a
@@ -130,9 +129,9 @@ class FIFOScheduler final : public TrialScheduler {
 // (1 - 1/reduction_factor) quantile by linear interpolation between closest
 // ranks (numpy's default, as Ray 2.x's ASHA): with v sorted ascending,
 // p = (1 - 1/rf) * (n - 1), cutoff = v[floor(p)] + frac(p) *
-// (v[floor(p) + 1] - v[floor(p)]); the trial stops when s < cutoff. Bracket b (0-based) has the rungs with
-// k >= b; trials go to brackets in the order they are added, round-robin.
-// Rung values stay when a trial completes or fails: they still set the bar.
+// (v[floor(p) + 1] - v[floor(p)]); the trial stops when s < cutoff. Bracket b (0-based) has the
+// rungs with k >= b; trials go to brackets in the order they are added, round-robin. Rung values
+// stay when a trial completes or fails: they still set the bar.
 struct ASHAOptions {
   std::string time_attr = "training_iteration";
   std::string metric;  // empty: TuneConfig's
