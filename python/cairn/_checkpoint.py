@@ -140,9 +140,7 @@ class Checkpoint:
         if uri.startswith("s3://"):
             # The endpoint and region Cairn's own S3 client resolves (C++).
             url, region, custom = _cairn.s3_endpoint()
-            return pyarrow.fs.S3FileSystem(
-                endpoint_override=url if custom else None, region=region
-            )
+            return pyarrow.fs.S3FileSystem(endpoint_override=url if custom else None, region=region)
         if uri.startswith("file://"):
             return pyarrow.fs.LocalFileSystem()
         raise ValueError(f"{uri}: no pyarrow filesystem for this kind of checkpoint")
