@@ -25,6 +25,7 @@
 #include "cairn/commit.h"
 #include "cairn/error.h"
 #include "cairn/manager.h"
+#include "cairn/storage.h"
 #include "cairn/version.h"
 
 namespace py = pybind11;
@@ -427,6 +428,19 @@ PYBIND11_MODULE(_cairn, m) {
         return w.commit(jm, now, jd ? &*jd : nullptr).to_json();
       },
       py::arg("dest"), py::arg("entries"), py::arg("metrics"), py::arg("metadata"));
+  // Deletes the experiment at `uri` so that none of its checkpoints is ever
+  // seen half-deleted: each committed one goes manifest first
+  // (delete_checkpoint), then every object left under the root.
+  m.def(
+      "delete_experiment",
+      [](const std::string& uri) {
+        py::gil_scoped_release release;
+        for (const cairn::CheckpointRecord& r : cairn::read_experiment(uri).checkpoints) {
+          cairn::delete_checkpoint(r.checkpoint);
+        }
+        cairn::open_storage(uri)->remove_prefix("");
+      },
+      py::arg("uri"));
   m.def("s3_endpoint", [] {
     const cairn::S3Endpoint e = cairn::s3_endpoint();
     return py::make_tuple(e.url, e.region, e.custom);

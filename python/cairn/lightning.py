@@ -55,6 +55,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 import torch
+from cairn import _cairn
 from cairn._args import check_public as _check_public
 from cairn._cairn import CheckpointConfig
 from cairn._checkpoint import Checkpoint
@@ -348,17 +349,14 @@ class CairnCheckpointIO(CheckpointIO):
         leaves no part of it under its name; a symlink (``save_last="link"``)
         is removed, not what it points to.
 
-        Raises:
-            NotImplementedError: an ``s3://`` or ``memory://`` path (Cairn's
-                Python API deletes no objects in a store).
+        In a store (``s3://``), where there is no rename, each committed
+        checkpoint under the name is deleted manifest first, so no reader
+        ever loads a part of one, then every object left under it.
         """
         where = _where(path)
         if _is_remote(where):
-            raise NotImplementedError(
-                f"{type(self).__name__}.remove_checkpoint({where!r}): Cairn's Python API "
-                "cannot delete checkpoints in a store; keep them (save_top_k=-1) or "
-                "delete them with the store's tools"
-            )
+            _cairn.delete_experiment(where)
+            return
         local = os.path.abspath(_local(where))
         _sweep(os.path.dirname(local), keep=self._staging_in_use())
         if os.path.islink(local) or os.path.isfile(local):
@@ -549,6 +547,8 @@ def _latest(where: str) -> Checkpoint:
     try:
         result = Result.from_path(where)
     except NotFoundError as e:
+        if _is_remote(where):  # a store has no folders: nothing is there
+            raise FileNotFoundError(f"Checkpoint file not found: {where} ({e})") from e
         raise InvalidArgumentError(
             f"{where}: not a checkpoint saved by cairn.lightning (no committed checkpoint "
             f"there: {e})",

@@ -187,8 +187,12 @@ def test_s3_save_overwrite_load_and_resume(
         expected = trainer._checkpoint_connector.dump_checkpoint()
         _equal(expected, plugin.load_checkpoint(f"{root}/{kind}.ckpt"))
         assert len(train.Result.from_path(f"{root}/{kind}.ckpt").best_checkpoints) == 1
-        with pytest.raises(NotImplementedError, match="remove_checkpoint"):
-            plugin.remove_checkpoint(f"{root}/{kind}.ckpt")
+        # Top-k removal in a store: the name is gone, the others stay.
+        trainer.save_checkpoint(f"{root}/{kind}-old.ckpt")
+        plugin.remove_checkpoint(f"{root}/{kind}-old.ckpt")
+        with pytest.raises(FileNotFoundError, match=f"{kind}-old.ckpt"):
+            plugin.load_checkpoint(f"{root}/{kind}-old.ckpt")
+        _equal(expected, plugin.load_checkpoint(f"{root}/{kind}.ckpt"))
     trainer, model = lf.fit(
         CairnCheckpointIO(), str(tmp_path / "resumed"), EPOCHS, ckpt_path=f"{root}/sync.ckpt"
     )
