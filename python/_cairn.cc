@@ -449,17 +449,29 @@ PYBIND11_MODULE(_cairn, m) {
   // checkpoint `dest` and commits it with `metrics` (cairn.ray's upload).
   m.def(
       "commit_directory",
-      [](const std::string& source, const cairn::Checkpoint& dest, py::handle metrics) {
+      [](const std::string& source, const cairn::Checkpoint& dest, py::handle metrics,
+         py::handle metadata) {
         const json jm = metrics.is_none() ? json::object() : to_json(metrics);
+        std::optional<json> jd;
+        if (!metadata.is_none()) jd = to_json(metadata);
         py::gil_scoped_release release;
         cairn::CheckpointWriter w(dest);
         w.copy_from(cairn::Checkpoint::from_directory(source));
         const double now =
             std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
                 .count();
-        w.commit(jm, now);
+        w.commit(jm, now, jd ? &*jd : nullptr);
       },
-      py::arg("source"), py::arg("dest"), py::arg("metrics"));
+      py::arg("source"), py::arg("dest"), py::arg("metrics"), py::arg("metadata") = py::none());
+  // Deletes a checkpoint so that it is never seen half-deleted (the
+  // manifest goes first); a missing one is a no-op.
+  m.def(
+      "delete_checkpoint",
+      [](const cairn::Checkpoint& checkpoint) {
+        py::gil_scoped_release release;
+        cairn::delete_checkpoint(checkpoint);
+      },
+      py::arg("checkpoint"));
   cairn::python::bind_state(m);
   cairn::python::bind_train(m);
   cairn::python::bind_tune(m);

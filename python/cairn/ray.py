@@ -31,6 +31,9 @@ from cairn.errors import AlreadyExistsError
 
 __all__ = ["checkpoint_upload_fn"]
 
+# The key of the checkpoint metadata that names the rank that uploaded it.
+_META_KEY = "cairn.ray"
+
 
 def checkpoint_upload_fn(checkpoint: Any, checkpoint_dir_name: str) -> Any:
     """Ray Train's ``checkpoint_upload_fn``: commits ``checkpoint`` (a
@@ -40,7 +43,10 @@ def checkpoint_upload_fn(checkpoint: Any, checkpoint_dir_name: str) -> Any:
 
     Call it through ``ray.train.report(..., checkpoint_upload_fn=...)`` in
     a Ray Train worker. One rank's files make a checkpoint: a second rank
-    uploading into the same checkpoint is refused.
+    uploading into the same checkpoint is refused. The same rank uploading
+    again under a name it committed before replaces that checkpoint: after
+    a restart Ray redoes a report whose checkpoint it had not registered
+    (its checkpoint metadata ``"cairn.ray"`` names the rank).
 
     Raises:
         cairn.AlreadyExistsError: the checkpoint is already committed
@@ -62,15 +68,30 @@ def checkpoint_upload_fn(checkpoint: Any, checkpoint_dir_name: str) -> Any:
             f"cairn.ray.checkpoint_upload_fn: the reported checkpoint {source} is not in a "
             "local folder"
         )
-    try:
-        _cairn.commit_directory(source, _from_uri(uri)._impl, None)
-    except AlreadyExistsError as e:
-        raise AlreadyExistsError(
-            f"rank {context.get_world_rank()}: checkpoint {uri} was already committed by another "
-            "rank; with Cairn inside Ray one rank's files make a checkpoint (report the "
-            f"checkpoint from one rank): {e}"
-        ) from e
+    _commit(source, uri, context.get_world_rank())
     return ray.train.Checkpoint(path, filesystem)
+
+
+def _commit(source: str, uri: str, rank: int) -> None:
+    """Commits the local folder ``source`` as the checkpoint at ``uri`` for
+    world rank ``rank`` (checkpoint_upload_fn's work, without Ray)."""
+    mine = {_META_KEY: {"world_rank": rank}}
+    dest = _from_uri(uri)
+    try:
+        _cairn.commit_directory(source, dest._impl, None, mine)
+    except AlreadyExistsError as e:
+        # The same rank uploading under a name it committed before: a group
+        # Ray restarted redoes a report whose checkpoint Ray had not yet
+        # registered when the worker died. That one was never handed out:
+        # replace it (the old one is deleted manifest first).
+        if dest.get_metadata().get(_META_KEY, {}).get("world_rank") != rank:
+            raise AlreadyExistsError(
+                f"rank {rank}: checkpoint {uri} was already committed by another rank; with "
+                "Cairn inside Ray one rank's files make a checkpoint (report the checkpoint "
+                f"from one rank): {e}"
+            ) from e
+        _cairn.delete_checkpoint(dest._impl)
+        _cairn.commit_directory(source, dest._impl, None, mine)
 
 
 _check_public(globals())

@@ -83,9 +83,34 @@ def test_a_worker_killed_mid_upload_resumes_from_the_newest_whole_checkpoint() -
         assert [pathlib.Path(p).name for p in result["best_checkpoints"]] == [
             f"checkpoint_epoch_{e}" for e in range(5)
         ]
-        # The restart resumed after the newest checkpoint Ray had registered:
-        # epoch 1's, or epoch 2's if the kill came after its upload returned.
+        # The restart resumed after the newest checkpoint Ray had registered
+        # when the worker died (Ray registers a report's checkpoint after its
+        # upload returned, so on a loaded machine that may be an older one:
+        # its later checkpoints are then uploaded again, replacing the
+        # unregistered ones under the same names).
         resumed = result["metrics"]["resumed_from"]
-        assert resumed in (2, 3)
+        assert 0 <= resumed <= 3
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_rank_uploading_again_replaces_its_checkpoint_and_another_rank_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    import cairn.ray
+
+    source = tmp_path / "local"
+    source.mkdir()
+    (source / "state.txt").write_text("first")
+    dest = str(tmp_path / "run" / "checkpoint_epoch_1")
+    cairn.ray._commit(str(source), dest, 0)
+    # A restarted group redoes the report: the same rank, the same name.
+    (source / "state.txt").write_text("again")
+    cairn.ray._commit(str(source), dest, 0)
+    checkpoint = cairn.Checkpoint.from_directory(dest)
+    assert checkpoint.verify() == []
+    assert (pathlib.Path(dest) / "state.txt").read_text() == "again"
+    # Two ranks uploading into one checkpoint of a report: the second is refused.
+    with pytest.raises(cairn.AlreadyExistsError, match="rank 1: .*another rank"):
+        cairn.ray._commit(str(source), dest, 1)
+    assert checkpoint.verify() == []
