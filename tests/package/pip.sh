@@ -102,9 +102,9 @@ helpers = cairn._tensors._torch_helpers()
 assert helpers is not None and pathlib.Path(helpers.__file__).resolve().parent == where, \
     f"cairn._cairn_torch is not installed for torch {torch.__version__}"
 print(f"{len(recorded)} files installed, RECORD's sha256 verified")
-import cairn.torch  # noqa: E402  (a module of the package beside __init__)
+import cairn.torch  # noqa: E402  (a subpackage of the package)
 
-assert pathlib.Path(cairn.torch.__file__).resolve().parent == where, cairn.torch.__file__
+assert pathlib.Path(cairn.torch.__file__).resolve().parent.parent == where, cairn.torch.__file__
 
 with tempfile.TemporaryDirectory() as tmp:
     state_dir = os.path.join(tmp, "state")
