@@ -373,28 +373,17 @@ def _group(world: int, phase: str, args: argparse.Namespace, **extra: Any) -> di
 
 
 def _fio_write(folder: str, nbytes: int) -> float:
+    """fio's write bandwidth in bytes per second (bench/fio_write.py)."""
+    sys.path.insert(0, HERE)
+    from fio_write import fio_write
+
     path = os.path.join(folder, "fio.bin")
-    out = subprocess.run(
-        [
-            "fio",
-            "--name=seqwrite",
-            "--filename=" + path,
-            f"--size={max(nbytes >> 20, 1)}M",
-            "--bs=1M",
-            "--rw=write",
-            "--direct=1",
-            "--ioengine=libaio",
-            "--iodepth=8",
-            "--end_fsync=1",
-            "--output-format=json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    os.remove(path)
-    job = json.loads(out)["jobs"][0]["write"]
-    return job["io_bytes"] / (job["runtime"] / 1000.0)
+    try:
+        seconds, written = fio_write(path, nbytes)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return written / seconds
 
 
 def _fmt(v: Any) -> str:

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cache import drop_caches
+from fio_write import fio_write
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import cairn
@@ -68,30 +68,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
-
-
-def fio_write(path: str, nbytes: int) -> float:
-    size = f"{max(nbytes >> 20, 1)}M"
-    out = subprocess.run(
-        [
-            "fio",
-            "--name=seqwrite",
-            "--filename=" + path,
-            "--size=" + size,
-            "--bs=1M",
-            "--rw=write",
-            "--direct=1",
-            "--ioengine=libaio",
-            "--iodepth=8",
-            "--end_fsync=1",
-            "--output-format=json",
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    job = json.loads(out)["jobs"][0]
-    return job["write"]["runtime"] / 1000.0
 
 
 def files_of(prefix: str) -> list[str]:
@@ -162,7 +138,7 @@ def main() -> None:
             add("cairn.restore", s)
 
             fio_file = os.path.join(root, "fio.dat")
-            add("fio.write", fio_write(fio_file, nbytes))
+            add("fio.write", fio_write(fio_file, nbytes)[0])
             os.remove(fio_file)
         del cairn_path
         manager.close()
