@@ -27,6 +27,7 @@
 #include "cairn/manager.h"
 #include "cairn/storage.h"
 #include "cairn/version.h"
+#include "error_translator.h"
 
 namespace py = pybind11;
 
@@ -64,17 +65,7 @@ PYBIND11_MODULE(_cairn, m) {
   m.attr("CUDA") = cairn::python::built_with_cuda();
   cairn::python::bind_tensors(m);
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const cairn::Error& e) {
-      py::object errors = py::module_::import("cairn.errors");
-      const std::string code(cairn::error_code_name(e.code()));
-      py::object cls = errors.attr("_class_for")(code);
-      py::object exc = cls(e.what(), code, e.retryable());
-      PyErr_SetObject(cls.ptr(), exc.ptr());
-    }
-  });
+  cairn::python::register_error_translator();
 
   py::class_<cairn::VerifyProblem>(m, "VerifyProblem",
                                    "A file of a checkpoint that failed verification.")

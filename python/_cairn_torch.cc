@@ -47,6 +47,7 @@
 #include "cairn/state.h"
 #include "cairn/storage.h"
 #include "cairn/torch.h"
+#include "error_translator.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -423,17 +424,7 @@ PYBIND11_MODULE(_cairn_torch, m) {
   m.def("describe", &describe, py::arg("flat"));
   m.def("views", &views, py::arg("data"), py::arg("described"));
 #ifdef CAIRN_PYTHON_PRETRAINED
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const cairn::Error& e) {
-      py::object errors = py::module_::import("cairn.errors");
-      const std::string code(cairn::error_code_name(e.code()));
-      py::object cls = errors.attr("_class_for")(code);
-      py::object exc = cls(e.what(), code, e.retryable());
-      PyErr_SetObject(cls.ptr(), exc.ptr());
-    }
-  });
+  cairn::python::register_error_translator();
   m.def("save_pretrained", &save_pretrained, py::arg("uri"), py::arg("flat"),
         py::arg("max_shard_size"), py::arg("weights_name"), py::arg("metadata"), py::arg("files"),
         py::arg("user_metadata"));
